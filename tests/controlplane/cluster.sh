@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# The local test control plane: etcd + kube-apiserver + kube-controller-manager
+# + kube-scheduler + kwok (simulated kubelets), on loopback only.
+#
+#   cluster.sh build    build (or find in the cache) the binaries, print their folder
+#   cluster.sh up       build if needed, start everything, wait until it serves
+#   cluster.sh down     stop everything and remove the cluster's state
+#   cluster.sh status   exit 0 when a cluster is up and answering
+#   cluster.sh logs     print the tail of every component's log
+#
+# Binaries come from upstream Go modules (wrapper modules beside this file, with
+# their go.sum committed) built with this machine's Go, cached outside the repo
+# under a key made of the versions, so only the first run on a machine builds.
+# NODEKEEPER_CONTROLPLANE_BIN names a folder of ready binaries instead (for
+# example envtest assets plus a kwok build): it must hold kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok, etcd and kubectl.
+#
+# The kubeconfig lands at $NODEKEEPER_CLUSTER_DIR/kubeconfig
+# (default ~/.cache/nodekeeper/cluster/kubeconfig); component logs beside it.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+K8S_VERSION=v1.37.1
+KWOK_VERSION=v0.8.0
+ETCD_VERSION=v3.7.0 # what k8s.io/kubernetes $K8S_VERSION requires
+
+cache_root=${NODEKEEPER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekeeper}
+# Bump the recipe suffix when the way binaries are built changes.
+bin_key="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_etcd-${ETCD_VERSION}_r2"
+cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
+port=${NODEKEEPER_CLUSTER_PORT:-16443}
+etcd_port=${NODEKEEPER_ETCD_PORT:-16379}
+
+log() { echo "cluster: $*" >&2; }
+die() { echo "cluster: error: $*" >&2; exit 1; }
+
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+bin_dir() {
+  if [[ -n ${NODEKEEPER_CONTROLPLANE_BIN:-} ]]; then
+    echo "$NODEKEEPER_CONTROLPLANE_BIN"
+  else
+    echo "$cache_root/bin/$bin_key"
+  fi
+}
+
+go_env() {
+  # The checksum database is out of reach here; the committed go.sum files are
+  # the source of truth for these two modules only.
+  export GOTOOLCHAIN=local GOSUMDB=off GOFLAGS=-buildvcs=false CGO_ENABLED=0
+}
+
+cmd_build() {
+  local dir
+  dir=$(bin_dir)
+  if [[ -n ${NODEKEEPER_CONTROLPLANE_BIN:-} ]]; then
+    for c in "${components[@]}" kubectl; do
+      [[ -x $dir/$c ]] || die "NODEKEEPER_CONTROLPLANE_BIN=$dir has no executable '$c'"
+    done
+    [[ -f $dir/kwok.yaml ]] || write_kwok_config "$dir/kwok.yaml" ""
+    echo "$dir"
+    return
+  fi
+  if [[ -f $dir/.complete ]]; then
+    echo "$dir"
+    return
+  fi
+  command -v go >/dev/null || die "Go is needed to build the control plane (or set NODEKEEPER_CONTROLPLANE_BIN)"
+  go_env
+  mkdir -p "$dir"
+  local start=$SECONDS
+  log "building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION into $dir (first run on this machine; later runs reuse it)"
+  # Stamp the release as Kubernetes' own build does (hack/lib/version.sh), so
+  # /version and kubectl report v1.37.1 rather than v0.0.0-master.
+  local minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  local stamp="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    stamp+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  (cd "$here/k8s" && go build -mod=readonly -trimpath -ldflags="$stamp" -o "$dir/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl \
+    ./etcd) || die "building Kubernetes failed (see the go output above)"
+  log "building kwok $KWOK_VERSION"
+  (cd "$here/kwok" && go build -mod=readonly -trimpath -ldflags='-s -w' -o "$dir/" sigs.k8s.io/kwok/cmd/kwok) ||
+    die "building kwok failed (see the go output above)"
+  local kwok_src
+  kwok_src=$(cd "$here/kwok" && go list -mod=readonly -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  write_kwok_config "$dir/kwok.yaml" "$kwok_src"
+  touch "$dir/.complete"
+  log "built in $((SECONDS - start)) s"
+  echo "$dir"
+}
+
+# kwok runs no stages unless given some; kwokctl injects its defaults
+# (node-initialize, heartbeat with lease, pod ready/complete/delete). We take
+# the very same files from the kwok module we built.
+write_kwok_config() {
+  local out=$1 src=$2
+  if [[ -z $src ]]; then
+    go_env
+    src=$(cd "$here/kwok" && go mod download -json sigs.k8s.io/kwok 2>/dev/null | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    [[ -n $src ]] || die "cannot find kwok's stage files; put a kwok.yaml beside the binaries"
+  fi
+  local s=$src/kustomize/stage
+  {
+    for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+      pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+      echo "---"
+      cat "$s/$f"
+    done
+  } >"$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
+kubeconfig() { echo "$cluster_dir/kubeconfig"; }
+
+healthy() {
+  [[ -f $cluster_dir/pki/token ]] || return 1
+  curl -sf --max-time 2 --cacert "$cluster_dir/pki/ca.crt" \
+    -H "Authorization: Bearer $(cat "$cluster_dir/pki/token")" \
+    "https://127.0.0.1:$port/readyz" >/dev/null 2>&1
+}
+
+running() {
+  local c
+  for c in "${components[@]}"; do
+    [[ -f $cluster_dir/$c.pid ]] && kill -0 "$(cat "$cluster_dir/$c.pid")" 2>/dev/null || return 1
+  done
+}
+
+cmd_status() {
+  if running && healthy; then
+    echo "up: KUBECONFIG=$(kubeconfig)"
+  else
+    echo "down"
+    return 1
+  fi
+}
+
+gen_pki() {
+  local p=$cluster_dir/pki
+  mkdir -p "$p"
+  command -v openssl >/dev/null || die "openssl is needed to create the test cluster's certificates"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=nodekeeper-test-ca" \
+    -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
+    -keyout "$p/apiserver.key" -out "$p/apiserver.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' >"$p/ext.cnf"
+  openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$p/ext.cnf" -out "$p/apiserver.crt" 2>/dev/null
+  openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+  openssl rand -hex 24 >"$p/token"
+  openssl rand -hex 24 >"$p/bench-token"
+  {
+    echo "$(cat "$p/token"),nodekeeper-admin,nodekeeper-admin,system:masters"
+    echo "$(cat "$p/bench-token"),nodekeeper-bench,nodekeeper-bench,system:masters"
+  } >"$p/tokens.csv"
+  # The audit log records only the benchmark's identity: it is how the drain
+  # benchmark counts the agent's API requests without instrumenting it.
+  cat >"$p/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users: [nodekeeper-bench]
+- level: None
+POLICY
+}
+
+write_kubeconfig() {
+  write_kubeconfig_for "$cluster_dir/kubeconfig" nodekeeper-admin "$cluster_dir/pki/token"
+  write_kubeconfig_for "$cluster_dir/kubeconfig-bench" nodekeeper-bench "$cluster_dir/pki/bench-token"
+}
+
+write_kubeconfig_for() {
+  local out=$1 user=$2 token=$3 ca
+  ca=$(base64 -w0 <"$cluster_dir/pki/ca.crt")
+  cat >"$out.tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nodekeeper-test
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority-data: $ca
+users:
+- name: $user
+  user:
+    token: $(cat "$token")
+contexts:
+- name: nodekeeper-test
+  context: {cluster: nodekeeper-test, user: $user}
+current-context: nodekeeper-test
+EOF
+  mv "$out.tmp" "$out"
+}
+
+start() {
+  local name=$1
+  shift
+  setsid "$@" >"$cluster_dir/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$cluster_dir/$name.pid"
+}
+
+cmd_logs() {
+  local c
+  for c in "${components[@]}"; do
+    [[ -f $cluster_dir/logs/$c.log ]] || continue
+    echo "----- $c (last 25 lines of $cluster_dir/logs/$c.log) -----" >&2
+    tail -n 25 "$cluster_dir/logs/$c.log" >&2
+  done
+}
+
+fail_start() {
+  echo "cluster: error: $*" >&2
+  cmd_logs
+  cmd_down >/dev/null 2>&1 || true
+  exit 1
+}
+
+wait_for() {
+  local what=$1 limit=$2
+  shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@"; do
+    ((SECONDS < deadline)) || fail_start "$what did not come up within ${limit}s"
+    sleep 0.2
+  done
+}
+
+etcd_healthy() { curl -sf --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"'; }
+
+cmd_up() {
+  if running && healthy; then
+    echo "$(kubeconfig)"
+    return
+  fi
+  local bins
+  bins=$(cmd_build)
+  cmd_down >/dev/null 2>&1 || true
+  mkdir -p "$cluster_dir/logs"
+  : >"$cluster_dir/logs/.started"
+  gen_pki
+  write_kubeconfig
+  local p=$cluster_dir/pki kc=$cluster_dir/kubeconfig
+  log "starting control plane from $bins"
+
+  # etcd's data lives in memory when /dev/shm exists: the cluster is throwaway
+  # and fsync on a shared disk is the slowest part of every write.
+  local data=$cluster_dir/etcd-data
+  if [[ -d /dev/shm && -w /dev/shm ]]; then
+    data=/dev/shm/nodekeeper-etcd-$(id -u)-$port
+    echo "$data" >"$cluster_dir/etcd-data.path"
+  fi
+  rm -rf "$data"
+  start etcd "$bins/etcd" --name=default --data-dir="$data" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-cluster="default=http://127.0.0.1:$((etcd_port + 1))" \
+    --listen-metrics-urls="http://127.0.0.1:$((etcd_port + 2))" \
+    --unsafe-no-fsync --quota-backend-bytes=4294967296
+  wait_for etcd 30 etcd_healthy
+
+  start kube-apiserver "$bins/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
+    --client-ca-file="$p/ca.crt" --token-auth-file="$p/tokens.csv" \
+    --authorization-mode=RBAC \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --allow-privileged=true \
+    --disable-admission-plugins=ServiceAccount \
+    --endpoint-reconciler-type=none \
+    --audit-policy-file="$p/audit-policy.yaml" --audit-log-path="$cluster_dir/logs/audit.log" \
+    --audit-log-mode=blocking
+  wait_for kube-apiserver 90 healthy
+
+  # No serving ports for these two: nothing here scrapes them and fixed ports
+  # would collide with a real cluster on the same machine.
+  start kube-controller-manager "$bins/kube-controller-manager" \
+    --kubeconfig="$kc" --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc" \
+    --leader-elect=false --secure-port=0 \
+    --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
+    --cluster-signing-cert-file="$p/ca.crt" --cluster-signing-key-file="$p/ca.key" \
+    --controllers='*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller,-persistentvolume-expander-controller,-ttl-controller' \
+    --concurrent-deployment-syncs=10 --concurrent-replicaset-syncs=10 \
+    --kube-api-qps=500 --kube-api-burst=1000
+  start kube-scheduler "$bins/kube-scheduler" \
+    --kubeconfig="$kc" --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc" \
+    --leader-elect=false --secure-port=0 --kube-api-qps=500 --kube-api-burst=1000
+  start kwok "$bins/kwok" --kubeconfig="$kc" --config="$bins/kwok.yaml" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-lease-duration-seconds=40 --cidr=10.244.0.0/16 --node-ip=127.0.0.1
+
+  sleep 1
+  running || fail_start "a component exited right after start"
+  log "up in $SECONDS s; KUBECONFIG=$kc"
+  echo "$kc"
+}
+
+cmd_down() {
+  local c pid
+  for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    if [[ -f $cluster_dir/$c.pid ]]; then
+      pid=$(cat "$cluster_dir/$c.pid")
+      kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 -- "-$pid" 2>/dev/null || true
+      rm -f "$cluster_dir/$c.pid"
+    fi
+  done
+  if [[ -f $cluster_dir/etcd-data.path ]]; then
+    rm -rf "$(cat "$cluster_dir/etcd-data.path")"
+    rm -f "$cluster_dir/etcd-data.path"
+  fi
+  rm -rf "$cluster_dir/etcd-data"
+  log "down"
+}
+
+case ${1:-} in
+  build) cmd_build ;;
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  logs) cmd_logs ;;
+  kubeconfig) kubeconfig ;;
+  *) die "usage: $0 build|up|down|status|logs|kubeconfig" ;;
+esac
