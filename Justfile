@@ -1,0 +1,49 @@
+# nodekeeper's tasks. `tests/check` is the whole gate (what CI runs); the
+# recipes here are its parts.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+musl := "x86_64-unknown-linux-musl"
+static_bin := "target/" + musl + "/release/nodekeeper"
+
+# List the recipes.
+default:
+    @just --list
+
+# Debug build of the binary.
+build:
+    cargo build
+
+# Static musl release binary, size-tuned; fails if it is not static or over 8 MB.
+build-static:
+    cargo build --release --target {{musl}}
+    @tests/static-binary-check {{static_bin}}
+
+# fmt and clippy, warnings are errors.
+lint:
+    cargo fmt --check
+    cargo clippy --all-targets -- -D warnings
+
+# All tests: unit tests and integration tests on the local control plane,
+# which is started for the run and stopped after it.
+test: cluster-up
+    #!/usr/bin/env bash
+    set -euo pipefail
+    trap 'tests/controlplane/cluster.sh down' EXIT
+    cargo test --all-targets
+
+# Live demo of node maintenance on the local control plane (leaves it running).
+demo:
+    tests/demo.sh
+
+# Build (first time) and start the local control plane; prints the kubeconfig path.
+cluster-up:
+    @tests/controlplane/cluster.sh up
+
+# Stop the local control plane and drop its state.
+cluster-down:
+    @tests/controlplane/cluster.sh down
+
+# Print the control plane's component log tails.
+cluster-logs:
+    @tests/controlplane/cluster.sh logs

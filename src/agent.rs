@@ -1,0 +1,264 @@
+//! `nodekeeper run`: the service. One kube-runtime `Controller` whose object
+//! is the Node; every other kind it watches (pods, NodeMaintenances) is
+//! reflected into a store that serves both as a trigger (mapped to the nodes
+//! it affects) and as the reconciler's snapshot, so each kind is watched once.
+//!
+//! Node mode watches its own Node and only the pods bound to it (field
+//! selectors); cluster mode (`--all-nodes`) watches everything and runs only
+//! while it holds the leader lease.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ApiResource;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use smol::stream::StreamExt;
+
+use crate::cli::RunConfig;
+use crate::connect;
+use crate::error::{Error, Result};
+use crate::nodemaintenance::NodeMaintenance;
+use crate::reconcile::{self, Context, Scope};
+
+/// Run the service until `shutdown` resolves (or leadership is lost).
+pub async fn run(
+    config: RunConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<()> {
+    let client = connect::connect(config.kubeconfig.as_deref()).await?;
+    if let Some(node) = &config.node {
+        connect::require_node(&client, node).await?;
+    }
+    require_crds(&client).await?;
+    let (scope, identity) = match &config.node {
+        Some(node) => {
+            log::info!("nodekeeper {} owns node {node}", env!("CARGO_PKG_VERSION"));
+            (Scope::Node(node.clone()), node.clone())
+        }
+        None => {
+            log::info!(
+                "nodekeeper {} runs for all nodes",
+                env!("CARGO_PKG_VERSION")
+            );
+            (
+                Scope::AllNodes {
+                    selector: config.node_selector.clone(),
+                },
+                config.identity.clone(),
+            )
+        }
+    };
+
+    let mut lost = None;
+    if matches!(scope, Scope::AllNodes { .. }) {
+        let rx = crate::lease::lead(
+            client.clone(),
+            config.leader_namespace.clone(),
+            "nodekeeper-leader".into(),
+            identity.clone(),
+        )
+        .await?;
+        lost = Some(rx);
+    }
+    let lost_leadership = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = lost_leadership.clone();
+    let stop = async move {
+        let leadership = async move {
+            match lost {
+                Some(rx) => {
+                    let _ = rx.recv().await;
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        smol::future::or(shutdown, leadership).await
+    };
+
+    let (node_wc, pod_wc) = match &scope {
+        Scope::Node(n) => (
+            watcher::Config::default().fields(&format!("metadata.name={n}")),
+            watcher::Config::default().fields(&format!("spec.nodeName={n}")),
+        ),
+        Scope::AllNodes { selector } => {
+            let nodes = match selector {
+                Some(sel) => watcher::Config::default().labels(sel),
+                None => watcher::Config::default(),
+            };
+            (nodes, watcher::Config::default())
+        }
+    };
+
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let pod_events = watcher(Api::<Pod>::all(client.clone()), pod_wc)
+        .default_backoff()
+        // Only what the drain needs; the rest of a pod is dead weight in RAM.
+        .modify(slim_pod)
+        .reflect(pod_writer)
+        .touched_objects();
+    let (nms, nm_writer) = reflector::store::<NodeMaintenance>();
+    let nm_events = watcher(
+        Api::<NodeMaintenance>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(nm_writer)
+    .touched_objects();
+
+    let controller = Controller::new(Api::<Node>::all(client.clone()), node_wc);
+    let nodes = controller.store();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "nodekeeper".into(),
+            instance: Some(identity),
+        },
+    );
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        recorder,
+        scope.clone(),
+        nodes.clone(),
+        pods,
+        nms,
+        config.drain_timeout,
+    ));
+
+    let nm_scope = scope.clone();
+    let nm_nodes = nodes.clone();
+    controller
+        // A pod bound to a node we do not reconcile maps to nothing: the
+        // controller drops references that are not in its node store.
+        .watches_stream(pod_events, |pod: Pod| {
+            pod.spec
+                .and_then(|s| s.node_name)
+                .map(|n| ObjectRef::<Node>::new(&n))
+        })
+        .watches_stream(nm_events, move |nm: NodeMaintenance| {
+            map_maintenance(&nm, &nm_scope, &nm_nodes)
+        })
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|res| match res {
+            Ok((obj, _)) => log::trace!("reconciled node {}", obj.name),
+            Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
+                log::debug!("reconcile of node {} failed: {e}", obj.name)
+            }
+            Err(e) => log::debug!("controller: {e}"),
+        })
+        .await;
+    if lost_leadership.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(Error::Invalid(
+            "lost the leader lease; exiting so a fresh start can compete again".into(),
+        ));
+    }
+    log::info!("stopped");
+    Ok(())
+}
+
+/// A NodeMaintenance triggers its node; one whose node is not ours (or does
+/// not exist) may need someone to fail or finish it: the anchor node does.
+fn map_maintenance(
+    nm: &NodeMaintenance,
+    scope: &Scope,
+    nodes: &reflector::Store<Node>,
+) -> Option<ObjectRef<Node>> {
+    let target = &nm.spec.node_name;
+    match scope {
+        Scope::Node(own) if own == target => Some(ObjectRef::new(own)),
+        Scope::Node(own) => reconcile::needs_foreign_attention(nm).then(|| ObjectRef::new(own)),
+        Scope::AllNodes { .. } => {
+            if nodes.get(&ObjectRef::new(target)).is_some() {
+                Some(ObjectRef::new(target))
+            } else if reconcile::needs_foreign_attention(nm) {
+                reconcile::anchor_name(nodes).map(|a| ObjectRef::new(&a))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// Drop what the drain never reads (managed fields, container specs, status
+/// details) before the pod enters the store: with 110 pods per node this is
+/// most of the agent's memory.
+fn slim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(ann) = pod.metadata.annotations.as_mut() {
+        ann.retain(|k, _| k == crate::drain::MIRROR_ANNOTATION);
+    }
+    if let Some(spec) = pod.spec.as_mut() {
+        let keep = k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name.take(),
+            termination_grace_period_seconds: spec.termination_grace_period_seconds,
+            priority: spec.priority,
+            priority_class_name: spec.priority_class_name.take(),
+            volumes: spec.volumes.take().map(|vs| {
+                vs.into_iter()
+                    .filter(|v| v.empty_dir.is_some())
+                    .map(|v| k8s_openapi::api::core::v1::Volume {
+                        name: v.name,
+                        empty_dir: v.empty_dir,
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        };
+        *spec = keep;
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
+fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
+    // 409: someone wrote first; re-read promptly rather than back off.
+    let retry = if err.api_code() == Some(409) {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(5)
+    };
+    log::warn!("node {}: {err} (retrying in {retry:?})", node.name_any());
+    Action::requeue(retry)
+}
+
+/// Exit with an install hint unless every CRD we reconcile is served.
+pub async fn require_crds(client: &Client) -> Result<()> {
+    check_served(client, &[ApiResource::erase::<NodeMaintenance>(&())]).await
+}
+
+/// Fail with [`Error::CrdsMissing`] naming each of `resources` the API
+/// server does not serve.
+pub async fn check_served(client: &Client, resources: &[ApiResource]) -> Result<()> {
+    let mut missing = Vec::new();
+    for ar in resources {
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), ar);
+        match api.list(&kube::api::ListParams::default().limit(1)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                missing.push(format!("{}.{}", ar.plural, ar.group))
+            }
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "checking that the {} CRD is installed",
+                    ar.kind
+                ))(e));
+            }
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::CrdsMissing(missing))
+    }
+}

@@ -1,0 +1,256 @@
+//! The operator's CLI commands: `maintain` (with a live progress line),
+//! `unmaintain`, and `drain --dry-run`. They talk to the API server only; the
+//! agents do the work.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt};
+use smol::stream::StreamExt;
+
+use crate::cli::{DrainArgs, MaintainArgs, UnmaintainArgs};
+use crate::drain::{self, Fate};
+use crate::error::{Error, Result};
+use crate::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use crate::{agent, connect};
+
+async fn maintenances_of(api: &Api<NodeMaintenance>, node: &str) -> Result<Vec<NodeMaintenance>> {
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing NodeMaintenances"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|m| m.spec.node_name == node)
+        .collect())
+}
+
+/// `nodekeeper maintain NODE [--reason R] [--wait]`.
+pub async fn maintain(args: MaintainArgs) -> Result<ExitCode> {
+    let client = connect::connect(args.kubeconfig.as_deref()).await?;
+    agent::require_crds(&client).await?;
+    connect::require_node(&client, &args.node).await?;
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let existing = maintenances_of(&api, &args.node)
+        .await?
+        .into_iter()
+        .find(|m| !m.is_deleting());
+    let name = match existing {
+        Some(m) => {
+            eprintln!(
+                "node {} already has NodeMaintenance {}; following it",
+                args.node,
+                m.name_any()
+            );
+            m.name_any()
+        }
+        None => {
+            let nm = NodeMaintenance::new(
+                &args.node,
+                NodeMaintenanceSpec {
+                    node_name: args.node.clone(),
+                    reason: args.reason.clone(),
+                },
+            );
+            api.create(&PostParams::default(), &nm)
+                .await
+                .map_err(Error::kube(format!(
+                    "creating NodeMaintenance {}",
+                    args.node
+                )))?;
+            eprintln!("nodemaintenance {} created", args.node);
+            args.node.clone()
+        }
+    };
+    if !args.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    follow(&api, &name, &args.node).await
+}
+
+/// Print one progress line per change (rewritten in place on a terminal)
+/// until the maintenance succeeds or fails.
+async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<ExitCode> {
+    let tty = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    let wc = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher::watcher(api.clone(), wc));
+    while let Some(ev) = events.next().await {
+        let nm = match ev {
+            Ok(Event::Apply(nm) | Event::InitApply(nm)) => nm,
+            Ok(Event::Delete(_)) => {
+                return Err(Error::Invalid(format!(
+                    "NodeMaintenance {name} was deleted while waiting"
+                )));
+            }
+            Ok(_) => continue,
+            Err(e) => {
+                return Err(Error::Invalid(format!(
+                    "watching NodeMaintenance {name}: {e}"
+                )));
+            }
+        };
+        let line = progress_line(&nm);
+        if line != last {
+            let mut out = std::io::stdout().lock();
+            if tty {
+                let _ = write!(out, "\r\x1b[2K{line}");
+            } else {
+                let _ = writeln!(out, "{line}");
+            }
+            let _ = out.flush();
+            last = line;
+        }
+        match nm.phase() {
+            Some(Phase::Succeeded) => {
+                if tty {
+                    println!();
+                }
+                println!("node {node} is in maintenance: cordoned and drained");
+                return Ok(ExitCode::SUCCESS);
+            }
+            Some(Phase::Failed) => {
+                if tty {
+                    println!();
+                }
+                let err = nm
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.last_error.clone())
+                    .unwrap_or_default();
+                eprintln!("nodekeeper: maintenance of node {node} failed: {err}");
+                return Ok(ExitCode::FAILURE);
+            }
+            _ => {}
+        }
+    }
+    Err(Error::Invalid(format!(
+        "the watch on NodeMaintenance {name} ended"
+    )))
+}
+
+/// "Running  40%  3 pods left  blocked: pod ns/a: ..." in one line.
+pub fn progress_line(nm: &NodeMaintenance) -> String {
+    let st = nm.status.clone().unwrap_or_default();
+    let phase = st.phase.map(Phase::as_str).unwrap_or("Pending");
+    let pending = st.pending_pods.as_ref().map(Vec::len).unwrap_or(0);
+    let mut line = format!(
+        "{phase:<9} {:>3}%  {pending} pods left",
+        st.drain_progress.unwrap_or(0)
+    );
+    if let Some(err) = st.last_error.filter(|e| !e.is_empty()) {
+        line.push_str("  blocked: ");
+        line.push_str(&err);
+    }
+    line
+}
+
+/// `nodekeeper unmaintain NODE [--wait]`.
+pub async fn unmaintain(args: UnmaintainArgs) -> Result<ExitCode> {
+    let client = connect::connect(args.kubeconfig.as_deref()).await?;
+    agent::require_crds(&client).await?;
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let nms = maintenances_of(&api, &args.node).await?;
+    if nms.is_empty() {
+        return Err(Error::Invalid(format!(
+            "node {} has no NodeMaintenance",
+            args.node
+        )));
+    }
+    for nm in &nms {
+        match api.delete(&nm.name_any(), &DeleteParams::default()).await {
+            Ok(_) => eprintln!("nodemaintenance {} deleted", nm.name_any()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "deleting NodeMaintenance {}",
+                    nm.name_any()
+                ))(e));
+            }
+        }
+    }
+    if args.wait {
+        for nm in &nms {
+            let uid = nm.uid().unwrap_or_default();
+            let cond = kube::runtime::conditions::is_deleted(&uid);
+            kube::runtime::wait::await_condition(api.clone(), &nm.name_any(), cond)
+                .await
+                .map_err(|e| {
+                    Error::Invalid(format!(
+                        "waiting for NodeMaintenance {} to go: {e}",
+                        nm.name_any()
+                    ))
+                })?;
+        }
+        println!("node {} is out of maintenance", args.node);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `nodekeeper drain --dry-run NODE`: the plan, changing nothing.
+pub async fn drain_dry_run(args: DrainArgs) -> Result<ExitCode> {
+    let client = connect::connect(args.kubeconfig.as_deref()).await?;
+    connect::require_node(&client, &args.node).await?;
+    let pods: Api<Pod> = Api::all(client.clone());
+    let pods = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", args.node)))
+        .await
+        .map_err(Error::kube(format!("listing pods on {}", args.node)))?
+        .items;
+    let pdbs: Api<PodDisruptionBudget> = Api::all(client.clone());
+    let pdbs = pdbs
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing PodDisruptionBudgets"))?
+        .items;
+    print!("{}", plan_table(&args.node, &pods, &pdbs));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The dry-run table, sorted by action then pod.
+pub fn plan_table(node: &str, pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> String {
+    let mut rows: Vec<(&str, String, String)> = pods
+        .iter()
+        .map(|p| {
+            let key = drain::pod_key(p);
+            match drain::fate(p) {
+                Fate::Evict => match drain::pdb_blocker(p, pdbs) {
+                    Some(b) => ("blocked", key, b),
+                    None => ("evict", key, String::new()),
+                },
+                Fate::Delete(why) => ("delete", key, why.to_string()),
+                Fate::Terminating => ("wait", key, "already terminating".to_string()),
+                Fate::Skip(why) => ("skip", key, why.to_string()),
+            }
+        })
+        .collect();
+    let order = |a: &str| {
+        ["blocked", "evict", "delete", "wait", "skip"]
+            .iter()
+            .position(|x| *x == a)
+            .unwrap_or(9)
+    };
+    rows.sort_by(|a, b| order(a.0).cmp(&order(b.0)).then_with(|| a.1.cmp(&b.1)));
+    let width = rows.iter().map(|r| r.1.len()).max().unwrap_or(3).max(3);
+    let mut out = format!("drain plan for node {node} (dry run: nothing changed)\n");
+    out.push_str(&format!("{:<8} {:<width$} {}\n", "ACTION", "POD", "DETAIL"));
+    for (action, pod, detail) in &rows {
+        out.push_str(format!("{action:<8} {pod:<width$} {detail}").trim_end());
+        out.push('\n');
+    }
+    let count = |a: &str| rows.iter().filter(|r| r.0 == a).count();
+    out.push_str(&format!(
+        "{} to evict ({} blocked now), {} to delete, {} terminating, {} skipped\n",
+        count("evict") + count("blocked"),
+        count("blocked"),
+        count("delete"),
+        count("wait"),
+        count("skip")
+    ));
+    out
+}

@@ -1,0 +1,88 @@
+//! Connecting to the API server: credentials from `--kubeconfig`, then
+//! `KUBECONFIG`/`~/.kube/config`, then the pod's service account; and the
+//! start-up checks that turn a misconfiguration into one clear line instead
+//! of a retry loop (server unreachable, node unknown, CRDs missing).
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+use crate::error::{Error, Result, first_line, kube_cause};
+use crate::runtime::timeout;
+
+/// How long to wait for the first answer before calling the server unreachable.
+const REACH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Load credentials and prove the server answers.
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).map_err(|e| {
+                Error::NoCredentials(format!(
+                    "cannot read kubeconfig {}: {}",
+                    path.display(),
+                    first_line(&e.to_string())
+                ))
+            })?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| {
+                    Error::NoCredentials(format!(
+                        "kubeconfig {}: {}",
+                        path.display(),
+                        first_line(&e.to_string())
+                    ))
+                })?
+        }
+        None => Config::infer().await.map_err(|e| {
+            let kubeconfig = std::error::Error::source(&e)
+                .map(|s| first_line(&s.to_string()).to_string())
+                .unwrap_or_else(|| first_line(&e.to_string()).to_string());
+            Error::NoCredentials(format!(
+                "no usable kubeconfig ({kubeconfig}) and not running in a pod"
+            ))
+        })?,
+    };
+    // A dead address should fail in seconds, not hang on the OS's SYN retries.
+    config.connect_timeout = Some(Duration::from_secs(5));
+    // kube retries 429s inside the request (up to 15 times, backing off to
+    // minutes). For an eviction a 429 is the PDB's answer, which the drain
+    // must see at once to report the blocker and schedule its own retry;
+    // other calls are retried by the reconcile loop.
+    config.default_retry = false;
+    let server = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|e| Error::NoCredentials(kube_cause(&e)))?;
+    match timeout(REACH_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(info)) => {
+            log::debug!("API server {server} is Kubernetes {}", info.git_version);
+            Ok(client)
+        }
+        Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {
+            Err(Error::NoCredentials(format!(
+                "the API server at {server} refused our credentials: {}",
+                status.message
+            )))
+        }
+        Ok(Err(e)) => Err(Error::Unreachable {
+            server,
+            cause: kube_cause(&e),
+        }),
+        Err(()) => Err(Error::Unreachable {
+            server,
+            cause: format!("no answer within {} s", REACH_TIMEOUT.as_secs()),
+        }),
+    }
+}
+
+/// Fail unless the named node exists.
+pub async fn require_node(client: &Client, name: &str) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading node {name}")))?
+        .ok_or_else(|| Error::NodeNotFound(name.to_string()))
+}

@@ -1,0 +1,450 @@
+//! Unit tests of the decision function: a small world per test, one
+//! expected step.
+
+use super::*;
+use k8s_openapi::api::core::v1::{NodeSpec, PodStatus, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::ObjectMeta;
+
+const NODE: &str = "n1";
+
+fn ts(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn node() -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A node that carries maintenance `nm` (cordoned by us unless `admin_cordoned`).
+fn maintained(nm: &str, admin_cordoned: bool) -> Node {
+    let mut n = node();
+    let mut ann: std::collections::BTreeMap<String, String> =
+        [(APPLIED_ANNOTATION.to_string(), nm.to_string())].into();
+    if !admin_cordoned {
+        ann.insert(CORDONED_ANNOTATION.into(), nm.into());
+    }
+    n.metadata.annotations = Some(ann);
+    n.metadata.labels = Some([(EXCLUDE_REMEDIATION_LABEL.to_string(), "true".to_string())].into());
+    n.spec = Some(NodeSpec {
+        unschedulable: Some(true),
+        taints: Some(vec![
+            Taint {
+                key: UNSCHEDULABLE_TAINT.into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            },
+            Taint {
+                key: DRAIN_TAINT.into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    });
+    n
+}
+
+fn nm(name: &str, created: i64, phase: Option<Phase>) -> NodeMaintenance {
+    let mut m = NodeMaintenance::new(
+        name,
+        NodeMaintenanceSpec {
+            node_name: NODE.into(),
+            reason: None,
+        },
+    );
+    m.metadata.creation_timestamp = Some(Time(ts(created)));
+    if phase.is_some() {
+        m.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        let mut st = NodeMaintenanceStatus {
+            phase,
+            eviction_pods: Some(2),
+            ..Default::default()
+        };
+        set_condition(&mut st, ts(created), "Cordoned", "True", "Cordoned", "");
+        m.status = Some(st);
+    }
+    m
+}
+
+fn deleting(mut m: NodeMaintenance) -> NodeMaintenance {
+    m.metadata.deletion_timestamp = Some(Time(ts(100)));
+    m
+}
+
+fn pod(name: &str, owner: &str) -> Arc<Pod> {
+    Arc::new(Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            uid: Some(format!("uid-{name}")),
+            owner_references: Some(vec![OwnerReference {
+                kind: owner.into(),
+                name: "o".into(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+struct World {
+    node: Option<Node>,
+    nms: Vec<NodeMaintenance>,
+    pods: Vec<Arc<Pod>>,
+    attempts: HashMap<String, Attempt>,
+    lease_renew_at: Option<Timestamp>,
+    now: Timestamp,
+}
+
+impl World {
+    fn new(node: Option<Node>, nms: Vec<NodeMaintenance>) -> World {
+        World {
+            node,
+            nms,
+            pods: vec![],
+            attempts: HashMap::new(),
+            lease_renew_at: Some(ts(3000)),
+            now: ts(10),
+        }
+    }
+
+    fn decide(&self) -> Step {
+        decide(&Snapshot {
+            node_name: NODE,
+            node: self.node.as_ref(),
+            maintenances: self.nms.iter().collect(),
+            pods: &self.pods,
+            attempts: &self.attempts,
+            lease_renew_at: self.lease_renew_at,
+            now: self.now,
+            drain_timeout: Duration::from_secs(30),
+        })
+    }
+}
+
+#[test]
+fn nothing_to_do_without_maintenance() {
+    assert_eq!(World::new(Some(node()), vec![]).decide(), Step::Wait(None));
+}
+
+#[test]
+fn new_maintenance_gets_the_finalizer_first() {
+    let w = World::new(Some(node()), vec![nm("m", 0, None)]);
+    assert_eq!(w.decide(), Step::AddFinalizer { nm: "m".into() });
+}
+
+#[test]
+fn then_begins_with_pod_counts() {
+    let mut m = nm("m", 0, None);
+    m.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let mut w = World::new(Some(node()), vec![m]);
+    w.pods = vec![
+        pod("a", "ReplicaSet"),
+        pod("b", "ReplicaSet"),
+        pod("ds", "DaemonSet"),
+    ];
+    let Step::Begin { status, .. } = w.decide() else {
+        panic!("expected Begin, got {:?}", w.decide())
+    };
+    assert_eq!(status.phase, Some(Phase::Running));
+    assert_eq!(status.total_pods, Some(3));
+    assert_eq!(status.eviction_pods, Some(2));
+    assert_eq!(
+        status.pending_pods,
+        Some(vec!["a".to_string(), "b".to_string()])
+    );
+}
+
+#[test]
+fn lease_is_taken_before_the_node_is_touched() {
+    let mut w = World::new(Some(node()), vec![nm("m", 0, Some(Phase::Running))]);
+    w.lease_renew_at = None;
+    assert_eq!(w.decide(), Step::AcquireLease { nm: "m".into() });
+    w.lease_renew_at = Some(ts(5));
+    assert_eq!(
+        w.decide(),
+        Step::AcquireLease { nm: "m".into() },
+        "renewal due"
+    );
+}
+
+#[test]
+fn schedulable_node_is_cordoned_and_remembered_as_ours() {
+    let w = World::new(Some(node()), vec![nm("m", 0, Some(Phase::Running))]);
+    assert_eq!(
+        w.decide(),
+        Step::ApplyToNode {
+            nm: "m".into(),
+            cordon: true
+        }
+    );
+}
+
+#[test]
+fn admin_cordoned_node_is_not_claimed_as_ours() {
+    let mut n = node();
+    n.spec = Some(NodeSpec {
+        unschedulable: Some(true),
+        ..Default::default()
+    });
+    let w = World::new(Some(n), vec![nm("m", 0, Some(Phase::Running))]);
+    assert_eq!(
+        w.decide(),
+        Step::ApplyToNode {
+            nm: "m".into(),
+            cordon: false
+        }
+    );
+}
+
+#[test]
+fn cordoned_node_is_drained_of_evictable_pods_only() {
+    let mut w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    w.pods = vec![pod("a", "ReplicaSet"), pod("ds", "DaemonSet")];
+    let Step::Drain { pods, .. } = w.decide() else {
+        panic!("expected Drain, got {:?}", w.decide())
+    };
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].0.name_any(), "a");
+}
+
+#[test]
+fn refused_pods_wait_for_their_backoff_and_are_named_in_last_error() {
+    let mut w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    w.pods = vec![pod("a", "ReplicaSet")];
+    w.attempts.insert(
+        "uid-a".into(),
+        Attempt {
+            retry_at: Some(ts(12)),
+            error: Some("PodDisruptionBudget web: needs 2".into()),
+            refusals: 1,
+        },
+    );
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(announce, None);
+    assert_eq!(status.phase, Some(Phase::Running));
+    let err = status.last_error.unwrap_or_default();
+    assert!(
+        err.contains("pod ns/a") && err.contains("PodDisruptionBudget web"),
+        "{err}"
+    );
+    assert_eq!(status.drain_progress, Some(50), "1 of 2 eviction pods gone");
+}
+
+#[test]
+fn waiting_wakes_for_the_next_retry() {
+    let mut w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    w.pods = vec![pod("a", "ReplicaSet")];
+    w.attempts.insert(
+        "uid-a".into(),
+        Attempt {
+            retry_at: Some(ts(12)),
+            error: None,
+            refusals: 1,
+        },
+    );
+    let step = w.decide();
+    let Step::WriteStatus { status, .. } = step else {
+        panic!("got {step:?}")
+    };
+    w.nms[0].status = Some(*status);
+    assert_eq!(w.decide(), Step::Wait(Some(Duration::from_secs(2))));
+}
+
+#[test]
+fn drain_timeout_is_announced_once() {
+    let mut w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    w.pods = vec![pod("a", "ReplicaSet")];
+    w.attempts.insert(
+        "uid-a".into(),
+        Attempt {
+            retry_at: Some(ts(99)),
+            error: Some("blocked".into()),
+            refusals: 3,
+        },
+    );
+    w.now = ts(31);
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert!(matches!(announce, Some(Announce::DrainTimeout(_))));
+    w.nms[0].status = Some(*status);
+    w.now = ts(40);
+    assert!(
+        matches!(w.decide(), Step::Wait(_)),
+        "no second announcement"
+    );
+}
+
+#[test]
+fn empty_node_succeeds_with_full_progress() {
+    let w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(status.phase, Some(Phase::Succeeded));
+    assert_eq!(status.drain_progress, Some(100));
+    assert_eq!(announce, Some(Announce::Succeeded));
+}
+
+#[test]
+fn missing_node_fails_new_maintenance_with_medik8s_message() {
+    let w = World::new(None, vec![nm("m", 0, None)]);
+    assert_eq!(
+        w.decide(),
+        Step::Fail {
+            nm: "m".into(),
+            reason: REASON_INVALID_NODE,
+            message: "invalid nodeName, no node with name n1 found".into()
+        }
+    );
+}
+
+#[test]
+fn second_maintenance_for_a_node_fails_as_duplicate() {
+    let w = World::new(
+        Some(maintained("first", false)),
+        vec![nm("first", 0, Some(Phase::Running)), nm("second", 5, None)],
+    );
+    assert_eq!(
+        w.decide(),
+        Step::Fail {
+            nm: "second".into(),
+            reason: REASON_DUPLICATE,
+            message: "invalid nodeName, a NodeMaintenance for node n1 already exists".into()
+        }
+    );
+}
+
+#[test]
+fn deleting_a_duplicate_does_not_undo_the_first() {
+    let dup = deleting(nm("second", 5, Some(Phase::Failed)));
+    let w = World::new(
+        Some(maintained("first", false)),
+        vec![nm("first", 0, Some(Phase::Running)), dup],
+    );
+    assert_eq!(
+        w.decide(),
+        Step::Finish {
+            nm: "second".into(),
+            release_lease: false
+        }
+    );
+}
+
+#[test]
+fn deleting_the_maintenance_uncordons_only_what_we_cordoned() {
+    let w = World::new(
+        Some(maintained("m", false)),
+        vec![deleting(nm("m", 0, Some(Phase::Running)))],
+    );
+    assert_eq!(
+        w.decide(),
+        Step::RemoveFromNode {
+            nm: "m".into(),
+            uncordon: true
+        }
+    );
+    let w = World::new(
+        Some(maintained("m", true)),
+        vec![deleting(nm("m", 0, Some(Phase::Running)))],
+    );
+    assert_eq!(
+        w.decide(),
+        Step::RemoveFromNode {
+            nm: "m".into(),
+            uncordon: false
+        }
+    );
+}
+
+#[test]
+fn after_undo_the_lease_is_released_and_the_finalizer_dropped() {
+    let w = World::new(
+        Some(node()),
+        vec![deleting(nm("m", 0, Some(Phase::Succeeded)))],
+    );
+    assert_eq!(
+        w.decide(),
+        Step::Finish {
+            nm: "m".into(),
+            release_lease: true
+        }
+    );
+}
+
+#[test]
+fn deletion_completes_when_the_node_is_gone() {
+    let w = World::new(None, vec![deleting(nm("m", 0, Some(Phase::Running)))]);
+    assert_eq!(
+        w.decide(),
+        Step::Finish {
+            nm: "m".into(),
+            release_lease: true
+        }
+    );
+}
+
+#[test]
+fn leftover_changes_without_a_live_maintenance_are_undone() {
+    let w = World::new(Some(maintained("gone", false)), vec![]);
+    assert_eq!(
+        w.decide(),
+        Step::RemoveFromNode {
+            nm: "gone".into(),
+            uncordon: true
+        }
+    );
+}
+
+#[test]
+fn failed_maintenance_is_final() {
+    let w = World::new(None, vec![nm("m", 0, Some(Phase::Failed))]);
+    assert_eq!(w.decide(), Step::Wait(None));
+}
+
+#[test]
+fn backoff_grows_to_kubectls_five_seconds() {
+    assert_eq!(backoff(1), Duration::from_secs(1));
+    assert_eq!(backoff(3), Duration::from_secs(4));
+    assert_eq!(backoff(10), Duration::from_secs(5));
+}

@@ -1,0 +1,285 @@
+//! Drain policy, pure: which pods on a node must go and how, with kubectl
+//! drain's semantics as medik8s configures it (Force, DeleteEmptyDirData,
+//! IgnoreAllDaemonSets, the pod's own grace period); and which PDBs would
+//! block an eviction. No I/O here: `evict.rs` performs what this decides.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+/// What draining does with one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fate {
+    /// Evicted through the eviction API, so PDBs are honoured.
+    Evict,
+    /// Deleted: no controller will replace it (unmanaged) or it has finished.
+    Delete(&'static str),
+    /// Already terminating; drained once it is gone.
+    Terminating,
+    /// Left alone, with the reason kubectl would give.
+    Skip(&'static str),
+}
+
+impl Fate {
+    /// Does the drain wait for this pod to be gone?
+    pub fn is_pending(&self) -> bool {
+        !matches!(self, Fate::Skip(_))
+    }
+}
+
+/// Annotation the kubelet puts on mirror pods of static pods.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Decide one pod's fate. Order as kubectl's filters: deleted, DaemonSet,
+/// mirror, then local storage (allowed) and unreplicated (forced).
+pub fn fate(pod: &Pod) -> Fate {
+    let meta = &pod.metadata;
+    if meta
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
+    {
+        return Fate::Skip("mirror pod of a static pod (managed by the kubelet)");
+    }
+    let controller = meta
+        .owner_references
+        .as_ref()
+        .and_then(|os| os.iter().find(|o| o.controller == Some(true)));
+    if controller.is_some_and(|c| c.kind == "DaemonSet") {
+        return Fate::Skip("DaemonSet-managed (ignored, as --ignore-daemonsets)");
+    }
+    if meta.deletion_timestamp.is_some() {
+        return Fate::Terminating;
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return Fate::Delete("finished");
+    }
+    if controller.is_none() {
+        return Fate::Delete("declares no controller (as --force)");
+    }
+    Fate::Evict
+}
+
+/// `namespace/name` for messages.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Does a label selector match these labels? (A PDB's nil selector matches
+/// nothing, an empty one everything, as the disruption controller does.)
+pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    if let Some(ml) = &sel.match_labels
+        && !ml.iter().all(|(k, v)| labels.get(k) == Some(v))
+    {
+        return false;
+    }
+    sel.match_expressions.iter().flatten().all(|e| {
+        let val = labels.get(&e.key);
+        let vals = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => val.is_some_and(|v| vals.contains(v)),
+            "NotIn" => val.is_none_or(|v| !vals.contains(v)),
+            "Exists" => val.is_some(),
+            "DoesNotExist" => val.is_none(),
+            _ => false,
+        }
+    })
+}
+
+/// The PDBs in the pod's namespace that select it.
+pub fn pdbs_for<'a>(pod: &Pod, pdbs: &'a [PodDisruptionBudget]) -> Vec<&'a PodDisruptionBudget> {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    pdbs.iter()
+        .filter(|p| p.metadata.namespace == pod.metadata.namespace)
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|s| selector_matches(s, labels))
+        })
+        .collect()
+}
+
+/// Why an eviction of this pod would be refused right now, if it would:
+/// the same checks the eviction API makes against PDB status.
+pub fn pdb_blocker(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<String> {
+    let matching = pdbs_for(pod, pdbs);
+    match matching.as_slice() {
+        [] => None,
+        [pdb] => {
+            let allowed = pdb
+                .status
+                .as_ref()
+                .and_then(|s| s.disruptions_allowed)
+                .unwrap_or(0);
+            (allowed < 1).then(|| {
+                format!(
+                    "PodDisruptionBudget {} allows no disruption now",
+                    pdb.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
+        }
+        many => Some(format!(
+            "selected by {} PodDisruptionBudgets ({}); the eviction API refuses such pods",
+            many.len(),
+            many.iter()
+                .map(|p| p.metadata.name.as_deref().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodStatus;
+    use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        LabelSelectorRequirement, OwnerReference, Time,
+    };
+    use kube::api::ObjectMeta;
+
+    fn pod(owner: Option<&str>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                labels: Some([("app".to_string(), "web".to_string())].into()),
+                owner_references: owner.map(|kind| {
+                    vec![OwnerReference {
+                        kind: kind.into(),
+                        name: "o".into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn replicated_pods_are_evicted() {
+        assert_eq!(fate(&pod(Some("ReplicaSet"))), Fate::Evict);
+        assert_eq!(fate(&pod(Some("StatefulSet"))), Fate::Evict);
+    }
+
+    #[test]
+    fn daemonset_pods_are_skipped() {
+        assert!(matches!(fate(&pod(Some("DaemonSet"))), Fate::Skip(_)));
+    }
+
+    #[test]
+    fn mirror_pods_are_skipped_even_without_owner() {
+        let mut p = pod(None);
+        p.metadata.annotations = Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into());
+        assert!(matches!(fate(&p), Fate::Skip(_)));
+    }
+
+    #[test]
+    fn unmanaged_and_finished_pods_are_deleted() {
+        assert!(matches!(fate(&pod(None)), Fate::Delete(_)));
+        let mut done = pod(Some("Job"));
+        done.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert!(matches!(fate(&done), Fate::Delete(_)));
+    }
+
+    #[test]
+    fn terminating_pods_are_waited_for() {
+        let mut p = pod(Some("ReplicaSet"));
+        p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(fate(&p), Fate::Terminating);
+        assert!(Fate::Terminating.is_pending());
+    }
+
+    #[test]
+    fn emptydir_pods_are_evicted() {
+        use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, PodSpec, Volume};
+        let mut p = pod(Some("ReplicaSet"));
+        p.spec = Some(PodSpec {
+            volumes: Some(vec![Volume {
+                name: "s".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        assert_eq!(fate(&p), Fate::Evict);
+    }
+
+    fn pdb(name: &str, sel: LabelSelector, allowed: i32) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: Some(sel),
+                ..Default::default()
+            }),
+            status: Some(PodDisruptionBudgetStatus {
+                disruptions_allowed: Some(allowed),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        let labels: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
+        let expr = |op: &str, vals: &[&str]| LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "app".into(),
+                operator: op.into(),
+                values: Some(vals.iter().map(|s| s.to_string()).collect()),
+            }]),
+            ..Default::default()
+        };
+        assert!(
+            selector_matches(&LabelSelector::default(), &labels),
+            "empty selects all"
+        );
+        assert!(selector_matches(&expr("In", &["web", "db"]), &labels));
+        assert!(!selector_matches(&expr("NotIn", &["web"]), &labels));
+        assert!(selector_matches(&expr("Exists", &[]), &labels));
+        assert!(!selector_matches(&expr("DoesNotExist", &[]), &labels));
+        let ml = LabelSelector {
+            match_labels: Some([("app".to_string(), "db".to_string())].into()),
+            ..Default::default()
+        };
+        assert!(!selector_matches(&ml, &labels));
+    }
+
+    #[test]
+    fn pdb_blockers_name_the_budget() {
+        let sel = LabelSelector {
+            match_labels: Some([("app".to_string(), "web".to_string())].into()),
+            ..Default::default()
+        };
+        let p = pod(Some("ReplicaSet"));
+        assert_eq!(pdb_blocker(&p, &[pdb("web", sel.clone(), 1)]), None);
+        let msg = pdb_blocker(&p, &[pdb("web", sel.clone(), 0)]).unwrap_or_default();
+        assert!(msg.contains("PodDisruptionBudget web"), "{msg}");
+        let two =
+            pdb_blocker(&p, &[pdb("a", sel.clone(), 1), pdb("b", sel, 1)]).unwrap_or_default();
+        assert!(two.contains("2 PodDisruptionBudgets"), "{two}");
+    }
+}

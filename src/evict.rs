@@ -1,0 +1,99 @@
+//! Draining's side effects: one eviction (or delete) request per pod, sent
+//! concurrently, each guarded by the pod's UID so a replacement with the same
+//! name is never hit. The pod's own grace period applies (none is sent).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, EvictParams, Preconditions};
+use kube::{Api, Client, ResourceExt};
+
+use crate::drain::Fate;
+use crate::error::kube_cause;
+use crate::runtime;
+
+/// What the API server said about one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Eviction or deletion accepted; the pod is on its way out.
+    Accepted,
+    /// Already gone (404) or replaced (UID precondition failed).
+    Gone,
+    /// Refused; the message names the PDB and the API's cause.
+    Refused(String),
+}
+
+/// Evict or delete every pod concurrently; results in input order.
+pub async fn drain_pods(client: &Client, pods: &[(Arc<Pod>, Fate)]) -> Vec<Outcome> {
+    let tasks: Vec<_> = pods
+        .iter()
+        .map(|(pod, fate)| {
+            let client = client.clone();
+            let pod = pod.clone();
+            let fate = fate.clone();
+            runtime::spawn(async move { remove(&client, &pod, &fate).await })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await);
+    }
+    out
+}
+
+async fn remove(client: &Client, pod: &Pod, fate: &Fate) -> Outcome {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let name = pod.name_any();
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let res = match fate {
+        Fate::Delete(_) => api.delete(&name, &dp).await.map(|_| ()),
+        _ => api
+            .evict(
+                &name,
+                &EvictParams {
+                    delete_options: Some(dp),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(|_| ()),
+    };
+    match res {
+        Ok(()) => Outcome::Accepted,
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Outcome::Gone,
+        Err(kube::Error::Api(s)) if s.code == 429 => Outcome::Refused(refusal(&s)),
+        Err(e) => Outcome::Refused(kube_cause(&e)),
+    }
+}
+
+/// "Cannot evict pod as it would violate the pod's disruption budget. (The
+/// disruption budget web needs 2 healthy pods and has 2 currently)": the
+/// API's message with its causes, which name the PDB.
+fn refusal(s: &kube::core::Status) -> String {
+    let causes: Vec<&str> = s
+        .details
+        .as_ref()
+        .map(|d| {
+            d.causes
+                .iter()
+                .map(|c| c.message.as_str())
+                .filter(|m| !m.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if causes.is_empty() {
+        s.message.clone()
+    } else {
+        format!(
+            "{} ({})",
+            s.message.trim_end_matches('.'),
+            causes.join("; ")
+        )
+    }
+}

@@ -1,0 +1,262 @@
+//! The `NodeMaintenance` API, exactly as medik8s's Node Maintenance Operator
+//! serves it (`nodemaintenance.medik8s.io/v1beta1`), so clusters keep their
+//! objects, `kubectl` habits and the medik8s tools that read NMO's lease and
+//! label. Additions are compatible: printer columns, `conditions`, a CEL rule
+//! for `nodeName` immutability (NMO's webhook check, without a webhook).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// medik8s's finalizer name, kept so objects created under NMO stay valid.
+pub const FINALIZER: &str = "foregroundDeleteNodeMaintenance";
+/// Node label that tells medik8s remediators to leave the node alone.
+pub const EXCLUDE_REMEDIATION_LABEL: &str = "remediation.medik8s.io/exclude-from-remediation";
+/// The taint the node lifecycle controller also puts on cordoned nodes.
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+/// medik8s's own drain taint.
+pub const DRAIN_TAINT: &str = "medik8s.io/drain";
+/// Namespace and holder of the medik8s node lease.
+pub const LEASE_NAMESPACE: &str = "medik8s-leases";
+pub const LEASE_HOLDER: &str = "node-maintenance";
+pub const LEASE_SECONDS: i32 = 3600;
+/// More lease conflicts than this while draining fail the maintenance (as NMO).
+pub const MAX_LEASE_ERRORS: i32 = 3;
+
+/// Node annotation naming the NodeMaintenance whose changes the node carries
+/// (label, taints, cordon). Written in the same patch as those changes, so
+/// after a crash we know exactly what is ours to undo.
+pub const APPLIED_ANNOTATION: &str = "nodekeeper.io/maintenance";
+/// Node annotation present only if nodekeeper set `spec.unschedulable`: an
+/// admin's earlier cordon is never undone by us.
+pub const CORDONED_ANNOTATION: &str = "nodekeeper.io/cordoned-by-maintenance";
+
+/// The medik8s lease name for a node.
+pub fn lease_name(node: &str) -> String {
+    format!("node-{node}")
+}
+
+/// Puts a node into maintenance: cordon, taint and drain it, and hold it there
+/// until this object is deleted.
+// Each printcolumn(...) repeats `type_ = ...`; clippy reads them as one
+// attribute's duplicated keys.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "nodemaintenance.medik8s.io",
+    version = "v1beta1",
+    kind = "NodeMaintenance",
+    plural = "nodemaintenances",
+    shortname = "nm",
+    status = "NodeMaintenanceStatus",
+    doc = "NodeMaintenance puts a node into maintenance: cordoned, tainted and drained until the object is deleted.",
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".spec.nodeName",
+        description = "the node in maintenance"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Running, Succeeded or Failed"
+    ),
+    printcolumn(
+        name = "Progress",
+        type_ = "integer",
+        json_path = ".status.drainProgress",
+        description = "percent of evictable pods gone"
+    ),
+    printcolumn(
+        name = "Pending",
+        type_ = "integer",
+        json_path = ".status.pendingPods.length()",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".spec.reason",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeMaintenanceSpec {
+    /// Node name to put into maintenance. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("updating spec.NodeName isn't allowed"))]
+    pub node_name: String,
+    /// Why the node is in maintenance (free text, shown by `kubectl get nm -o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Where a maintenance is. The strings are medik8s's.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum Phase {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Running => "Running",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+        }
+    }
+}
+
+/// A pod still to be drained, as medik8s's `PodReference`.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
+pub struct PodReference {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+}
+
+/// Field names and JSON keys are medik8s's (note `totalpods`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeMaintenanceStatus {
+    /// Running, Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Percent of the evictable pods that are gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_progress: Option<i32>,
+    /// When nodekeeper last changed this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update: Option<Time>,
+    /// What is wrong or blocking, in one line (pod, PDB and the API's cause).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Names of the pods still to be drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_pods: Option<Vec<String>>,
+    /// Namespaces and names of the pods still to be drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_pods_refs: Option<Vec<PodReference>>,
+    /// Pods on the node when maintenance began.
+    #[serde(default, rename = "totalpods", skip_serializing_if = "Option::is_none")]
+    pub total_pods: Option<i32>,
+    /// Pods that had to be drained when maintenance began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_pods: Option<i32>,
+    /// Times the medik8s lease was found held by another holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_on_lease_count: Option<i32>,
+    /// Standard conditions: Accepted, Cordoned, Drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// `metav1.Condition` list, keyed by type as `kubectl` and SSA expect.
+fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<Condition>>();
+    let obj = schema.ensure_object();
+    obj.insert("x-kubernetes-list-type".into(), "map".into());
+    obj.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    schema
+}
+
+impl NodeMaintenance {
+    pub fn phase(&self) -> Option<Phase> {
+        self.status.as_ref().and_then(|s| s.phase)
+    }
+
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    pub fn has_finalizer(&self) -> bool {
+        self.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+}
+
+/// Every CRD nodekeeper serves, in install order.
+pub fn crds()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    use kube::CustomResourceExt;
+    vec![NodeMaintenance::crd()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crd_matches_medik8s_names() {
+        let crd = NodeMaintenance::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("nodemaintenances.nodemaintenance.medik8s.io")
+        );
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["nm".to_string()]));
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, "v1beta1");
+        assert!(
+            v.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let json = serde_json::to_string(&crd).unwrap_or_default();
+        assert!(
+            json.contains(r#""totalpods""#),
+            "status key is lowercase as medik8s"
+        );
+        assert!(json.contains("updating spec.NodeName isn't allowed"));
+        assert!(json.contains(r#""required":["nodeName"]"#), "{json}");
+    }
+
+    #[test]
+    fn status_round_trips_medik8s_json() {
+        let medik8s = serde_json::json!({
+            "phase": "Running", "drainProgress": 50, "lastError": "x",
+            "pendingPods": ["a"], "pendingPodsRefs": [{"namespace": "n", "name": "a"}],
+            "totalpods": 3, "evictionPods": 2, "errorOnLeaseCount": 1
+        });
+        let st: NodeMaintenanceStatus = serde_json::from_value(medik8s.clone()).unwrap_or_default();
+        assert_eq!(st.total_pods, Some(3));
+        assert_eq!(serde_json::to_value(&st).unwrap_or_default(), medik8s);
+    }
+}

@@ -1,0 +1,933 @@
+//! NodeMaintenance end to end on the real control plane: agents run as
+//! processes (node mode unless stated), and each test checks one behaviour
+//! through the API, as `kubectl` would show it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod, PodTemplateSpec, Volume};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use nodekeeper::nodemaintenance::*;
+use support::{Agent, TestEnv, block_on, install_crds, kubectl, run_cli, wait_for};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A test world: nodes (Ready), CRDs installed, one node-mode agent per node.
+struct World {
+    env: TestEnv,
+    nodes: Vec<String>,
+    agents: Vec<Agent>,
+}
+
+async fn world(name: &str, nodes: &[&str]) -> World {
+    install_crds();
+    let mut env = TestEnv::new(name).await;
+    let mut names = Vec::new();
+    for n in nodes {
+        names.push(env.add_node(n).await);
+    }
+    for n in &names {
+        env.wait_node_ready(n).await;
+    }
+    World {
+        env,
+        nodes: names,
+        agents: Vec::new(),
+    }
+}
+
+impl World {
+    fn start_agents(&mut self) {
+        for n in self.nodes.clone() {
+            self.agents
+                .push(Agent::start(&["run", "--node", &n, "--drain-timeout", "3"]));
+        }
+    }
+
+    fn nms(&self) -> Api<NodeMaintenance> {
+        Api::all(self.env.client.clone())
+    }
+
+    fn node_api(&self) -> Api<Node> {
+        Api::all(self.env.client.clone())
+    }
+
+    async fn maintain(&self, name: &str, node: &str) -> NodeMaintenance {
+        let nm = NodeMaintenance::new(
+            name,
+            NodeMaintenanceSpec {
+                node_name: node.into(),
+                reason: Some("test".into()),
+            },
+        );
+        self.nms()
+            .create(&PostParams::default(), &nm)
+            .await
+            .expect("creating NodeMaintenance")
+    }
+
+    async fn wait_phase(&self, name: &str, phase: Phase) -> NodeMaintenance {
+        wait_for(
+            &format!("NodeMaintenance {name} {phase:?}"),
+            LONG,
+            || async {
+                let nm = self.nms().get_opt(name).await.ok().flatten()?;
+                (nm.phase() == Some(phase)).then_some(nm)
+            },
+        )
+        .await
+    }
+
+    async fn node(&self, name: &str) -> Node {
+        self.node_api().get(name).await.expect("reading node")
+    }
+
+    /// Create a Deployment and wait for its pods to run.
+    async fn deploy(&self, name: &str, replicas: i32) -> Vec<Pod> {
+        let api: Api<Deployment> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        api.create(&PostParams::default(), &self.env.deployment(name, replicas))
+            .await
+            .expect("create deployment");
+        self.wait_running(&format!("app={name}"), replicas as usize)
+            .await
+    }
+
+    async fn wait_running(&self, selector: &str, n: usize) -> Vec<Pod> {
+        wait_for(&format!("{n} running pods {selector}"), LONG, || async {
+            let pods: Vec<Pod> = self
+                .env
+                .pods(selector)
+                .await
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .collect();
+            (pods.len() == n).then_some(pods)
+        })
+        .await
+    }
+
+    async fn pdb(&self, name: &str, app: &str, min_available: i32) {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        let pdb = PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                min_available: Some(IntOrString::Int(min_available)),
+                selector: Some(LabelSelector {
+                    match_labels: Some([("app".to_string(), app.to_string())].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &pdb)
+            .await
+            .expect("create pdb");
+        wait_for("PDB status", LONG, || async {
+            let st = api.get(name).await.ok()?.status?;
+            (st.observed_generation.is_some() && st.expected_pods.unwrap_or(0) > 0).then_some(())
+        })
+        .await;
+    }
+
+    async fn relax_pdb(&self, name: &str) {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        let patch = serde_json::json!({"spec": {"minAvailable": 0}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("relax pdb");
+    }
+
+    async fn pods_on(&self, node: &str) -> Vec<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        api.list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .expect("list pods")
+            .items
+    }
+
+    fn nm_name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.env.id)
+    }
+}
+
+fn taint_keys(node: &Node) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| ts.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+fn label(node: &Node, key: &str) -> Option<String> {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key).cloned())
+}
+
+async fn events_for(env: &TestEnv, name: &str, reason: &str) -> usize {
+    let api: Api<CoreEvent> = Api::all(env.client.clone());
+    let evs = api
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .expect("list events");
+    evs.items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.count.unwrap_or(1).max(1) as usize)
+        .sum()
+}
+
+#[test]
+fn deployment_pods_are_evicted_and_recreated_on_other_nodes() {
+    block_on(async {
+        let mut w = world("evict", &["a"]).await;
+        let old = w.deploy("web", 3).await;
+        let b = w.env.add_node("b").await;
+        w.env.wait_node_ready(&b).await;
+        w.nodes.push(b.clone());
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        let nm = w.wait_phase(&name, Phase::Succeeded).await;
+        let st = nm.status.clone().unwrap_or_default();
+        assert_eq!(st.drain_progress, Some(100));
+        assert_eq!(st.pending_pods, Some(vec![]));
+        assert!(nm.has_finalizer(), "finalizer {FINALIZER}");
+        assert_eq!(
+            nm.owner_references().first().map(|o| o.kind.as_str()),
+            Some("Node")
+        );
+
+        let node = w.node(&a).await;
+        assert!(unschedulable(&node), "cordoned");
+        let keys = taint_keys(&node);
+        assert!(
+            keys.contains(&UNSCHEDULABLE_TAINT.to_string())
+                && keys.contains(&DRAIN_TAINT.to_string()),
+            "{keys:?}"
+        );
+        assert_eq!(
+            label(&node, EXCLUDE_REMEDIATION_LABEL).as_deref(),
+            Some("true")
+        );
+
+        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+        let lease = leases
+            .get(&lease_name(&a))
+            .await
+            .expect("the medik8s lease exists");
+        let spec = lease.spec.unwrap_or_default();
+        assert_eq!(spec.holder_identity.as_deref(), Some(LEASE_HOLDER));
+        assert_eq!(spec.lease_duration_seconds, Some(LEASE_SECONDS));
+
+        let new = w.wait_running("app=web", 3).await;
+        for p in &new {
+            assert_eq!(
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+                Some(b.as_str()),
+                "recreated on the other node"
+            );
+            assert!(old.iter().all(|o| o.uid() != p.uid()));
+        }
+        assert_eq!(events_for(&w.env, &name, "BeginMaintenance").await, 1);
+        assert_eq!(events_for(&w.env, &name, "SucceedMaintenance").await, 1);
+    })
+}
+
+#[test]
+fn daemonset_pods_are_left_alone() {
+    block_on(async {
+        let mut w = world("ds", &["a"]).await;
+        let labels: BTreeMap<String, String> = [("app".to_string(), "agent".to_string())].into();
+        let ds = DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("agent".into()),
+                ..Default::default()
+            },
+            spec: DaemonSetSpec {
+                selector: LabelSelector {
+                    match_labels: Some(labels.clone()),
+                    ..Default::default()
+                },
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels),
+                        ..Default::default()
+                    }),
+                    spec: Some(w.env.pod_spec()),
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<DaemonSet> = Api::namespaced(w.env.client.clone(), &w.env.ns);
+        api.create(&PostParams::default(), &ds)
+            .await
+            .expect("create daemonset");
+        let before = w.wait_running("app=agent", 1).await;
+        w.start_agents();
+        let name = w.nm_name("m");
+        w.maintain(&name, &w.nodes[0].clone()).await;
+        let nm = w.wait_phase(&name, Phase::Succeeded).await;
+        assert_eq!(nm.status.and_then(|s| s.eviction_pods), Some(0));
+        let after = w.wait_running("app=agent", 1).await;
+        assert_eq!(
+            before[0].uid(),
+            after[0].uid(),
+            "the DaemonSet pod was not touched"
+        );
+    })
+}
+
+/// A pod created directly on the node (no scheduler), as the kubelet does.
+async fn bound_pod(w: &World, name: &str, node: &str, f: impl FnOnce(&mut Pod)) -> Pod {
+    let mut spec = w.env.pod_spec();
+    spec.node_name = Some(node.into());
+    spec.node_selector = None;
+    let mut pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("app".to_string(), name.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        ..Default::default()
+    };
+    f(&mut pod);
+    let api: Api<Pod> = Api::namespaced(w.env.client.clone(), &w.env.ns);
+    api.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    w.wait_running(&format!("app={name}"), 1).await.remove(0)
+}
+
+#[test]
+fn mirror_pods_are_left_alone() {
+    block_on(async {
+        let mut w = world("mirror", &["a"]).await;
+        let a = w.nodes[0].clone();
+        let node = w.node(&a).await;
+        let mirror = bound_pod(&w, "static", &a, |p| {
+            p.metadata.annotations = Some(
+                [(
+                    nodekeeper::drain::MIRROR_ANNOTATION.to_string(),
+                    "hash".to_string(),
+                )]
+                .into(),
+            );
+            p.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: a.clone(),
+                uid: node.uid().unwrap_or_default(),
+                controller: Some(true),
+                ..Default::default()
+            }]);
+        })
+        .await;
+        w.start_agents();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        let nm = w.wait_phase(&name, Phase::Succeeded).await;
+        assert_eq!(nm.status.and_then(|s| s.total_pods), Some(1));
+        let still = w.pods_on(&a).await;
+        assert_eq!(still.len(), 1);
+        assert_eq!(still[0].uid(), mirror.uid());
+        assert!(still[0].metadata.deletion_timestamp.is_none());
+    })
+}
+
+#[test]
+fn unmanaged_pods_are_deleted() {
+    block_on(async {
+        let mut w = world("unmanaged", &["a"]).await;
+        let a = w.nodes[0].clone();
+        bound_pod(&w, "lonely", &a, |_| {}).await;
+        w.start_agents();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        let nm = w.wait_phase(&name, Phase::Succeeded).await;
+        assert_eq!(nm.status.and_then(|s| s.eviction_pods), Some(1));
+        assert!(w.pods_on(&a).await.is_empty(), "the unmanaged pod is gone");
+    })
+}
+
+#[test]
+fn emptydir_pods_are_evicted() {
+    block_on(async {
+        let mut w = world("emptydir", &["a"]).await;
+        let api: Api<Deployment> = Api::namespaced(w.env.client.clone(), &w.env.ns);
+        let mut d = w.env.deployment("scratch", 1);
+        if let Some(spec) = d.spec.template.spec.as_mut() {
+            spec.volumes = Some(vec![Volume {
+                name: "tmp".into(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            }]);
+        }
+        api.create(&PostParams::default(), &d)
+            .await
+            .expect("create deployment");
+        let before = w.wait_running("app=scratch", 1).await;
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        let nm = w.wait_phase(&name, Phase::Succeeded).await;
+        assert_eq!(nm.status.and_then(|s| s.eviction_pods), Some(1));
+        let api: Api<Pod> = Api::namespaced(w.env.client.clone(), &w.env.ns);
+        assert!(
+            api.get_opt(&before[0].name_any())
+                .await
+                .expect("get")
+                .is_none_or(|p| p.uid() != before[0].uid())
+        );
+    })
+}
+
+#[test]
+fn pdb_blocks_the_drain_names_itself_and_relaxing_it_lets_it_finish() {
+    block_on(async {
+        let mut w = world("pdb", &["a"]).await;
+        w.deploy("db", 2).await;
+        w.pdb("db-pdb", "db", 2).await;
+        let b = w.env.add_node("b").await;
+        w.env.wait_node_ready(&b).await;
+        w.nodes.push(b);
+        w.start_agents();
+        let name = w.nm_name("m");
+        w.maintain(&name, &w.nodes[0].clone()).await;
+        let blocked = wait_for("lastError naming the PDB", LONG, || async {
+            let nm = w.nms().get(&name).await.ok()?;
+            let err = nm.status.as_ref()?.last_error.clone()?;
+            err.contains("db-pdb").then_some(nm)
+        })
+        .await;
+        assert_eq!(blocked.phase(), Some(Phase::Running));
+        let st = blocked.status.clone().unwrap_or_default();
+        assert_eq!(st.pending_pods.map(|p| p.len()), Some(2));
+        assert!(
+            st.last_error
+                .unwrap_or_default()
+                .contains("disruption budget"),
+            "the API's cause is kept"
+        );
+        // After the drain timeout (3 s here) a condition and a Warning say so.
+        wait_for("Drained=False/DrainTimeout", LONG, || async {
+            let nm = w.nms().get(&name).await.ok()?;
+            let c = nm.condition("Drained")?;
+            (c.reason == "DrainTimeout" && c.message.contains("db-pdb")).then_some(())
+        })
+        .await;
+        assert_eq!(events_for(&w.env, &name, "DrainTimeout").await, 1);
+        assert_eq!(
+            w.nms().get(&name).await.expect("get").phase(),
+            Some(Phase::Running)
+        );
+
+        w.relax_pdb("db-pdb").await;
+        let done = w.wait_phase(&name, Phase::Succeeded).await;
+        assert_eq!(done.status.and_then(|s| s.last_error), None);
+    })
+}
+
+#[test]
+fn status_counters_follow_the_drain() {
+    block_on(async {
+        let mut w = world("counters", &["a"]).await;
+        w.deploy("web", 2).await;
+        w.deploy("db", 2).await;
+        w.pdb("db-pdb", "db", 2).await;
+        let a = w.nodes[0].clone();
+        bound_pod(&w, "lonely", &a, |_| {}).await;
+        let b = w.env.add_node("b").await;
+        w.env.wait_node_ready(&b).await;
+        w.nodes.push(b);
+        w.start_agents();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        // web (2) and the lonely pod go; db (2) is held by its PDB.
+        let mid = wait_for("2 pending, 60%", LONG, || async {
+            let st = w.nms().get(&name).await.ok()?.status?;
+            (st.pending_pods.as_ref()?.len() == 2).then_some(st)
+        })
+        .await;
+        assert_eq!(mid.total_pods, Some(5));
+        assert_eq!(mid.eviction_pods, Some(5));
+        assert_eq!(mid.drain_progress, Some(60));
+        let mut refs = mid.pending_pods_refs.unwrap_or_default();
+        refs.sort();
+        assert!(
+            refs.iter()
+                .all(|r| r.namespace == w.env.ns && r.name.starts_with("db-")),
+            "{refs:?}"
+        );
+        w.relax_pdb("db-pdb").await;
+        let st = w
+            .wait_phase(&name, Phase::Succeeded)
+            .await
+            .status
+            .unwrap_or_default();
+        assert_eq!(
+            (st.total_pods, st.eviction_pods, st.drain_progress),
+            (Some(5), Some(5), Some(100))
+        );
+    })
+}
+
+#[test]
+fn admin_cordoned_node_stays_cordoned_after_unmaintain() {
+    block_on(async {
+        let mut w = world("admincordon", &["a"]).await;
+        let a = w.nodes[0].clone();
+        let patch = serde_json::json!({"spec": {"unschedulable": true}});
+        w.node_api()
+            .patch(&a, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("admin cordon");
+        w.start_agents();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        w.wait_phase(&name, Phase::Succeeded).await;
+        w.nms()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete nm");
+        wait_for("NodeMaintenance gone", LONG, || async {
+            w.nms().get_opt(&name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        let node = w.node(&a).await;
+        assert!(unschedulable(&node), "the admin's cordon stays");
+        assert!(!taint_keys(&node).contains(&DRAIN_TAINT.to_string()));
+        assert_eq!(label(&node, EXCLUDE_REMEDIATION_LABEL), None);
+    })
+}
+
+#[test]
+fn deleting_mid_drain_removes_taints_label_and_cordon() {
+    block_on(async {
+        let mut w = world("middelete", &["a"]).await;
+        w.deploy("db", 1).await;
+        w.pdb("db-pdb", "db", 1).await;
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        wait_for("blocked drain", LONG, || async {
+            w.nms()
+                .get(&name)
+                .await
+                .ok()?
+                .status?
+                .last_error?
+                .contains("db-pdb")
+                .then_some(())
+        })
+        .await;
+        assert!(unschedulable(&w.node(&a).await));
+        w.nms()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete nm");
+        wait_for("NodeMaintenance gone", LONG, || async {
+            w.nms().get_opt(&name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        let node = w.node(&a).await;
+        assert!(!unschedulable(&node), "uncordoned");
+        let keys = taint_keys(&node);
+        assert!(
+            !keys.contains(&DRAIN_TAINT.to_string())
+                && !keys.contains(&UNSCHEDULABLE_TAINT.to_string()),
+            "{keys:?}"
+        );
+        assert_eq!(label(&node, EXCLUDE_REMEDIATION_LABEL), None);
+        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+        assert!(
+            leases
+                .get_opt(&lease_name(&a))
+                .await
+                .expect("get lease")
+                .is_none(),
+            "lease released"
+        );
+        assert_eq!(events_for(&w.env, &a, "UncordonNode").await, 1);
+        assert_eq!(events_for(&w.env, &name, "RemovedMaintenance").await, 1);
+    })
+}
+
+#[test]
+fn agent_killed_mid_drain_converges_after_restart() {
+    block_on(async {
+        let mut w = world("sigkill", &["a", "b"]).await;
+        // Pods land on a or b; the maintained node is whichever holds some.
+        w.deploy("db", 2).await;
+        w.pdb("db-pdb", "db", 2).await;
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        wait_for("drain underway", LONG, || async {
+            let st = w.nms().get(&name).await.ok()?.status?;
+            (st.phase == Some(Phase::Running) && w.node(&a).await.spec?.unschedulable == Some(true))
+                .then_some(())
+        })
+        .await;
+        w.agents[0].signal("KILL");
+        w.agents[0].wait_exit(Duration::from_secs(10));
+        w.relax_pdb("db-pdb").await;
+        w.agents[0] = Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]);
+        let nm = w.wait_phase(&name, Phase::Succeeded).await;
+        assert_eq!(nm.status.and_then(|s| s.drain_progress), Some(100));
+        assert!(w.pods_on(&a).await.is_empty());
+        assert_eq!(
+            events_for(&w.env, &name, "BeginMaintenance").await,
+            1,
+            "no second begin"
+        );
+        assert_eq!(events_for(&w.env, &name, "SucceedMaintenance").await, 1);
+    })
+}
+
+#[test]
+fn maintenance_for_a_missing_node_fails() {
+    block_on(async {
+        let mut w = world("missing", &["a"]).await;
+        w.start_agents();
+        let name = w.nm_name("m");
+        let ghost = format!("{}-ghost", w.env.id);
+        w.maintain(&name, &ghost).await;
+        let nm = w.wait_phase(&name, Phase::Failed).await;
+        let err = nm
+            .status
+            .as_ref()
+            .and_then(|s| s.last_error.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            err,
+            format!("invalid nodeName, no node with name {ghost} found")
+        );
+        assert!(!nm.has_finalizer(), "nothing to clean up, so no finalizer");
+        assert!(events_for(&w.env, &name, "FailedMaintenance").await >= 1);
+        // Final: it stays Failed and can be deleted right away.
+        w.nms()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        wait_for("deleted", LONG, || async {
+            w.nms().get_opt(&name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    })
+}
+
+#[test]
+fn duplicate_maintenance_fails_and_leaves_the_first_alone() {
+    block_on(async {
+        let mut w = world("dup", &["a"]).await;
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let first = w.nm_name("first");
+        w.maintain(&first, &a).await;
+        w.wait_phase(&first, Phase::Succeeded).await;
+        let second = w.nm_name("second");
+        w.maintain(&second, &a).await;
+        let dup = w.wait_phase(&second, Phase::Failed).await;
+        assert_eq!(
+            dup.status.and_then(|s| s.last_error).unwrap_or_default(),
+            format!("invalid nodeName, a NodeMaintenance for node {a} already exists")
+        );
+        w.nms()
+            .delete(&second, &DeleteParams::default())
+            .await
+            .expect("delete dup");
+        wait_for("duplicate gone", LONG, || async {
+            w.nms().get_opt(&second).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        let node = w.node(&a).await;
+        assert!(
+            unschedulable(&node),
+            "first maintenance still holds the node"
+        );
+        assert!(taint_keys(&node).contains(&DRAIN_TAINT.to_string()));
+        assert_eq!(
+            w.nms().get(&first).await.expect("first").phase(),
+            Some(Phase::Succeeded)
+        );
+    })
+}
+
+#[test]
+fn node_name_cannot_be_changed() {
+    block_on(async {
+        let w = world("immutable", &["a"]).await;
+        let name = w.nm_name("m");
+        w.maintain(&name, &w.nodes[0]).await;
+        let patch = serde_json::json!({"spec": {"nodeName": "other"}});
+        let err = w
+            .nms()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect_err("must be refused");
+        match err {
+            kube::Error::Api(s) => {
+                assert_eq!(s.code, 422);
+                assert!(
+                    s.message.contains("updating spec.NodeName isn't allowed"),
+                    "{}",
+                    s.message
+                );
+            }
+            other => panic!("expected a 422, got {other}"),
+        }
+        w.nms()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    })
+}
+
+#[test]
+fn cluster_mode_drains_two_nodes_at_once() {
+    block_on(async {
+        let w = world("cluster", &["a", "b", "c"]).await;
+        // Pods everywhere, each node's pods held by a PDB until we relax it.
+        w.deploy("db", 6).await;
+        w.pdb("db-pdb", "db", 6).await;
+        let selector = format!("{}={}", support::GROUP_LABEL, w.env.id);
+        let _agent = Agent::start(&[
+            "run",
+            "--all-nodes",
+            "--node-selector",
+            &selector,
+            "--leader-namespace",
+            &w.env.ns,
+            "--drain-timeout",
+            "3",
+        ]);
+        let (a, b) = (w.nodes[0].clone(), w.nodes[1].clone());
+        let (ma, mb) = (w.nm_name("a"), w.nm_name("b"));
+        w.maintain(&ma, &a).await;
+        w.maintain(&mb, &b).await;
+        // Both are Running and blocked at the same time: neither waits on the other.
+        wait_for("both maintenances draining together", LONG, || async {
+            let x = w.nms().get(&ma).await.ok()?.status?;
+            let y = w.nms().get(&mb).await.ok()?.status?;
+            let blocked = |s: &NodeMaintenanceStatus| {
+                s.phase == Some(Phase::Running)
+                    && s.last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("db-pdb"))
+            };
+            let empty = |s: &NodeMaintenanceStatus| {
+                s.phase == Some(Phase::Succeeded) && s.eviction_pods == Some(0)
+            };
+            ((blocked(&x) || empty(&x))
+                && (blocked(&y) || empty(&y))
+                && (blocked(&x) || blocked(&y)))
+            .then_some(())
+        })
+        .await;
+        w.relax_pdb("db-pdb").await;
+        w.wait_phase(&ma, Phase::Succeeded).await;
+        w.wait_phase(&mb, Phase::Succeeded).await;
+        let pods = w.wait_running("app=db", 6).await;
+        assert!(
+            pods.iter()
+                .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+                    == Some(w.nodes[2].as_str()))
+        );
+    })
+}
+
+#[test]
+fn medik8s_sample_applies_unchanged_and_kubectl_shows_the_columns() {
+    block_on(async {
+        let mut w = world("sample", &["a"]).await;
+        w.start_agents();
+        let name = w.nm_name("sample");
+        let sample = format!(
+            "apiVersion: nodemaintenance.medik8s.io/v1beta1\nkind: NodeMaintenance\nmetadata:\n  name: {name}\nspec:\n  nodeName: {}\n  reason: \"Test node maintenance\"\n",
+            w.nodes[0]
+        );
+        let out = kubectl(&["apply", "-f", "-"], Some(&sample));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        w.wait_phase(&name, Phase::Succeeded).await;
+        let out = kubectl(&["get", "nm", &name], None);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let header: Vec<&str> = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            header,
+            ["NAME", "NODE", "PHASE", "PROGRESS", "AGE"],
+            "{text}"
+        );
+        let row: Vec<&str> = text
+            .lines()
+            .nth(1)
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            &row[1..4],
+            [w.nodes[0].as_str(), "Succeeded", "100"],
+            "{text}"
+        );
+        let out = kubectl(
+            &["delete", "nm", &name, "--wait=true", "--timeout=60s"],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    })
+}
+
+#[test]
+fn maintain_wait_reports_progress_and_exit_code() {
+    block_on(async {
+        let mut w = world("cli", &["a"]).await;
+        w.deploy("web", 2).await;
+        let b = w.env.add_node("b").await;
+        w.env.wait_node_ready(&b).await;
+        w.nodes.push(b);
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let kc = support::cluster().to_string_lossy().to_string();
+        let (plan_status, plan, _) = run_cli(&["drain", "--dry-run", &a, "--kubeconfig", &kc], &[]);
+        assert!(plan_status.success());
+        assert!(plan.contains("2 to evict (0 blocked now)"), "{plan}");
+        let (status, out, err) = run_cli(
+            &[
+                "maintain",
+                &a,
+                "--reason",
+                "kernel",
+                "--wait",
+                "--kubeconfig",
+                &kc,
+            ],
+            &[],
+        );
+        assert!(status.success(), "{out}\n{err}");
+        assert!(
+            out.contains(&format!("node {a} is in maintenance")),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("Succeeded") && l.contains("100%")),
+            "{out}"
+        );
+        let nm = w.nms().get(&a).await.expect("named after the node");
+        assert_eq!(nm.spec.reason.as_deref(), Some("kernel"));
+        let (status, _, err) = run_cli(&["unmaintain", &a, "--wait", "--kubeconfig", &kc], &[]);
+        assert!(status.success(), "{err}");
+        assert!(!unschedulable(&w.node(&a).await));
+    })
+}
+
+#[test]
+fn lease_held_by_another_holder_fails_the_maintenance_after_three_retries() {
+    block_on(async {
+        let mut w = world("leasefail", &["a"]).await;
+        let a = w.nodes[0].clone();
+        let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(w.env.client.clone());
+        let ns = k8s_openapi::api::core::v1::Namespace {
+            metadata: ObjectMeta {
+                name: Some(LEASE_NAMESPACE.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let _ = nss.create(&PostParams::default(), &ns).await;
+        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(lease_name(&a)),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some("self-node-remediation".into()),
+                lease_duration_seconds: Some(3600),
+                renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    now,
+                )),
+                ..Default::default()
+            }),
+        };
+        leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("create foreign lease");
+        w.start_agents();
+        let kc = support::cluster().to_string_lossy().to_string();
+        let (status, _out, err) = run_cli(&["maintain", &a, "--wait", "--kubeconfig", &kc], &[]);
+        assert!(!status.success(), "exit code says Failed");
+        assert!(
+            err.contains("maintenance failed: lease could not be extended after 4 attempts"),
+            "{err}"
+        );
+        let nm = w.nms().get(&a).await.expect("nm");
+        assert_eq!(
+            nm.status.as_ref().and_then(|s| s.error_on_lease_count),
+            Some(4)
+        );
+        let node = w.node(&a).await;
+        assert!(!unschedulable(&node), "a failed maintenance holds nothing");
+        assert_eq!(label(&node, EXCLUDE_REMEDIATION_LABEL), None);
+        let held = leases
+            .get(&lease_name(&a))
+            .await
+            .expect("lease")
+            .spec
+            .and_then(|s| s.holder_identity);
+        assert_eq!(
+            held.as_deref(),
+            Some("self-node-remediation"),
+            "the other holder keeps its lease"
+        );
+        w.nms()
+            .delete(&a, &DeleteParams::default())
+            .await
+            .expect("delete");
+        let _ = leases
+            .delete(&lease_name(&a), &DeleteParams::default())
+            .await;
+    })
+}

@@ -1,0 +1,416 @@
+//! The one way tests reach the real control plane.
+//!
+//! [`cluster`] starts it once per test binary through
+//! `tests/controlplane/cluster.sh up` (which reuses a cluster that is already
+//! answering), and panics with the components' log tails if it cannot: a test
+//! that needs the cluster fails loudly, never skips. Each test takes a
+//! [`TestEnv`]: a unique id, its own namespace and its own kwok nodes, all
+//! deleted when it drops, so tests run in parallel without seeing each other.
+//! `just test` stops the cluster after the run; plain `cargo test` leaves it
+//! up for the next run (`just cluster-down` stops it).
+#![allow(dead_code)] // each test binary uses a different part of this helper
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+pub use nodekeeper::runtime::block_on;
+
+/// The label that ties a test's nodes and workloads together.
+pub const GROUP_LABEL: &str = "nodekeeper.test/group";
+
+/// Start (or reuse) the cluster; returns the kubeconfig path.
+pub fn cluster() -> &'static Path {
+    static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    KUBECONFIG.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/cluster.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("up")
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "the test control plane did not start ({}); its log tails are above",
+            out.status
+        );
+        let path = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string();
+        let path = PathBuf::from(path);
+        assert!(path.is_file(), "cluster.sh up printed no kubeconfig path");
+        path
+    })
+}
+
+/// A kube client for the test cluster.
+pub async fn client() -> Client {
+    let kc = Kubeconfig::read_from(cluster()).expect("reading the test kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("loading the test kubeconfig");
+    // Tests assert on 429s (PDB refusals); kube would retry them for minutes.
+    config.default_retry = false;
+    Client::try_from(config).expect("building the test client")
+}
+
+/// A per-test slice of the cluster: unique id, namespace and kwok nodes.
+pub struct TestEnv {
+    pub id: String,
+    pub client: Client,
+    pub ns: String,
+    nodes: Vec<String>,
+}
+
+impl TestEnv {
+    /// `name` is short and DNS-safe; a counter and the process id make the id unique.
+    pub async fn new(name: &str) -> TestEnv {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let id = format!(
+            "{name}-{}-{}",
+            std::process::id() % 100_000,
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let client = client().await;
+        let ns = id.clone();
+        let nss: Api<Namespace> = Api::all(client.clone());
+        nss.create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("creating the test namespace");
+        TestEnv {
+            id,
+            client,
+            ns,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Create a kwok-managed node named `<id>-<suffix>`; returns its name.
+    pub async fn add_node(&mut self, suffix: &str) -> String {
+        let name = format!("{}-{suffix}", self.id);
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                annotations: Some([("kwok.x-k8s.io/node".to_string(), "fake".to_string())].into()),
+                labels: Some(
+                    [
+                        ("type".to_string(), "kwok".to_string()),
+                        ("kubernetes.io/hostname".to_string(), name.clone()),
+                        (GROUP_LABEL.to_string(), self.id.clone()),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Node>::all(self.client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("creating a kwok node");
+        self.nodes.push(name.clone());
+        name
+    }
+
+    /// Wait until kwok reports the node Ready.
+    pub async fn wait_node_ready(&self, name: &str) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        wait_for(
+            &format!("node {name} Ready"),
+            Duration::from_secs(30),
+            || async {
+                let n = nodes.get_opt(name).await.ok().flatten()?;
+                let ready = n
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// A Deployment of `replicas` pods confined to this test's nodes.
+    pub fn deployment(&self, name: &str, replicas: i32) -> Deployment {
+        let labels: std::collections::BTreeMap<String, String> =
+            [("app".to_string(), name.to_string())].into();
+        Deployment {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(self.ns.clone()),
+                ..Default::default()
+            },
+            spec: DeploymentSpec {
+                replicas: Some(replicas),
+                selector: LabelSelector {
+                    match_labels: Some(labels.clone()),
+                    ..Default::default()
+                },
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels),
+                        ..Default::default()
+                    }),
+                    spec: Some(self.pod_spec()),
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// A pod spec that only schedules onto this test's nodes.
+    pub fn pod_spec(&self) -> PodSpec {
+        PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some("registry.invalid/app:1".into()),
+                ..Default::default()
+            }],
+            node_selector: Some([(GROUP_LABEL.to_string(), self.id.clone())].into()),
+            termination_grace_period_seconds: Some(0),
+            ..Default::default()
+        }
+    }
+
+    /// Pods in this test's namespace, optionally with a label selector.
+    pub async fn pods(&self, selector: &str) -> Vec<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        api.list(&ListParams::default().labels(selector))
+            .await
+            .expect("listing pods")
+            .items
+    }
+}
+
+impl Drop for TestEnv {
+    /// Delete the namespace and nodes in the background of the test thread;
+    /// failures are ignored because the cluster is thrown away anyway.
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let ns = self.ns.clone();
+        let nodes = std::mem::take(&mut self.nodes);
+        let _ = std::thread::spawn(move || {
+            block_on(async move {
+                let _ = Api::<Namespace>::all(client.clone())
+                    .delete(&ns, &DeleteParams::background())
+                    .await;
+                for n in nodes {
+                    let _ = Api::<Node>::all(client.clone())
+                        .delete(&n, &DeleteParams::background())
+                        .await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+/// Poll `check` every 100 ms until it yields `Some`, or panic after `limit`
+/// naming what we waited for. Tests may poll; the product may not.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        nodekeeper::runtime::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A running `nodekeeper` process, killed on drop.
+pub struct Agent {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    /// Start `nodekeeper <args>` against the test cluster, logging to a file.
+    pub fn start(args: &[&str]) -> Agent {
+        let log = std::env::temp_dir().join(format!(
+            "nodekeeper-agent-{}-{:x}.log",
+            std::process::id(),
+            rand_u64()
+        ));
+        let file = std::fs::File::create(&log).expect("creating the agent log");
+        let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .args(args)
+            .env("KUBECONFIG", cluster())
+            .env("RUST_LOG", "nodekeeper=debug,warn")
+            .stdout(file.try_clone().expect("cloning the log handle"))
+            .stderr(file)
+            .spawn()
+            .expect("starting nodekeeper");
+        Agent { child, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Send a signal (by name, e.g. "TERM") to the agent.
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status();
+        assert!(
+            status.map(|s| s.success()).unwrap_or(false),
+            "kill -{sig} failed"
+        );
+    }
+
+    /// Wait for the process to exit; panics after `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().expect("waiting for nodekeeper") {
+                return st;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "nodekeeper did not exit within {limit:?}; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A cheap random number for unique file names (no rand crate in tests).
+pub fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+/// Run the nodekeeper binary to completion and return (exit status, stdout, stderr).
+pub fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> (std::process::ExitStatus, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running nodekeeper");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The folder of control-plane binaries (kubectl among them).
+pub fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/cluster.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("build")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("cluster.sh build");
+        assert!(out.status.success(), "cluster.sh build failed");
+        PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or_default(),
+        )
+    })
+}
+
+/// Run kubectl against the test cluster, with `stdin` piped in.
+pub fn kubectl(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(bin_dir().join("kubectl"))
+        .args(args)
+        .env("KUBECONFIG", cluster())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting kubectl");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("kubectl stdin")
+            .write_all(input.as_bytes())
+            .expect("writing to kubectl");
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("waiting for kubectl")
+}
+
+/// Install nodekeeper's CRDs the way the README says (`nodekeeper crds |
+/// kubectl apply -f -`), once per test binary, and wait until served.
+pub fn install_crds() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let (status, yaml, err) = run_cli(&["crds"], &[]);
+        assert!(status.success(), "nodekeeper crds failed: {err}");
+        let out = kubectl(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            Some(&yaml),
+        );
+        assert!(
+            out.status.success(),
+            "kubectl apply of the CRDs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = kubectl(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/nodemaintenances.nodemaintenance.medik8s.io",
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "CRD not established: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
