@@ -28,6 +28,7 @@ pub enum Command {
     Unmaintain(UnmaintainArgs),
     Drain(DrainArgs),
     Crds(CrdsArgs),
+    Manifests(ManifestsArgs),
     Version(VersionArgs),
 }
 
@@ -107,6 +108,15 @@ pub struct DrainArgs {
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "crds")]
 pub struct CrdsArgs {}
+
+/// Print deployment artifacts: k3s, daemonset, static-pod, systemd or containerfile.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "manifests")]
+pub struct ManifestsArgs {
+    /// what to print: k3s, daemonset, static-pod, systemd, containerfile
+    #[argh(option, long = "for")]
+    pub target: String,
+}
 
 /// Print the version.
 #[derive(FromArgs, Debug)]
@@ -243,6 +253,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| Error::Invalid(format!("encoding CRDs: {e}")))?;
             print!("{}", crate::yaml::documents(&docs));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Manifests(args) => {
+            print!("{}", crate::manifests::render(&args.target)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Maintain(args) => {

@@ -41,6 +41,10 @@
 //!   `async_compat::Compat`; signal handling.
 //! - [`connect`]: credentials, reachability and start-up checks.
 //! - [`error`]: the single error enum; `Display` is the one line users see.
+//! - [`manifests`]: deployment artifacts (k3s auto-deploy file, DaemonSet,
+//!   static pod, systemd unit, scratch Containerfile) with least-privilege
+//!   RBAC, rendered from the same types; the copies in `k3s-manifests/` and
+//!   `image/` are its output, and a test fails when they drift.
 //! - [`yaml`], [`logging`]: small utilities.
 //! - `tests/`: integration tests against a real control plane (etcd,
 //!   kube-apiserver, kube-controller-manager, kube-scheduler, kwok) started by
@@ -108,6 +112,7 @@ pub mod error;
 pub mod evict;
 pub mod lease;
 pub mod logging;
+pub mod manifests;
 pub mod nodemaintenance;
 pub mod reconcile;
 pub mod runtime;
