@@ -139,8 +139,9 @@ pub fn progress_line(nm: &NodeMaintenance) -> String {
     let st = nm.status.clone().unwrap_or_default();
     let phase = st.phase.map(Phase::as_str).unwrap_or("Pending");
     let pending = st.pending_pods.as_ref().map(Vec::len).unwrap_or(0);
+    let noun = if pending == 1 { "pod" } else { "pods" };
     let mut line = format!(
-        "{phase:<9} {:>3}%  {pending} pods left",
+        "{phase:<9} {:>3}%  {pending} {noun} left",
         st.drain_progress.unwrap_or(0)
     );
     if let Some(err) = st.last_error.filter(|e| !e.is_empty()) {

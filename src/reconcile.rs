@@ -69,6 +69,10 @@ pub struct Context {
     /// `Store::wait_until_ready` keeps one waker only, so of several
     /// reconciles waiting at once all but one would sleep forever.
     ready_gate: smol::lock::Mutex<()>,
+    /// When we last checked that a foreign object's node exists (node mode),
+    /// so a node that exists but runs no agent costs one GET a minute, not
+    /// one per reconcile.
+    foreign_checked: Mutex<HashMap<String, Timestamp>>,
     fresh_nodes: Mutex<HashMap<String, Arc<Node>>>,
     fresh_nms: Mutex<HashMap<String, Arc<NodeMaintenance>>>,
 }
@@ -76,6 +80,8 @@ pub struct Context {
 /// How long an object for a node we do not own may wait for that node's own
 /// agent before we check whether the node exists at all (node mode only).
 const FOREIGN_GRACE: Duration = Duration::from_secs(5);
+/// How often node mode re-checks a foreign object's node.
+const FOREIGN_RECHECK: Duration = Duration::from_secs(60);
 /// Upper bound on steps per reconcile; the loop normally ends far sooner.
 const MAX_STEPS: usize = 32;
 /// Retry after a lease conflict, as NMO's requeue.
@@ -124,6 +130,7 @@ impl Context {
             memory: Mutex::default(),
             seen: Mutex::default(),
             ready_gate: smol::lock::Mutex::new(()),
+            foreign_checked: Mutex::default(),
             fresh_nodes: Mutex::default(),
             fresh_nms: Mutex::default(),
         }
@@ -299,12 +306,15 @@ pub fn anchor_name(nodes: &Store<Node>) -> Option<String> {
     nodes.state().iter().map(|n| n.name_any()).min()
 }
 
-/// Does this object, for a node that may not exist, need someone to act?
+/// Could this object be waiting for an agent that does not exist? Only one
+/// that never started, or one being deleted that still has our finalizer:
+/// a started maintenance has an owner, and if its Node goes, the garbage
+/// collector deletes the object (owner reference), which is the second case.
 pub fn needs_foreign_attention(nm: &NodeMaintenance) -> bool {
     if nm.is_deleting() {
         nm.has_finalizer()
     } else {
-        nm.phase() != Some(Phase::Failed)
+        nm.phase().is_none()
     }
 }
 
@@ -331,9 +341,13 @@ async fn reconcile_foreign(ctx: &Context) -> Result<Option<Duration>> {
                 .as_ref()
                 .or(m.metadata.creation_timestamp.as_ref())?
                 .0;
-            let due = since
+            let mut due = since
                 .checked_add(SignedDuration::try_from(FOREIGN_GRACE).ok()?)
                 .ok()?;
+            if let Some(last) = lock(&ctx.foreign_checked).get(&m.name_any()) {
+                let recheck = SignedDuration::try_from(FOREIGN_RECHECK).ok()?;
+                due = due.max(last.checked_add(recheck).ok()?);
+            }
             if due <= now {
                 Some(m.spec.node_name.clone())
             } else {
@@ -349,13 +363,21 @@ async fn reconcile_foreign(ctx: &Context) -> Result<Option<Duration>> {
         let exists = if ctx.scope.sees_all_nodes() {
             ctx.node(&target).is_some()
         } else {
-            nodes
+            let found = nodes
                 .get_opt(&target)
                 .await
                 .map_err(Error::kube(format!(
                     "checking whether node {target} exists"
                 )))?
-                .is_some()
+                .is_some();
+            let mut checked = lock(&ctx.foreign_checked);
+            for m in ctx.maintenances.state().iter() {
+                if m.spec.node_name == target {
+                    checked.insert(m.name_any(), now);
+                }
+            }
+            checked.retain(|name, _| ctx.maintenances.get(&ObjectRef::new(name)).is_some());
+            found
         };
         if !exists {
             wake = earliest(wake, reconcile_node(ctx, &target, false).await?);

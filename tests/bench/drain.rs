@@ -1,0 +1,325 @@
+//! `just bench-drain`: how fast a node agent cordons and drains a node of 110
+//! evictable pods on the local control plane, how much memory it needs, and
+//! how many API requests it makes. A benchmark, not a test: it prints a
+//! table and asserts nothing about time.
+//!
+//! Set-up: two kwok nodes A and B, one node-mode agent each (the binary in
+//! `NODEKEEPER_BIN`, else the one cargo built), 110 pods from 10 Deployments
+//! in 5 namespaces on A. Each run creates a NodeMaintenance for the node that
+//! holds the pods and measures, from the moment the create call is sent:
+//! - cordon: until a watch sees the Node unschedulable;
+//! - drained: until a watch sees the NodeMaintenance Succeeded;
+//! - requests: API requests the agents made meanwhile, counted in the API
+//!   server's audit log, which records only the agents' identity.
+//!
+//! The maintenance is then deleted, the node uncordoned, and the next run
+//! drains the other node, where the pods were recreated.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use nodekeeper::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use smol::stream::StreamExt;
+use support::{TestEnv, block_on, install_crds, wait_for};
+
+const RUNS: usize = 5;
+const NAMESPACES: usize = 5;
+const DEPLOYMENTS_PER_NS: usize = 2;
+const REPLICAS: i32 = 11; // 5 × 2 × 11 = 110 pods
+
+fn main() {
+    let bin = std::env::var("NODEKEEPER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_nodekeeper")));
+    let kubeconfig = support::cluster().to_path_buf();
+    let bench_kubeconfig = kubeconfig.with_file_name("kubeconfig-bench");
+    let audit_log = kubeconfig.with_file_name("logs").join("audit.log");
+    install_crds();
+    block_on(async move {
+        let mut env = TestEnv::new("bench").await;
+        let nodes = [env.add_node("a").await, env.add_node("b").await];
+        for n in &nodes {
+            env.wait_node_ready(n).await;
+        }
+        let client = env.client.clone();
+        let namespaces = make_workload(&env, &nodes[0]).await;
+
+        let mut agents: Vec<Child> = nodes
+            .iter()
+            .map(|n| {
+                Command::new(&bin)
+                    .args(["run", "--node", n])
+                    .env("KUBECONFIG", &bench_kubeconfig)
+                    .env("RUST_LOG", "nodekeeper=warn")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .expect("starting the agent")
+            })
+            .collect();
+        // Let the agents list and settle before the first measurement.
+        nodekeeper::runtime::sleep(Duration::from_secs(3)).await;
+        let idle_rss = rss_kib(agents[0].id(), "VmRSS");
+
+        let mut rows = Vec::new();
+        for run in 0..RUNS {
+            let node = nodes[run % 2].clone();
+            wait_for(
+                "110 running pods on the node to drain",
+                Duration::from_secs(120),
+                || async { (running_on(&client, &namespaces, &node).await == 110).then_some(()) },
+            )
+            .await;
+            let row = measure(&client, &env.id, run, &node, &audit_log).await;
+            println!(
+                "run {}: cordon {:>6.1} ms, drained {:>7.1} ms, {} API requests",
+                run + 1,
+                row.0.as_secs_f64() * 1e3,
+                row.1.as_secs_f64() * 1e3,
+                row.2
+            );
+            rows.push(row);
+        }
+        let peak: Vec<u64> = agents.iter().map(|a| rss_kib(a.id(), "VmHWM")).collect();
+        for a in agents.iter_mut() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        print_table(&rows, idle_rss, &peak, &bin);
+        drop(env);
+    });
+}
+
+/// 10 Deployments × 11 replicas in 5 namespaces, all scheduled onto `node`
+/// (the other node is cordoned while they are placed).
+async fn make_workload(env: &TestEnv, node: &str) -> Vec<String> {
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let other = nodes
+        .list(&ListParams::default().labels(&format!("{}={}", support::GROUP_LABEL, env.id)))
+        .await
+        .expect("list nodes")
+        .items
+        .into_iter()
+        .map(|n| n.name_any())
+        .find(|n| n != node)
+        .expect("a second node");
+    cordon(&nodes, &other, true).await;
+    let mut namespaces = Vec::new();
+    for i in 0..NAMESPACES {
+        let ns = format!("{}-ns{i}", env.id);
+        Api::<Namespace>::all(env.client.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(ns.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("create namespace");
+        for d in 0..DEPLOYMENTS_PER_NS {
+            let mut dep = env.deployment(&format!("app{d}"), REPLICAS);
+            dep.metadata.namespace = Some(ns.clone());
+            Api::<Deployment>::namespaced(env.client.clone(), &ns)
+                .create(&PostParams::default(), &dep)
+                .await
+                .expect("create deployment");
+        }
+        namespaces.push(ns);
+    }
+    let client = env.client.clone();
+    wait_for("110 pods running", Duration::from_secs(180), || async {
+        (running_on(&client, &namespaces, node).await == 110).then_some(())
+    })
+    .await;
+    cordon(&nodes, &other, false).await;
+    namespaces
+}
+
+async fn cordon(nodes: &Api<Node>, name: &str, on: bool) {
+    let patch = serde_json::json!({"spec": {"unschedulable": if on { Some(true) } else { None }}});
+    nodes
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("cordon");
+}
+
+async fn running_on(client: &Client, namespaces: &[String], node: &str) -> usize {
+    let mut n = 0;
+    for ns in namespaces {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let list = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await;
+        n += list
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+    }
+    n
+}
+
+/// One maintenance of `node`: (time to cordon, time to Succeeded, requests).
+async fn measure(
+    client: &Client,
+    id: &str,
+    run: usize,
+    node: &str,
+    audit: &std::path::Path,
+) -> (Duration, Duration, usize) {
+    let nms: Api<NodeMaintenance> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let name = format!("{id}-run{run}");
+    let audit_start = std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0);
+
+    // Watches first, so no transition can slip past unobserved.
+    let node_wc = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let mut node_events = Box::pin(watcher::watcher(nodes.clone(), node_wc));
+    let nm_wc = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut nm_events = Box::pin(watcher::watcher(nms.clone(), nm_wc));
+    // Drain each watch's initial list before starting the clock.
+    for_init_done(&mut node_events).await;
+    for_init_done(&mut nm_events).await;
+
+    let nm = NodeMaintenance::new(
+        &name,
+        NodeMaintenanceSpec {
+            node_name: node.into(),
+            reason: Some("bench".into()),
+        },
+    );
+    let start = Instant::now();
+    nms.create(&PostParams::default(), &nm)
+        .await
+        .expect("create NodeMaintenance");
+    let cordon = async {
+        while let Some(ev) = node_events.next().await {
+            if let Ok(Event::Apply(n)) = ev
+                && n.spec.and_then(|s| s.unschedulable) == Some(true)
+            {
+                return start.elapsed();
+            }
+        }
+        start.elapsed()
+    };
+    let drained = async {
+        while let Some(ev) = nm_events.next().await {
+            if let Ok(Event::Apply(m)) = ev
+                && m.phase() == Some(Phase::Succeeded)
+            {
+                return start.elapsed();
+            }
+        }
+        start.elapsed()
+    };
+    let (t_cordon, t_drained) = smol::future::zip(cordon, drained).await;
+    let requests = audit_ids_since(audit, audit_start);
+
+    nms.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete NodeMaintenance");
+    wait_for(
+        "maintenance removed and node uncordoned",
+        Duration::from_secs(60),
+        || async {
+            let gone = nms.get_opt(&name).await.ok()?.is_none();
+            let n = nodes.get(node).await.ok()?;
+            (gone && n.spec.and_then(|s| s.unschedulable) != Some(true)).then_some(())
+        },
+    )
+    .await;
+    (t_cordon, t_drained, requests)
+}
+
+async fn for_init_done<K, S>(events: &mut S)
+where
+    S: smol::stream::Stream<Item = Result<Event<K>, watcher::Error>> + Unpin,
+{
+    while let Some(ev) = events.next().await {
+        if matches!(ev, Ok(Event::InitDone)) {
+            return;
+        }
+    }
+}
+
+/// Distinct requests (audit IDs) logged since byte offset `from`.
+fn audit_ids_since(path: &std::path::Path, from: u64) -> usize {
+    let text = std::fs::read(path).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
+    let ids: HashSet<String> = tail
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            v.get("auditID")
+                .and_then(|a| a.as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    ids.len()
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn print_table(
+    rows: &[(Duration, Duration, usize)],
+    idle_rss: u64,
+    peak: &[u64],
+    bin: &std::path::Path,
+) {
+    let cordon = median(rows.iter().map(|r| r.0.as_secs_f64() * 1e3).collect());
+    let drained = median(rows.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
+    let requests = median(rows.iter().map(|r| r.2 as f64).collect());
+    let peak_mib = peak.iter().copied().max().unwrap_or(0) as f64 / 1024.0;
+    println!();
+    println!(
+        "drain benchmark: 110 evictable pods (10 Deployments, {NAMESPACES} namespaces), median of {RUNS} runs"
+    );
+    println!("binary: {}", bin.display());
+    println!("| metric                                  | result    | target   |");
+    println!("|-----------------------------------------|-----------|----------|");
+    println!("| NodeMaintenance created → node cordoned | {cordon:>6.1} ms | ≤ 100 ms |");
+    println!("| NodeMaintenance created → Succeeded     | {drained:>6.0} ms | ≤ 2000 ms |");
+    println!(
+        "| agent RSS, idle with 110 pods           | {:>6.1} MiB | ≤ 10 MiB |",
+        idle_rss as f64 / 1024.0
+    );
+    println!("| agent peak RSS (VmHWM, over all runs)   | {peak_mib:>6.1} MiB | ≤ 10 MiB |");
+    println!("| API requests by the agents per drain    | {requests:>9.0} |          |");
+}
