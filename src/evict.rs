@@ -1,5 +1,5 @@
 //! Draining's side effects: one eviction (or delete) request per pod, sent
-//! concurrently, each guarded by the pod's UID so a replacement with the same
+//! concurrently (bounded), each guarded by the pod's UID so a replacement with the same
 //! name is never hit. The pod's own grace period applies (none is sent).
 
 use std::sync::Arc;
@@ -23,15 +23,28 @@ pub enum Outcome {
     Refused(String),
 }
 
-/// Evict or delete every pod concurrently; results in input order.
+/// Requests in flight at once. kube's client speaks HTTP/1.1, so each
+/// concurrent request holds its own TLS connection. Measured with
+/// `just bench-drain` (110 pods): unbounded, the drain took 0.84 s but peak
+/// RSS reached 11.4 MiB; 16 gave 8.5 MiB but 1.74 s (evictions queue behind
+/// the replacement pods' creation); 32 gives 8.7 MiB and 1.08 s.
+const IN_FLIGHT: usize = 32;
+
+/// Evict or delete every pod, up to [`IN_FLIGHT`] at a time; results in
+/// input order.
 pub async fn drain_pods(client: &Client, pods: &[(Arc<Pod>, Fate)]) -> Vec<Outcome> {
+    let permits = Arc::new(smol::lock::Semaphore::new(IN_FLIGHT));
     let tasks: Vec<_> = pods
         .iter()
         .map(|(pod, fate)| {
             let client = client.clone();
             let pod = pod.clone();
             let fate = fate.clone();
-            runtime::spawn(async move { remove(&client, &pod, &fate).await })
+            let permits = permits.clone();
+            runtime::spawn(async move {
+                let _permit = permits.acquire_arc().await;
+                remove(&client, &pod, &fate).await
+            })
         })
         .collect();
     let mut out = Vec::with_capacity(tasks.len());

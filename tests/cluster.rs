@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::{Eviction, PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{DeleteParams, EvictParams, ObjectMeta, PostParams};
+use k8s_openapi::api::policy::v1::{Eviction, PodDisruptionBudget};
+use kube::api::{DeleteParams, EvictParams, PostParams};
 use kube::{Api, ResourceExt};
 use support::{TestEnv, block_on, wait_for};
 
@@ -106,25 +104,6 @@ fn deleted_replicaset_pod_is_recreated() {
     })
 }
 
-fn pdb(env: &TestEnv, name: &str, app: &str, min_available: i32) -> PodDisruptionBudget {
-    PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(env.ns.clone()),
-            ..Default::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(min_available)),
-            selector: Some(LabelSelector {
-                match_labels: Some([("app".to_string(), app.to_string())].into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn pdb_status_is_computed_by_the_controller_manager() {
     block_on(async {
@@ -136,7 +115,7 @@ fn pdb_status_is_computed_by_the_controller_manager() {
             .await
             .expect("create deployment");
         let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.ns);
-        pdbs.create(&PostParams::default(), &pdb(&env, "web", "web", 1))
+        pdbs.create(&PostParams::default(), &env.pdb("web", "web", 1))
             .await
             .expect("create pdb");
         wait_for(
@@ -162,7 +141,7 @@ fn eviction_that_violates_a_pdb_is_refused_with_429() {
             .await
             .expect("create deployment");
         let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.ns);
-        pdbs.create(&PostParams::default(), &pdb(&env, "db", "db", 2))
+        pdbs.create(&PostParams::default(), &env.pdb("db", "db", 2))
             .await
             .expect("create pdb");
         let pods = wait_for("2 running pods and a computed PDB", LONG, || async {

@@ -10,9 +10,8 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod, PodTemplateSpec, Volume};
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodekeeper::nodemaintenance::*;
@@ -117,21 +116,7 @@ impl World {
 
     async fn pdb(&self, name: &str, app: &str, min_available: i32) {
         let api: Api<PodDisruptionBudget> = Api::namespaced(self.env.client.clone(), &self.env.ns);
-        let pdb = PodDisruptionBudget {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: Some(PodDisruptionBudgetSpec {
-                min_available: Some(IntOrString::Int(min_available)),
-                selector: Some(LabelSelector {
-                    match_labels: Some([("app".to_string(), app.to_string())].into()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let pdb = self.env.pdb(name, app, min_available);
         api.create(&PostParams::default(), &pdb)
             .await
             .expect("create pdb");

@@ -74,6 +74,7 @@ fn main() {
         let mut rows = Vec::new();
         for run in 0..RUNS {
             let node = nodes[run % 2].clone();
+            let other = nodes[(run + 1) % 2].clone();
             wait_for(
                 "110 running pods on the node to drain",
                 Duration::from_secs(120),
@@ -81,6 +82,15 @@ fn main() {
             )
             .await;
             let row = measure(&client, &env.id, run, &node, &audit_log).await;
+            // The node stays cordoned until the replacements all run on the
+            // other node, which the next run then drains.
+            wait_for(
+                "110 replacement pods running on the other node",
+                Duration::from_secs(120),
+                || async { (running_on(&client, &namespaces, &other).await == 110).then_some(()) },
+            )
+            .await;
+            undo(&client, &env.id, run, &node).await;
             println!(
                 "run {}: cordon {:>6.1} ms, drained {:>7.1} ms, {} API requests",
                 run + 1,
@@ -238,7 +248,14 @@ async fn measure(
     };
     let (t_cordon, t_drained) = smol::future::zip(cordon, drained).await;
     let requests = audit_ids_since(audit, audit_start);
+    (t_cordon, t_drained, requests)
+}
 
+/// Delete the maintenance and wait until the node is uncordoned.
+async fn undo(client: &Client, id: &str, run: usize, node: &str) {
+    let nms: Api<NodeMaintenance> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let name = format!("{id}-run{run}");
     nms.delete(&name, &DeleteParams::default())
         .await
         .expect("delete NodeMaintenance");
@@ -252,7 +269,6 @@ async fn measure(
         },
     )
     .await;
-    (t_cordon, t_drained, requests)
 }
 
 async fn for_init_done<K, S>(events: &mut S)
