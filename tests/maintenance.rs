@@ -4,14 +4,13 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod, PodTemplateSpec, Volume};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod, Volume};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodekeeper::nodemaintenance::*;
@@ -245,24 +244,15 @@ fn deployment_pods_are_evicted_and_recreated_on_other_nodes() {
 fn daemonset_pods_are_left_alone() {
     block_on(async {
         let mut w = world("ds", &["a"]).await;
-        let labels: BTreeMap<String, String> = [("app".to_string(), "agent".to_string())].into();
+        let (selector, template) = w.env.template("agent");
         let ds = DaemonSet {
             metadata: ObjectMeta {
                 name: Some("agent".into()),
                 ..Default::default()
             },
             spec: DaemonSetSpec {
-                selector: LabelSelector {
-                    match_labels: Some(labels.clone()),
-                    ..Default::default()
-                },
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(labels),
-                        ..Default::default()
-                    }),
-                    spec: Some(w.env.pod_spec()),
-                },
+                selector,
+                template,
                 ..Default::default()
             },
             ..Default::default()

@@ -24,8 +24,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use nodekeeper::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
@@ -52,7 +52,7 @@ fn main() {
             env.wait_node_ready(n).await;
         }
         let client = env.client.clone();
-        let namespaces = make_workload(&env, &nodes[0]).await;
+        let namespaces = make_workload(&mut env, &nodes[0]).await;
 
         let mut agents: Vec<Child> = nodes
             .iter()
@@ -112,7 +112,7 @@ fn main() {
 
 /// 10 Deployments × 11 replicas in 5 namespaces, all scheduled onto `node`
 /// (the other node is cordoned while they are placed).
-async fn make_workload(env: &TestEnv, node: &str) -> Vec<String> {
+async fn make_workload(env: &mut TestEnv, node: &str) -> Vec<String> {
     let nodes: Api<Node> = Api::all(env.client.clone());
     let other = nodes
         .list(&ListParams::default().labels(&format!("{}={}", support::GROUP_LABEL, env.id)))
@@ -126,20 +126,7 @@ async fn make_workload(env: &TestEnv, node: &str) -> Vec<String> {
     cordon(&nodes, &other, true).await;
     let mut namespaces = Vec::new();
     for i in 0..NAMESPACES {
-        let ns = format!("{}-ns{i}", env.id);
-        Api::<Namespace>::all(env.client.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(ns.clone()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("create namespace");
+        let ns = env.add_namespace(&format!("ns{i}")).await;
         for d in 0..DEPLOYMENTS_PER_NS {
             let mut dep = env.deployment(&format!("app{d}"), REPLICAS);
             dep.metadata.namespace = Some(ns.clone());

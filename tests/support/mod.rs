@@ -75,6 +75,22 @@ pub struct TestEnv {
     pub client: Client,
     pub ns: String,
     nodes: Vec<String>,
+    extra_namespaces: Vec<String>,
+}
+
+/// Create a namespace (panics on failure: this is test set-up).
+pub async fn create_namespace(client: &Client, name: &str) {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("creating a test namespace");
 }
 
 impl TestEnv {
@@ -88,25 +104,22 @@ impl TestEnv {
         );
         let client = client().await;
         let ns = id.clone();
-        let nss: Api<Namespace> = Api::all(client.clone());
-        nss.create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(ns.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("creating the test namespace");
+        create_namespace(&client, &ns).await;
         TestEnv {
             id,
             client,
             ns,
             nodes: Vec::new(),
+            extra_namespaces: Vec::new(),
         }
+    }
+
+    /// Another namespace `<id>-<suffix>`, deleted with the rest.
+    pub async fn add_namespace(&mut self, suffix: &str) -> String {
+        let name = format!("{}-{suffix}", self.id);
+        create_namespace(&self.client, &name).await;
+        self.extra_namespaces.push(name.clone());
+        name
     }
 
     /// Create a kwok-managed node named `<id>-<suffix>`; returns its name.
@@ -157,8 +170,7 @@ impl TestEnv {
 
     /// A Deployment of `replicas` pods confined to this test's nodes.
     pub fn deployment(&self, name: &str, replicas: i32) -> Deployment {
-        let labels: std::collections::BTreeMap<String, String> =
-            [("app".to_string(), name.to_string())].into();
+        let (selector, template) = self.template(name);
         Deployment {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -167,21 +179,31 @@ impl TestEnv {
             },
             spec: DeploymentSpec {
                 replicas: Some(replicas),
-                selector: LabelSelector {
-                    match_labels: Some(labels.clone()),
-                    ..Default::default()
-                },
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(labels),
-                        ..Default::default()
-                    }),
-                    spec: Some(self.pod_spec()),
-                },
+                selector,
+                template,
                 ..Default::default()
             },
             ..Default::default()
         }
+    }
+
+    /// The selector and pod template of a workload labelled `app=<app>`.
+    pub fn template(&self, app: &str) -> (LabelSelector, PodTemplateSpec) {
+        let labels: std::collections::BTreeMap<String, String> =
+            [("app".to_string(), app.to_string())].into();
+        (
+            LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(self.pod_spec()),
+            },
+        )
     }
 
     /// A pod spec that only schedules onto this test's nodes.
@@ -233,13 +255,16 @@ impl Drop for TestEnv {
     /// failures are ignored because the cluster is thrown away anyway.
     fn drop(&mut self) {
         let client = self.client.clone();
-        let ns = self.ns.clone();
+        let mut namespaces = std::mem::take(&mut self.extra_namespaces);
+        namespaces.push(self.ns.clone());
         let nodes = std::mem::take(&mut self.nodes);
         let _ = std::thread::spawn(move || {
             block_on(async move {
-                let _ = Api::<Namespace>::all(client.clone())
-                    .delete(&ns, &DeleteParams::background())
-                    .await;
+                for ns in namespaces {
+                    let _ = Api::<Namespace>::all(client.clone())
+                        .delete(&ns, &DeleteParams::background())
+                        .await;
+                }
                 for n in nodes {
                     let _ = Api::<Node>::all(client.clone())
                         .delete(&n, &DeleteParams::background())
