@@ -73,6 +73,10 @@ pub async fn maintain(args: MaintainArgs) -> Result<ExitCode> {
     follow(&api, &name, &args.node).await
 }
 
+/// How long `maintain --wait` waits for a first status before it says
+/// that no agent seems to be running for the node.
+const NO_AGENT_HINT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Print one progress line per change (rewritten in place on a terminal)
 /// until the maintenance succeeds or fails.
 async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<ExitCode> {
@@ -80,7 +84,32 @@ async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<Ex
     let mut last = String::new();
     let wc = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = std::pin::pin!(watcher::watcher(api.clone(), wc));
-    while let Some(ev) = events.next().await {
+    // Until an agent writes a status, nothing shows progress; say why once
+    // rather than sit at "Pending" in silence.
+    let hint_at = std::time::Instant::now() + NO_AGENT_HINT;
+    let mut started = false;
+    loop {
+        let next = if started {
+            events.next().await
+        } else {
+            let left = hint_at.saturating_duration_since(std::time::Instant::now());
+            match crate::runtime::timeout(left, events.next()).await {
+                Ok(next) => next,
+                Err(()) => {
+                    if tty {
+                        println!();
+                    }
+                    eprintln!(
+                        "nodekeeper: no agent has acted on NodeMaintenance {name} after {} s; \
+                         is `nodekeeper run` running for node {node}? (still waiting)",
+                        NO_AGENT_HINT.as_secs()
+                    );
+                    started = true;
+                    continue;
+                }
+            }
+        };
+        let Some(ev) = next else { break };
         let nm = match ev {
             Ok(Event::Apply(nm) | Event::InitApply(nm)) => nm,
             Ok(Event::Delete(_)) => {
@@ -95,6 +124,7 @@ async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<Ex
                 )));
             }
         };
+        started |= nm.phase().is_some();
         let line = progress_line(&nm);
         if line != last {
             let mut out = std::io::stdout().lock();

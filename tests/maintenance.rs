@@ -906,3 +906,30 @@ fn lease_held_by_another_holder_fails_the_maintenance_after_three_retries() {
             .await;
     })
 }
+
+#[test]
+fn maintain_wait_says_so_when_no_agent_acts() {
+    block_on(async {
+        let w = world("noagent", &["a"]).await;
+        let a = w.nodes[0].clone();
+        let kc = support::cluster().to_string_lossy().to_string();
+        // No agent for this node: the CLI must not wait in silence.
+        let cli = Agent::start(&["maintain", &a, "--wait", "--kubeconfig", &kc]);
+        wait_for("the no-agent hint", LONG, || async {
+            cli.log_text()
+                .contains("no agent has acted on NodeMaintenance")
+                .then_some(())
+        })
+        .await;
+        assert!(
+            cli.log_text().contains(&format!("running for node {a}")),
+            "{}",
+            cli.log_text()
+        );
+        drop(cli);
+        w.nms()
+            .delete(&a, &DeleteParams::default())
+            .await
+            .expect("delete");
+    })
+}
