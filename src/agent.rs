@@ -55,6 +55,12 @@ pub async fn run(
         }
     };
 
+    // Serve health before waiting for leadership: a standby replica is alive.
+    let (nms, nm_writer) = reflector::store::<NodeMaintenance>();
+    if let Some(addr) = config.metrics_address {
+        crate::metrics::serve(addr, nms.clone()).await?;
+    }
+
     let mut lost = None;
     if matches!(scope, Scope::AllNodes { .. }) {
         let rx = crate::lease::lead(
@@ -102,7 +108,6 @@ pub async fn run(
         .modify(slim_pod)
         .reflect(pod_writer)
         .touched_objects();
-    let (nms, nm_writer) = reflector::store::<NodeMaintenance>();
     let nm_events = watcher(
         Api::<NodeMaintenance>::all(client.clone()),
         watcher::Config::default(),
@@ -129,6 +134,15 @@ pub async fn run(
         nms,
         config.drain_timeout,
     ));
+
+    // /readyz turns green once every watch has listed once.
+    let ready_ctx = ctx.clone();
+    crate::runtime::spawn(async move {
+        if ready_ctx.wait_until_synced().await.is_ok() {
+            crate::metrics::set_ready();
+        }
+    })
+    .detach();
 
     let nm_scope = scope.clone();
     let nm_nodes = nodes.clone();
@@ -222,6 +236,7 @@ fn slim_pod(pod: &mut Pod) {
 }
 
 fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
+    crate::metrics::inc(&crate::metrics::COUNTERS.reconcile_errors);
     // 409: someone wrote first; re-read promptly rather than back off.
     let retry = if err.api_code() == Some(409) {
         Duration::from_millis(200)

@@ -54,6 +54,9 @@ pub struct RunArgs {
     /// namespace of the leader lease in --all-nodes mode (default: $POD_NAMESPACE, else kube-system)
     #[argh(option)]
     pub leader_namespace: Option<String>,
+    /// where to serve /metrics, /healthz and /readyz: HOST:PORT, :PORT or off (default 127.0.0.1:9477)
+    #[argh(option, default = "crate::metrics::DEFAULT_ADDRESS.to_string()")]
+    pub metrics_address: String,
 }
 
 /// Put a node into maintenance: create its NodeMaintenance (cordon, taint, drain).
@@ -135,6 +138,8 @@ pub struct RunConfig {
     /// Who we are in events and the leader lease.
     pub identity: String,
     pub leader_namespace: String,
+    /// `None` with `--metrics-address off`.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl RunConfig {
@@ -182,7 +187,9 @@ impl RunConfig {
                     .filter(|s| !s.is_empty())
             })
             .unwrap_or_else(|| "kube-system".into());
+        let metrics_address = crate::metrics::parse_address(&args.metrics_address)?;
         Ok(RunConfig {
+            metrics_address,
             node,
             node_selector: args.node_selector,
             kubeconfig: args.kubeconfig,

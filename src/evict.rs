@@ -77,6 +77,13 @@ async fn remove(client: &Client, pod: &Pod, fate: &Fate) -> Outcome {
             .await
             .map(|_| ()),
     };
+    let counters = &crate::metrics::COUNTERS;
+    match &res {
+        Ok(()) if matches!(fate, Fate::Delete(_)) => crate::metrics::inc(&counters.deletions),
+        Ok(()) => crate::metrics::inc(&counters.evictions),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(_) => crate::metrics::inc(&counters.refusals),
+    }
     match res {
         Ok(()) => Outcome::Accepted,
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Outcome::Gone,

@@ -113,6 +113,7 @@ pub mod evict;
 pub mod lease;
 pub mod logging;
 pub mod manifests;
+pub mod metrics;
 pub mod nodemaintenance;
 pub mod reconcile;
 pub mod runtime;

@@ -136,6 +136,18 @@ impl Context {
         }
     }
 
+    /// Wait for the first full list of nodes, pods and NodeMaintenances.
+    pub async fn wait_until_synced(&self) -> Result<()> {
+        let _one_waiter_at_a_time = self.ready_gate.lock().await;
+        let not_ready = |_| Error::Invalid("a watch ended before its first list".into());
+        self.pods.wait_until_ready().await.map_err(not_ready)?;
+        self.maintenances
+            .wait_until_ready()
+            .await
+            .map_err(not_ready)?;
+        self.nodes.wait_until_ready().await.map_err(not_ready)
+    }
+
     fn owns(&self, node: &str) -> bool {
         match &self.scope {
             Scope::Node(n) => n == node,
@@ -234,15 +246,8 @@ impl Context {
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     // Decisions on a half-filled store would count pods wrong: wait for the
     // first full list of every watched kind.
-    {
-        let _one_waiter_at_a_time = ctx.ready_gate.lock().await;
-        let not_ready = |_| Error::Invalid("a watch ended before its first list".into());
-        ctx.pods.wait_until_ready().await.map_err(not_ready)?;
-        ctx.maintenances
-            .wait_until_ready()
-            .await
-            .map_err(not_ready)?;
-    }
+    ctx.wait_until_synced().await?;
+    crate::metrics::inc(&crate::metrics::COUNTERS.reconciles);
     let name = node.name_any();
     let summary = summarize(&node);
     if lock(&ctx.seen)

@@ -142,3 +142,75 @@ fn missing_crds_are_named_with_the_install_hint() {
         "CRDs not installed: absents.nodekeeper.invalid (install them with: nodekeeper crds | kubectl apply -f -)"
     );
 }
+
+/// One HTTP GET on loopback; (status line, body), or None if nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(String, String)> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.lines().next()?.to_string(), body.to_string()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `--metrics-address` serves liveness, readiness once the watches have
+/// listed, and Prometheus text with the reconcile counter moving; a second
+/// agent on the same address fails at start-up with one line.
+#[test]
+fn run_serves_health_readiness_and_metrics() {
+    support::install_crds();
+    let mut env = block_on(TestEnv::new("metrics"));
+    let node = block_on(env.add_node("a"));
+    block_on(env.wait_node_ready(&node));
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut agent = Agent::start(&["run", "--node", &node, "--metrics-address", &addr]);
+    block_on(wait_for(
+        "/readyz to answer 200",
+        Duration::from_secs(30),
+        || async { http_get(port, "/readyz").filter(|(s, _)| s.contains(" 200 ")) },
+    ));
+    let (status, body) = http_get(port, "/healthz").expect("healthz");
+    assert!(
+        status.contains(" 200 ") && body == "ok\n",
+        "{status} {body}"
+    );
+    let (status, body) = http_get(port, "/metrics").expect("metrics");
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(body.contains("nodekeeper_build_info{version=\""), "{body}");
+    assert!(body.contains("nodekeeper_ready 1"), "{body}");
+    let reconciles = body
+        .lines()
+        .find_map(|l| l.strip_prefix("nodekeeper_reconciles_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(reconciles >= 1, "{body}");
+    let (status, _) = http_get(port, "/nope").expect("404");
+    assert!(status.contains(" 404 "), "{status}");
+
+    let (status, _out, err) = run_cli(
+        &["run", "--node", &node, "--metrics-address", &addr],
+        &[("KUBECONFIG", &support::cluster().to_string_lossy())],
+    );
+    assert!(!status.success());
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].starts_with(&format!(
+            "nodekeeper: error: binding the metrics address {addr}"
+        )),
+        "{err}"
+    );
+
+    agent.signal("TERM");
+    assert!(agent.wait_exit(Duration::from_secs(15)).success());
+}

@@ -37,7 +37,7 @@ metadata:
   annotations: {kwok.x-k8s.io/node: fake}
   labels: {type: kwok, demo: "true", kubernetes.io/hostname: $n}
 YAML
-  $nk run --node "$n" >"$logs/$n.log" 2>&1 &
+  $nk run --node "$n" --metrics-address 127.0.0.1:0 >"$logs/$n.log" 2>&1 &
   agents+=($!)
 done
 "${kubectl[@]}" wait --for=condition=Ready node/demo-1 node/demo-2 node/demo-3 >/dev/null

@@ -58,7 +58,7 @@ fn main() {
             .iter()
             .map(|n| {
                 Command::new(&bin)
-                    .args(["run", "--node", n])
+                    .args(["run", "--node", n, "--metrics-address", "127.0.0.1:0"])
                     .env("KUBECONFIG", &bench_kubeconfig)
                     .env("RUST_LOG", "nodekeeper=warn")
                     .stdout(Stdio::null())

@@ -311,8 +311,14 @@ impl Agent {
             rand_u64()
         ));
         let file = std::fs::File::create(&log).expect("creating the agent log");
+        // Agents share this machine: each gets a free metrics port unless
+        // the test picks one.
+        let mut args: Vec<&str> = args.to_vec();
+        if args.first() == Some(&"run") && !args.contains(&"--metrics-address") {
+            args.extend(["--metrics-address", "127.0.0.1:0"]);
+        }
         let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-            .args(args)
+            .args(&args)
             .env("KUBECONFIG", cluster())
             .env("RUST_LOG", "nodekeeper=debug,warn")
             .stdout(file.try_clone().expect("cloning the log handle"))

@@ -1,0 +1,289 @@
+//! The agent's observability endpoint: Prometheus text metrics on `/metrics`,
+//! liveness on `/healthz` and readiness (every watch has listed once) on
+//! `/readyz`, served on `run --metrics-address` (loopback by default).
+//!
+//! The server is a few dozen lines of HTTP/1.0 on smol's TCP listener rather
+//! than a web framework: three fixed GET routes do not justify a dependency
+//! tree, and it keeps the agent inside its memory budget. Counters are
+//! process-global atomics so the code that counts does not need a handle.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use kube::runtime::reflector::Store;
+use smol::io::{AsyncReadExt, AsyncWriteExt};
+use smol::net::{TcpListener, TcpStream};
+
+use crate::error::{Error, Result};
+use crate::nodemaintenance::NodeMaintenance;
+
+/// The default address: loopback, so a host-network agent exposes nothing on
+/// the node's network unless asked to.
+pub const DEFAULT_ADDRESS: &str = "127.0.0.1:9477";
+
+/// Counters, monotonic since start-up.
+pub struct Counters {
+    pub reconciles: AtomicU64,
+    pub reconcile_errors: AtomicU64,
+    pub evictions: AtomicU64,
+    pub deletions: AtomicU64,
+    /// Evictions the API refused (PDB 429s and other errors).
+    pub refusals: AtomicU64,
+}
+
+pub static COUNTERS: Counters = Counters {
+    reconciles: AtomicU64::new(0),
+    reconcile_errors: AtomicU64::new(0),
+    evictions: AtomicU64::new(0),
+    deletions: AtomicU64::new(0),
+    refusals: AtomicU64::new(0),
+};
+
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// Count one occurrence.
+pub fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Called once every store has its first full list.
+pub fn set_ready() {
+    READY.store(true, Ordering::SeqCst);
+}
+
+/// Parse `--metrics-address`: `HOST:PORT`, `:PORT` (all interfaces) or
+/// `off`.
+pub fn parse_address(s: &str) -> Result<Option<SocketAddr>> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse().map(Some).map_err(|_| {
+        Error::Invalid(format!(
+            "--metrics-address {s:?} is not HOST:PORT, :PORT or off (e.g. 127.0.0.1:9477)"
+        ))
+    })
+}
+
+/// Bind now (so a taken port is a start-up error, not a silent gap in
+/// monitoring) and serve in the background for the life of the process.
+pub async fn serve(addr: SocketAddr, maintenances: Store<NodeMaintenance>) -> Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(Error::io(format!("binding the metrics address {addr}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(Error::io("reading the metrics address"))?;
+    log::info!("serving /metrics, /healthz and /readyz on http://{bound}");
+    crate::runtime::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((conn, _)) => {
+                    let nms = maintenances.clone();
+                    crate::runtime::spawn(async move {
+                        // A client that never finishes its request must not
+                        // hold a task forever.
+                        let _ = crate::runtime::timeout(Duration::from_secs(10), answer(conn, nms))
+                            .await;
+                    })
+                    .detach();
+                }
+                Err(e) => {
+                    log::warn!("metrics: accept failed: {e}");
+                    crate::runtime::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+    .detach();
+    Ok(bound)
+}
+
+async fn answer(mut conn: TcpStream, nms: Store<NodeMaintenance>) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 512];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+        let n = conn.read(&mut chunk).await?;
+        if n == 0 || buf.len() > 8192 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let request = String::from_utf8_lossy(&buf);
+    let mut words = request.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, body, kind) = route(method, path, &nms);
+    let head = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await?;
+    if method != "HEAD" {
+        conn.write_all(body.as_bytes()).await?;
+    }
+    conn.flush().await
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn route(
+    method: &str,
+    path: &str,
+    nms: &Store<NodeMaintenance>,
+) -> (&'static str, String, &'static str) {
+    if method != "GET" && method != "HEAD" {
+        return ("405 Method Not Allowed", "only GET\n".into(), TEXT);
+    }
+    match path {
+        "/healthz" | "/livez" => ("200 OK", "ok\n".into(), TEXT),
+        "/readyz" if READY.load(Ordering::SeqCst) => ("200 OK", "ok\n".into(), TEXT),
+        "/readyz" => (
+            "503 Service Unavailable",
+            "waiting for the first list of nodes, pods and NodeMaintenances\n".into(),
+            TEXT,
+        ),
+        "/metrics" => ("200 OK", render(nms), PROMETHEUS),
+        _ => (
+            "404 Not Found",
+            "not found; try /metrics, /healthz or /readyz\n".into(),
+            TEXT,
+        ),
+    }
+}
+
+/// The exposition text. Gauges come from the NodeMaintenance store, so they
+/// are what this agent sees, not what it remembers.
+fn render(nms: &Store<NodeMaintenance>) -> String {
+    let mut out = String::with_capacity(2048);
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let c = &COUNTERS;
+    metric(
+        "nodekeeper_build_info",
+        "gauge",
+        "Always 1; the version label says which nodekeeper runs.",
+        &[(format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)],
+    );
+    metric(
+        "nodekeeper_ready",
+        "gauge",
+        "1 once every watch has listed once.",
+        &[(String::new(), u64::from(READY.load(Ordering::SeqCst)))],
+    );
+    metric(
+        "nodekeeper_reconciles_total",
+        "counter",
+        "Node reconciles run.",
+        &[(String::new(), load(&c.reconciles))],
+    );
+    metric(
+        "nodekeeper_reconcile_errors_total",
+        "counter",
+        "Node reconciles that ended in an error (retried).",
+        &[(String::new(), load(&c.reconcile_errors))],
+    );
+    metric(
+        "nodekeeper_pod_evictions_total",
+        "counter",
+        "Evictions the API accepted.",
+        &[(String::new(), load(&c.evictions))],
+    );
+    metric(
+        "nodekeeper_pod_deletions_total",
+        "counter",
+        "Unmanaged or finished pods deleted by a drain.",
+        &[(String::new(), load(&c.deletions))],
+    );
+    metric(
+        "nodekeeper_pod_eviction_refusals_total",
+        "counter",
+        "Evictions or deletions the API refused (mostly PodDisruptionBudgets); retried.",
+        &[(String::new(), load(&c.refusals))],
+    );
+    let mut phases: Vec<(String, u64)> = ["Running", "Succeeded", "Failed"]
+        .iter()
+        .map(|p| (format!("{{phase=\"{p}\"}}"), 0))
+        .collect();
+    for nm in nms.state() {
+        let phase = nm
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map(|p| format!("{{phase=\"{}\"}}", p.as_str()));
+        if let Some(slot) = phase.and_then(|p| phases.iter_mut().find(|(l, _)| *l == p)) {
+            slot.1 += 1;
+        }
+    }
+    metric(
+        "nodekeeper_nodemaintenances",
+        "gauge",
+        "NodeMaintenance objects this agent sees, by phase.",
+        &phases,
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_with_and_without_host() {
+        assert_eq!(
+            parse_address(":9477").ok().flatten(),
+            "0.0.0.0:9477".parse().ok()
+        );
+        assert_eq!(
+            parse_address("127.0.0.1:0").ok().flatten(),
+            "127.0.0.1:0".parse().ok()
+        );
+        assert!(matches!(parse_address("off"), Ok(None)));
+        let err = parse_address("localhost").err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("HOST:PORT") && e.contains("localhost")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn metrics_render_in_prometheus_text_format() {
+        let (store, _writer) = kube::runtime::reflector::store::<NodeMaintenance>();
+        let text = render(&store);
+        for line in text.lines() {
+            assert!(
+                line.starts_with("# HELP nodekeeper_")
+                    || line.starts_with("# TYPE nodekeeper_")
+                    || line.starts_with("nodekeeper_"),
+                "{line}"
+            );
+        }
+        assert!(text.contains("nodekeeper_nodemaintenances{phase=\"Running\"} 0"));
+        assert!(text.contains("# TYPE nodekeeper_pod_evictions_total counter"));
+    }
+
+    #[test]
+    fn unknown_paths_and_methods_are_refused() {
+        let (store, _writer) = kube::runtime::reflector::store::<NodeMaintenance>();
+        assert_eq!(route("GET", "/nope", &store).0, "404 Not Found");
+        assert_eq!(
+            route("POST", "/metrics", &store).0,
+            "405 Method Not Allowed"
+        );
+        assert_eq!(route("GET", "/healthz", &store).0, "200 OK");
+    }
+}
