@@ -29,6 +29,7 @@ pub enum Command {
     Drain(DrainArgs),
     Crds(CrdsArgs),
     Manifests(ManifestsArgs),
+    HostKubeconfig(HostKubeconfigArgs),
     Version(VersionArgs),
 }
 
@@ -112,13 +113,62 @@ pub struct DrainArgs {
 #[argh(subcommand, name = "crds")]
 pub struct CrdsArgs {}
 
-/// Print deployment artifacts: k3s, daemonset, static-pod, systemd or containerfile.
+/// Print or write deployment artifacts (CRDs, RBAC, admission policy, DaemonSet, static pod, systemd unit, k3s folder, Talos extension, image recipe).
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "manifests")]
 pub struct ManifestsArgs {
-    /// what to print: k3s, daemonset, static-pod, systemd, containerfile
+    /// what to generate: crds, rbac, admission, daemonset, deployment, k3s, static-pod, systemd, talos, containerfile
     #[argh(option, long = "for")]
     pub target: String,
+    /// write the files into this folder instead of printing them
+    #[argh(option)]
+    pub out: Option<PathBuf>,
+    /// container image (default localhost/nodekeeper:VERSION, as `just image` names it)
+    #[argh(option)]
+    pub image: Option<String>,
+    /// namespace for the agents and their ServiceAccounts (default nodekeeper)
+    #[argh(option)]
+    pub namespace: Option<String>,
+    /// kubeconfig path on the host for static-pod, systemd and talos (default /etc/nodekeeper/kubeconfig)
+    #[argh(option)]
+    pub kubeconfig: Option<String>,
+    /// log level: error, warn, info, debug, trace (default info)
+    #[argh(option)]
+    pub log_level: Option<String>,
+    /// metrics address HOST:PORT, :PORT or off (default :9477 in pods, 127.0.0.1:9477 on the host)
+    #[argh(option)]
+    pub metrics_address: Option<String>,
+}
+
+impl ManifestsArgs {
+    pub fn options(&self) -> crate::manifests::Options {
+        let d = crate::manifests::Options::default();
+        crate::manifests::Options {
+            image: self.image.clone().unwrap_or(d.image),
+            namespace: self.namespace.clone().unwrap_or(d.namespace),
+            kubeconfig: self.kubeconfig.clone().unwrap_or(d.kubeconfig),
+            log_level: self.log_level.clone().unwrap_or(d.log_level),
+            metrics_address: self.metrics_address.clone(),
+        }
+    }
+}
+
+/// Print a kubeconfig for a host-mode agent (static pod, systemd, Talos): a token of the node agent's ServiceAccount bound to the Node, which the admission policy confines to that node.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "host-kubeconfig")]
+pub struct HostKubeconfigArgs {
+    /// the node the agent will own
+    #[argh(positional)]
+    pub node: String,
+    /// token lifetime in hours (default 8760, a year; the API server may shorten it)
+    #[argh(option, default = "8760")]
+    pub hours: u64,
+    /// namespace of nodekeeper's ServiceAccounts (default nodekeeper)
+    #[argh(option, default = "String::from(\"nodekeeper\")")]
+    pub namespace: String,
+    /// kubeconfig with the right to create tokens (default: $KUBECONFIG, ~/.kube/config)
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// Print the version.
@@ -263,8 +313,24 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Manifests(args) => {
-            print!("{}", crate::manifests::render(&args.target)?);
+            let files = crate::manifests::render(&args.target, &args.options())?;
+            match &args.out {
+                Some(dir) => {
+                    crate::manifests::write(dir, &files)?;
+                    for f in &files {
+                        eprintln!("wrote {}", dir.join(&f.path).display());
+                    }
+                }
+                None => print!("{}", crate::manifests::to_stdout(&args.target, &files)?),
+            }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::HostKubeconfig(args) => {
+            validate_node_name(&args.node)?;
+            if args.hours == 0 {
+                return Err(Error::Invalid("--hours must be at least 1".into()));
+            }
+            runtime::block_on(crate::commands::host_kubeconfig(args))
         }
         Command::Maintain(args) => {
             validate_node_name(&args.node)?;

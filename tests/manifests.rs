@@ -1,34 +1,67 @@
-//! Deployment artifacts: the checked-in copies are exactly what
-//! `nodekeeper manifests` generates, and the RBAC they grant is enough for an
-//! agent to carry a maintenance through on the real control plane.
+//! Deployment artifacts on the real control plane: the checked-in copies are
+//! exactly what `nodekeeper manifests` generates; the API server accepts
+//! every generated object; the DaemonSet lands one agent on every node,
+//! cordoned and tainted ones included; the node agent's RBAC is enough for a
+//! maintenance and for nothing else; and the admission policy confines a
+//! node-bound or pod-bound agent token to its own Node.
 
 mod support;
 
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::Api;
-use kube::api::{DeleteParams, PostParams};
-use nodekeeper::manifests::{NAMESPACE, SERVICE_ACCOUNT, TARGETS};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use nodekeeper::manifests::{AGENT_ACCOUNT, Options, TARGETS, render};
 use nodekeeper::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
-use support::{Agent, TestEnv, block_on, install_crds, kubectl, run_cli, wait_for};
+use serde_json::json;
+use support::{
+    Agent, TestEnv, block_on, client_from, host_kubeconfig, install_agent_identity, install_crds,
+    kubectl, run_cli, wait_for,
+};
+
+const NAMESPACE: &str = "nodekeeper";
 
 #[test]
 fn checked_in_manifests_match_what_the_binary_generates() {
-    for (target, path) in TARGETS {
-        let (status, generated, err) = run_cli(&["manifests", "--for", target], &[]);
-        assert!(status.success(), "{target}: {err}");
-        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-        let checked_in = std::fs::read_to_string(&file).unwrap_or_default();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (target, _, dir) in TARGETS {
+        let Some(dir) = dir else { continue };
+        let files = render(target, &Options::default()).expect("render");
+        for f in &files {
+            let path = root.join(dir).join(&f.path);
+            let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                checked_in == f.content,
+                "{} is stale; regenerate with: nodekeeper manifests --for {target} --out {dir}",
+                path.display()
+            );
+        }
+    }
+    // Nothing in the k3s folder that the generator does not write: k3s
+    // applies every file there.
+    let generated: Vec<String> = render("k3s", &Options::default())
+        .expect("render")
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    for entry in std::fs::read_dir(root.join("k3s-manifests")).expect("k3s-manifests/") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .to_string();
         assert!(
-            checked_in == generated,
-            "{path} is stale; regenerate it with: nodekeeper manifests --for {target} > {path}"
+            generated.contains(&name),
+            "k3s-manifests/{name} is not generated; remove it"
         );
     }
 }
 
 #[test]
-fn unknown_manifest_target_is_one_clear_line() {
+fn manifests_cli_prints_writes_and_refuses_in_one_line() {
     let (status, _, err) = run_cli(&["manifests", "--for", "helm"], &[]);
     assert!(!status.success());
     assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -36,60 +69,165 @@ fn unknown_manifest_target_is_one_clear_line() {
         err.contains("unknown target \"helm\"") && err.contains("k3s"),
         "{err}"
     );
+
+    let (status, _, err) = run_cli(&["manifests", "--for", "talos"], &[]);
+    assert!(!status.success());
+    assert!(err.contains("--out DIR"), "{err}");
+
+    let (status, _, err) = run_cli(
+        &["manifests", "--for", "rbac", "--namespace", "Bad_NS"],
+        &[],
+    );
+    assert!(!status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--namespace"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("nk-manifests-{:x}", support::rand_u64()));
+    let out = dir.to_string_lossy().to_string();
+    let (status, _, err) = run_cli(&["manifests", "--for", "talos", "--out", &out], &[]);
+    assert!(status.success(), "{err}");
+    assert!(
+        dir.join("rootfs/usr/local/etc/containers/nodekeeper.yaml")
+            .is_file()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every Kubernetes object we generate, with default and with custom
+/// options, passes the API server's own validation (`--dry-run=server`).
+#[test]
+fn the_api_server_accepts_every_generated_manifest() {
+    install_crds();
+    install_agent_identity();
+    block_on(async {
+        let mut env = TestEnv::new("dryrun").await;
+        let custom_ns = env.add_namespace("nk").await;
+        let custom = [
+            "--namespace",
+            custom_ns.as_str(),
+            "--image",
+            "registry.example/nodekeeper:1",
+            "--log-level",
+            "debug",
+            "--metrics-address",
+            ":9100",
+            "--kubeconfig",
+            "/var/lib/nodekeeper/kubeconfig",
+        ];
+        for target in [
+            "crds",
+            "rbac",
+            "admission",
+            "daemonset",
+            "deployment",
+            "k3s",
+            "static-pod",
+        ] {
+            for extra in [&[][..], &custom[..]] {
+                let mut args = vec!["manifests", "--for", target];
+                args.extend_from_slice(extra);
+                let (status, yaml, err) = run_cli(&args, &[]);
+                assert!(status.success(), "{args:?}: {err}");
+                let out = kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&yaml));
+                assert!(
+                    out.status.success(),
+                    "{args:?} rejected by the API server: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert!(stdout.contains("(server dry run)"), "{stdout}");
+            }
+        }
+        drop(env);
+    })
+}
+
+/// The generated DaemonSet (scoped to this test's nodes) gets one agent pod
+/// per node from the real DaemonSet controller, including on a node that is
+/// cordoned and carries control-plane and drain taints.
+#[test]
+fn the_daemonset_runs_one_agent_on_every_node_even_cordoned_and_tainted() {
+    block_on(async {
+        let mut env = TestEnv::new("ds").await;
+        let a = env.add_node("a").await;
+        let b = env.add_node("b").await;
+        env.wait_node_ready(&a).await;
+        env.wait_node_ready(&b).await;
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        nodes
+            .patch(
+                &b,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": true, "taints": [
+                    {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+                    {"key": "medik8s.io/drain", "effect": "NoSchedule"},
+                    {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+                ]}})),
+            )
+            .await
+            .expect("cordon and taint b");
+
+        let opts = Options {
+            namespace: env.ns.clone(),
+            ..Default::default()
+        };
+        let mut ds = nodekeeper::manifests::daemonset(&opts);
+        // Only this test's nodes: other tests share the cluster.
+        ds["spec"]["template"]["spec"]["affinity"] = json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+                "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                      "values": [a.clone(), b.clone()]}]}]}}});
+        let out = kubectl(
+            &["apply", "-f", "-"],
+            Some(&nodekeeper::yaml::documents(&[ds])),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+        let on_nodes = wait_for(
+            "an agent pod Running on each node",
+            Duration::from_secs(60),
+            || async {
+                let list = pods
+                    .list(&ListParams::default().labels("app.kubernetes.io/name=nodekeeper"))
+                    .await
+                    .ok()?;
+                let running: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                    .collect();
+                (running.len() >= 2).then_some((running, list.items))
+            },
+        )
+        .await;
+        let (mut running, all) = on_nodes;
+        running.sort();
+        assert_eq!(running, vec![a.clone(), b.clone()], "one per node");
+        assert_eq!(all.len(), 2, "no extra agent pods");
+        let spec = all[0].spec.as_ref().expect("spec");
+        assert_eq!(
+            spec.priority_class_name.as_deref(),
+            Some("system-node-critical")
+        );
+        assert_eq!(spec.service_account_name.as_deref(), Some(AGENT_ACCOUNT));
+    })
+}
+
+/// The node agent's identity, used the way host modes use it (a token bound
+/// to the Node, from `nodekeeper host-kubeconfig`), carries a maintenance
+/// through: nothing it needs is missing from the generated RBAC.
 #[test]
 fn an_agent_with_only_the_generated_rbac_completes_a_maintenance() {
     install_crds();
-    // Everything but the DaemonSet itself, whose pods would land on every
-    // test's nodes.
-    let objects: Vec<serde_json::Value> = nodekeeper::manifests::cluster_objects()
-        .into_iter()
-        .filter(|o| o["kind"] != "DaemonSet")
-        .collect();
-    let out = kubectl(
-        &["apply", "-f", "-"],
-        Some(&nodekeeper::yaml::documents(&objects)),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let token = kubectl(
-        &[
-            "create",
-            "token",
-            SERVICE_ACCOUNT,
-            "-n",
-            NAMESPACE,
-            "--duration=1h",
-        ],
-        None,
-    );
-    assert!(
-        token.status.success(),
-        "{}",
-        String::from_utf8_lossy(&token.stderr)
-    );
-    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
-
-    // The admin kubeconfig with the ServiceAccount's token instead.
-    let admin = std::fs::read_to_string(support::cluster()).expect("kubeconfig");
-    let sa_config: String = admin
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("token:") {
-                format!("    token: {token}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let path = std::env::temp_dir().join(format!("nk-sa-kubeconfig-{:x}", support::rand_u64()));
-    std::fs::write(&path, sa_config).expect("write kubeconfig");
-
+    install_agent_identity();
     block_on(async {
         let mut env = TestEnv::new("rbac").await;
         let a = env.add_node("a").await;
@@ -101,7 +239,8 @@ fn an_agent_with_only_the_generated_rbac_completes_a_maintenance() {
             .create(&PostParams::default(), &env.deployment("web", 2))
             .await
             .expect("deploy");
-        let path = path.to_string_lossy().to_string();
+        let kubeconfig = host_kubeconfig(&a);
+        let path = kubeconfig.to_string_lossy().to_string();
         let mut agent = Agent::start(&["run", "--node", &a, "--kubeconfig", &path]);
         let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
         let name = format!("{}-m", env.id);
@@ -132,12 +271,251 @@ fn an_agent_with_only_the_generated_rbac_completes_a_maintenance() {
             || async { nms.get_opt(&name).await.ok()?.is_none().then_some(()) },
         )
         .await;
+        let node = Api::<Node>::all(env.client.clone())
+            .get(&a)
+            .await
+            .expect("node");
+        assert_ne!(
+            node.spec.and_then(|s| s.unschedulable),
+            Some(true),
+            "uncordoned again"
+        );
         let log = agent.log_text();
         assert!(
-            !log.contains("forbidden"),
+            !log.contains("forbidden") && !log.contains("denied"),
             "the agent hit a permission it lacks:\n{log}"
         );
         agent.signal("TERM");
         assert!(agent.wait_exit(Duration::from_secs(15)).success());
+        let _ = std::fs::remove_file(kubeconfig);
+    })
+}
+
+fn code<T>(r: Result<T, kube::Error>) -> Option<u16> {
+    match r {
+        Ok(_) => None,
+        Err(kube::Error::Api(s)) => Some(s.code),
+        Err(e) => panic!("not an API error: {e}"),
+    }
+}
+
+/// Least privilege: the agent identity is refused what it does not need.
+#[test]
+fn the_agent_identity_is_refused_everything_it_does_not_need() {
+    install_crds();
+    install_agent_identity();
+    block_on(async {
+        let mut env = TestEnv::new("deny").await;
+        let a = env.add_node("a").await;
+        let b = env.add_node("b").await;
+        let kubeconfig = host_kubeconfig(&a);
+        let agent = client_from(&kubeconfig).await;
+        let nodes: Api<Node> = Api::all(agent.clone());
+        assert_eq!(
+            code(nodes.delete(&b, &DeleteParams::default()).await),
+            Some(403),
+            "delete a Node"
+        );
+        assert_eq!(
+            code(nodes.delete(&a, &DeleteParams::default()).await),
+            Some(403),
+            "delete its own Node"
+        );
+        let secrets: Api<Secret> = Api::all(agent.clone());
+        assert_eq!(
+            code(secrets.list(&ListParams::default()).await),
+            Some(403),
+            "list Secrets"
+        );
+        let own_secrets: Api<Secret> = Api::namespaced(agent.clone(), NAMESPACE);
+        assert_eq!(
+            code(own_secrets.get("anything").await),
+            Some(403),
+            "get a Secret in its own namespace"
+        );
+        let pods: Api<Pod> = Api::namespaced(agent.clone(), &env.ns);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": "i"}]}
+        }))
+        .expect("pod");
+        assert_eq!(
+            code(pods.create(&PostParams::default(), &pod).await),
+            Some(403),
+            "create a Pod"
+        );
+        let deploys: Api<Deployment> = Api::namespaced(agent.clone(), &env.ns);
+        assert_eq!(
+            code(deploys.list(&ListParams::default()).await),
+            Some(403),
+            "list Deployments"
+        );
+        // What it does need is allowed (so the 403s above are not a broken token).
+        assert_eq!(code(nodes.get(&a).await), None, "get its node");
+        let _ = std::fs::remove_file(kubeconfig);
+    })
+}
+
+/// A pod `name` on `node` in the agent's namespace, so a token can be bound to it.
+async fn agent_pod(client: &Client, name: &str, node: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"nodeName": node, "serviceAccountName": AGENT_ACCOUNT,
+                 "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "nodekeeper", "image": "localhost/nodekeeper:test"}]}
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating an agent pod");
+}
+
+/// A kubeconfig for the test cluster with `token` as the credential.
+fn kubeconfig_with_token(token: &str) -> std::path::PathBuf {
+    let admin = std::fs::read_to_string(support::cluster()).expect("kubeconfig");
+    let text: String = admin
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("token:") {
+                format!("    token: {token}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = std::env::temp_dir().join(format!("nk-token-kubeconfig-{:x}", support::rand_u64()));
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+fn token(args: &[&str]) -> String {
+    let mut all = vec![
+        "create",
+        "token",
+        AGENT_ACCOUNT,
+        "-n",
+        NAMESPACE,
+        "--duration=1h",
+    ];
+    all.extend_from_slice(args);
+    let out = kubectl(&all, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn denial(r: Result<Node, kube::Error>) -> Option<String> {
+    match r {
+        Ok(_) => None,
+        Err(kube::Error::Api(s)) => Some(format!("{} {}", s.code, s.message)),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The ValidatingAdmissionPolicy: a token bound to a pod on node A (what a
+/// DaemonSet pod gets) may cordon, taint and annotate node A, and is denied
+/// on node B; it may not relabel its own node; a token bound to no pod or
+/// node is denied outright.
+#[test]
+fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
+    install_agent_identity();
+    block_on(async {
+        let mut env = TestEnv::new("vap").await;
+        let a = env.add_node("a").await;
+        let b = env.add_node("b").await;
+        let (pod_a, pod_b) = (format!("{}-agent-a", env.id), format!("{}-agent-b", env.id));
+        agent_pod(&env.client, &pod_a, &a).await;
+        agent_pod(&env.client, &pod_b, &b).await;
+        let as_a = client_from(&kubeconfig_with_token(&token(&[
+            "--bound-object-kind=Pod",
+            &format!("--bound-object-name={pod_a}"),
+        ])))
+        .await;
+        let as_b = client_from(&kubeconfig_with_token(&token(&[
+            "--bound-object-kind=Pod",
+            &format!("--bound-object-name={pod_b}"),
+        ])))
+        .await;
+        let unbound = client_from(&kubeconfig_with_token(&token(&[]))).await;
+
+        let cordon = json!({"spec": {"unschedulable": true},
+                            "metadata": {"annotations": {"nodekeeper.io/cordoned-by-maintenance": "t"}}});
+        let patch = |c: &Client, node: &str, body: serde_json::Value| {
+            let api: Api<Node> = Api::all(c.clone());
+            let node = node.to_string();
+            async move {
+                api.patch(&node, &PatchParams::default(), &Patch::Merge(body))
+                    .await
+            }
+        };
+        // A fresh policy takes a moment to reach the admission chain.
+        let cross = wait_for(
+            "the policy to deny agent A on node B",
+            Duration::from_secs(30),
+            || async { denial(patch(&as_a, &b, cordon.clone()).await) },
+        )
+        .await;
+        assert!(
+            cross.contains("403")
+                && cross.contains(&format!(
+                    "nodekeeper agent of node {a} may not modify node {b}"
+                )),
+            "{cross}"
+        );
+        assert_eq!(
+            denial(patch(&as_a, &a, cordon.clone()).await),
+            None,
+            "A on A"
+        );
+        assert_eq!(
+            denial(patch(&as_b, &b, cordon.clone()).await),
+            None,
+            "B on B"
+        );
+        let taint = json!({"spec": {"taints": [{"key": "medik8s.io/drain", "effect": "NoSchedule"}]},
+                           "metadata": {"labels": {"remediation.medik8s.io/exclude-from-remediation": "true"}}});
+        assert_eq!(
+            denial(patch(&as_a, &a, taint).await),
+            None,
+            "taint and label own node"
+        );
+        let relabel = denial(
+            patch(
+                &as_a,
+                &a,
+                json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+            )
+            .await,
+        )
+        .unwrap_or_default();
+        assert!(
+            relabel.contains("403") && relabel.contains("node-role.kubernetes.io/control-plane"),
+            "{relabel}"
+        );
+        let foreign_annotation = denial(
+            patch(
+                &as_a,
+                &a,
+                json!({"metadata": {"annotations": {"example.com/x": "y"}}}),
+            )
+            .await,
+        )
+        .unwrap_or_default();
+        assert!(foreign_annotation.contains("403"), "{foreign_annotation}");
+        let no_binding = denial(patch(&unbound, &a, cordon.clone()).await).unwrap_or_default();
+        assert!(
+            no_binding.contains("403") && no_binding.contains("bound to a pod or a node"),
+            "{no_binding}"
+        );
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), NAMESPACE);
+        for p in [&pod_a, &pod_b] {
+            let _ = pods
+                .delete(p, &DeleteParams::default().grace_period(0))
+                .await;
+        }
     })
 }

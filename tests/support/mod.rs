@@ -69,6 +69,16 @@ pub async fn client() -> Client {
     Client::try_from(config).expect("building the test client")
 }
 
+/// A kube client for the test cluster with another identity's kubeconfig.
+pub async fn client_from(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("reading a kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("loading a kubeconfig");
+    config.default_retry = false;
+    Client::try_from(config).expect("building a client")
+}
+
 /// A per-test slice of the cluster: unique id, namespace and kwok nodes.
 pub struct TestEnv {
     pub id: String,
@@ -466,4 +476,39 @@ pub fn install_crds() {
             String::from_utf8_lossy(&out.stderr)
         );
     });
+}
+
+/// Apply the node agent's generated identity (namespaces, ServiceAccount,
+/// RBAC) and the own-node admission policy, once per test binary.
+pub fn install_agent_identity() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        for target in ["rbac", "admission"] {
+            let (status, yaml, err) = run_cli(&["manifests", "--for", target], &[]);
+            assert!(
+                status.success(),
+                "nodekeeper manifests --for {target}: {err}"
+            );
+            let out = kubectl(
+                &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+                Some(&yaml),
+            );
+            assert!(
+                out.status.success(),
+                "kubectl apply of {target} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    });
+}
+
+/// `nodekeeper host-kubeconfig NODE` against the test cluster, written to a
+/// temporary file whose path is returned.
+pub fn host_kubeconfig(node: &str) -> PathBuf {
+    let admin = cluster().to_string_lossy().to_string();
+    let (status, out, err) = run_cli(&["host-kubeconfig", node], &[("KUBECONFIG", &admin)]);
+    assert!(status.success(), "host-kubeconfig {node}: {err}");
+    let path = std::env::temp_dir().join(format!("nk-host-kubeconfig-{:x}", rand_u64()));
+    std::fs::write(&path, out).expect("writing the host kubeconfig");
+    path
 }
