@@ -32,6 +32,18 @@ test: cluster-up
     trap 'tests/controlplane/cluster.sh down' EXIT
     cargo test
 
+# OCI image archives without a container daemon (agent image and Talos
+# extension) into target/image, plus the Containerfile's build context.
+image: build-static
+    image/oci-archive.sh {{static_bin}} target/image
+
+# Every benchmark: start-up and sizes, then the drain on the local control plane.
+bench: bench-startup bench-drain
+
+# Sizes (binary, image archives) and start-up time of version and manifests; prints a table.
+bench-startup: image
+    NODEKEEPER_BIN={{static_bin}} cargo bench --bench startup
+
 # Drain benchmark (110 pods; cordon and drain latency, agent RSS, API requests)
 # for the static binary we ship; prints a table, asserts nothing.
 bench-drain: build-static cluster-up

@@ -1,0 +1,187 @@
+//! The OCI image archives `just image` builds (`image/oci-archive.sh`),
+//! checked the way a runtime reads them: the layout's index, manifest,
+//! config and layer blobs with their digests and sizes, then the layer
+//! unpacked and the binary run from it. Also that a rebuild is
+//! byte-identical. Uses `$NODEKEEPER_IMAGE_BIN` (the static binary, in
+//! `tests/check`) or else the test build of the binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn sh(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("running a command");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sha256(path: &Path) -> String {
+    sh(Command::new("sha256sum").arg(path))
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("NODEKEEPER_IMAGE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nodekeeper")))
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nk-image-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn build(out: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("image/oci-archive.sh");
+    sh(Command::new(script).arg(binary()).arg(out));
+}
+
+/// A blob the descriptor `d` names, after checking its digest and size.
+fn blob(layout: &Path, d: &Value) -> PathBuf {
+    let digest = d["digest"].as_str().expect("digest");
+    let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+    let path = layout.join("blobs/sha256").join(hex);
+    assert_eq!(sha256(&path), hex, "{digest}: content does not match");
+    let size = std::fs::metadata(&path).expect("blob").len();
+    assert_eq!(Some(size), d["size"].as_u64(), "{digest}: size");
+    path
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("parse json")
+}
+
+/// Unpack an OCI archive, verify it, return (image config, unpacked rootfs).
+fn open(archive: &Path, want_ref: &str) -> (Value, PathBuf) {
+    let dir = archive.with_extension("unpacked");
+    let layout = dir.join("layout");
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(&layout).expect("mkdir");
+    std::fs::create_dir_all(&rootfs).expect("mkdir");
+    sh(Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(&layout));
+    assert_eq!(
+        json(&layout.join("oci-layout"))["imageLayoutVersion"],
+        "1.0.0"
+    );
+    let index = json(&layout.join("index.json"));
+    assert_eq!(index["schemaVersion"], 2);
+    let entry = &index["manifests"][0];
+    assert_eq!(
+        entry["annotations"]["org.opencontainers.image.ref.name"],
+        want_ref
+    );
+    assert_eq!(entry["platform"]["os"], "linux");
+    let manifest = json(&blob(&layout, entry));
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    let config = json(&blob(&layout, &manifest["config"]));
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 1);
+    assert_eq!(
+        layers[0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
+    let layer = blob(&layout, &layers[0]);
+    // The config's diff_id is the digest of the uncompressed layer.
+    let plain = dir.join("layer.tar");
+    let tar = sh(Command::new("sh").arg("-c").arg(format!(
+        "gzip -dc '{}' > '{}'",
+        layer.display(),
+        plain.display()
+    )));
+    assert!(tar.is_empty());
+    assert_eq!(
+        config["rootfs"]["diff_ids"][0],
+        format!("sha256:{}", sha256(&plain))
+    );
+    sh(Command::new("tar")
+        .arg("-xf")
+        .arg(&plain)
+        .arg("-C")
+        .arg(&rootfs));
+    (config, rootfs)
+}
+
+#[test]
+fn the_image_archives_are_valid_oci_and_run_the_binary() {
+    let out = temp("build");
+    build(&out);
+    let bin = binary();
+    let version = env!("CARGO_PKG_VERSION");
+
+    let (config, rootfs) = open(
+        &out.join(format!("nodekeeper-{version}.oci.tar")),
+        &format!("localhost/nodekeeper:{version}"),
+    );
+    assert_eq!(config["config"]["Entrypoint"][0], "/nodekeeper");
+    assert_eq!(config["config"]["User"], "65532:65532");
+    assert_eq!(config["architecture"], "amd64");
+    let inside = rootfs.join("nodekeeper");
+    assert_eq!(sha256(&inside), sha256(&bin), "the image holds the binary");
+    assert!(
+        rootfs
+            .join("etc/ssl/certs/ca-certificates.crt")
+            .metadata()
+            .is_ok_and(|m| m.len() > 0)
+    );
+    let printed = sh(Command::new(&inside).arg("version"));
+    assert_eq!(printed.trim(), format!("nodekeeper {version}"));
+
+    let (_, ext) = open(
+        &out.join(format!("nodekeeper-talos-extension-{version}.oci.tar")),
+        &format!("localhost/nodekeeper-talos-extension:{version}"),
+    );
+    let service = ext.join("rootfs/usr/local/etc/containers/nodekeeper.yaml");
+    let generated = nodekeeper::manifests::render("talos", &Default::default()).expect("render");
+    let want = generated
+        .iter()
+        .find(|f| f.path == "rootfs/usr/local/etc/containers/nodekeeper.yaml")
+        .expect("service file");
+    assert_eq!(
+        std::fs::read_to_string(&service).unwrap_or_default(),
+        want.content
+    );
+    assert!(ext.join("manifest.yaml").is_file());
+    assert!(
+        !ext.join("extension-service-config.yaml").exists(),
+        "machine config stays out of the image"
+    );
+    let ext_bin = ext.join("rootfs/usr/local/lib/containers/nodekeeper/nodekeeper");
+    let printed = sh(Command::new(&ext_bin).arg("version"));
+    assert_eq!(printed.trim(), format!("nodekeeper {version}"));
+
+    // The Containerfile's build context is staged next to the archives.
+    assert_eq!(sha256(&out.join("context/nodekeeper")), sha256(&bin));
+
+    // Reproducible: a second build gives the same bytes.
+    let again = temp("again");
+    build(&again);
+    for name in [
+        format!("nodekeeper-{version}.oci.tar"),
+        format!("nodekeeper-talos-extension-{version}.oci.tar"),
+    ] {
+        assert_eq!(
+            sha256(&out.join(&name)),
+            sha256(&again.join(&name)),
+            "{name} differs between two builds"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&again);
+}
