@@ -5,13 +5,14 @@
 //! life. `nodekeeper run` is a service that owns one node (node mode, the
 //! default: a static pod, a systemd unit or a DaemonSet pod on that node) and
 //! reconciles everything nodekeeper is asked to do to it in one loop. The
-//! other subcommands are the operator's CLI.
+//! other subcommands are the operator's CLI and the deployment generator.
 //!
 //! ## Entry points
 //! - `main.rs`: parses flags (argh), initialises logging, calls
 //!   [`cli::dispatch`], prints an error as one line and exits non-zero.
 //! - [`cli`]: the flag structs and their validated runtime configs
-//!   (`run`, `maintain`, `unmaintain`, `drain --dry-run`, `crds`, `version`).
+//!   (`run`, `maintain`, `unmaintain`, `drain --dry-run`, `crds`,
+//!   `manifests`, `host-kubeconfig`, `version`).
 //! - [`agent::run`]: the service loop.
 //!
 //! ## Code map
@@ -36,15 +37,22 @@
 //! - [`nodemaintenance`]: the `NodeMaintenance` API types (medik8s's exact
 //!   shape) and its constants: finalizer, taints, label, lease, annotations.
 //! - [`commands`]: the operator CLI (`maintain --wait` progress line,
-//!   `unmaintain`, `drain --dry-run` table).
+//!   `unmaintain`, `drain --dry-run` table, `host-kubeconfig`).
 //! - [`runtime`]: smol executors with every future inside
 //!   `async_compat::Compat`; signal handling.
 //! - [`connect`]: credentials, reachability and start-up checks.
 //! - [`error`]: the single error enum; `Display` is the one line users see.
-//! - [`manifests`]: deployment artifacts (k3s auto-deploy file, DaemonSet,
-//!   static pod, systemd unit, scratch Containerfile) with least-privilege
-//!   RBAC, rendered from the same types; the copies in `k3s-manifests/` and
-//!   `image/` are its output, and a test fails when they drift.
+//! - [`manifests`]: every deployment artifact (CRDs, RBAC, the own-node
+//!   admission policy, DaemonSet, cluster-mode Deployment, k3s folder, static
+//!   pod, systemd unit and env file, Talos extension, Containerfile), rendered
+//!   from the same types and constants with one set of [`manifests::Options`];
+//!   the copies in `k3s-manifests/` and `image/` are its output, and a test
+//!   fails when they drift. The RBAC is one table of (resource, verbs, why).
+//! - [`metrics`]: `/metrics`, `/healthz`, `/readyz` on `--metrics-address`,
+//!   a hand-written HTTP/1.0 responder on smol's TCP listener.
+//! - `image/oci-archive.sh`: the OCI image archives (agent image, Talos
+//!   extension) from tar, gzip and sha256sum, reproducibly; `tests/image.rs`
+//!   unpacks them as a runtime would and runs the binary from them.
 //! - [`yaml`], [`logging`]: small utilities.
 //! - `tests/`: integration tests against a real control plane (etcd,
 //!   kube-apiserver, kube-controller-manager, kube-scheduler, kwok) started by
@@ -99,6 +107,20 @@
 //! - kube's client retries 429s internally (up to 15 times, backing off to
 //!   minutes); we switch that off, because for an eviction a 429 is the PDB's
 //!   answer that the drain must see, report and back off from itself.
+//! - Host modes (static pod, systemd, Talos) authenticate as the node
+//!   agent's ServiceAccount with a token bound to their Node
+//!   (`host-kubeconfig`), not with the kubelet's credentials or a client
+//!   certificate: the API server then names the node in the token's user
+//!   info, exactly as for a DaemonSet pod's token, so one admission policy
+//!   confines both, and the token dies with the Node object.
+//! - The image is built by a 100-line script (tar, gzip, sha256sum) instead
+//!   of buildah or umoci: no daemon, no user namespaces or storage driver to
+//!   set up on CI, reproducible bytes. Its name, `localhost/nodekeeper:VER`,
+//!   is a fully qualified reference that needs no registry, so an OS image
+//!   can preload it and the manifests run it with `IfNotPresent`.
+//! - The Talos extension takes its kubeconfig and node name from an
+//!   `ExtensionServiceConfig` (Talos 1.7+) rather than a file baked into the
+//!   OS image: credentials are per node, the extension image is not.
 //! - Pods are slimmed before they enter the store (only what the drain reads)
 //!   to keep the agent's memory flat with 110 pods per node.
 
