@@ -558,11 +558,17 @@ fn deleting_mid_drain_removes_taints_label_and_cordon() {
 fn agent_killed_mid_drain_converges_after_restart() {
     block_on(async {
         let mut w = world("sigkill", &["a", "b"]).await;
-        // Pods land on a or b; the maintained node is whichever holds some.
-        w.deploy("db", 2).await;
+        // Pods land on a or b; the maintained node is whichever holds some
+        // (with none, the drain would finish before it could be killed).
+        let pods = w.deploy("db", 2).await;
         w.pdb("db-pdb", "db", 2).await;
         w.start_agents();
-        let a = w.nodes[0].clone();
+        let a = pods[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .expect("a scheduled pod");
+        let idx = w.nodes.iter().position(|n| *n == a).expect("one of ours");
         let name = w.nm_name("m");
         w.maintain(&name, &a).await;
         wait_for("drain underway", LONG, || async {
@@ -571,10 +577,10 @@ fn agent_killed_mid_drain_converges_after_restart() {
                 .then_some(())
         })
         .await;
-        w.agents[0].signal("KILL");
-        w.agents[0].wait_exit(Duration::from_secs(10));
+        w.agents[idx].signal("KILL");
+        w.agents[idx].wait_exit(Duration::from_secs(10));
         w.relax_pdb("db-pdb").await;
-        w.agents[0] = Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]);
+        w.agents[idx] = Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]);
         let nm = w.wait_phase(&name, Phase::Succeeded).await;
         assert_eq!(nm.status.and_then(|s| s.drain_progress), Some(100));
         assert!(w.pods_on(&a).await.is_empty());
