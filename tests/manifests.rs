@@ -519,3 +519,36 @@ fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
         }
     })
 }
+
+/// The generated unit passes `systemd-analyze verify`: every key known and in
+/// its section, every value parsed. ExecStart points at the test build, since
+/// the real path does not exist on the test machine.
+#[test]
+fn the_systemd_unit_passes_systemd_analyze_verify() {
+    let files = render("systemd", &Options::default()).expect("render");
+    let unit = files
+        .iter()
+        .find(|f| f.path == "nodekeeper.service")
+        .expect("unit");
+    let bin = env!("CARGO_BIN_EXE_nodekeeper");
+    assert!(
+        unit.content
+            .contains("ExecStart=/usr/local/bin/nodekeeper run")
+    );
+    let content = unit.content.replace(
+        "ExecStart=/usr/local/bin/nodekeeper",
+        &format!("ExecStart={bin}"),
+    );
+    let dir = std::env::temp_dir().join(format!("nk-unit-{:x}", support::rand_u64()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join("nodekeeper.service");
+    std::fs::write(&path, content).expect("write unit");
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze (Debian package systemd) must be installed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.trim().is_empty(), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
