@@ -405,7 +405,7 @@ fn rules_comment() -> String {
             } else {
                 format!("{r}.{g}")
             };
-            format!("#   {res}: {} ({why})", v.join(", "))
+            format!("#   {res}: {} — {why}", v.join(", "))
         })
         .collect();
     format!("# Verbs granted, and why:\n{}", lines.join("\n"))

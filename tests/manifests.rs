@@ -552,3 +552,30 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
     assert!(out.status.success() && err.trim().is_empty(), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// host-kubeconfig without the ServiceAccount installed says how to install
+/// it, in one line; for an unknown node it says so.
+#[test]
+fn host_kubeconfig_names_what_is_missing_in_one_line() {
+    install_agent_identity();
+    let admin = support::cluster().to_string_lossy().to_string();
+    let env = [("KUBECONFIG", admin.as_str())];
+    let (status, out, err) = run_cli(&["host-kubeconfig", "no-such-node-4711"], &env);
+    assert!(!status.success() && out.is_empty());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("no-such-node-4711"), "{err}");
+
+    let mut test_env = block_on(TestEnv::new("hostkc"));
+    let node = block_on(test_env.add_node("a"));
+    let (status, out, err) = run_cli(
+        &["host-kubeconfig", &node, "--namespace", "no-such-namespace"],
+        &env,
+    );
+    assert!(!status.success() && out.is_empty());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("ServiceAccount no-such-namespace/nodekeeper-agent not found")
+            && err.contains("nodekeeper manifests --for rbac"),
+        "{err}"
+    );
+}
