@@ -411,21 +411,13 @@ fn rules_comment() -> String {
     format!("# Verbs granted, and why:\n{}", lines.join("\n"))
 }
 
-fn cluster_role_rules() -> Value {
+/// The rules of [`AGENT_RULES`] for leases (`true`: the medik8s lease Role)
+/// or for everything else (`false`: the ClusterRole).
+fn rules(leases: bool) -> Value {
     Value::Array(
         AGENT_RULES
             .iter()
-            .filter(|(_, r, _, _)| *r != "leases")
-            .map(|(g, r, v, _)| json!({"apiGroups": [g], "resources": [r], "verbs": v}))
-            .collect(),
-    )
-}
-
-fn lease_rules() -> Value {
-    Value::Array(
-        AGENT_RULES
-            .iter()
-            .filter(|(_, r, _, _)| *r == "leases")
+            .filter(|(_, r, _, _)| (*r == "leases") == leases)
             .map(|(g, r, v, _)| json!({"apiGroups": [g], "resources": [r], "verbs": v}))
             .collect(),
     )
@@ -463,10 +455,10 @@ pub fn rbac(o: &Options) -> Vec<Value> {
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}),
         service_account(AGENT_ACCOUNT, o),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": AGENT_ROLE, "labels": labels()}, "rules": cluster_role_rules()}),
+               "metadata": {"name": AGENT_ROLE, "labels": labels()}, "rules": rules(false)}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "nodekeeper-medik8s-lease", "namespace": LEASE_NAMESPACE, "labels": labels()},
-               "rules": lease_rules()}),
+               "rules": rules(true)}),
     ];
     docs.extend(bindings(AGENT_ACCOUNT, o));
     docs

@@ -60,21 +60,16 @@ pub fn cluster() -> &'static Path {
 
 /// A kube client for the test cluster.
 pub async fn client() -> Client {
-    let kc = Kubeconfig::read_from(cluster()).expect("reading the test kubeconfig");
-    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("loading the test kubeconfig");
-    // Tests assert on 429s (PDB refusals); kube would retry them for minutes.
-    config.default_retry = false;
-    Client::try_from(config).expect("building the test client")
+    client_from(cluster()).await
 }
 
-/// A kube client for the test cluster with another identity's kubeconfig.
+/// A kube client for the test cluster from any kubeconfig (another identity's).
 pub async fn client_from(kubeconfig: &Path) -> Client {
     let kc = Kubeconfig::read_from(kubeconfig).expect("reading a kubeconfig");
     let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .expect("loading a kubeconfig");
+    // Tests assert on 429s (PDB refusals); kube would retry them for minutes.
     config.default_retry = false;
     Client::try_from(config).expect("building a client")
 }
