@@ -24,7 +24,8 @@ use crate::cli::RunConfig;
 use crate::connect;
 use crate::error::{Error, Result};
 use crate::nodemaintenance::NodeMaintenance;
-use crate::reconcile::{self, Context, Scope};
+use crate::reconcile::{self, Context, Fresh, Scope, Stores, Synced};
+use crate::runtime::Latch;
 
 /// Run the service until `shutdown` resolves (or leadership is lost).
 pub async fn run(
@@ -61,31 +62,41 @@ pub async fn run(
         crate::metrics::serve(addr, nms.clone()).await?;
     }
 
-    let mut lost = None;
-    if matches!(scope, Scope::AllNodes { .. }) {
-        let rx = crate::lease::lead(
-            client.clone(),
-            config.leader_namespace.clone(),
-            "nodekeeper-leader".into(),
-            identity.clone(),
-        )
-        .await?;
-        lost = Some(rx);
-    }
+    // One latch for "stop now" that both the controller's graceful shutdown
+    // and the shutdown bound below wait on.
+    let stopping = Latch::default();
     let lost_leadership = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = lost_leadership.clone();
-    let stop = async move {
-        let leadership = async move {
-            match lost {
-                Some(rx) => {
-                    let _ = rx.recv().await;
-                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        smol::future::or(shutdown, leadership).await
+    let lost = if matches!(scope, Scope::AllNodes { .. }) {
+        Some(
+            crate::lease::lead(
+                client.clone(),
+                config.leader_namespace.clone(),
+                "nodekeeper-leader".into(),
+                identity.clone(),
+            )
+            .await?,
+        )
+    } else {
+        None
     };
+    {
+        let stopping = stopping.clone();
+        let flag = lost_leadership.clone();
+        crate::runtime::spawn(async move {
+            let leadership = async move {
+                match lost {
+                    Some(rx) => {
+                        let _ = rx.recv().await;
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            smol::future::or(shutdown, leadership).await;
+            stopping.open();
+        })
+        .detach();
+    }
 
     let (node_wc, pod_wc) = match &scope {
         Scope::Node(n) => (
@@ -101,23 +112,44 @@ pub async fn run(
         }
     };
 
+    // Every kind is reflected by our own watcher so that we see its first
+    // full list (readiness, through a latch every waiter can share) and its
+    // deletions (pruning our mutation cache).
+    let synced = Synced::default();
+    let (nodes, node_writer) = reflector::store::<Node>();
     let (pods, pod_writer) = reflector::store::<Pod>();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), pod_wc)
+    let fresh = Arc::new(Fresh::default());
+    let node_events = {
+        let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
+        watcher(Api::<Node>::all(client.clone()), node_wc)
+            .default_backoff()
+            .reflect(node_writer)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
+            .touched_objects()
+    };
+    let pod_events = {
+        let latch = synced.pods.clone();
+        watcher(Api::<Pod>::all(client.clone()), pod_wc)
+            .default_backoff()
+            // Only what the drain needs; the rest of a pod is dead weight in RAM.
+            .modify(slim_pod)
+            .reflect(pod_writer)
+            .inspect(move |ev| observe(ev, &latch, |_| {}))
+            .touched_objects()
+    };
+    let nm_events = {
+        let (latch, fresh) = (synced.maintenances.clone(), fresh.clone());
+        watcher(
+            Api::<NodeMaintenance>::all(client.clone()),
+            watcher::Config::default(),
+        )
         .default_backoff()
-        // Only what the drain needs; the rest of a pod is dead weight in RAM.
-        .modify(slim_pod)
-        .reflect(pod_writer)
-        .touched_objects();
-    let nm_events = watcher(
-        Api::<NodeMaintenance>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(nm_writer)
-    .touched_objects();
+        .reflect(nm_writer)
+        .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
+        .touched_objects()
+    };
 
-    let controller = Controller::new(Api::<Node>::all(client.clone()), node_wc);
-    let nodes = controller.store();
+    let controller = Controller::for_stream(node_events, nodes.clone());
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -129,24 +161,41 @@ pub async fn run(
         client.clone(),
         recorder,
         scope.clone(),
-        nodes.clone(),
-        pods,
-        nms,
+        Stores {
+            nodes: nodes.clone(),
+            pods,
+            maintenances: nms,
+            synced: synced.clone(),
+            fresh,
+        },
         config.drain_timeout,
     ));
 
-    // /readyz turns green once every watch has listed once.
-    let ready_ctx = ctx.clone();
+    // /readyz turns green once every watch has listed once; the watchdog
+    // behind /healthz starts counting now.
+    crate::metrics::progress();
     crate::runtime::spawn(async move {
-        if ready_ctx.wait_until_synced().await.is_ok() {
-            crate::metrics::set_ready();
-        }
+        synced.wait().await;
+        crate::metrics::set_ready();
     })
     .detach();
 
+    // The heartbeat: the anchor node is reconciled at least this often, so
+    // a loop that stops making progress shows on /healthz, and foreign
+    // objects and per-node memory get looked after even in a quiet cluster.
+    let beat_scope = scope.clone();
+    let beat_nodes = nodes.clone();
+    let heartbeat = smol::Timer::interval(crate::metrics::HEARTBEAT).filter_map(move |_| {
+        reconcile::anchor(&beat_scope, &beat_nodes).map(|n| ObjectRef::<Node>::new(&n))
+    });
+
     let nm_scope = scope.clone();
     let nm_nodes = nodes.clone();
-    controller
+    let stop = {
+        let stopping = stopping.clone();
+        async move { stopping.wait().await }
+    };
+    let run = controller
         // A pod bound to a node we do not reconcile maps to nothing: the
         // controller drops references that are not in its node store.
         .watches_stream(pod_events, |pod: Pod| {
@@ -157,16 +206,31 @@ pub async fn run(
         .watches_stream(nm_events, move |nm: NodeMaintenance| {
             map_maintenance(&nm, &nm_scope, &nm_nodes)
         })
+        .reconcile_on(heartbeat)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, error_policy, ctx)
-        .for_each(|res| match res {
-            Ok((obj, _)) => log::trace!("reconciled node {}", obj.name),
-            Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
-                log::debug!("reconcile of node {} failed: {e}", obj.name)
+        .for_each(|res| {
+            crate::metrics::progress();
+            match res {
+                Ok((obj, _)) => log::trace!("reconciled node {}", obj.name),
+                Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
+                    log::debug!("reconcile of node {} failed: {e}", obj.name)
+                }
+                Err(e) => log::debug!("controller: {e}"),
             }
-            Err(e) => log::debug!("controller: {e}"),
-        })
-        .await;
+        });
+    // Graceful shutdown lets reconciles in flight finish; a wedged one must
+    // not keep the process alive (kubelet and systemd would SIGKILL it
+    // eventually, but a bounded stop is ours to give).
+    let bound = async {
+        stopping.wait().await;
+        crate::runtime::sleep(SHUTDOWN_GRACE).await;
+        log::warn!(
+            "reconciles still running {} s after the shutdown request; stopping without them",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    };
+    smol::future::or(run, bound).await;
     if lost_leadership.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(Error::Invalid(
             "lost the leader lease; exiting so a fresh start can compete again".into(),
@@ -174,6 +238,27 @@ pub async fn run(
     }
     log::info!("stopped");
     Ok(())
+}
+
+/// How long reconciles in flight may run on after SIGTERM or a lost lease.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Watch an event stream on its way to the controller: open `latch` at the
+/// first full list, and tell `forget` the name of every deleted object.
+fn observe<K: kube::Resource>(
+    ev: &std::result::Result<watcher::Event<K>, watcher::Error>,
+    latch: &Latch,
+    forget: impl Fn(&str),
+) {
+    match ev {
+        Ok(watcher::Event::InitDone) => latch.open(),
+        Ok(watcher::Event::Delete(obj)) => {
+            if let Some(name) = obj.meta().name.as_deref() {
+                forget(name)
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A NodeMaintenance triggers its node; one whose node is not ours (or does
@@ -191,7 +276,7 @@ fn map_maintenance(
             if nodes.get(&ObjectRef::new(target)).is_some() {
                 Some(ObjectRef::new(target))
             } else if reconcile::needs_foreign_attention(nm) {
-                reconcile::anchor_name(nodes).map(|a| ObjectRef::new(&a))
+                reconcile::anchor(scope, nodes).map(|a| ObjectRef::new(&a))
             } else {
                 None
             }

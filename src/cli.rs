@@ -266,20 +266,26 @@ fn default_node_name() -> Result<String> {
     Ok(host.trim().to_lowercase())
 }
 
-/// Node names are DNS subdomains; refusing others early beats a 404 later.
-pub fn validate_node_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
+/// Is `name` a name a Node can have: a lowercase RFC 1123 subdomain, as
+/// the API server validates Node names (and the CRD's CEL rule checks
+/// `spec.nodeName`)?
+pub fn is_node_name(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
+            // Any label length: Node names are subdomains, not DNS labels.
             !label.is_empty()
-                && label.len() <= 63
                 && label
                     .bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-        });
-    if ok {
+        })
+}
+
+/// Node names are DNS subdomains; refusing others early beats a 404 later.
+pub fn validate_node_name(name: &str) -> Result<()> {
+    if is_node_name(name) {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
@@ -359,10 +365,24 @@ mod tests {
 
     #[test]
     fn node_names_are_dns_subdomains() {
-        for ok in ["worker-1", "ip-10-0-0-1.ec2.internal", "a"] {
+        for ok in [
+            "worker-1",
+            "ip-10-0-0-1.ec2.internal",
+            "a",
+            &"x".repeat(253),
+        ] {
             assert!(validate_node_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Worker", "-a", "a-", "a..b", "a_b", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "Worker",
+            "-a",
+            "a-",
+            "a..b",
+            "a_b",
+            " a",
+            &"x".repeat(254),
+        ] {
             assert!(validate_node_name(bad).is_err(), "{bad}");
         }
     }

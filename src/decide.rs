@@ -103,6 +103,28 @@ pub fn duplicate_message(node: &str) -> String {
     format!("invalid nodeName, a NodeMaintenance for node {node} already exists")
 }
 
+/// How long node mode waits before it looks again for the node of a foreign
+/// object. After a look that worked (the node exists; its own agent should
+/// act) once a minute; after `failures` failed looks in a row 5 s doubling
+/// to 5 min. `seed` spreads it by ±20 % so many agents do not ask in step.
+pub fn foreign_recheck(failures: u32, seed: u64) -> Duration {
+    let base_ms: u64 = match failures {
+        0 => 60_000,
+        n => (5_000u64 << (n - 1).min(6)).min(300_000),
+    };
+    // 80 % .. 120 % of the base, in 1 % steps.
+    let percent = 80 + seed % 41;
+    Duration::from_millis(base_ms * percent / 100)
+}
+
+/// The message for an object whose nodeName no node can have (the CRD
+/// refuses these now; objects stored before that end Failed with it).
+pub fn invalid_name_message(node: &str) -> String {
+    format!(
+        "invalid nodeName, {node:?} is not a node name (a lowercase RFC 1123 subdomain: a-z, 0-9, '-' and '.', at most 253 characters)"
+    )
+}
+
 /// How long to back off after the `n`th refusal: 1, 2, 4 then 5 s (kubectl
 /// retries a 429 every 5 s; we start faster so a relaxed PDB is noticed soon).
 pub fn backoff(refusals: u32) -> Duration {
@@ -303,10 +325,15 @@ fn decide_without_node(s: &Snapshot, nms: &[&NodeMaintenance]) -> Step {
         }
         match nm.phase() {
             None => {
+                let message = if crate::cli::is_node_name(s.node_name) {
+                    missing_node_message(s.node_name)
+                } else {
+                    invalid_name_message(s.node_name)
+                };
                 return Step::Fail {
                     nm: name,
                     reason: REASON_INVALID_NODE,
-                    message: missing_node_message(s.node_name),
+                    message,
                 };
             }
             Some(Phase::Running | Phase::Succeeded) => {

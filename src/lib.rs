@@ -132,6 +132,7 @@ pub mod decide;
 pub mod drain;
 pub mod error;
 pub mod evict;
+pub mod fresh;
 pub mod lease;
 pub mod logging;
 pub mod manifests;

@@ -43,6 +43,48 @@ pub static COUNTERS: Counters = Counters {
 
 static READY: AtomicBool = AtomicBool::new(false);
 
+/// The loop reconciles its anchor node at least this often, busy or not.
+pub const HEARTBEAT: Duration = Duration::from_secs(30);
+/// `/healthz` fails once the loop has made no progress for this long: three
+/// missed heartbeats, so a slow API server is not mistaken for a wedge.
+pub const WEDGED_AFTER: Duration = Duration::from_secs(90);
+
+/// Milliseconds since [`EPOCH`] at the loop's last progress; 0 until the
+/// loop starts (a standby replica waiting for leadership is healthy).
+static LAST_PROGRESS_MS: AtomicU64 = AtomicU64::new(0);
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+fn now_ms() -> u64 {
+    // +1 so that the first progress is never the "not started" 0.
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
+}
+
+/// The loop made progress (a reconcile finished, or the loop started).
+pub fn progress() {
+    LAST_PROGRESS_MS.store(now_ms(), Ordering::SeqCst);
+}
+
+/// The watchdog's verdict: `Err` says for how long the loop has been stuck.
+pub fn liveness(now_ms: u64, last_progress_ms: u64) -> std::result::Result<(), String> {
+    if last_progress_ms == 0 {
+        return Ok(());
+    }
+    let idle = Duration::from_millis(now_ms.saturating_sub(last_progress_ms));
+    if idle > WEDGED_AFTER {
+        Err(format!(
+            "the reconcile loop has made no progress for {} s (limit {} s)\n",
+            idle.as_secs(),
+            WEDGED_AFTER.as_secs()
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Count one occurrence.
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
@@ -144,7 +186,12 @@ fn route(
         return ("405 Method Not Allowed", "only GET\n".into(), TEXT);
     }
     match path {
-        "/healthz" | "/livez" => ("200 OK", "ok\n".into(), TEXT),
+        "/healthz" | "/livez" => {
+            match liveness(now_ms(), LAST_PROGRESS_MS.load(Ordering::SeqCst)) {
+                Ok(()) => ("200 OK", "ok\n".into(), TEXT),
+                Err(why) => ("503 Service Unavailable", why, TEXT),
+            }
+        }
         "/readyz" if READY.load(Ordering::SeqCst) => ("200 OK", "ok\n".into(), TEXT),
         "/readyz" => (
             "503 Service Unavailable",
@@ -274,6 +321,19 @@ mod tests {
         }
         assert!(text.contains("nodekeeper_nodemaintenances{phase=\"Running\"} 0"));
         assert!(text.contains("# TYPE nodekeeper_pod_evictions_total counter"));
+    }
+
+    #[test]
+    fn health_fails_only_when_the_loop_stops_making_progress() {
+        assert!(liveness(1_000_000, 0).is_ok(), "not started: healthy");
+        assert!(liveness(100_000, 100_000 - 89_000).is_ok());
+        let wedged = liveness(200_000, 200_000 - 91_000);
+        assert!(
+            wedged
+                .as_ref()
+                .is_err_and(|e| e.contains("no progress for 91 s")),
+            "{wedged:?}"
+        );
     }
 
     #[test]

@@ -31,6 +31,12 @@ pub const APPLIED_ANNOTATION: &str = "nodekeeper.io/maintenance";
 /// admin's earlier cordon is never undone by us.
 pub const CORDONED_ANNOTATION: &str = "nodekeeper.io/cordoned-by-maintenance";
 
+/// CEL: `spec.nodeName` is a name a Node can have.
+pub const NODE_NAME_RULE: &str =
+    "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
+/// What `kubectl apply` says when that rule refuses an object.
+pub const NODE_NAME_MESSAGE: &str = "invalid nodeName, a node name is a lowercase RFC 1123 subdomain: a-z, 0-9, '-' and '.', starting and ending with a letter or digit, at most 253 characters";
+
 /// The medik8s lease name for a node.
 pub fn lease_name(node: &str) -> String {
     format!("node-{node}")
@@ -90,6 +96,10 @@ pub fn lease_name(node: &str) -> String {
 pub struct NodeMaintenanceSpec {
     /// Node name to put into maintenance. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("updating spec.NodeName isn't allowed"))]
+    // The API server's own rule for Node names (a lowercase RFC 1123
+    // subdomain); maxLength also bounds the CEL cost of matches().
+    #[x_kube(validation = Rule::new(NODE_NAME_RULE).message(NODE_NAME_MESSAGE))]
+    #[schemars(length(max = 253))]
     pub node_name: String,
     /// Why the node is in maintenance (free text, shown by `kubectl get nm -o wide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -22,11 +22,14 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use crate::cli::is_node_name;
 use crate::decide::{self, Announce, Attempt, Snapshot, Step};
 use crate::error::{Error, Result};
 use crate::evict::{self, Outcome};
+use crate::fresh::FreshCache;
 use crate::lease::{self, Acquired};
 use crate::nodemaintenance::*;
+use crate::runtime::Latch;
 
 /// Which nodes this process reconciles.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +56,47 @@ pub struct NodeMemory {
     pub lease_renew_at: Option<Timestamp>,
 }
 
+/// Each watched kind's first full list, as latches any number of tasks may
+/// wait on (see [`Latch`] for why not `Store::wait_until_ready`).
+#[derive(Clone, Default)]
+pub struct Synced {
+    pub nodes: Latch,
+    pub pods: Latch,
+    pub maintenances: Latch,
+}
+
+impl Synced {
+    pub async fn wait(&self) {
+        self.nodes.wait().await;
+        self.pods.wait().await;
+        self.maintenances.wait().await;
+    }
+}
+
+/// Our writes that the watches may not have delivered yet.
+#[derive(Default)]
+pub struct Fresh {
+    pub nodes: FreshCache<Node>,
+    pub maintenances: FreshCache<NodeMaintenance>,
+}
+
+/// The reflector stores the loop decides from.
+pub struct Stores {
+    pub nodes: Store<Node>,
+    pub pods: Store<Pod>,
+    pub maintenances: Store<NodeMaintenance>,
+    pub synced: Synced,
+    pub fresh: Arc<Fresh>,
+}
+
+/// When node mode last looked for a foreign object's node, and how many
+/// looks in a row failed (for backoff).
+#[derive(Debug, Clone, Copy)]
+struct ForeignCheck {
+    at: Timestamp,
+    failures: u32,
+}
+
 /// Shared state of the one loop.
 pub struct Context {
     pub client: Client,
@@ -62,26 +106,20 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub maintenances: Store<NodeMaintenance>,
     pub drain_timeout: Duration,
+    synced: Synced,
+    fresh: Arc<Fresh>,
     memory: Mutex<HashMap<String, NodeMemory>>,
     /// The last summary logged per node, so the log shows changes only.
     seen: Mutex<HashMap<String, String>>,
-    /// Serialises waiting for the stores' first list: kube-runtime 5's
-    /// `Store::wait_until_ready` keeps one waker only, so of several
-    /// reconciles waiting at once all but one would sleep forever.
-    ready_gate: smol::lock::Mutex<()>,
-    /// When we last checked that a foreign object's node exists (node mode),
-    /// so a node that exists but runs no agent costs one GET a minute, not
-    /// one per reconcile.
-    foreign_checked: Mutex<HashMap<String, Timestamp>>,
-    fresh_nodes: Mutex<HashMap<String, Arc<Node>>>,
-    fresh_nms: Mutex<HashMap<String, Arc<NodeMaintenance>>>,
+    /// Per foreign NodeMaintenance (node mode): when we last checked whether
+    /// its node exists, so a node that exists but runs no agent costs one
+    /// GET a minute, and a failing check backs off instead of spinning.
+    foreign_checked: Mutex<HashMap<String, ForeignCheck>>,
 }
 
 /// How long an object for a node we do not own may wait for that node's own
 /// agent before we check whether the node exists at all (node mode only).
 const FOREIGN_GRACE: Duration = Duration::from_secs(5);
-/// How often node mode re-checks a foreign object's node.
-const FOREIGN_RECHECK: Duration = Duration::from_secs(60);
 /// Upper bound on steps per reconcile; the loop normally ends far sooner.
 const MAX_STEPS: usize = 32;
 /// Retry after a lease conflict, as NMO's requeue.
@@ -91,61 +129,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// resourceVersions are etcd revisions; comparing them is how client-go's
-/// mutation cache tells which copy is newer.
-fn rv(meta: &kube::api::ObjectMeta) -> u64 {
-    meta.resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn fresher<K: Resource>(stored: Option<Arc<K>>, cached: Option<&Arc<K>>) -> (Option<Arc<K>>, bool) {
-    match (stored, cached) {
-        (Some(s), Some(c)) if rv(c.meta()) > rv(s.meta()) => (Some(c.clone()), false),
-        (None, Some(c)) => (Some(c.clone()), false),
-        (s, c) => (s, c.is_some()),
-    }
-}
-
 impl Context {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         recorder: Recorder,
         scope: Scope,
-        nodes: Store<Node>,
-        pods: Store<Pod>,
-        maintenances: Store<NodeMaintenance>,
+        stores: Stores,
         drain_timeout: Duration,
     ) -> Context {
         Context {
             client,
             recorder,
             scope,
-            nodes,
-            pods,
-            maintenances,
+            nodes: stores.nodes,
+            pods: stores.pods,
+            maintenances: stores.maintenances,
             drain_timeout,
+            synced: stores.synced,
+            fresh: stores.fresh,
             memory: Mutex::default(),
             seen: Mutex::default(),
-            ready_gate: smol::lock::Mutex::new(()),
             foreign_checked: Mutex::default(),
-            fresh_nodes: Mutex::default(),
-            fresh_nms: Mutex::default(),
         }
-    }
-
-    /// Wait for the first full list of nodes, pods and NodeMaintenances.
-    pub async fn wait_until_synced(&self) -> Result<()> {
-        let _one_waiter_at_a_time = self.ready_gate.lock().await;
-        let not_ready = |_| Error::Invalid("a watch ended before its first list".into());
-        self.pods.wait_until_ready().await.map_err(not_ready)?;
-        self.maintenances
-            .wait_until_ready()
-            .await
-            .map_err(not_ready)?;
-        self.nodes.wait_until_ready().await.map_err(not_ready)
     }
 
     fn owns(&self, node: &str) -> bool {
@@ -157,40 +162,28 @@ impl Context {
 
     /// The node from the store, or our newer write of it.
     fn node(&self, name: &str) -> Option<Arc<Node>> {
-        let stored = self.nodes.get(&ObjectRef::new(name));
-        let mut cache = lock(&self.fresh_nodes);
-        let (node, stale) = fresher(stored, cache.get(name));
-        if stale {
-            cache.remove(name);
-        }
-        node
+        self.fresh
+            .nodes
+            .fresher(name, self.nodes.get(&ObjectRef::new(name)))
     }
 
     fn remember_node(&self, node: Node) {
-        lock(&self.fresh_nodes).insert(node.name_any(), Arc::new(node));
+        self.fresh.nodes.remember(node);
     }
 
     /// Every NodeMaintenance for `node`, each in its newest known version.
     fn maintenances_for(&self, node: &str) -> Vec<Arc<NodeMaintenance>> {
-        let mut cache = lock(&self.fresh_nms);
         self.maintenances
             .state()
             .into_iter()
             .filter(|m| m.spec.node_name == node)
-            .filter_map(|m| {
-                let name = m.name_any();
-                let (m, stale) = fresher(Some(m), cache.get(&name));
-                if stale {
-                    cache.remove(&name);
-                }
-                m
-            })
+            .filter_map(|m| self.fresh.maintenances.fresher(&m.name_any(), Some(m)))
             .filter(|m| !(m.is_deleting() && m.finalizers().is_empty()))
             .collect()
     }
 
     fn remember_nm(&self, nm: NodeMaintenance) {
-        lock(&self.fresh_nms).insert(nm.name_any(), Arc::new(nm));
+        self.fresh.maintenances.remember(nm);
     }
 
     fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
@@ -216,6 +209,27 @@ impl Context {
 
     fn update_memory(&self, node: &str, f: impl FnOnce(&mut NodeMemory)) {
         f(lock(&self.memory).entry(node.to_string()).or_default());
+    }
+
+    /// Forget what we keep per node and per object for nodes and objects
+    /// that are gone, so a cluster that replaces nodes does not grow our
+    /// memory (run on the anchor's reconciles, at least every heartbeat).
+    fn prune(&self) {
+        let node_exists = |n: &str| self.nodes.get(&ObjectRef::new(n)).is_some();
+        let nm_exists = |n: &str| self.maintenances.get(&ObjectRef::new(n)).is_some();
+        // Memory for a missing node is kept while an object still names it
+        // (its finalizer is being finished); then it goes.
+        let named: std::collections::HashSet<String> = self
+            .maintenances
+            .state()
+            .iter()
+            .map(|m| m.spec.node_name.clone())
+            .collect();
+        lock(&self.memory).retain(|n, _| node_exists(n) || named.contains(n));
+        lock(&self.seen).retain(|n, _| node_exists(n));
+        lock(&self.foreign_checked).retain(|n, _| nm_exists(n));
+        self.fresh.nodes.retain(node_exists);
+        self.fresh.maintenances.retain(nm_exists);
     }
 
     async fn publish(
@@ -246,7 +260,7 @@ impl Context {
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     // Decisions on a half-filled store would count pods wrong: wait for the
     // first full list of every watched kind.
-    ctx.wait_until_synced().await?;
+    ctx.synced.wait().await;
     crate::metrics::inc(&crate::metrics::COUNTERS.reconciles);
     let name = node.name_any();
     let summary = summarize(&node);
@@ -259,7 +273,8 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     }
     let mut wake = reconcile_node(&ctx, &name, true).await?;
     if is_anchor(&ctx, &name) {
-        wake = earliest(wake, reconcile_foreign(&ctx).await?);
+        ctx.prune();
+        wake = earliest(wake, reconcile_foreign(&ctx).await);
     }
     Ok(match wake {
         Some(d) => Action::requeue(d),
@@ -301,14 +316,15 @@ fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 /// do not exist: our own node in node mode, the first node by name in
 /// cluster mode.
 pub fn is_anchor(ctx: &Context, node: &str) -> bool {
-    match &ctx.scope {
-        Scope::Node(n) => n == node,
-        Scope::AllNodes { .. } => anchor_name(&ctx.nodes).as_deref() == Some(node),
-    }
+    anchor(&ctx.scope, &ctx.nodes).as_deref() == Some(node)
 }
 
-pub fn anchor_name(nodes: &Store<Node>) -> Option<String> {
-    nodes.state().iter().map(|n| n.name_any()).min()
+/// The anchor node's name, if there is one yet.
+pub fn anchor(scope: &Scope, nodes: &Store<Node>) -> Option<String> {
+    match scope {
+        Scope::Node(n) => Some(n.clone()),
+        Scope::AllNodes { .. } => nodes.state().iter().map(|n| n.name_any()).min(),
+    }
 }
 
 /// Could this object be waiting for an agent that does not exist? Only one
@@ -325,8 +341,10 @@ pub fn needs_foreign_attention(nm: &NodeMaintenance) -> bool {
 
 /// NodeMaintenances for nodes we do not own. In node mode any agent may
 /// fail or finish them once the node proves missing; writes carry the
-/// resourceVersion, so of many agents exactly one succeeds.
-async fn reconcile_foreign(ctx: &Context) -> Result<Option<Duration>> {
+/// resourceVersion, so of many agents exactly one succeeds. A failing check
+/// backs off per object, with jitter, and never fails the own node's
+/// reconcile: one bad object must not make every agent poll.
+async fn reconcile_foreign(ctx: &Context) -> Option<Duration> {
     let now = Timestamp::now();
     let mut wake = None;
     let mut targets: Vec<String> = ctx
@@ -336,7 +354,8 @@ async fn reconcile_foreign(ctx: &Context) -> Result<Option<Duration>> {
         .filter(|m| !ctx.owns(&m.spec.node_name) || ctx.node(&m.spec.node_name).is_none())
         .filter(|m| needs_foreign_attention(m))
         .filter_map(|m| {
-            if ctx.scope.sees_all_nodes() {
+            // A name no node can have needs no look-up: it fails at once.
+            if ctx.scope.sees_all_nodes() || !is_node_name(&m.spec.node_name) {
                 return Some(m.spec.node_name.clone());
             }
             // Give the node's own agent time to act before checking existence.
@@ -350,8 +369,13 @@ async fn reconcile_foreign(ctx: &Context) -> Result<Option<Duration>> {
                 .checked_add(SignedDuration::try_from(FOREIGN_GRACE).ok()?)
                 .ok()?;
             if let Some(last) = lock(&ctx.foreign_checked).get(&m.name_any()) {
-                let recheck = SignedDuration::try_from(FOREIGN_RECHECK).ok()?;
-                due = due.max(last.checked_add(recheck).ok()?);
+                let seed = jitter_seed(&ctx.scope, &m.name_any(), last.failures);
+                let again = decide::foreign_recheck(last.failures, seed);
+                due = due.max(
+                    last.at
+                        .checked_add(SignedDuration::try_from(again).ok()?)
+                        .ok()?,
+                );
             }
             if due <= now {
                 Some(m.spec.node_name.clone())
@@ -366,29 +390,57 @@ async fn reconcile_foreign(ctx: &Context) -> Result<Option<Duration>> {
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     for target in targets {
         let exists = if ctx.scope.sees_all_nodes() {
-            ctx.node(&target).is_some()
+            Ok(ctx.node(&target).is_some())
+        } else if !is_node_name(&target) {
+            Ok(false)
         } else {
             let found = nodes
                 .get_opt(&target)
                 .await
+                .map(|n| n.is_some())
                 .map_err(Error::kube(format!(
                     "checking whether node {target} exists"
-                )))?
-                .is_some();
+                )));
             let mut checked = lock(&ctx.foreign_checked);
             for m in ctx.maintenances.state().iter() {
                 if m.spec.node_name == target {
-                    checked.insert(m.name_any(), now);
+                    let failures = match (&found, checked.get(&m.name_any())) {
+                        (Ok(_), _) => 0,
+                        (Err(_), Some(c)) => c.failures.saturating_add(1),
+                        (Err(_), None) => 1,
+                    };
+                    checked.insert(m.name_any(), ForeignCheck { at: now, failures });
                 }
             }
-            checked.retain(|name, _| ctx.maintenances.get(&ObjectRef::new(name)).is_some());
             found
         };
-        if !exists {
-            wake = earliest(wake, reconcile_node(ctx, &target, false).await?);
+        let result = match exists {
+            Ok(false) => reconcile_node(ctx, &target, false).await,
+            Ok(true) => Ok(None),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(w) => wake = earliest(wake, w),
+            Err(e) => {
+                log::warn!("NodeMaintenance for node {target:?}: {e} (backing off)");
+                wake = earliest(wake, Some(decide::foreign_recheck(1, 0)));
+            }
         }
     }
-    Ok(wake)
+    wake
+}
+
+/// Spreads the rechecks of many agents over time: each agent (by its node)
+/// and object gets its own offset, so N agents do not GET in lockstep.
+fn jitter_seed(scope: &Scope, object: &str, failures: u32) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    if let Scope::Node(n) = scope {
+        n.hash(&mut h);
+    }
+    object.hash(&mut h);
+    failures.hash(&mut h);
+    h.finish()
 }
 
 fn duration_until(now: Timestamp, t: Timestamp) -> Duration {

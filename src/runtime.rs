@@ -65,3 +65,82 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + Sy
         let _ = rx.recv().await;
     })
 }
+
+/// A one-way gate that any number of tasks can wait on: once [`Latch::open`]
+/// is called, every current and future [`Latch::wait`] returns at once.
+///
+/// Why not kube-runtime's `Store::wait_until_ready`: in kube-runtime 5 it is
+/// a oneshot channel behind a `DelayedInit`, which keeps the waker of the
+/// last poller only. The `Controller` itself waits on its node store that
+/// way, so a second waiter on the same store (our readiness task did) steals
+/// the controller's waker or has its own stolen: the loser sleeps forever.
+/// That is how an agent started, served /metrics and never reconciled. A
+/// closed channel wakes every listener (event-listener's notify-all).
+#[derive(Clone)]
+pub struct Latch {
+    open: std::sync::Arc<std::sync::Mutex<Option<smol::channel::Sender<()>>>>,
+    waiter: smol::channel::Receiver<()>,
+}
+
+impl Default for Latch {
+    fn default() -> Self {
+        let (tx, rx) = smol::channel::bounded(1);
+        Latch {
+            open: std::sync::Arc::new(std::sync::Mutex::new(Some(tx))),
+            waiter: rx,
+        }
+    }
+}
+
+impl Latch {
+    /// Open the gate (idempotent): closing the channel wakes every waiter.
+    pub fn open(&self) {
+        let sender = self.open.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(sender);
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.waiter.is_closed()
+    }
+
+    /// Resolve once the gate is open.
+    pub async fn wait(&self) {
+        // Nothing is ever sent: recv() returns only when the channel closes.
+        let _ = self.waiter.recv().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The regression that kube-runtime's single-waker readiness caused:
+    /// every one of many concurrent waiters must wake, not only the last.
+    #[test]
+    fn a_latch_wakes_every_waiter() {
+        let latch = Latch::default();
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let l = latch.clone();
+                spawn(async move { l.wait().await })
+            })
+            .collect();
+        assert!(!latch.is_open());
+        block_on(async {
+            // Let every waiter register before the gate opens.
+            for _ in 0..16 {
+                smol::future::yield_now().await;
+            }
+            latch.open();
+            latch.open();
+            let all = async {
+                for w in waiters {
+                    w.await;
+                }
+            };
+            assert!(timeout(Duration::from_secs(5), all).await.is_ok());
+        });
+        assert!(latch.is_open());
+        block_on(latch.wait());
+    }
+}

@@ -214,3 +214,93 @@ fn run_serves_health_readiness_and_metrics() {
     agent.signal("TERM");
     assert!(agent.wait_exit(Duration::from_secs(15)).success());
 }
+
+/// Busy loops on every core until dropped: the start-up hang needed a busy
+/// machine to show.
+struct CpuLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpuLoad {
+    fn start() -> CpuLoad {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x: u64 = 1;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        for _ in 0..10_000 {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        }
+                        std::hint::black_box(x);
+                    }
+                })
+            })
+            .collect();
+        CpuLoad { stop, threads }
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Regression: one agent in ~50 started on a busy machine logged that it
+/// owns its node, served /metrics, and never reconciled; SIGTERM then never
+/// stopped it. Its readiness task and kube-runtime's controller both waited
+/// on the node store's single-waker readiness. Many agents start at once
+/// under CPU load, in rounds; every one must reconcile its node, report
+/// ready, and exit 0 soon after SIGTERM.
+#[test]
+fn agents_started_together_under_cpu_load_all_reconcile_and_stop_on_sigterm() {
+    const ROUNDS: usize = 3;
+    const AGENTS: usize = 10;
+    support::install_crds();
+    let mut env = block_on(TestEnv::new("stress"));
+    let mut nodes = Vec::new();
+    for i in 0..AGENTS {
+        nodes.push(block_on(env.add_node(&format!("n{i}"))));
+    }
+    for n in &nodes {
+        block_on(env.wait_node_ready(n));
+    }
+    for round in 0..ROUNDS {
+        let load = CpuLoad::start();
+        let mut agents: Vec<Agent> = nodes
+            .iter()
+            .map(|n| Agent::start(&["run", "--node", n]))
+            .collect();
+        for (n, agent) in nodes.iter().zip(&agents) {
+            block_on(wait_for(
+                &format!("round {round}: the agent of {n} to reconcile its node"),
+                Duration::from_secs(60),
+                || async {
+                    agent
+                        .log_text()
+                        .contains(&format!("node {n}: ready=True"))
+                        .then_some(())
+                },
+            ));
+        }
+        drop(load);
+        for agent in &agents {
+            agent.signal("TERM");
+        }
+        for (n, agent) in nodes.iter().zip(agents.iter_mut()) {
+            let status = agent.wait_exit(Duration::from_secs(20));
+            assert!(
+                status.success(),
+                "round {round}: the agent of {n} exited with {status}; log:\n{}",
+                agent.log_text()
+            );
+        }
+    }
+}

@@ -182,6 +182,22 @@ async fn events_for(env: &TestEnv, name: &str, reason: &str) -> usize {
         .sum()
 }
 
+/// Wait until at least `n` events of `reason` exist for `name`, then assert
+/// that exactly `n` do. The agent publishes an event after the status write
+/// a test waits for, so counting at once would race it.
+async fn expect_events(env: &TestEnv, name: &str, reason: &str, n: usize) {
+    let seen = wait_for(
+        &format!("{n} {reason} event(s) for {name}"),
+        LONG,
+        || async {
+            let count = events_for(env, name, reason).await;
+            (count >= n).then_some(count)
+        },
+    )
+    .await;
+    assert_eq!(seen, n, "{reason} events for {name}");
+}
+
 #[test]
 fn deployment_pods_are_evicted_and_recreated_on_other_nodes() {
     block_on(async {
@@ -235,8 +251,8 @@ fn deployment_pods_are_evicted_and_recreated_on_other_nodes() {
             );
             assert!(old.iter().all(|o| o.uid() != p.uid()));
         }
-        assert_eq!(events_for(&w.env, &name, "BeginMaintenance").await, 1);
-        assert_eq!(events_for(&w.env, &name, "SucceedMaintenance").await, 1);
+        expect_events(&w.env, &name, "BeginMaintenance", 1).await;
+        expect_events(&w.env, &name, "SucceedMaintenance", 1).await;
     })
 }
 
@@ -416,7 +432,7 @@ fn pdb_blocks_the_drain_names_itself_and_relaxing_it_lets_it_finish() {
             (c.reason == "DrainTimeout" && c.message.contains("db-pdb")).then_some(())
         })
         .await;
-        assert_eq!(events_for(&w.env, &name, "DrainTimeout").await, 1);
+        expect_events(&w.env, &name, "DrainTimeout", 1).await;
         assert_eq!(
             w.nms().get(&name).await.expect("get").phase(),
             Some(Phase::Running)
@@ -549,8 +565,8 @@ fn deleting_mid_drain_removes_taints_label_and_cordon() {
                 .is_none(),
             "lease released"
         );
-        assert_eq!(events_for(&w.env, &a, "UncordonNode").await, 1);
-        assert_eq!(events_for(&w.env, &name, "RemovedMaintenance").await, 1);
+        expect_events(&w.env, &a, "UncordonNode", 1).await;
+        expect_events(&w.env, &name, "RemovedMaintenance", 1).await;
     })
 }
 
@@ -584,12 +600,9 @@ fn agent_killed_mid_drain_converges_after_restart() {
         let nm = w.wait_phase(&name, Phase::Succeeded).await;
         assert_eq!(nm.status.and_then(|s| s.drain_progress), Some(100));
         assert!(w.pods_on(&a).await.is_empty());
-        assert_eq!(
-            events_for(&w.env, &name, "BeginMaintenance").await,
-            1,
-            "no second begin"
-        );
-        assert_eq!(events_for(&w.env, &name, "SucceedMaintenance").await, 1);
+        // No second begin: exactly one, once the events have landed.
+        expect_events(&w.env, &name, "BeginMaintenance", 1).await;
+        expect_events(&w.env, &name, "SucceedMaintenance", 1).await;
     })
 }
 
@@ -612,7 +625,10 @@ fn maintenance_for_a_missing_node_fails() {
             format!("invalid nodeName, no node with name {ghost} found")
         );
         assert!(!nm.has_finalizer(), "nothing to clean up, so no finalizer");
-        assert!(events_for(&w.env, &name, "FailedMaintenance").await >= 1);
+        wait_for("a FailedMaintenance event", LONG, || async {
+            (events_for(&w.env, &name, "FailedMaintenance").await >= 1).then_some(())
+        })
+        .await;
         // Final: it stays Failed and can be deleted right away.
         w.nms()
             .delete(&name, &DeleteParams::default())
@@ -742,6 +758,76 @@ fn cluster_mode_drains_two_nodes_at_once() {
                 .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref())
                     == Some(w.nodes[2].as_str()))
         );
+    })
+}
+
+/// Regression: the mutation cache returned our last write of a Node after
+/// the Node was deleted, so in cluster mode the deleted node looked present
+/// forever and its garbage-collected NodeMaintenance kept our finalizer.
+#[test]
+fn cluster_mode_node_deleted_mid_maintenance_lets_its_maintenance_go_and_releases_the_lease() {
+    block_on(async {
+        let w = world("nodegone", &["a", "b"]).await;
+        w.deploy("db", 2).await;
+        w.pdb("db-pdb", "db", 2).await;
+        let selector = format!("{}={}", support::GROUP_LABEL, w.env.id);
+        let _agent = Agent::start(&[
+            "run",
+            "--all-nodes",
+            "--node-selector",
+            &selector,
+            "--leader-namespace",
+            &w.env.ns,
+            "--drain-timeout",
+            "3",
+        ]);
+        // Maintain the node that holds a pod, so the PDB keeps it draining.
+        let pods = w.env.pods("app=db").await;
+        let a = pods
+            .iter()
+            .find_map(|p| p.spec.as_ref()?.node_name.clone())
+            .expect("a db pod is bound");
+        let name = w.nm_name("a");
+        w.maintain(&name, &a).await;
+        wait_for("the maintenance to be draining, blocked", LONG, || async {
+            let st = w.nms().get(&name).await.ok()?.status?;
+            (st.phase == Some(Phase::Running)
+                && st
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("db-pdb")))
+            .then_some(())
+        })
+        .await;
+        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+        assert!(
+            leases
+                .get_opt(&lease_name(&a))
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        );
+
+        w.node_api()
+            .delete(&a, &DeleteParams::background())
+            .await
+            .expect("deleting the node");
+        wait_for(
+            "the maintenance of the deleted node to be gone",
+            LONG,
+            || async { w.nms().get_opt(&name).await.ok()?.is_none().then_some(()) },
+        )
+        .await;
+        wait_for("the deleted node's lease to be released", LONG, || async {
+            leases
+                .get_opt(&lease_name(&a))
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
     })
 }
 

@@ -448,3 +448,49 @@ fn backoff_grows_to_kubectls_five_seconds() {
     assert_eq!(backoff(3), Duration::from_secs(4));
     assert_eq!(backoff(10), Duration::from_secs(5));
 }
+
+#[test]
+fn a_stored_object_with_an_impossible_node_name_fails_with_a_message_not_a_lookup() {
+    for bad in ["", " n1", "N1", "n1_a"] {
+        let mut m = nm("m", 0, None);
+        m.spec.node_name = bad.into();
+        let step = decide(&Snapshot {
+            node_name: bad,
+            node: None,
+            maintenances: vec![&m],
+            pods: &[],
+            attempts: &HashMap::new(),
+            lease_renew_at: None,
+            now: ts(10),
+            drain_timeout: Duration::from_secs(30),
+        });
+        let Step::Fail {
+            reason, message, ..
+        } = step
+        else {
+            panic!("{bad:?}: {step:?}")
+        };
+        assert_eq!(reason, REASON_INVALID_NODE);
+        assert!(
+            message.starts_with("invalid nodeName, ") && message.contains("is not a node name"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn foreign_rechecks_back_off_with_jitter_and_stay_bounded() {
+    let secs = |failures, seed| foreign_recheck(failures, seed).as_secs_f64();
+    // A node that exists (its own agent should act): once a minute, ±20 %.
+    assert!((48.0..=72.0).contains(&secs(0, 7)));
+    // Failing looks: 5 s doubling, capped at 5 min, each ±20 %.
+    assert!((4.0..=6.0).contains(&secs(1, 3)));
+    assert!((8.0..=12.0).contains(&secs(2, 3)));
+    assert!((240.0..=360.0).contains(&secs(30, 3)));
+    // Different seeds (agents) spread out; the same seed is stable.
+    let spread: std::collections::HashSet<u128> = (0..40)
+        .map(|seed| foreign_recheck(1, seed).as_millis())
+        .collect();
+    assert!(spread.len() > 20, "{spread:?}");
+    assert_eq!(foreign_recheck(3, 11), foreign_recheck(3, 11));
+}

@@ -380,19 +380,43 @@ pub fn rand_u64() -> u64 {
     h.finish()
 }
 
-/// Run the nodekeeper binary to completion and return (exit status, stdout, stderr).
+/// How long one CLI invocation in a test may take before it counts as hung.
+pub const CLI_LIMIT: Duration = Duration::from_secs(120);
+
+/// Run the nodekeeper binary to completion and return (exit status, stdout,
+/// stderr). A run that outlives [`CLI_LIMIT`] is killed and fails this test
+/// with what it printed, rather than hanging the whole suite.
 pub fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> (std::process::ExitStatus, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+    let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(args)
         .envs(envs.iter().copied())
         .env_remove("RUST_LOG")
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("running nodekeeper");
-    (
-        out.status,
+    let pid = child.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let hung = finished.recv_timeout(CLI_LIMIT).is_err();
+        if hung {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        }
+        hung
+    });
+    let out = child.wait_with_output().expect("waiting for nodekeeper");
+    let _ = done.send(());
+    let hung = watchdog.join().unwrap_or(false);
+    let (stdout, stderr): (String, String) = (
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
-    )
+    );
+    assert!(
+        !hung,
+        "nodekeeper {args:?} did not finish within {CLI_LIMIT:?}; stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    (out.status, stdout, stderr)
 }
 
 /// The folder of control-plane binaries (kubectl among them).

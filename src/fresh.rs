@@ -1,0 +1,143 @@
+//! The mutation cache: our own writes, kept until the watch catches up.
+//!
+//! After we patch an object the API server answers with the new version at
+//! once, but the watch that updates the reflector store may deliver it
+//! later. Deciding on the stale store copy would repeat a step or trip over
+//! a 409, so reads prefer our newer copy (compared by resourceVersion, as
+//! client-go's `MutationCache`). The store stays the authority on
+//! existence: an object the store no longer has is gone, whatever we wrote
+//! to it before — a cached copy must never resurrect a deleted Node or
+//! NodeMaintenance.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kube::{Resource, ResourceExt};
+
+/// Newer-than-the-store copies of objects we wrote, by name.
+pub struct FreshCache<K> {
+    written: Mutex<HashMap<String, Arc<K>>>,
+}
+
+impl<K> Default for FreshCache<K> {
+    fn default() -> Self {
+        FreshCache {
+            written: Mutex::default(),
+        }
+    }
+}
+
+/// resourceVersions are etcd revisions; comparing them is how client-go's
+/// mutation cache tells which copy is newer.
+fn rv(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+impl<K: Resource> FreshCache<K> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<K>>> {
+        self.written.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep the server's answer to one of our writes.
+    pub fn remember(&self, obj: K) {
+        let name = obj.name_any();
+        self.map().insert(name, Arc::new(obj));
+    }
+
+    /// The newest copy of `stored` (the store's view of object `name`).
+    /// Absent from the store means deleted: the cached copy is dropped, not
+    /// returned. A cached copy the store has caught up with is dropped too.
+    pub fn fresher(&self, name: &str, stored: Option<Arc<K>>) -> Option<Arc<K>> {
+        let mut map = self.map();
+        let Some(stored) = stored else {
+            map.remove(name);
+            return None;
+        };
+        match map.get(name) {
+            Some(ours) if rv(ours.meta()) > rv(stored.meta()) => Some(ours.clone()),
+            Some(_) => {
+                map.remove(name);
+                Some(stored)
+            }
+            None => Some(stored),
+        }
+    }
+
+    /// The object was deleted (the watch said so).
+    pub fn forget(&self, name: &str) {
+        self.map().remove(name);
+    }
+
+    /// Drop every entry whose object `exists` no longer reports (deletions
+    /// the watch missed while it relisted).
+    pub fn retain(&self, exists: impl Fn(&str) -> bool) {
+        self.map().retain(|name, _| exists(name));
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::ObjectMeta;
+
+    fn node(rv: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n".into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn version(n: Option<Arc<Node>>) -> Option<String> {
+        n.and_then(|n| n.metadata.resource_version.clone())
+    }
+
+    #[test]
+    fn our_newer_write_wins_until_the_store_catches_up() {
+        let cache = FreshCache::default();
+        cache.remember(node("7"));
+        assert_eq!(
+            version(cache.fresher("n", Some(Arc::new(node("5"))))),
+            Some("7".into())
+        );
+        assert_eq!(
+            version(cache.fresher("n", Some(Arc::new(node("9"))))),
+            Some("9".into())
+        );
+        assert!(cache.is_empty(), "a caught-up entry is dropped");
+    }
+
+    #[test]
+    fn a_deleted_object_is_not_resurrected_by_our_last_write() {
+        let cache = FreshCache::default();
+        cache.remember(node("7"));
+        assert_eq!(version(cache.fresher("n", None)), None);
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn deletions_and_relists_prune_the_cache() {
+        let cache: FreshCache<Node> = FreshCache::default();
+        cache.remember(node("7"));
+        cache.forget("n");
+        assert!(cache.is_empty());
+        cache.remember(node("8"));
+        cache.retain(|_| false);
+        assert!(cache.is_empty());
+    }
+}
