@@ -135,8 +135,8 @@ fn missing_crds_are_named_with_the_install_hint() {
         kind: "Absent".into(),
         plural: "absents".into(),
     };
-    let err =
-        block_on(nodekeeper::agent::check_served(&client, &[absent])).expect_err("must be missing");
+    let err = block_on(nodekeeper::service::check_served(&client, &[absent]))
+        .expect_err("must be missing");
     assert_eq!(
         err.to_string(),
         "CRDs not installed: absents.nodekeeper.invalid (install them with: nodekeeper crds | kubectl apply -f -)"

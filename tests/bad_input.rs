@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use nodekeeper::nodemaintenance::{NodeMaintenance, Phase};
+use nodekeeper::api::nodemaintenance::{NodeMaintenance, Phase};
 use support::{Agent, TestEnv, block_on, install_crds, kubectl, wait_for};
 
 /// What a test node looks like to someone checking it was left alone.

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# A fresh machine may not have run tests/check: install what building needs.
+tests/install-prereqs
 bins=$(tests/controlplane/cluster.sh build)
 export KUBECONFIG
 KUBECONFIG=$(tests/controlplane/cluster.sh up)

@@ -148,7 +148,7 @@ fn the_image_archives_are_valid_oci_and_run_the_binary() {
         &format!("localhost/nodekeeper-talos-extension:{version}"),
     );
     let service = ext.join("rootfs/usr/local/etc/containers/nodekeeper.yaml");
-    let generated = nodekeeper::manifests::render("talos", &Default::default()).expect("render");
+    let generated = nodekeeper::deploy::render("talos", &Default::default()).expect("render");
     let want = generated
         .iter()
         .find(|f| f.path == "rootfs/usr/local/etc/containers/nodekeeper.yaml")

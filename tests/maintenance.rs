@@ -13,7 +13,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use nodekeeper::nodemaintenance::*;
+use nodekeeper::api::nodemaintenance::*;
 use support::{Agent, TestEnv, block_on, install_crds, kubectl, run_cli, wait_for};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -323,7 +323,7 @@ fn mirror_pods_are_left_alone() {
         let mirror = bound_pod(&w, "static", &a, |p| {
             p.metadata.annotations = Some(
                 [(
-                    nodekeeper::drain::MIRROR_ANNOTATION.to_string(),
+                    nodekeeper::decide::drain::MIRROR_ANNOTATION.to_string(),
                     "hash".to_string(),
                 )]
                 .into(),

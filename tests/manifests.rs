@@ -14,8 +14,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use nodekeeper::manifests::{AGENT_ACCOUNT, Options, TARGETS, render};
-use nodekeeper::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use nodekeeper::deploy::{AGENT_ACCOUNT, Options, TARGETS, render};
 use serde_json::json;
 use support::{
     Agent, TestEnv, block_on, client_from, host_kubeconfig, install_agent_identity, install_crds,
@@ -171,7 +171,7 @@ fn the_daemonset_runs_one_agent_on_every_node_even_cordoned_and_tainted() {
             namespace: env.ns.clone(),
             ..Default::default()
         };
-        let mut ds = nodekeeper::manifests::daemonset(&opts);
+        let mut ds = nodekeeper::deploy::daemonset(&opts);
         // Only this test's nodes: other tests share the cluster.
         ds["spec"]["template"]["spec"]["affinity"] = json!({"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{

@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
-use nodekeeper::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
 use smol::stream::StreamExt;
 use support::{TestEnv, block_on, install_crds, wait_for};
 

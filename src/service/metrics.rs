@@ -16,8 +16,9 @@ use kube::runtime::reflector::Store;
 use smol::io::{AsyncReadExt, AsyncWriteExt};
 use smol::net::{TcpListener, TcpStream};
 
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::decide::drain::{Fate, Removal};
 use crate::error::{Error, Result};
-use crate::nodemaintenance::NodeMaintenance;
 
 /// The default address: loopback, so a host-network agent exposes nothing on
 /// the node's network unless asked to.
@@ -88,6 +89,21 @@ pub fn liveness(now_ms: u64, last_progress_ms: u64) -> std::result::Result<(), S
 /// Count one occurrence.
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Count a drain's answers: accepted evictions and deletions, refusals.
+pub fn count_removals(
+    pods: &[(std::sync::Arc<k8s_openapi::api::core::v1::Pod>, Fate)],
+    removals: &[Removal],
+) {
+    for ((_, fate), removal) in pods.iter().zip(removals) {
+        match (fate, removal) {
+            (Fate::Delete(_), Removal::Accepted) => inc(&COUNTERS.deletions),
+            (_, Removal::Accepted) => inc(&COUNTERS.evictions),
+            (_, Removal::Refused(_)) => inc(&COUNTERS.refusals),
+            (_, Removal::Gone) => {}
+        }
+    }
 }
 
 /// Called once every store has its first full list.

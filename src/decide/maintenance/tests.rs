@@ -2,6 +2,9 @@
 //! expected step.
 
 use super::*;
+
+/// Owners, drain options and escalations; plans and follow-ups.
+mod owners;
 use k8s_openapi::api::core::v1::{NodeSpec, PodStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
@@ -121,8 +124,8 @@ impl World {
         }
     }
 
-    fn decide(&self) -> Step {
-        decide(&Snapshot {
+    fn snapshot(&self) -> Snapshot<'_> {
+        Snapshot {
             node_name: NODE,
             node: self.node.as_ref(),
             maintenances: self.nms.iter().collect(),
@@ -131,7 +134,11 @@ impl World {
             lease_renew_at: self.lease_renew_at,
             now: self.now,
             drain_timeout: Duration::from_secs(30),
-        })
+        }
+    }
+
+    fn decide(&self) -> Step {
+        decide(&self.snapshot())
     }
 }
 
@@ -476,21 +483,4 @@ fn a_stored_object_with_an_impossible_node_name_fails_with_a_message_not_a_looku
             "{message}"
         );
     }
-}
-
-#[test]
-fn foreign_rechecks_back_off_with_jitter_and_stay_bounded() {
-    let secs = |failures, seed| foreign_recheck(failures, seed).as_secs_f64();
-    // A node that exists (its own agent should act): once a minute, ±20 %.
-    assert!((48.0..=72.0).contains(&secs(0, 7)));
-    // Failing looks: 5 s doubling, capped at 5 min, each ±20 %.
-    assert!((4.0..=6.0).contains(&secs(1, 3)));
-    assert!((8.0..=12.0).contains(&secs(2, 3)));
-    assert!((240.0..=360.0).contains(&secs(30, 3)));
-    // Different seeds (agents) spread out; the same seed is stable.
-    let spread: std::collections::HashSet<u128> = (0..40)
-        .map(|seed| foreign_recheck(1, seed).as_millis())
-        .collect();
-    assert!(spread.len() > 20, "{spread:?}");
-    assert_eq!(foreign_recheck(3, 11), foreign_recheck(3, 11));
 }

@@ -1,6 +1,12 @@
-//! The decision function: a snapshot of one node's world in, the one next
-//! step out. All of nodekeeper's NodeMaintenance behaviour lives here; the
-//! reconciler (`reconcile.rs`) only gathers the snapshot and performs steps.
+//! The NodeMaintenance life, pure: a snapshot of one node's world in, the
+//! one next [`Step`] out ([`decide`]), and the effects that step takes
+//! ([`plan`]), including the follow-up to an outcome ([`after`]). The
+//! service gathers the snapshot; `effects` performs the plan.
+//!
+//! NodeMaintenance is the drain primitive of every feature: a feature takes
+//! a node by creating a NodeMaintenance it owns (owner reference and the
+//! [`OWNER_LABEL`]), with its drain options in annotations
+//! ([`drain_options`]); an administrator's NodeMaintenance preempts it.
 //!
 //! **Architecture invariant:** this module performs no I/O and reads no
 //! clock; time comes in through [`Snapshot::now`].
@@ -10,24 +16,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::drain::{self, Fate};
-use crate::nodemaintenance::*;
+use super::drain::{self, Attempt, Fate};
+use super::duration_until;
+use crate::api::common::{DrainOptions, Escalation, is_node_name};
+use crate::api::nodemaintenance::*;
 
-/// What we remember about a pod we tried to drain (lost on restart, which
-/// costs at most one repeated eviction request).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Attempt {
-    /// Not before this instant.
-    pub retry_at: Option<Timestamp>,
-    /// Why the last attempt did not remove the pod (one line, API's cause).
-    pub error: Option<String>,
-    /// How many attempts were refused, for backoff.
-    pub refusals: u32,
-}
+mod plan;
+mod status;
+
+pub use plan::{LEASE_RETRY, after, plan};
+pub use status::set_condition;
+use status::{initial_status, progress_status, same_status};
+
+#[cfg(test)]
+use super::drain::backoff;
+#[cfg(test)]
+use super::{Effect, Outcome, Then};
+#[cfg(test)]
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Everything the decision needs about one node.
 pub struct Snapshot<'a> {
@@ -94,6 +103,46 @@ pub enum Step {
 pub const REASON_INVALID_NODE: &str = "InvalidNodeName";
 pub const REASON_DUPLICATE: &str = "Duplicate";
 pub const REASON_NODE_GONE: &str = "NodeDeleted";
+pub const REASON_PREEMPTED: &str = "Preempted";
+pub const REASON_INVALID_OPTIONS: &str = "InvalidDrainOptions";
+pub const REASON_DRAIN_TIMEOUT: &str = "DrainTimeout";
+
+/// The feature that owns a NodeMaintenance (the [`OWNER_LABEL`]'s value),
+/// or `None` for an administrator's.
+pub fn owner_of(nm: &NodeMaintenance) -> Option<&str> {
+    nm.labels().get(OWNER_LABEL).map(String::as_str)
+}
+
+/// The drain options of one NodeMaintenance: its owner's, from the
+/// [`DRAIN_TIMEOUT_ANNOTATION`] and [`DRAIN_ON_TIMEOUT_ANNOTATION`], else the
+/// agent's `--drain-timeout` and `Wait`. `Err` is the message for status.
+pub fn drain_options(
+    nm: &NodeMaintenance,
+    default_timeout: Duration,
+) -> Result<DrainOptions, String> {
+    let ann = nm.annotations();
+    let timeout = match ann.get(DRAIN_TIMEOUT_ANNOTATION) {
+        None => default_timeout,
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(secs) if (1..=86_400).contains(&secs) => Duration::from_secs(secs),
+            _ => {
+                return Err(format!(
+                    "invalid annotation {DRAIN_TIMEOUT_ANNOTATION}: {v:?} (whole seconds from 1 to 86400)"
+                ));
+            }
+        },
+    };
+    let on_timeout = match ann.get(DRAIN_ON_TIMEOUT_ANNOTATION) {
+        None => Escalation::Wait,
+        Some(v) => Escalation::parse(v).ok_or_else(|| {
+            format!("invalid annotation {DRAIN_ON_TIMEOUT_ANNOTATION}: {v:?} (Wait, Force or Skip)")
+        })?,
+    };
+    Ok(DrainOptions {
+        timeout,
+        on_timeout,
+    })
+}
 
 pub fn missing_node_message(node: &str) -> String {
     format!("invalid nodeName, no node with name {node} found")
@@ -103,37 +152,12 @@ pub fn duplicate_message(node: &str) -> String {
     format!("invalid nodeName, a NodeMaintenance for node {node} already exists")
 }
 
-/// How long node mode waits before it looks again for the node of a foreign
-/// object. After a look that worked (the node exists; its own agent should
-/// act) once a minute; after `failures` failed looks in a row 5 s doubling
-/// to 5 min. `seed` spreads it by ±20 % so many agents do not ask in step.
-pub fn foreign_recheck(failures: u32, seed: u64) -> Duration {
-    let base_ms: u64 = match failures {
-        0 => 60_000,
-        n => (5_000u64 << (n - 1).min(6)).min(300_000),
-    };
-    // 80 % .. 120 % of the base, in 1 % steps.
-    let percent = 80 + seed % 41;
-    Duration::from_millis(base_ms * percent / 100)
-}
-
 /// The message for an object whose nodeName no node can have (the CRD
 /// refuses these now; objects stored before that end Failed with it).
 pub fn invalid_name_message(node: &str) -> String {
     format!(
         "invalid nodeName, {node:?} is not a node name (a lowercase RFC 1123 subdomain: a-z, 0-9, '-' and '.', at most 253 characters)"
     )
-}
-
-/// How long to back off after the `n`th refusal: 1, 2, 4 then 5 s (kubectl
-/// retries a 429 every 5 s; we start faster so a relaxed PDB is noticed soon).
-pub fn backoff(refusals: u32) -> Duration {
-    Duration::from_secs(match refusals {
-        0 | 1 => 1,
-        2 => 2,
-        3 => 4,
-        _ => 5,
-    })
 }
 
 /// Oldest first, then by name: the order in which NMO's webhook would have
@@ -220,6 +244,24 @@ pub fn decide(s: &Snapshot) -> Step {
         .or_else(|| live.iter().find(|m| m.phase().is_some()))
         .or_else(|| live.first())
         .copied();
+    // An administrator's maintenance preempts one a feature holds the node
+    // with: the feature's object fails (its owner sees why and gives up the
+    // node), and the administrator's takes over what is on the node.
+    if let Some(p) = primary
+        && owner_of(p).is_some()
+        && let Some(admin) = live
+            .iter()
+            .find(|m| owner_of(m).is_none() && m.phase().is_none())
+    {
+        return Step::Fail {
+            nm: p.name_any(),
+            reason: REASON_PREEMPTED,
+            message: format!(
+                "preempted by NodeMaintenance {} of an administrator",
+                admin.name_any()
+            ),
+        };
+    }
     let primary_name = primary.map(|p| p.name_any());
     for nm in &live {
         if Some(nm.name_any()) != primary_name && nm.phase().is_none() {
@@ -243,13 +285,34 @@ pub fn decide(s: &Snapshot) -> Step {
         return Step::Wait(None);
     };
     let name = p.name_any();
+    let opts = match drain_options(p, s.drain_timeout) {
+        Ok(o) => o,
+        Err(message) => {
+            return Step::Fail {
+                nm: name,
+                reason: REASON_INVALID_OPTIONS,
+                message,
+            };
+        }
+    };
     if !p.has_finalizer() {
         return Step::AddFinalizer { nm: name };
     }
+    let timed_out = drain_deadline(p, opts.timeout).is_some_and(|d| d <= s.now);
     let fates: Vec<(Arc<Pod>, Fate)> = s
         .pods
         .iter()
-        .map(|pod| (pod.clone(), drain::fate(pod)))
+        .map(|pod| {
+            let fate = match drain::fate(pod) {
+                // Past the deadline, Force deletes what eviction could not
+                // move, PodDisruptionBudgets notwithstanding.
+                Fate::Evict if timed_out && opts.on_timeout == Escalation::Force => {
+                    Fate::Delete("drain timeout (onTimeout Force): deleted despite its PDB")
+                }
+                f => f,
+            };
+            (pod.clone(), fate)
+        })
         .collect();
     if p.phase().is_none() {
         return Step::Begin {
@@ -283,7 +346,24 @@ pub fn decide(s: &Snapshot) -> Step {
         };
     }
 
-    let (status, announce) = progress_status(s, p, &fates);
+    let (status, announce) = progress_status(s, p, &fates, opts.timeout);
+    // Skip gives the node back undrained: the maintenance fails, which
+    // undoes its cordon, and its owner reports why.
+    if timed_out && opts.on_timeout == Escalation::Skip && fates.iter().any(|(_, f)| f.is_pending())
+    {
+        let blockers = status
+            .last_error
+            .clone()
+            .unwrap_or_else(|| "pods still terminating".into());
+        return Step::Fail {
+            nm: name,
+            reason: REASON_DRAIN_TIMEOUT,
+            message: format!(
+                "drain did not finish within {} s; skipped (onTimeout Skip), the node is given back undrained; blocked by {blockers}",
+                opts.timeout.as_secs()
+            ),
+        };
+    }
     if !same_status(p.status.as_ref(), &status) {
         return Step::WriteStatus {
             nm: name,
@@ -300,7 +380,7 @@ pub fn decide(s: &Snapshot) -> Step {
         .collect();
     wake.extend(s.lease_renew_at);
     // A drain timeout has to be noticed even if no pod event arrives.
-    if let Some(deadline) = drain_deadline(p, s.drain_timeout)
+    if let Some(deadline) = drain_deadline(p, opts.timeout)
         && deadline > s.now
         && fates.iter().any(|(_, f)| f.is_pending())
     {
@@ -325,7 +405,7 @@ fn decide_without_node(s: &Snapshot, nms: &[&NodeMaintenance]) -> Step {
         }
         match nm.phase() {
             None => {
-                let message = if crate::cli::is_node_name(s.node_name) {
+                let message = if is_node_name(s.node_name) {
                     missing_node_message(s.node_name)
                 } else {
                     invalid_name_message(s.node_name)
@@ -358,204 +438,12 @@ fn attempt<'a>(s: &'a Snapshot, pod: &Pod) -> Option<&'a Attempt> {
     pod.metadata.uid.as_ref().and_then(|u| s.attempts.get(u))
 }
 
-fn duration_until(now: Timestamp, t: Timestamp) -> Duration {
-    let ms = t
-        .as_millisecond()
-        .saturating_sub(now.as_millisecond())
-        .max(0);
-    Duration::from_millis(ms as u64)
-}
-
-fn pending_refs(fates: &[(Arc<Pod>, Fate)]) -> Vec<PodReference> {
-    let mut refs: Vec<PodReference> = fates
-        .iter()
-        .filter(|(_, f)| f.is_pending())
-        .map(|(p, _)| PodReference {
-            namespace: p.namespace().unwrap_or_default(),
-            name: p.name_any(),
-        })
-        .collect();
-    refs.sort();
-    refs
-}
-
-fn initial_status(s: &Snapshot, fates: &[(Arc<Pod>, Fate)]) -> NodeMaintenanceStatus {
-    let refs = pending_refs(fates);
-    let mut st = NodeMaintenanceStatus {
-        phase: Some(Phase::Running),
-        drain_progress: Some(0),
-        total_pods: Some(s.pods.len() as i32),
-        eviction_pods: Some(refs.len() as i32),
-        pending_pods: Some(refs.iter().map(|r| r.name.clone()).collect()),
-        pending_pods_refs: Some(refs),
-        error_on_lease_count: Some(0),
-        ..Default::default()
-    };
-    set_condition(
-        &mut st,
-        s.now,
-        "Accepted",
-        "True",
-        "Valid",
-        "the node exists and has no other NodeMaintenance",
-    );
-    set_condition(
-        &mut st,
-        s.now,
-        "Cordoned",
-        "False",
-        "Cordoning",
-        "cordoning and tainting the node",
-    );
-    set_condition(
-        &mut st,
-        s.now,
-        "Drained",
-        "False",
-        "Draining",
-        "waiting for the cordon",
-    );
-    st
-}
-
 /// When the drain of `nm` runs out of time: the drain starts when the node
 /// is cordoned, which the Cordoned condition records.
 fn drain_deadline(nm: &NodeMaintenance, timeout: Duration) -> Option<Timestamp> {
     let c = nm.condition("Cordoned").filter(|c| c.status == "True")?;
     let span = k8s_openapi::jiff::SignedDuration::try_from(timeout).ok()?;
     c.last_transition_time.0.checked_add(span).ok()
-}
-
-/// At most this many blockers are spelled out in lastError.
-const MAX_BLOCKERS_SHOWN: usize = 5;
-
-fn progress_status(
-    s: &Snapshot,
-    nm: &NodeMaintenance,
-    fates: &[(Arc<Pod>, Fate)],
-) -> (NodeMaintenanceStatus, Option<Announce>) {
-    let old = nm.status.clone().unwrap_or_default();
-    let mut st = old.clone();
-    let refs = pending_refs(fates);
-    let eviction = old.eviction_pods.unwrap_or(0).max(0);
-    let gone = (eviction - refs.len() as i32).max(0);
-    st.drain_progress = Some(match (eviction, refs.is_empty()) {
-        (_, true) => 100,
-        (0, false) => 0,
-        _ => gone * 100 / eviction,
-    });
-    st.pending_pods = Some(refs.iter().map(|r| r.name.clone()).collect());
-    st.pending_pods_refs = Some(refs.clone());
-
-    let blockers: Vec<String> = fates
-        .iter()
-        .filter(|(_, f)| f.is_pending())
-        .filter_map(|(pod, _)| {
-            attempt(s, pod)
-                .and_then(|a| a.error.as_ref())
-                .map(|e| format!("pod {}: {e}", drain::pod_key(pod)))
-        })
-        .collect();
-    st.last_error = summarize(&blockers);
-
-    set_condition(
-        &mut st,
-        s.now,
-        "Cordoned",
-        "True",
-        "Cordoned",
-        "the node is cordoned and tainted",
-    );
-    let mut announce = None;
-    if refs.is_empty() {
-        set_condition(
-            &mut st,
-            s.now,
-            "Drained",
-            "True",
-            "Drained",
-            "no pods left to drain",
-        );
-        if old.phase != Some(Phase::Succeeded) {
-            announce = Some(Announce::Succeeded);
-        }
-        st.phase = Some(Phase::Succeeded);
-    } else {
-        let timed_out = drain_deadline(nm, s.drain_timeout).is_some_and(|d| d <= s.now);
-        let (reason, message) = match (&st.last_error, timed_out) {
-            (Some(err), true) => (
-                "DrainTimeout",
-                format!(
-                    "drain did not finish within {} s; blocked by {err}",
-                    s.drain_timeout.as_secs()
-                ),
-            ),
-            (Some(err), false) => ("DrainBlocked", format!("blocked by {err}")),
-            (None, _) => ("Draining", format!("{} pods left to drain", refs.len())),
-        };
-        let was = nm.condition("Drained").map(|c| c.reason.as_str());
-        if reason == "DrainTimeout" && was != Some("DrainTimeout") {
-            announce = Some(Announce::DrainTimeout(message.clone()));
-        }
-        set_condition(&mut st, s.now, "Drained", "False", reason, &message);
-        // Pods that appear after Succeeded (e.g. tolerating the taints) are
-        // drained too, but a finished maintenance does not go back to Running.
-        if st.phase != Some(Phase::Succeeded) {
-            st.phase = Some(Phase::Running);
-        }
-    }
-    (st, announce)
-}
-
-fn summarize(blockers: &[String]) -> Option<String> {
-    match blockers.len() {
-        0 => None,
-        n if n <= MAX_BLOCKERS_SHOWN => Some(blockers.join("; ")),
-        n => Some(format!(
-            "{}; and {} more",
-            blockers[..MAX_BLOCKERS_SHOWN].join("; "),
-            n - MAX_BLOCKERS_SHOWN
-        )),
-    }
-}
-
-/// Set a condition, keeping its transition time unless its status changed.
-pub fn set_condition(
-    st: &mut NodeMaintenanceStatus,
-    now: Timestamp,
-    type_: &str,
-    status: &str,
-    reason: &str,
-    message: &str,
-) {
-    let conds = st.conditions.get_or_insert_with(Vec::new);
-    if let Some(c) = conds.iter_mut().find(|c| c.type_ == type_) {
-        if c.status != status {
-            c.last_transition_time = Time(now);
-        }
-        c.status = status.into();
-        c.reason = reason.into();
-        c.message = message.into();
-    } else {
-        conds.push(Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: message.into(),
-            last_transition_time: Time(now),
-            observed_generation: None,
-        });
-    }
-}
-
-/// Equal but for `lastUpdate`, which we stamp on every write.
-fn same_status(old: Option<&NodeMaintenanceStatus>, new: &NodeMaintenanceStatus) -> bool {
-    let Some(old) = old else { return false };
-    let mut a = old.clone();
-    a.last_update = None;
-    let mut b = new.clone();
-    b.last_update = None;
-    a == b
 }
 
 #[cfg(test)]

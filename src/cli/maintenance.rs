@@ -1,10 +1,12 @@
-//! The operator's CLI commands: `maintain` (with a live progress line),
-//! `unmaintain`, and `drain --dry-run`. They talk to the API server only; the
-//! agents do the work.
+//! The operator's maintenance commands: `maintain` (with a live progress
+//! line), `unmaintain`, and `drain --dry-run`. They talk to the API server
+//! only; the agents do the work.
 
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use argh::FromArgs;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -12,11 +14,58 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use smol::stream::StreamExt;
 
-use crate::cli::{DrainArgs, HostKubeconfigArgs, MaintainArgs, UnmaintainArgs};
-use crate::drain::{self, Fate};
+use crate::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use crate::decide::drain::{self, Fate};
 use crate::error::{Error, Result};
-use crate::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
-use crate::{agent, connect};
+use crate::service::{self, connect};
+
+/// Put a node into maintenance: create its NodeMaintenance (cordon, taint, drain).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "maintain")]
+pub struct MaintainArgs {
+    /// the node
+    #[argh(positional)]
+    pub node: String,
+    /// why (shown by kubectl get nm -o wide)
+    #[argh(option)]
+    pub reason: Option<String>,
+    /// show live progress until Succeeded (exit 0) or Failed (exit 1)
+    #[argh(switch)]
+    pub wait: bool,
+    /// kubeconfig file
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Take a node out of maintenance: delete its NodeMaintenance (uncordon if nodekeeper cordoned it).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "unmaintain")]
+pub struct UnmaintainArgs {
+    /// the node
+    #[argh(positional)]
+    pub node: String,
+    /// wait until the maintenance is fully removed
+    #[argh(switch)]
+    pub wait: bool,
+    /// kubeconfig file
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Show what draining a node would do: evicted, deleted, skipped (why) and blocked (by which PDB).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "drain")]
+pub struct DrainArgs {
+    /// the node
+    #[argh(positional)]
+    pub node: String,
+    /// change nothing, print the plan (required: to drain, use `maintain`)
+    #[argh(switch)]
+    pub dry_run: bool,
+    /// kubeconfig file
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+}
 
 async fn maintenances_of(api: &Api<NodeMaintenance>, node: &str) -> Result<Vec<NodeMaintenance>> {
     let list = api
@@ -33,7 +82,7 @@ async fn maintenances_of(api: &Api<NodeMaintenance>, node: &str) -> Result<Vec<N
 /// `nodekeeper maintain NODE [--reason R] [--wait]`.
 pub async fn maintain(args: MaintainArgs) -> Result<ExitCode> {
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
-    agent::require_crds(&client).await?;
+    service::require_crds(&client).await?;
     connect::require_node(&client, &args.node).await?;
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     let existing = maintenances_of(&api, &args.node)
@@ -184,7 +233,7 @@ pub fn progress_line(nm: &NodeMaintenance) -> String {
 /// `nodekeeper unmaintain NODE [--wait]`.
 pub async fn unmaintain(args: UnmaintainArgs) -> Result<ExitCode> {
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
-    agent::require_crds(&client).await?;
+    service::require_crds(&client).await?;
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     let nms = maintenances_of(&api, &args.node).await?;
     if nms.is_empty() {
@@ -284,112 +333,4 @@ pub fn plan_table(node: &str, pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> Str
         count("skip")
     ));
     out
-}
-
-/// `host-kubeconfig NODE`: mint a token of the node agent's ServiceAccount
-/// bound to the Node (the API server then names the node in the token's
-/// user info, which the admission policy checks) and print a kubeconfig with
-/// it and the current context's cluster.
-pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
-    use k8s_openapi::api::authentication::v1::{
-        BoundObjectReference, TokenRequest, TokenRequestSpec,
-    };
-    use k8s_openapi::api::core::v1::ServiceAccount;
-
-    let raw = match &args.kubeconfig {
-        Some(p) => kube::config::Kubeconfig::read_from(p),
-        None => kube::config::Kubeconfig::read(),
-    }
-    .map_err(|e| {
-        Error::NoCredentials(format!(
-            "host-kubeconfig needs a kubeconfig to copy the cluster from: {}",
-            crate::error::first_line(&e.to_string())
-        ))
-    })?;
-    let context = raw
-        .current_context
-        .as_ref()
-        .and_then(|c| raw.contexts.iter().find(|n| &n.name == c))
-        .and_then(|n| n.context.as_ref())
-        .ok_or_else(|| Error::NoCredentials("the kubeconfig has no current context".into()))?;
-    let cluster = raw
-        .clusters
-        .iter()
-        .find(|c| c.name == context.cluster)
-        .and_then(|c| c.cluster.clone())
-        .ok_or_else(|| {
-            Error::NoCredentials(format!(
-                "the kubeconfig has no cluster {:?}",
-                context.cluster
-            ))
-        })?;
-    let mut cluster_json = serde_json::to_value(&cluster)
-        .map_err(|e| Error::Invalid(format!("encoding the cluster entry: {e}")))?;
-    // The host will not have the file this machine's kubeconfig points at.
-    if let Some(path) = cluster.certificate_authority.as_deref() {
-        let pem = std::fs::read(path).map_err(Error::io(format!(
-            "reading the cluster CA {path} named by the kubeconfig"
-        )))?;
-        let data = serde_json::to_value(k8s_openapi::ByteString(pem))
-            .map_err(|e| Error::Invalid(format!("encoding the cluster CA: {e}")))?;
-        if let Some(obj) = cluster_json.as_object_mut() {
-            obj.remove("certificate-authority");
-            obj.insert("certificate-authority-data".into(), data);
-        }
-    }
-
-    let client = connect::connect(args.kubeconfig.as_deref()).await?;
-    let node = connect::require_node(&client, &args.node).await?;
-    let account = crate::manifests::AGENT_ACCOUNT;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &args.namespace);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: None,
-            expiration_seconds: Some((args.hours.saturating_mul(3600)).min(i64::MAX as u64) as i64),
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(args.node.clone()),
-                uid: node.metadata.uid.clone(),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let issued = accounts
-        .create_token_request(account, &PostParams::default(), &request)
-        .await
-        .map_err(|e| match e {
-            kube::Error::Api(s) if s.code == 404 => Error::Invalid(format!(
-                "ServiceAccount {}/{account} not found; install it first: nodekeeper manifests --for rbac | kubectl apply -f -",
-                args.namespace
-            )),
-            e => Error::kube(format!(
-                "requesting a token for {}/{account} bound to node {}",
-                args.namespace, args.node
-            ))(e),
-        })?;
-    let status = issued.status.ok_or_else(|| {
-        Error::Invalid("the API server returned a token request without a token".into())
-    })?;
-    eprintln!(
-        "token for {}/{account} bound to node {} expires {}; put this at the host's --kubeconfig path (e.g. /etc/nodekeeper/kubeconfig, mode 0600)",
-        args.namespace,
-        args.node,
-        status
-            .expiration_timestamp
-            .map(|t| t.0.to_string())
-            .unwrap_or_else(|| "at an unknown time".into())
-    );
-    let user = format!("nodekeeper-{}", args.node);
-    let doc = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "cluster", "cluster": cluster_json}],
-        "users": [{"name": user, "user": {"token": status.token}}],
-        "contexts": [{"name": "nodekeeper", "context": {"cluster": "cluster", "user": user}}],
-        "current-context": "nodekeeper"
-    });
-    print!("{}", crate::yaml::documents(&[doc]));
-    Ok(ExitCode::SUCCESS)
 }

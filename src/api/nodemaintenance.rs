@@ -37,6 +37,16 @@ pub const NODE_NAME_RULE: &str =
 /// What `kubectl apply` says when that rule refuses an object.
 pub const NODE_NAME_MESSAGE: &str = "invalid nodeName, a node name is a lowercase RFC 1123 subdomain: a-z, 0-9, '-' and '.', starting and ending with a letter or digit, at most 253 characters";
 
+/// Label on a NodeMaintenance that a nodekeeper feature created to take a
+/// node, naming the owner (`Kind/name`); the object also carries an owner
+/// reference. Without it the object is an administrator's, which preempts.
+pub const OWNER_LABEL: &str = "nodekeeper.io/owner";
+/// Annotations with the owner's drain options: the drain deadline in whole
+/// seconds, and `Wait`, `Force` or `Skip` after it. medik8s tools ignore
+/// them; without them the agent's `--drain-timeout` and `Wait` apply.
+pub const DRAIN_TIMEOUT_ANNOTATION: &str = "nodekeeper.io/drain-timeout-seconds";
+pub const DRAIN_ON_TIMEOUT_ANNOTATION: &str = "nodekeeper.io/drain-on-timeout";
+
 /// The medik8s lease name for a node.
 pub fn lease_name(node: &str) -> String {
     format!("node-{node}")
@@ -217,14 +227,6 @@ impl NodeMaintenance {
             .iter()
             .find(|c| c.type_ == type_)
     }
-}
-
-/// Every CRD nodekeeper serves, in install order.
-pub fn crds()
--> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
-{
-    use kube::CustomResourceExt;
-    vec![NodeMaintenance::crd()]
 }
 
 #[cfg(test)]

@@ -1,11 +1,20 @@
-//! `nodekeeper run`: the service. One kube-runtime `Controller` whose object
-//! is the Node; every other kind it watches (pods, NodeMaintenances) is
-//! reflected into a store that serves both as a trigger (mapped to the nodes
-//! it affects) and as the reconciler's snapshot, so each kind is watched once.
+//! `nodekeeper run`: the service, wired here. One kube-runtime `Controller`
+//! whose object is the Node; every other kind it watches (pods,
+//! NodeMaintenances) is reflected into a store that serves both as a trigger
+//! (mapped to the nodes it affects) and as the reconciler's snapshot, so
+//! each kind is watched once and every CRD is reconciled in this one loop.
 //!
-//! Node mode watches its own Node and only the pods bound to it (field
-//! selectors); cluster mode (`--all-nodes`) watches everything and runs only
-//! while it holds the leader lease.
+//! The node role watches its own Node and only the pods bound to it (field
+//! selectors); the cluster role (`--all-nodes`) watches everything and runs
+//! only while it holds the leader lease ([`roles`]).
+
+pub mod connect;
+pub mod context;
+pub mod fresh;
+pub mod metrics;
+pub mod reconcile;
+pub mod roles;
+pub mod stores;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,12 +29,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use smol::stream::StreamExt;
 
-use crate::cli::RunConfig;
-use crate::connect;
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::cli::run::RunConfig;
+use crate::effects::Interpreter;
 use crate::error::{Error, Result};
-use crate::nodemaintenance::NodeMaintenance;
-use crate::reconcile::{self, Context, Fresh, Scope, Stores, Synced};
 use crate::runtime::Latch;
+use context::Context;
+use roles::{Scope, map_maintenance};
+use stores::{Fresh, Stores, Synced, observe, slim_pod};
 
 /// Run the service until `shutdown` resolves (or leadership is lost).
 pub async fn run(
@@ -59,40 +70,44 @@ pub async fn run(
     // Serve health before waiting for leadership: a standby replica is alive.
     let (nms, nm_writer) = reflector::store::<NodeMaintenance>();
     if let Some(addr) = config.metrics_address {
-        crate::metrics::serve(addr, nms.clone()).await?;
+        metrics::serve(addr, nms.clone()).await?;
     }
 
-    // One latch for "stop now" that both the controller's graceful shutdown
-    // and the shutdown bound below wait on.
+    // One latch for "stop now": SIGTERM, or a lost leader lease. The wait
+    // for leadership, the controller's graceful shutdown and the shutdown
+    // bound below all watch it.
     let stopping = Latch::default();
-    let lost_leadership = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let lost = if matches!(scope, Scope::AllNodes { .. }) {
-        Some(
-            crate::lease::lead(
-                client.clone(),
-                config.leader_namespace.clone(),
-                "nodekeeper-leader".into(),
-                identity.clone(),
-            )
-            .await?,
-        )
-    } else {
-        None
-    };
     {
         let stopping = stopping.clone();
-        let flag = lost_leadership.clone();
         crate::runtime::spawn(async move {
-            let leadership = async move {
-                match lost {
-                    Some(rx) => {
-                        let _ = rx.recv().await;
-                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            smol::future::or(shutdown, leadership).await;
+            shutdown.await;
+            stopping.open();
+        })
+        .detach();
+    }
+    let lost_leadership = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if matches!(scope, Scope::AllNodes { .. }) {
+        let lead = crate::effects::lease::lead(
+            client.clone(),
+            config.leader_namespace.clone(),
+            "nodekeeper-leader".into(),
+            identity.clone(),
+        );
+        // A standby waiting for the lease still stops on SIGTERM.
+        let waiting = async {
+            stopping.wait().await;
+            None
+        };
+        let Some(lost) = smol::future::or(async { Some(lead.await) }, waiting).await else {
+            log::info!("stopped before becoming the leader");
+            return Ok(());
+        };
+        let lost = lost?;
+        let (stopping, flag) = (stopping.clone(), lost_leadership.clone());
+        crate::runtime::spawn(async move {
+            if lost.recv().await.is_ok() {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             stopping.open();
         })
         .detach();
@@ -158,8 +173,10 @@ pub async fn run(
         },
     );
     let ctx = Arc::new(Context::new(
-        client.clone(),
-        recorder,
+        Interpreter {
+            client: client.clone(),
+            recorder,
+        },
         scope.clone(),
         Stores {
             nodes: nodes.clone(),
@@ -173,10 +190,10 @@ pub async fn run(
 
     // /readyz turns green once every watch has listed once; the watchdog
     // behind /healthz starts counting now.
-    crate::metrics::progress();
+    metrics::progress();
     crate::runtime::spawn(async move {
         synced.wait().await;
-        crate::metrics::set_ready();
+        metrics::set_ready();
     })
     .detach();
 
@@ -185,8 +202,8 @@ pub async fn run(
     // objects and per-node memory get looked after even in a quiet cluster.
     let beat_scope = scope.clone();
     let beat_nodes = nodes.clone();
-    let heartbeat = smol::Timer::interval(crate::metrics::HEARTBEAT).filter_map(move |_| {
-        reconcile::anchor(&beat_scope, &beat_nodes).map(|n| ObjectRef::<Node>::new(&n))
+    let heartbeat = smol::Timer::interval(metrics::HEARTBEAT).filter_map(move |_| {
+        roles::anchor(&beat_scope, &beat_nodes).map(|n| ObjectRef::<Node>::new(&n))
     });
 
     let nm_scope = scope.clone();
@@ -210,7 +227,7 @@ pub async fn run(
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, error_policy, ctx)
         .for_each(|res| {
-            crate::metrics::progress();
+            metrics::progress();
             match res {
                 Ok((obj, _)) => log::trace!("reconciled node {}", obj.name),
                 Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
@@ -243,85 +260,8 @@ pub async fn run(
 /// How long reconciles in flight may run on after SIGTERM or a lost lease.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Watch an event stream on its way to the controller: open `latch` at the
-/// first full list, and tell `forget` the name of every deleted object.
-fn observe<K: kube::Resource>(
-    ev: &std::result::Result<watcher::Event<K>, watcher::Error>,
-    latch: &Latch,
-    forget: impl Fn(&str),
-) {
-    match ev {
-        Ok(watcher::Event::InitDone) => latch.open(),
-        Ok(watcher::Event::Delete(obj)) => {
-            if let Some(name) = obj.meta().name.as_deref() {
-                forget(name)
-            }
-        }
-        _ => {}
-    }
-}
-
-/// A NodeMaintenance triggers its node; one whose node is not ours (or does
-/// not exist) may need someone to fail or finish it: the anchor node does.
-fn map_maintenance(
-    nm: &NodeMaintenance,
-    scope: &Scope,
-    nodes: &reflector::Store<Node>,
-) -> Option<ObjectRef<Node>> {
-    let target = &nm.spec.node_name;
-    match scope {
-        Scope::Node(own) if own == target => Some(ObjectRef::new(own)),
-        Scope::Node(own) => reconcile::needs_foreign_attention(nm).then(|| ObjectRef::new(own)),
-        Scope::AllNodes { .. } => {
-            if nodes.get(&ObjectRef::new(target)).is_some() {
-                Some(ObjectRef::new(target))
-            } else if reconcile::needs_foreign_attention(nm) {
-                reconcile::anchor(scope, nodes).map(|a| ObjectRef::new(&a))
-            } else {
-                None
-            }
-        }
-    }
-}
-
-/// Drop what the drain never reads (managed fields, container specs, status
-/// details) before the pod enters the store: with 110 pods per node this is
-/// most of the agent's memory.
-fn slim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(ann) = pod.metadata.annotations.as_mut() {
-        ann.retain(|k, _| k == crate::drain::MIRROR_ANNOTATION);
-    }
-    if let Some(spec) = pod.spec.as_mut() {
-        let keep = k8s_openapi::api::core::v1::PodSpec {
-            node_name: spec.node_name.take(),
-            termination_grace_period_seconds: spec.termination_grace_period_seconds,
-            priority: spec.priority,
-            priority_class_name: spec.priority_class_name.take(),
-            volumes: spec.volumes.take().map(|vs| {
-                vs.into_iter()
-                    .filter(|v| v.empty_dir.is_some())
-                    .map(|v| k8s_openapi::api::core::v1::Volume {
-                        name: v.name,
-                        empty_dir: v.empty_dir,
-                        ..Default::default()
-                    })
-                    .collect()
-            }),
-            ..Default::default()
-        };
-        *spec = keep;
-    }
-    if let Some(status) = pod.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase.take(),
-            ..Default::default()
-        };
-    }
-}
-
 fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
-    crate::metrics::inc(&crate::metrics::COUNTERS.reconcile_errors);
+    metrics::inc(&metrics::COUNTERS.reconcile_errors);
     // 409: someone wrote first; re-read promptly rather than back off.
     let retry = if err.api_code() == Some(409) {
         Duration::from_millis(200)

@@ -8,20 +8,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, EvictParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
-use crate::drain::Fate;
+use crate::decide::drain::{Fate, Removal as Outcome};
 use crate::error::kube_cause;
 use crate::runtime;
-
-/// What the API server said about one pod.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// Eviction or deletion accepted; the pod is on its way out.
-    Accepted,
-    /// Already gone (404) or replaced (UID precondition failed).
-    Gone,
-    /// Refused; the message names the PDB and the API's cause.
-    Refused(String),
-}
 
 /// Requests in flight at once. kube's client speaks HTTP/1.1, so each
 /// concurrent request holds its own TLS connection. Measured with
@@ -77,13 +66,6 @@ async fn remove(client: &Client, pod: &Pod, fate: &Fate) -> Outcome {
             .await
             .map(|_| ()),
     };
-    let counters = &crate::metrics::COUNTERS;
-    match &res {
-        Ok(()) if matches!(fate, Fate::Delete(_)) => crate::metrics::inc(&counters.deletions),
-        Ok(()) => crate::metrics::inc(&counters.evictions),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-        Err(_) => crate::metrics::inc(&counters.refusals),
-    }
     match res {
         Ok(()) => Outcome::Accepted,
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Outcome::Gone,

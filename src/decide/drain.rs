@@ -1,13 +1,17 @@
 //! Drain policy, pure: which pods on a node must go and how, with kubectl
 //! drain's semantics as medik8s configures it (Force, DeleteEmptyDirData,
-//! IgnoreAllDaemonSets, the pod's own grace period); and which PDBs would
-//! block an eviction. No I/O here: `evict.rs` performs what this decides.
+//! IgnoreAllDaemonSets, the pod's own grace period); which PDBs would block
+//! an eviction; and when to ask again after the API's answer. No I/O here:
+//! `effects/evict.rs` performs what this decides.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// What draining does with one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +30,87 @@ impl Fate {
     /// Does the drain wait for this pod to be gone?
     pub fn is_pending(&self) -> bool {
         !matches!(self, Fate::Skip(_))
+    }
+}
+
+/// What the API server said to one eviction or deletion.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Removal {
+    /// Accepted; the pod is on its way out.
+    Accepted,
+    /// Already gone (404) or replaced (UID precondition failed).
+    Gone,
+    /// Refused; the message names the PDB and the API's cause.
+    Refused(String),
+}
+
+/// What we remember about a pod we tried to drain (lost on restart, which
+/// costs at most one repeated eviction request).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attempt {
+    /// Not before this instant.
+    pub retry_at: Option<Timestamp>,
+    /// Why the last attempt did not remove the pod (one line, API's cause).
+    pub error: Option<String>,
+    /// How many attempts were refused, for backoff.
+    pub refusals: u32,
+}
+
+/// How long to back off after the `n`th refusal: 1, 2, 4 then 5 s (kubectl
+/// retries a 429 every 5 s; we start faster so a relaxed PDB is noticed soon).
+pub fn backoff(refusals: u32) -> Duration {
+    Duration::from_secs(match refusals {
+        0 | 1 => 1,
+        2 => 2,
+        3 => 4,
+        _ => 5,
+    })
+}
+
+/// A pod whose eviction was accepted is waited for; we ask again only if it
+/// outlives its grace period by this much.
+const OUTLIVED_GRACE: i64 = 30;
+
+/// Fold the API's answers into the per-pod attempts: accepted pods are
+/// waited for (asked again only long after their grace period), refused
+/// ones back off and keep the refusal's message for status.
+pub fn record(
+    attempts: &mut HashMap<String, Attempt>,
+    pods: &[(Arc<Pod>, Fate)],
+    removals: &[Removal],
+    now: Timestamp,
+) {
+    for ((pod, _), removal) in pods.iter().zip(removals) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            continue;
+        };
+        match removal {
+            Removal::Accepted | Removal::Gone => {
+                let grace = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+                    .unwrap_or(30);
+                let retry = now
+                    .checked_add(SignedDuration::from_secs(grace.max(0) + OUTLIVED_GRACE))
+                    .ok();
+                attempts.insert(
+                    uid,
+                    Attempt {
+                        retry_at: retry,
+                        error: None,
+                        refusals: 0,
+                    },
+                );
+            }
+            Removal::Refused(msg) => {
+                let a = attempts.entry(uid).or_default();
+                a.refusals += 1;
+                let wait = SignedDuration::try_from(backoff(a.refusals)).unwrap_or_default();
+                a.retry_at = now.checked_add(wait).ok();
+                a.error = Some(msg.clone());
+            }
+        }
     }
 }
 
@@ -141,6 +226,30 @@ pub fn pdb_blocker(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_back_off_and_accepted_pods_are_waited_for() {
+        let now = Timestamp::UNIX_EPOCH;
+        let mut p = pod(Some("ReplicaSet"));
+        p.metadata.uid = Some("u".into());
+        let pods = vec![(Arc::new(p), Fate::Evict)];
+        let mut attempts = HashMap::new();
+        record(&mut attempts, &pods, &[Removal::Refused("pdb".into())], now);
+        record(&mut attempts, &pods, &[Removal::Refused("pdb".into())], now);
+        let a = attempts.get("u").cloned().unwrap_or_default();
+        assert_eq!((a.refusals, a.error.as_deref()), (2, Some("pdb")));
+        assert_eq!(
+            a.retry_at,
+            now.checked_add(SignedDuration::from_secs(2)).ok()
+        );
+        record(&mut attempts, &pods, &[Removal::Accepted], now);
+        let a = attempts.get("u").cloned().unwrap_or_default();
+        assert_eq!((a.refusals, a.error), (0, None));
+        assert_eq!(
+            a.retry_at,
+            now.checked_add(SignedDuration::from_secs(60)).ok()
+        );
+    }
     use k8s_openapi::api::core::v1::PodStatus;
     use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{

@@ -12,8 +12,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Api, Client};
 
+use crate::api::nodemaintenance::{LEASE_HOLDER, LEASE_NAMESPACE, LEASE_SECONDS, lease_name};
 use crate::error::{Error, Result};
-use crate::nodemaintenance::{LEASE_HOLDER, LEASE_NAMESPACE, LEASE_SECONDS, lease_name};
 
 /// Result of trying to take a lease.
 #[derive(Debug, Clone, PartialEq)]

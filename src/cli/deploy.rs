@@ -1,0 +1,183 @@
+//! The deployment commands: `crds`, `manifests --for TARGET`, and
+//! `host-kubeconfig NODE` (credentials for a host-mode agent).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use argh::FromArgs;
+use kube::Api;
+use kube::api::PostParams;
+
+use crate::error::{Error, Result};
+use crate::service::connect;
+
+/// Print every nodekeeper CRD as YAML (pipe to kubectl apply -f -).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "crds")]
+pub struct CrdsArgs {}
+
+/// Print or write deployment artifacts (CRDs, RBAC, admission policy, DaemonSet, static pod, systemd unit, k3s folder, Talos extension, image recipe).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "manifests")]
+pub struct ManifestsArgs {
+    /// what to generate: crds, rbac, admission, daemonset, deployment, k3s, static-pod, systemd, talos, containerfile
+    #[argh(option, long = "for")]
+    pub target: String,
+    /// write the files into this folder instead of printing them
+    #[argh(option)]
+    pub out: Option<PathBuf>,
+    /// container image (default localhost/nodekeeper:VERSION, as `just image` names it)
+    #[argh(option)]
+    pub image: Option<String>,
+    /// namespace for the agents and their ServiceAccounts (default nodekeeper)
+    #[argh(option)]
+    pub namespace: Option<String>,
+    /// kubeconfig path on the host for static-pod, systemd and talos (default /etc/nodekeeper/kubeconfig)
+    #[argh(option)]
+    pub kubeconfig: Option<String>,
+    /// log level: error, warn, info, debug, trace (default info)
+    #[argh(option)]
+    pub log_level: Option<String>,
+    /// metrics address HOST:PORT, :PORT or off (default :9477 in pods, 127.0.0.1:9477 on the host)
+    #[argh(option)]
+    pub metrics_address: Option<String>,
+}
+
+impl ManifestsArgs {
+    pub fn options(&self) -> crate::deploy::Options {
+        let d = crate::deploy::Options::default();
+        crate::deploy::Options {
+            image: self.image.clone().unwrap_or(d.image),
+            namespace: self.namespace.clone().unwrap_or(d.namespace),
+            kubeconfig: self.kubeconfig.clone().unwrap_or(d.kubeconfig),
+            log_level: self.log_level.clone().unwrap_or(d.log_level),
+            metrics_address: self.metrics_address.clone(),
+        }
+    }
+}
+
+/// Print a kubeconfig for a host-mode agent (static pod, systemd, Talos): a token of the node agent's ServiceAccount bound to the Node, which the admission policy confines to that node.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "host-kubeconfig")]
+pub struct HostKubeconfigArgs {
+    /// the node the agent will own
+    #[argh(positional)]
+    pub node: String,
+    /// token lifetime in hours (default 8760, a year; the API server may shorten it)
+    #[argh(option, default = "8760")]
+    pub hours: u64,
+    /// namespace of nodekeeper's ServiceAccounts (default nodekeeper)
+    #[argh(option, default = "String::from(\"nodekeeper\")")]
+    pub namespace: String,
+    /// kubeconfig with the right to create tokens (default: $KUBECONFIG, ~/.kube/config)
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// `host-kubeconfig NODE`: mint a token of the node agent's ServiceAccount
+/// bound to the Node (the API server then names the node in the token's
+/// user info, which the admission policy checks) and print a kubeconfig with
+/// it and the current context's cluster.
+pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::ServiceAccount;
+
+    let raw = match &args.kubeconfig {
+        Some(p) => kube::config::Kubeconfig::read_from(p),
+        None => kube::config::Kubeconfig::read(),
+    }
+    .map_err(|e| {
+        Error::NoCredentials(format!(
+            "host-kubeconfig needs a kubeconfig to copy the cluster from: {}",
+            crate::error::first_line(&e.to_string())
+        ))
+    })?;
+    let context = raw
+        .current_context
+        .as_ref()
+        .and_then(|c| raw.contexts.iter().find(|n| &n.name == c))
+        .and_then(|n| n.context.as_ref())
+        .ok_or_else(|| Error::NoCredentials("the kubeconfig has no current context".into()))?;
+    let cluster = raw
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.clone())
+        .ok_or_else(|| {
+            Error::NoCredentials(format!(
+                "the kubeconfig has no cluster {:?}",
+                context.cluster
+            ))
+        })?;
+    let mut cluster_json = serde_json::to_value(&cluster)
+        .map_err(|e| Error::Invalid(format!("encoding the cluster entry: {e}")))?;
+    // The host will not have the file this machine's kubeconfig points at.
+    if let Some(path) = cluster.certificate_authority.as_deref() {
+        let pem = std::fs::read(path).map_err(Error::io(format!(
+            "reading the cluster CA {path} named by the kubeconfig"
+        )))?;
+        let data = serde_json::to_value(k8s_openapi::ByteString(pem))
+            .map_err(|e| Error::Invalid(format!("encoding the cluster CA: {e}")))?;
+        if let Some(obj) = cluster_json.as_object_mut() {
+            obj.remove("certificate-authority");
+            obj.insert("certificate-authority-data".into(), data);
+        }
+    }
+
+    let client = connect::connect(args.kubeconfig.as_deref()).await?;
+    let node = connect::require_node(&client, &args.node).await?;
+    let account = crate::deploy::AGENT_ACCOUNT;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &args.namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            expiration_seconds: Some((args.hours.saturating_mul(3600)).min(i64::MAX as u64) as i64),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(args.node.clone()),
+                uid: node.metadata.uid.clone(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let issued = accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code == 404 => Error::Invalid(format!(
+                "ServiceAccount {}/{account} not found; install it first: nodekeeper manifests --for rbac | kubectl apply -f -",
+                args.namespace
+            )),
+            e => Error::kube(format!(
+                "requesting a token for {}/{account} bound to node {}",
+                args.namespace, args.node
+            ))(e),
+        })?;
+    let status = issued.status.ok_or_else(|| {
+        Error::Invalid("the API server returned a token request without a token".into())
+    })?;
+    eprintln!(
+        "token for {}/{account} bound to node {} expires {}; put this at the host's --kubeconfig path (e.g. /etc/nodekeeper/kubeconfig, mode 0600)",
+        args.namespace,
+        args.node,
+        status
+            .expiration_timestamp
+            .map(|t| t.0.to_string())
+            .unwrap_or_else(|| "at an unknown time".into())
+    );
+    let user = format!("nodekeeper-{}", args.node);
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": cluster_json}],
+        "users": [{"name": user, "user": {"token": status.token}}],
+        "contexts": [{"name": "nodekeeper", "context": {"cluster": "cluster", "user": user}}],
+        "current-context": "nodekeeper"
+    });
+    print!("{}", crate::yaml::documents(&[doc]));
+    Ok(ExitCode::SUCCESS)
+}

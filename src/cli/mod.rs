@@ -1,0 +1,136 @@
+//! Command-line interface, in two stages: the argh flag structs (raw, no
+//! system calls) and their validated configs, one file per command family
+//! ([`run`]: the service; [`maintenance`]: maintain, unmaintain, drain
+//! --dry-run; [`deploy`]: crds, manifests, host-kubeconfig), and
+//! [`dispatch`], which validates and runs the chosen subcommand on the async
+//! runtime. Every node name a command takes is checked here first.
+
+pub mod deploy;
+pub mod maintenance;
+pub mod run;
+
+use std::process::ExitCode;
+
+use argh::FromArgs;
+
+use crate::error::{Error, Result};
+use crate::runtime;
+
+/// nodekeeper keeps Kubernetes nodes healthy through maintenance, reboots and upgrades.
+#[derive(FromArgs, Debug)]
+pub struct Cli {
+    /// log at debug level (RUST_LOG overrides)
+    #[argh(switch, short = 'v')]
+    pub verbose: bool,
+    #[argh(subcommand)]
+    pub command: Command,
+}
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand)]
+pub enum Command {
+    Run(run::RunArgs),
+    Maintain(maintenance::MaintainArgs),
+    Unmaintain(maintenance::UnmaintainArgs),
+    Drain(maintenance::DrainArgs),
+    Crds(deploy::CrdsArgs),
+    Manifests(deploy::ManifestsArgs),
+    HostKubeconfig(deploy::HostKubeconfigArgs),
+    Version(VersionArgs),
+}
+
+/// Print the version.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "version")]
+pub struct VersionArgs {}
+
+/// Node names are DNS subdomains; refusing others early beats a 404 later.
+pub fn validate_node_name(name: &str) -> Result<()> {
+    if crate::api::common::is_node_name(name) {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{name:?} is not a valid node name (lower-case DNS subdomain)"
+        )))
+    }
+}
+
+/// Run the parsed command line; the `ExitCode` is for commands whose success
+/// has shades (such as `maintain --wait`).
+pub fn dispatch(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Version(_) => {
+            println!("nodekeeper {}", env!("CARGO_PKG_VERSION"));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => {
+            let config = run::RunConfig::from_args(args)?;
+            let shutdown =
+                runtime::shutdown_signal().map_err(Error::io("installing signal handlers"))?;
+            runtime::block_on(crate::service::run(config, shutdown))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Crds(_) => {
+            let docs: Vec<serde_json::Value> = crate::api::crds()
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| Error::Invalid(format!("encoding CRDs: {e}")))?;
+            print!("{}", crate::yaml::documents(&docs));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Manifests(args) => {
+            let files = crate::deploy::render(&args.target, &args.options())?;
+            match &args.out {
+                Some(dir) => {
+                    crate::deploy::write(dir, &files)?;
+                    for f in &files {
+                        eprintln!("wrote {}", dir.join(&f.path).display());
+                    }
+                }
+                None => print!("{}", crate::deploy::to_stdout(&args.target, &files)?),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::HostKubeconfig(args) => {
+            validate_node_name(&args.node)?;
+            if args.hours == 0 {
+                return Err(Error::Invalid("--hours must be at least 1".into()));
+            }
+            runtime::block_on(deploy::host_kubeconfig(args))
+        }
+        Command::Maintain(args) => {
+            validate_node_name(&args.node)?;
+            runtime::block_on(maintenance::maintain(args))
+        }
+        Command::Unmaintain(args) => {
+            validate_node_name(&args.node)?;
+            runtime::block_on(maintenance::unmaintain(args))
+        }
+        Command::Drain(args) => {
+            if !args.dry_run {
+                return Err(Error::Invalid(format!(
+                    "drain only plans (--dry-run); to drain {0} use: nodekeeper maintain {0} --wait",
+                    args.node
+                )));
+            }
+            validate_node_name(&args.node)?;
+            runtime::block_on(maintenance::drain_dry_run(args))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_node_name_is_refused_in_one_line_naming_it() {
+        assert!(validate_node_name("worker-1").is_ok());
+        let err = validate_node_name("Worker_1").err().map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("\"Worker_1\" is not a valid node name (lower-case DNS subdomain)")
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! `nodekeeper run`: its flags, and the validated [`RunConfig`] the service
+//! starts from (node role or cluster role, identity, leader namespace,
+//! metrics address, default drain deadline).
+
+use std::path::PathBuf;
+
+use argh::FromArgs;
+
+use super::validate_node_name;
+use crate::error::{Error, Result};
+
+/// Run the service: own this machine's node (or, with --all-nodes, every node) and reconcile it.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "run")]
+pub struct RunArgs {
+    /// the node this agent owns (default: $NODE_NAME, then the host name)
+    #[argh(option)]
+    pub node: Option<String>,
+    /// kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the pod's service account)
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+    /// reconcile every node (one leader-elected replica) instead of one
+    #[argh(switch)]
+    pub all_nodes: bool,
+    /// with --all-nodes: only nodes matching this label selector (e.g. pool=blue)
+    #[argh(option)]
+    pub node_selector: Option<String>,
+    /// seconds a drain may take before status and a Warning event say what blocks it (default 30; it keeps retrying)
+    #[argh(option, default = "30")]
+    pub drain_timeout: u64,
+    /// namespace of the leader lease in --all-nodes mode (default: $POD_NAMESPACE, else kube-system)
+    #[argh(option)]
+    pub leader_namespace: Option<String>,
+    /// where to serve /metrics, /healthz and /readyz: HOST:PORT, :PORT or off (default 127.0.0.1:9477)
+    #[argh(
+        option,
+        default = "crate::service::metrics::DEFAULT_ADDRESS.to_string()"
+    )]
+    pub metrics_address: String,
+}
+
+/// The validated form of `run`'s flags.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// `Some` in node mode; `None` with --all-nodes.
+    pub node: Option<String>,
+    /// Label selector narrowing --all-nodes.
+    pub node_selector: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub drain_timeout: std::time::Duration,
+    /// Who we are in events and the leader lease.
+    pub identity: String,
+    pub leader_namespace: String,
+    /// `None` with `--metrics-address off`.
+    pub metrics_address: Option<std::net::SocketAddr>,
+}
+
+impl RunConfig {
+    pub fn from_args(args: RunArgs) -> Result<Self> {
+        if args.all_nodes && args.node.is_some() {
+            return Err(Error::Invalid(
+                "--node and --all-nodes exclude each other".into(),
+            ));
+        }
+        let node = if args.all_nodes {
+            None
+        } else {
+            let n = match args.node {
+                Some(n) => n,
+                None => default_node_name()?,
+            };
+            validate_node_name(&n)?;
+            Some(n)
+        };
+        if args.node_selector.is_some() && !args.all_nodes {
+            return Err(Error::Invalid(
+                "--node-selector only applies with --all-nodes".into(),
+            ));
+        }
+        if args.drain_timeout == 0 {
+            return Err(Error::Invalid(
+                "--drain-timeout must be at least 1 second".into(),
+            ));
+        }
+        let identity = std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| node.clone())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+            })
+            .unwrap_or_else(|| "nodekeeper".into());
+        let leader_namespace = args
+            .leader_namespace
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "kube-system".into());
+        let metrics_address = crate::service::metrics::parse_address(&args.metrics_address)?;
+        Ok(RunConfig {
+            metrics_address,
+            node,
+            node_selector: args.node_selector,
+            kubeconfig: args.kubeconfig,
+            drain_timeout: std::time::Duration::from_secs(args.drain_timeout),
+            identity,
+            leader_namespace,
+        })
+    }
+}
+
+/// `$NODE_NAME` (set from the downward API in our manifests), else the host
+/// name lower-cased, as the kubelet registers it.
+fn default_node_name() -> Result<String> {
+    if let Ok(n) = std::env::var("NODE_NAME")
+        && !n.trim().is_empty()
+    {
+        return Ok(n.trim().to_string());
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map_err(Error::io(
+            "no --node given, NODE_NAME unset, and the host name is unreadable",
+        ))?;
+    Ok(host.trim().to_lowercase())
+}

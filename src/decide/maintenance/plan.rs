@@ -1,0 +1,300 @@
+//! From a decided [`Step`] to the [`Plan`] that carries it out: the effects
+//! in order, each with its guard, and the line the log shows. Also the
+//! follow-up to an outcome ([`after`]). Pure, like the decision.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use super::status::failed_status;
+use super::{Announce, Snapshot, Step};
+use crate::api::nodemaintenance::*;
+use crate::decide::{Effect, Outcome, Plan, Then};
+
+/// Retry after a lease conflict, as NMO's requeue.
+pub const LEASE_RETRY: Duration = Duration::from_secs(5);
+
+/// The effects that carry out `step`, with the line the log shows for it.
+pub fn plan(s: &Snapshot, step: Step) -> Plan {
+    let find = |name: &str| {
+        s.maintenances
+            .iter()
+            .copied()
+            .find(|m| m.name_any() == name)
+    };
+    let node = s.node_name;
+    match step {
+        Step::Wait(d) => Plan::wait(d),
+        Step::Fail {
+            nm,
+            reason,
+            message,
+        } => {
+            let Some(m) = find(&nm) else {
+                return Plan::wait(None);
+            };
+            let status = failed_status(m, reason, &message, s.now);
+            Plan::steps(vec![
+                write_status(m, status, s.now),
+                event(m, true, "FailedMaintenance", message.clone()),
+            ])
+            .warn(format!("NodeMaintenance {nm}: {message}"))
+        }
+        Step::AddFinalizer { nm } => {
+            let Some(m) = find(&nm) else {
+                return Plan::wait(None);
+            };
+            let mut finalizers = m.finalizers().to_vec();
+            finalizers.push(FINALIZER.into());
+            // Owned by its Node, like NMO's: a deleted Node takes it along.
+            let owner = s.node.and_then(|n| {
+                Some(OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: n.name_any(),
+                    uid: n.uid()?,
+                    ..Default::default()
+                })
+            });
+            Plan::steps(vec![Effect::SetFinalizers {
+                nm,
+                resource_version: m.resource_version(),
+                finalizers,
+                owner,
+            }])
+        }
+        Step::Begin { nm, status } => {
+            let Some(m) = find(&nm) else {
+                return Plan::wait(None);
+            };
+            Plan::steps(vec![
+                write_status(m, *status, s.now),
+                event(
+                    m,
+                    false,
+                    "BeginMaintenance",
+                    format!("Begin a node maintenance of {node}"),
+                ),
+            ])
+            .info(format!(
+                "NodeMaintenance {nm}: maintenance of node {node} begins"
+            ))
+        }
+        Step::AcquireLease { .. } => Plan::steps(vec![Effect::TakeLease {
+            node: node.into(),
+            node_uid: s.node.and_then(|n| n.uid()),
+        }]),
+        Step::ApplyToNode { nm, cordon } => {
+            let Some(n) = s.node else {
+                return Plan::wait(None);
+            };
+            let mut taints = taints_of(n);
+            for key in [UNSCHEDULABLE_TAINT, DRAIN_TAINT] {
+                if !taints
+                    .iter()
+                    .any(|t| t.key == key && t.effect == "NoSchedule")
+                {
+                    taints.push(Taint {
+                        key: key.into(),
+                        effect: "NoSchedule".into(),
+                        time_added: Some(Time(s.now)),
+                        value: None,
+                    });
+                }
+            }
+            let mut annotations = json!({ APPLIED_ANNOTATION: nm });
+            if cordon {
+                annotations[CORDONED_ANNOTATION] = json!(nm);
+            }
+            let what = if cordon {
+                "cordoned"
+            } else {
+                "already cordoned by someone else; left cordoned"
+            };
+            Plan::steps(vec![Effect::PatchNode {
+                node: node.into(),
+                resource_version: n.resource_version(),
+                patch: json!({
+                    "metadata": {
+                        "labels": { EXCLUDE_REMEDIATION_LABEL: "true" },
+                        "annotations": annotations,
+                    },
+                    "spec": { "unschedulable": true, "taints": taints },
+                }),
+            }])
+            .info(format!(
+                "node {node}: {what} and tainted for NodeMaintenance {nm}"
+            ))
+        }
+        Step::Drain { pods, .. } => Plan::steps(vec![Effect::Drain { pods }]),
+        Step::WriteStatus {
+            nm,
+            status,
+            announce,
+        } => {
+            let Some(m) = find(&nm) else {
+                return Plan::wait(None);
+            };
+            let mut effects = vec![write_status(m, *status, s.now)];
+            match announce {
+                Some(Announce::Succeeded) => {
+                    effects.push(event(
+                        m,
+                        false,
+                        "SucceedMaintenance",
+                        "Node maintenance was succeeded".into(),
+                    ));
+                    Plan::steps(effects)
+                        .info(format!("NodeMaintenance {nm}: node {node} is drained"))
+                }
+                Some(Announce::DrainTimeout(msg)) => {
+                    effects.push(event(m, true, "DrainTimeout", msg.clone()));
+                    Plan::steps(effects).warn(format!("NodeMaintenance {nm}: {msg}"))
+                }
+                None => Plan::steps(effects),
+            }
+        }
+        Step::RemoveFromNode { nm, uncordon } => {
+            let Some(n) = s.node else {
+                return Plan::wait(None);
+            };
+            let mut taints = taints_of(n);
+            taints.retain(|t| t.key != DRAIN_TAINT && !(uncordon && t.key == UNSCHEDULABLE_TAINT));
+            let mut spec = json!({ "taints": taints });
+            if uncordon {
+                spec["unschedulable"] = Value::Null;
+            }
+            let mut effects = vec![Effect::PatchNode {
+                node: node.into(),
+                resource_version: n.resource_version(),
+                patch: json!({
+                    "metadata": {
+                        "labels": { EXCLUDE_REMEDIATION_LABEL: null },
+                        "annotations": { APPLIED_ANNOTATION: null, CORDONED_ANNOTATION: null },
+                    },
+                    "spec": spec,
+                }),
+            }];
+            if uncordon {
+                effects.push(event(
+                    n,
+                    false,
+                    "UncordonNode",
+                    format!("Uncordon node {node}"),
+                ));
+            }
+            let how = if uncordon {
+                ", uncordoned"
+            } else {
+                ", left cordoned (not ours)"
+            };
+            Plan::steps(effects).info(format!("node {node}: maintenance {nm} removed{how}"))
+        }
+        Step::Finish { nm, release_lease } => {
+            let Some(m) = find(&nm) else {
+                return Plan::wait(None);
+            };
+            let mut effects = Vec::new();
+            if release_lease {
+                effects.push(Effect::ReleaseLease { node: node.into() });
+            }
+            effects.push(Effect::SetFinalizers {
+                nm: nm.clone(),
+                resource_version: m.resource_version(),
+                finalizers: m
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != FINALIZER)
+                    .cloned()
+                    .collect(),
+                owner: None,
+            });
+            if release_lease {
+                effects.push(event(
+                    m,
+                    false,
+                    "RemovedMaintenance",
+                    "Removed a node maintenance".into(),
+                ));
+                Plan::steps(effects).info(format!("NodeMaintenance {nm}: removed"))
+            } else {
+                Plan::steps(effects)
+            }
+        }
+    }
+}
+
+/// The follow-up an outcome calls for, if any: a lease held by someone else
+/// is counted in status (NMO's `errorOnLeaseCount`), and after more than
+/// [`MAX_LEASE_ERRORS`] the maintenance fails with NMO's message, touching
+/// nothing. Either way the next try is in [`LEASE_RETRY`].
+pub fn after(s: &Snapshot, step: &Step, outcome: &Outcome) -> Option<Plan> {
+    let (Step::AcquireLease { nm }, Outcome::LeaseHeldBy(holder)) = (step, outcome) else {
+        return None;
+    };
+    let m = s
+        .maintenances
+        .iter()
+        .copied()
+        .find(|m| m.name_any() == *nm)?;
+    let count = m
+        .status
+        .as_ref()
+        .and_then(|st| st.error_on_lease_count)
+        .unwrap_or(0)
+        + 1;
+    let mut plan = if count > MAX_LEASE_ERRORS {
+        let msg = format!("maintenance failed: lease could not be extended after {count} attempts");
+        let mut st = failed_status(m, "LeaseUnavailable", &msg, s.now);
+        st.error_on_lease_count = Some(count);
+        Plan::steps(vec![
+            write_status(m, st, s.now),
+            event(m, true, "FailedMaintenance", msg.clone()),
+        ])
+        .warn(format!("NodeMaintenance {nm}: {msg}"))
+    } else {
+        let mut st = m.status.clone().unwrap_or_default();
+        st.error_on_lease_count = Some(count);
+        st.last_error = Some(format!(
+            "lease {LEASE_NAMESPACE}/{} is held by {holder:?} (attempt {count})",
+            lease_name(s.node_name)
+        ));
+        Plan::steps(vec![write_status(m, st, s.now)])
+    };
+    plan.then = Then::Wait(Some(LEASE_RETRY));
+    Some(plan)
+}
+
+fn write_status(m: &NodeMaintenance, mut status: NodeMaintenanceStatus, now: Timestamp) -> Effect {
+    status.last_update = Some(Time(now));
+    Effect::WriteStatus {
+        nm: m.name_any(),
+        resource_version: m.resource_version(),
+        status: Box::new(status),
+    }
+}
+
+fn event(
+    obj: &impl Resource<DynamicType = ()>,
+    warning: bool,
+    reason: &'static str,
+    note: String,
+) -> Effect {
+    Effect::Event {
+        object: obj.object_ref(&()),
+        warning,
+        reason,
+        note,
+    }
+}
+
+fn taints_of(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}

@@ -1,0 +1,218 @@
+//! The NodeMaintenance status nodekeeper writes: the first one (Running,
+//! pod counts), progress while draining (pending pods, blockers, the
+//! Drained condition, the timeout), and the Failed one; conditions keep
+//! their transition time unless their status changes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::{Announce, Snapshot, attempt, drain_deadline};
+use crate::api::nodemaintenance::*;
+use crate::decide::drain::{self, Fate};
+
+pub(super) fn pending_refs(fates: &[(Arc<Pod>, Fate)]) -> Vec<PodReference> {
+    let mut refs: Vec<PodReference> = fates
+        .iter()
+        .filter(|(_, f)| f.is_pending())
+        .map(|(p, _)| PodReference {
+            namespace: p.namespace().unwrap_or_default(),
+            name: p.name_any(),
+        })
+        .collect();
+    refs.sort();
+    refs
+}
+
+pub(super) fn initial_status(s: &Snapshot, fates: &[(Arc<Pod>, Fate)]) -> NodeMaintenanceStatus {
+    let refs = pending_refs(fates);
+    let mut st = NodeMaintenanceStatus {
+        phase: Some(Phase::Running),
+        drain_progress: Some(0),
+        total_pods: Some(s.pods.len() as i32),
+        eviction_pods: Some(refs.len() as i32),
+        pending_pods: Some(refs.iter().map(|r| r.name.clone()).collect()),
+        pending_pods_refs: Some(refs),
+        error_on_lease_count: Some(0),
+        ..Default::default()
+    };
+    set_condition(
+        &mut st,
+        s.now,
+        "Accepted",
+        "True",
+        "Valid",
+        "the node exists and has no other NodeMaintenance",
+    );
+    set_condition(
+        &mut st,
+        s.now,
+        "Cordoned",
+        "False",
+        "Cordoning",
+        "cordoning and tainting the node",
+    );
+    set_condition(
+        &mut st,
+        s.now,
+        "Drained",
+        "False",
+        "Draining",
+        "waiting for the cordon",
+    );
+    st
+}
+
+/// At most this many blockers are spelled out in lastError.
+const MAX_BLOCKERS_SHOWN: usize = 5;
+
+pub(super) fn progress_status(
+    s: &Snapshot,
+    nm: &NodeMaintenance,
+    fates: &[(Arc<Pod>, Fate)],
+    timeout: Duration,
+) -> (NodeMaintenanceStatus, Option<Announce>) {
+    let old = nm.status.clone().unwrap_or_default();
+    let mut st = old.clone();
+    let refs = pending_refs(fates);
+    let eviction = old.eviction_pods.unwrap_or(0).max(0);
+    let gone = (eviction - refs.len() as i32).max(0);
+    st.drain_progress = Some(match (eviction, refs.is_empty()) {
+        (_, true) => 100,
+        (0, false) => 0,
+        _ => gone * 100 / eviction,
+    });
+    st.pending_pods = Some(refs.iter().map(|r| r.name.clone()).collect());
+    st.pending_pods_refs = Some(refs.clone());
+
+    let blockers: Vec<String> = fates
+        .iter()
+        .filter(|(_, f)| f.is_pending())
+        .filter_map(|(pod, _)| {
+            attempt(s, pod)
+                .and_then(|a| a.error.as_ref())
+                .map(|e| format!("pod {}: {e}", drain::pod_key(pod)))
+        })
+        .collect();
+    st.last_error = summarize(&blockers);
+
+    set_condition(
+        &mut st,
+        s.now,
+        "Cordoned",
+        "True",
+        "Cordoned",
+        "the node is cordoned and tainted",
+    );
+    let mut announce = None;
+    if refs.is_empty() {
+        set_condition(
+            &mut st,
+            s.now,
+            "Drained",
+            "True",
+            "Drained",
+            "no pods left to drain",
+        );
+        if old.phase != Some(Phase::Succeeded) {
+            announce = Some(Announce::Succeeded);
+        }
+        st.phase = Some(Phase::Succeeded);
+    } else {
+        let timed_out = drain_deadline(nm, timeout).is_some_and(|d| d <= s.now);
+        let (reason, message) = match (&st.last_error, timed_out) {
+            (Some(err), true) => (
+                "DrainTimeout",
+                format!(
+                    "drain did not finish within {} s; blocked by {err}",
+                    timeout.as_secs()
+                ),
+            ),
+            (Some(err), false) => ("DrainBlocked", format!("blocked by {err}")),
+            (None, _) => ("Draining", format!("{} pods left to drain", refs.len())),
+        };
+        let was = nm.condition("Drained").map(|c| c.reason.as_str());
+        if reason == "DrainTimeout" && was != Some("DrainTimeout") {
+            announce = Some(Announce::DrainTimeout(message.clone()));
+        }
+        set_condition(&mut st, s.now, "Drained", "False", reason, &message);
+        // Pods that appear after Succeeded (e.g. tolerating the taints) are
+        // drained too, but a finished maintenance does not go back to Running.
+        if st.phase != Some(Phase::Succeeded) {
+            st.phase = Some(Phase::Running);
+        }
+    }
+    (st, announce)
+}
+
+fn summarize(blockers: &[String]) -> Option<String> {
+    match blockers.len() {
+        0 => None,
+        n if n <= MAX_BLOCKERS_SHOWN => Some(blockers.join("; ")),
+        n => Some(format!(
+            "{}; and {} more",
+            blockers[..MAX_BLOCKERS_SHOWN].join("; "),
+            n - MAX_BLOCKERS_SHOWN
+        )),
+    }
+}
+
+/// Set a condition, keeping its transition time unless its status changed.
+pub fn set_condition(
+    st: &mut NodeMaintenanceStatus,
+    now: Timestamp,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+) {
+    let conds = st.conditions.get_or_insert_with(Vec::new);
+    if let Some(c) = conds.iter_mut().find(|c| c.type_ == type_) {
+        if c.status != status {
+            c.last_transition_time = Time(now);
+        }
+        c.status = status.into();
+        c.reason = reason.into();
+        c.message = message.into();
+    } else {
+        conds.push(Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Time(now),
+            observed_generation: None,
+        });
+    }
+}
+
+/// Equal but for `lastUpdate`, which we stamp on every write.
+pub(super) fn same_status(
+    old: Option<&NodeMaintenanceStatus>,
+    new: &NodeMaintenanceStatus,
+) -> bool {
+    let Some(old) = old else { return false };
+    let mut a = old.clone();
+    a.last_update = None;
+    let mut b = new.clone();
+    b.last_update = None;
+    a == b
+}
+
+/// The Failed status: phase, the message in lastError, Accepted=False.
+pub(super) fn failed_status(
+    m: &NodeMaintenance,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> NodeMaintenanceStatus {
+    let mut st = m.status.clone().unwrap_or_default();
+    st.phase = Some(Phase::Failed);
+    st.last_error = Some(message.into());
+    set_condition(&mut st, now, "Accepted", "False", reason, message);
+    st
+}

@@ -1,0 +1,194 @@
+//! Pure decisions: a snapshot of the world and the time in, a [`Plan`] out.
+//! One module per feature (today [`maintenance`]: the NodeMaintenance
+//! life), plus the policies features share ([`drain`]: which pods go and
+//! how, retry schedules; [`foreign`]: who looks after objects no agent
+//! owns). The effects themselves are performed by `crate::effects`; the
+//! outcomes come back through [`NodeMemory::record`] and the next snapshot.
+//!
+//! **Architecture invariant:** nothing under `decide/` performs I/O or
+//! reads a clock: time comes in with the snapshot, so every rule here is a
+//! unit test away.
+
+pub mod drain;
+pub mod foreign;
+pub mod maintenance;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::Value;
+
+use crate::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceStatus};
+use drain::{Attempt, Fate};
+
+/// One thing to do to the world: the closed set every feature plans with.
+/// Each write carries its guard (resourceVersion or UID), so a decision made
+/// on a stale snapshot fails with a conflict instead of doing harm.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    /// Merge-patch a Node, guarded by the resourceVersion decided on.
+    PatchNode {
+        node: String,
+        resource_version: Option<String>,
+        patch: Value,
+    },
+    /// Replace a NodeMaintenance's whole status (server-side apply, one
+    /// field manager), guarded by the resourceVersion decided on.
+    WriteStatus {
+        nm: String,
+        resource_version: Option<String>,
+        status: Box<NodeMaintenanceStatus>,
+    },
+    /// Set a NodeMaintenance's finalizers (and, if given, its owner).
+    SetFinalizers {
+        nm: String,
+        resource_version: Option<String>,
+        finalizers: Vec<String>,
+        owner: Option<OwnerReference>,
+    },
+    /// Take or renew the medik8s lease of a node (owned by the Node).
+    TakeLease {
+        node: String,
+        node_uid: Option<String>,
+    },
+    /// Release the medik8s lease of a node if NodeMaintenance holds it.
+    ReleaseLease { node: String },
+    /// Evict or delete these pods, concurrently, each guarded by its UID.
+    Drain { pods: Vec<(Arc<Pod>, Fate)> },
+    /// Take a node for a feature: create a NodeMaintenance it owns.
+    CreateMaintenance { nm: Box<NodeMaintenance> },
+    /// Give a node back: delete the NodeMaintenance with this UID.
+    DeleteMaintenance { nm: String, uid: String },
+    /// Publish an event (Warning if `warning`) about an object.
+    Event {
+        object: ObjectReference,
+        warning: bool,
+        reason: &'static str,
+        note: String,
+    },
+}
+
+/// What one decision asks for: effects in order, then when to decide again.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub effects: Vec<Effect>,
+    pub then: Then,
+    /// What the log says once the effects are done (a plan says what it
+    /// does; the interpreter does not).
+    pub note: Option<(log::Level, String)>,
+}
+
+/// When to decide again after the effects are done.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Then {
+    /// At once, on a snapshot that includes these effects' results.
+    Again,
+    /// When something changes, or after this long if given.
+    Wait(Option<Duration>),
+}
+
+impl Plan {
+    /// Perform these, then decide again.
+    pub fn steps(effects: Vec<Effect>) -> Plan {
+        Plan {
+            effects,
+            then: Then::Again,
+            note: None,
+        }
+    }
+
+    /// Nothing to do until something changes, or until `after` passes.
+    pub fn wait(after: Option<Duration>) -> Plan {
+        Plan {
+            effects: Vec::new(),
+            then: Then::Wait(after),
+            note: None,
+        }
+    }
+
+    /// Log `line` at info level once done.
+    pub fn info(mut self, line: String) -> Plan {
+        self.note = Some((log::Level::Info, line));
+        self
+    }
+
+    /// Log `line` as a warning once done.
+    pub fn warn(mut self, line: String) -> Plan {
+        self.note = Some((log::Level::Warn, line));
+        self
+    }
+}
+
+/// What the API server said to an effect, as the next decision needs it.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Done as asked (or already so).
+    Done,
+    /// The Node as the server stored our write.
+    NodeWritten(Box<k8s_openapi::api::core::v1::Node>),
+    /// The NodeMaintenance as the server stored our write.
+    MaintenanceWritten(Box<NodeMaintenance>),
+    /// The lease is ours until then.
+    LeaseHeld { until: Timestamp },
+    /// Someone else holds the lease.
+    LeaseHeldBy(String),
+    /// Per pod of a [`Effect::Drain`], in order.
+    Drained(Vec<drain::Removal>),
+}
+
+/// What we remember per node between decisions. Lost on restart, which
+/// costs at most one repeated request: everything needed to resume is in
+/// the API server.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct NodeMemory {
+    /// Per pod UID: the last removal attempt.
+    pub attempts: HashMap<String, Attempt>,
+    /// When the medik8s lease must be renewed; `None` if we do not hold it.
+    pub lease_renew_at: Option<Timestamp>,
+}
+
+impl NodeMemory {
+    /// Fold an effect's outcome in: the policy of what to remember (lease
+    /// renewal at half its life, eviction retry schedules) lives here.
+    pub fn record(&mut self, effect: &Effect, outcome: &Outcome, now: Timestamp) {
+        match (effect, outcome) {
+            (Effect::TakeLease { .. }, Outcome::LeaseHeld { until }) => {
+                let half = SignedDuration::from_millis(
+                    (until.as_millisecond() - now.as_millisecond()) / 2,
+                );
+                self.lease_renew_at = now.checked_add(half).ok();
+            }
+            (Effect::ReleaseLease { .. }, _) => self.lease_renew_at = None,
+            (Effect::Drain { pods }, Outcome::Drained(removals)) => {
+                drain::record(&mut self.attempts, pods, removals, now)
+            }
+            _ => {}
+        }
+    }
+
+    /// Forget attempts for pods that are gone, so the map stays bounded.
+    pub fn forget_pods_except(&mut self, live_uids: &std::collections::HashSet<String>) {
+        self.attempts.retain(|uid, _| live_uids.contains(uid));
+    }
+}
+
+/// Time from `now` until `t`, zero if past.
+pub fn duration_until(now: Timestamp, t: Timestamp) -> Duration {
+    let ms = t
+        .as_millisecond()
+        .saturating_sub(now.as_millisecond())
+        .max(0);
+    Duration::from_millis(ms as u64)
+}
+
+/// The earlier of two optional wake-ups.
+pub fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}

@@ -1,0 +1,356 @@
+//! Deployment artifacts, generated from the same types and constants the
+//! agent uses so they cannot drift from the code: `nodekeeper manifests --for
+//! TARGET [--out DIR]`. The checked-in copies under `k3s-manifests/` and
+//! `image/` are these outputs with the default [`Options`]; a test fails when
+//! they differ.
+//!
+//! Identities: the node agent (`nodekeeper-agent`, one per node: DaemonSet
+//! pods, or host modes with a node-bound token of the same ServiceAccount)
+//! and cluster mode (`nodekeeper-cluster`, the `--all-nodes` Deployment).
+//! Both get exactly the verbs in [`AGENT_RULES`]; cluster mode adds its
+//! leader Lease. The ValidatingAdmissionPolicy in [`admission`] then
+//! confines the node agent to its own Node.
+
+use serde_json::Value;
+
+mod host;
+mod rbac;
+#[cfg(test)]
+mod tests;
+mod workloads;
+
+use host::*;
+use rbac::*;
+pub use rbac::{AGENT_RULES, admission, rbac};
+use workloads::*;
+pub use workloads::{daemonset, deployment};
+
+use crate::api::nodemaintenance::{
+    APPLIED_ANNOTATION, CORDONED_ANNOTATION, EXCLUDE_REMEDIATION_LABEL, LEASE_NAMESPACE,
+};
+use crate::error::{Error, Result};
+
+/// The node agent's ServiceAccount (DaemonSet pods and host-mode tokens).
+pub const AGENT_ACCOUNT: &str = "nodekeeper-agent";
+/// The `--all-nodes` Deployment's ServiceAccount.
+pub const CLUSTER_ACCOUNT: &str = "nodekeeper-cluster";
+/// The ClusterRole both identities are bound to.
+pub const AGENT_ROLE: &str = "nodekeeper-agent";
+/// The admission policy (and its binding) confining node agents.
+pub const OWN_NODE_POLICY: &str = "nodekeeper-own-node";
+/// The port `/metrics`, `/healthz` and `/readyz` are served on.
+pub const METRICS_PORT: u16 = 9477;
+/// The user-info extra key the API server fills from a token bound to a pod
+/// (its node) or to a node.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// The knobs a deployment needs. One set of defaults serves every target.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Image reference. The default is the name `just image` gives the
+    /// archive, which OS images preload (no registry involved).
+    pub image: String,
+    /// Namespace of the agents, their ServiceAccounts and the leader Lease.
+    pub namespace: String,
+    /// Kubeconfig path on the host (static pod, systemd, Talos).
+    pub kubeconfig: String,
+    /// nodekeeper's log level: error, warn, info, debug or trace.
+    pub log_level: String,
+    /// `--metrics-address` for every mode; `None` takes each mode's default
+    /// (all interfaces in pods on the pod network, loopback on the host).
+    pub metrics_address: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            image: format!("localhost/nodekeeper:{}", env!("CARGO_PKG_VERSION")),
+            namespace: "nodekeeper".into(),
+            kubeconfig: "/etc/nodekeeper/kubeconfig".into(),
+            log_level: "info".into(),
+            metrics_address: None,
+        }
+    }
+}
+
+impl Options {
+    /// Reject values that would produce broken manifests.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, why: &str| Err(Error::Invalid(format!("{what}: {why}")));
+        if self.image.trim().is_empty() || self.image.contains(char::is_whitespace) {
+            return bad("--image", "must be an image reference without spaces");
+        }
+        let ns = &self.namespace;
+        if ns.is_empty()
+            || ns.len() > 63
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            || ns.starts_with('-')
+            || ns.ends_with('-')
+        {
+            return bad(
+                "--namespace",
+                &format!("{ns:?} is not a valid namespace name"),
+            );
+        }
+        if !self.kubeconfig.starts_with('/') {
+            return bad("--kubeconfig", "must be an absolute path on the host");
+        }
+        if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
+            return bad(
+                "--log-level",
+                &format!(
+                    "{:?} is not one of error, warn, info, debug, trace",
+                    self.log_level
+                ),
+            );
+        }
+        if let Some(a) = &self.metrics_address {
+            crate::service::metrics::parse_address(a)?;
+        }
+        Ok(())
+    }
+
+    fn rust_log(&self) -> String {
+        format!("nodekeeper={}", self.log_level)
+    }
+
+    fn pod_metrics(&self) -> String {
+        self.metrics_address
+            .clone()
+            .unwrap_or_else(|| format!(":{METRICS_PORT}"))
+    }
+
+    fn host_metrics(&self) -> String {
+        self.metrics_address
+            .clone()
+            .unwrap_or_else(|| crate::service::metrics::DEFAULT_ADDRESS.to_string())
+    }
+
+    fn metrics_port(&self, default: &str) -> u16 {
+        let addr = self.metrics_address.as_deref().unwrap_or(default);
+        match crate::service::metrics::parse_address(addr) {
+            Ok(Some(a)) => a.port(),
+            _ => METRICS_PORT,
+        }
+    }
+
+    fn metrics_off(&self) -> bool {
+        matches!(
+            self.metrics_address
+                .as_deref()
+                .map(crate::service::metrics::parse_address),
+            Some(Ok(None))
+        )
+    }
+}
+
+/// One generated file: its path relative to the output folder, and content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct File {
+    pub path: String,
+    pub content: String,
+}
+
+/// Every target, what it is for, and where its checked-in copy lives
+/// (relative to the repository root; `None`: not checked in).
+pub const TARGETS: [(&str, &str, Option<&str>); 10] = [
+    ("crds", "the CustomResourceDefinitions", None),
+    (
+        "rbac",
+        "namespaces, the node agent's ServiceAccount and RBAC",
+        None,
+    ),
+    (
+        "admission",
+        "the ValidatingAdmissionPolicy confining node agents to their own Node",
+        None,
+    ),
+    ("daemonset", "the node agent as a DaemonSet", None),
+    (
+        "deployment",
+        "cluster mode (--all-nodes): its ServiceAccount, RBAC and a leader-elected Deployment",
+        None,
+    ),
+    (
+        "k3s",
+        "crds + rbac + admission + daemonset as files for k3s's auto-deploy folder",
+        Some("k3s-manifests"),
+    ),
+    (
+        "static-pod",
+        "the node agent as a static pod (host network, before CNI)",
+        Some("image"),
+    ),
+    (
+        "systemd",
+        "the node agent as a host service: unit and environment file",
+        Some("image"),
+    ),
+    (
+        "talos",
+        "a Talos system extension: manifest and extension service",
+        Some("image/talos"),
+    ),
+    (
+        "containerfile",
+        "a FROM-scratch image recipe",
+        Some("image"),
+    ),
+];
+
+/// Render one target's files.
+pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
+    o.validate()?;
+    let file = |path: &str, what: &str, body: String| File {
+        path: path.into(),
+        content: format!(
+            "# {what}\n# Generated by `nodekeeper manifests --for {target}`; do not edit.\n{body}"
+        ),
+    };
+    let yaml = |docs: &[Value]| crate::yaml::documents(docs);
+    Ok(match target {
+        "crds" => vec![file("crds.yaml", "nodekeeper's CRDs", yaml(&crds()?))],
+        "rbac" => vec![file(
+            "rbac.yaml",
+            &format!("nodekeeper's node agent identity.\n{}", rules_comment()),
+            yaml(&rbac(o)),
+        )],
+        "admission" => vec![file(
+            "admission.yaml",
+            "Confines each node agent to its own Node (Kubernetes >= 1.30)",
+            yaml(&admission(o)),
+        )],
+        "daemonset" => vec![file(
+            "daemonset.yaml",
+            "nodekeeper's node agent as a DaemonSet (needs crds, rbac and admission)",
+            yaml(&[daemonset(o)]),
+        )],
+        "deployment" => vec![file(
+            "deployment.yaml",
+            "nodekeeper in cluster mode: one leader-elected agent for every node (needs crds and rbac)",
+            yaml(&deployment(o)),
+        )],
+        "k3s" => vec![
+            file(
+                "nodekeeper-crds.yaml",
+                "nodekeeper for k3s: copy this folder into /var/lib/rancher/k3s/server/manifests/",
+                yaml(&crds()?),
+            ),
+            file(
+                "nodekeeper-rbac.yaml",
+                &format!(
+                    "nodekeeper for k3s: the node agent identity.\n{}",
+                    rules_comment()
+                ),
+                yaml(&rbac(o)),
+            ),
+            file(
+                "nodekeeper-admission.yaml",
+                "nodekeeper for k3s: confines each node agent to its own Node",
+                yaml(&admission(o)),
+            ),
+            file(
+                "nodekeeper-daemonset.yaml",
+                "nodekeeper for k3s: the node agent on every node",
+                yaml(&[daemonset(o)]),
+            ),
+        ],
+        "static-pod" => vec![file(
+            "static-pod.yaml",
+            &format!(
+                "nodekeeper as a static pod: copy into the kubelet's staticPodPath\n\
+                 # (/etc/kubernetes/manifests, or /var/lib/rancher/k3s/agent/pod-manifests on k3s).\n\
+                 # Needs a kubeconfig at {} on the host (see README, Deploy).",
+                o.kubeconfig
+            ),
+            yaml(&[static_pod(o)]),
+        )],
+        "systemd" => vec![
+            file(
+                "nodekeeper.service",
+                "nodekeeper as a host service: /etc/systemd/system/nodekeeper.service",
+                systemd_unit(o),
+            ),
+            file(
+                "nodekeeper.env",
+                "Settings for nodekeeper.service: /etc/nodekeeper/nodekeeper.env (optional)",
+                systemd_env(o),
+            ),
+        ],
+        "talos" => vec![
+            file(
+                "manifest.yaml",
+                "Talos system extension metadata (the image's /manifest.yaml)",
+                yaml(&[talos_manifest()]),
+            ),
+            file(
+                "rootfs/usr/local/etc/containers/nodekeeper.yaml",
+                "Talos extension service; the binary is rootfs/usr/local/lib/containers/nodekeeper/nodekeeper",
+                yaml(&[talos_service(o)]),
+            ),
+            file(
+                "extension-service-config.yaml",
+                "Example machine-config document for the extension: the kubeconfig and node name",
+                yaml(&[talos_service_config(o)]),
+            ),
+        ],
+        "containerfile" => vec![file(
+            "Containerfile",
+            "A FROM-scratch image holding only the static binary and CA certificates.\n\
+             # `just image` builds the same image as an OCI archive without a container daemon and\n\
+             # stages this recipe's build context: buildah build -f image/Containerfile target/image/context",
+            containerfile(),
+        )],
+        other => {
+            let known: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+            return Err(Error::Invalid(format!(
+                "unknown target {other:?}; choose one of: {}",
+                known.join(", ")
+            )));
+        }
+    })
+}
+
+/// What `manifests --for T` prints without `--out`: a single file as is, or
+/// YAML files as one multi-document stream (what `kubectl apply -f -` and
+/// k3s accept). Other multi-file targets need a folder.
+pub fn to_stdout(target: &str, files: &[File]) -> Result<String> {
+    match files {
+        [one] => Ok(one.content.clone()),
+        many if many.iter().all(|f| f.path.ends_with(".yaml")) && target != "talos" => {
+            Ok(many.iter().map(|f| f.content.as_str()).collect())
+        }
+        many => Err(Error::Invalid(format!(
+            "{target} is {} files ({}); write them with --out DIR",
+            many.len(),
+            many.iter()
+                .map(|f| f.path.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// Write `files` under `dir`, creating folders as needed.
+pub fn write(dir: &std::path::Path, files: &[File]) -> Result<()> {
+    for f in files {
+        let path = dir.join(&f.path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(Error::io(format!("creating {}", parent.display())))?;
+        }
+        std::fs::write(&path, &f.content)
+            .map_err(Error::io(format!("writing {}", path.display())))?;
+    }
+    Ok(())
+}
+
+fn crds() -> Result<Vec<Value>> {
+    crate::api::crds()
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Invalid(format!("encoding CRDs: {e}")))
+}

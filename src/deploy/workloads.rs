@@ -1,0 +1,159 @@
+//! The in-cluster run modes, each with its security profile: the node-role
+//! DaemonSet, the cluster-role Deployment, and the static pod (host network,
+//! before any CNI).
+
+use serde_json::{Value, json};
+
+use super::*;
+
+pub(super) fn pod_env(o: &Options) -> Value {
+    json!([
+      {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+      {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+      {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+      {"name": "RUST_LOG", "value": o.rust_log()}
+    ])
+}
+
+/// Resource figures from `just bench-drain`: 6.5 MiB idle and 8.5 MiB peak
+/// RSS with 110 pods on the node; the limit leaves room for bigger nodes.
+pub(super) fn resources() -> Value {
+    json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}})
+}
+
+pub(super) fn restricted_security() -> Value {
+    json!({"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+           "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+           "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}})
+}
+
+pub(super) fn probe(path: &str, port: u16, host: Option<&str>) -> Value {
+    let mut get = json!({"path": path, "port": port});
+    if let Some(h) = host {
+        get["host"] = json!(h);
+    }
+    json!({"httpGet": get, "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3})
+}
+
+/// The agent container for pod-network workloads (DaemonSet, Deployment).
+pub(super) fn pod_container(o: &Options, args: &[&str], readiness: bool) -> Value {
+    let metrics = o.pod_metrics();
+    let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    args.extend(["--metrics-address".into(), metrics.clone()]);
+    let mut c = json!({
+      "name": "nodekeeper", "image": o.image, "imagePullPolicy": "IfNotPresent",
+      "args": args, "env": pod_env(o), "resources": resources(),
+      "securityContext": restricted_security()
+    });
+    if !o.metrics_off() {
+        let port = o.metrics_port(&metrics);
+        c["ports"] = json!([{"name": "metrics", "containerPort": port, "protocol": "TCP"}]);
+        c["livenessProbe"] = probe("/healthz", port, None);
+        if readiness {
+            c["readinessProbe"] = probe("/readyz", port, None);
+        }
+    }
+    c
+}
+
+pub fn daemonset(o: &Options) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+    "metadata": {"name": "nodekeeper", "namespace": o.namespace, "labels": labels()},
+    "spec": {
+      "selector": {"matchLabels": labels()},
+      "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+      "template": {
+        "metadata": {"labels": labels()},
+        "spec": {
+          "serviceAccountName": AGENT_ACCOUNT,
+          "priorityClassName": "system-node-critical",
+          // It must keep running on the nodes it cordons and taints, and on
+          // control-plane nodes.
+          "tolerations": [{"operator": "Exists"}],
+          "terminationGracePeriodSeconds": 30,
+          "containers": [pod_container(o, &["run"], true)]
+        }
+      }
+    }})
+}
+
+/// Cluster mode: its own identity, the leader Lease it needs, and two
+/// replicas of which one leads.
+pub fn deployment(o: &Options) -> Vec<Value> {
+    let mut docs = vec![service_account(CLUSTER_ACCOUNT, o)];
+    docs.extend(bindings(CLUSTER_ACCOUNT, o));
+    docs.extend([
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "nodekeeper-leader", "namespace": o.namespace, "labels": labels()},
+               "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                          "verbs": ["get", "create", "update"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "nodekeeper-leader", "namespace": o.namespace, "labels": labels()},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodekeeper-leader"},
+               "subjects": [{"kind": "ServiceAccount", "name": CLUSTER_ACCOUNT, "namespace": o.namespace}]}),
+    ]);
+    let sel =
+        json!({"app.kubernetes.io/name": "nodekeeper", "app.kubernetes.io/component": "cluster"});
+    docs.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+    "metadata": {"name": "nodekeeper-cluster", "namespace": o.namespace, "labels": sel},
+    "spec": {
+      "replicas": 2,
+      "selector": {"matchLabels": sel},
+      "template": {
+        "metadata": {"labels": sel},
+        "spec": {
+          "serviceAccountName": CLUSTER_ACCOUNT,
+          "priorityClassName": "system-cluster-critical",
+          // The standby waits for the Lease and never becomes ready, so
+          // only liveness is probed.
+          "containers": [pod_container(o, &["run", "--all-nodes"], false)]
+        }
+      }
+    }}));
+    docs
+}
+
+/// A static pod: host network (it runs before any CNI), a kubeconfig from
+/// the host, started by the kubelet before any controller.
+pub(super) fn static_pod(o: &Options) -> Value {
+    let metrics = o.host_metrics();
+    let dir = std::path::Path::new(&o.kubeconfig)
+        .parent()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "/".into());
+    let mut c = json!({
+      "name": "nodekeeper", "image": o.image, "imagePullPolicy": "IfNotPresent",
+      "args": ["run", "--kubeconfig", o.kubeconfig, "--metrics-address", metrics],
+      "env": [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "RUST_LOG", "value": o.rust_log()}
+      ],
+      "volumeMounts": [{"name": "kubeconfig", "mountPath": dir, "readOnly": true}],
+      "resources": resources(),
+      // Root only so a root-owned 0600 kubeconfig stays readable; no
+      // capabilities, no escalation, nothing writable.
+      "securityContext": {"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                          "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    });
+    if !o.metrics_off() {
+        let port = o.metrics_port(&metrics);
+        let host = match crate::service::metrics::parse_address(&metrics) {
+            Ok(Some(a)) if a.ip().is_unspecified() => "127.0.0.1".to_string(),
+            Ok(Some(a)) => a.ip().to_string(),
+            _ => "127.0.0.1".into(),
+        };
+        c["livenessProbe"] = probe("/healthz", port, Some(&host));
+    }
+    json!({
+      "apiVersion": "v1", "kind": "Pod",
+      "metadata": {"name": "nodekeeper", "namespace": "kube-system", "labels": labels()},
+      "spec": {
+        "hostNetwork": true,
+        // Resolve through the host: cluster DNS may not exist yet.
+        "dnsPolicy": "Default",
+        "priorityClassName": "system-node-critical",
+        "containers": [c],
+        "volumes": [{"name": "kubeconfig", "hostPath": {"path": dir, "type": "Directory"}}]
+      }
+    })
+}

@@ -1,0 +1,188 @@
+//! The one interpreter of [`Effect`]s: performs each against the API
+//! server, with the guard the effect carries, and reports an [`Outcome`].
+//! It holds no policy — what to retry, when, and what a refusal means are
+//! decided in `decide/`; this module only speaks HTTP.
+//!
+//! [`evict`] sends a drain's evictions and deletions; [`lease`] holds the
+//! medik8s node lease and the cluster role's leader lease.
+
+pub mod evict;
+pub mod lease;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::decide::{Effect, Outcome};
+use crate::error::{Error, Result};
+
+/// The field manager of every server-side apply: one name, so our status
+/// fields are ours and a field we stop sending is removed.
+pub const FIELD_MANAGER: &str = "nodekeeper";
+
+/// What performs effects: the client, and the recorder events go through.
+pub struct Interpreter {
+    pub client: Client,
+    pub recorder: Recorder,
+}
+
+impl Interpreter {
+    /// Perform one effect. A write whose guard no longer holds fails with
+    /// the API's 409; the caller decides again on a fresh snapshot.
+    pub async fn perform(&self, effect: &Effect) -> Result<Outcome> {
+        match effect {
+            Effect::PatchNode {
+                node,
+                resource_version,
+                patch,
+            } => {
+                // Taints are a list a merge patch replaces whole, so a
+                // concurrent change must not be lost: guard by version.
+                let mut body = patch.clone();
+                body["metadata"]["resourceVersion"] = json!(resource_version);
+                let api: Api<Node> = Api::all(self.client.clone());
+                let updated = api
+                    .patch(node, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .map_err(Error::kube(format!("updating node {node}")))?;
+                Ok(Outcome::NodeWritten(Box::new(updated)))
+            }
+            Effect::WriteStatus {
+                nm,
+                resource_version,
+                status,
+            } => {
+                let body = json!({
+                    "apiVersion": NodeMaintenance::api_version(&()),
+                    "kind": NodeMaintenance::kind(&()),
+                    "metadata": { "name": nm, "resourceVersion": resource_version },
+                    "status": status,
+                });
+                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+                let updated = api
+                    .patch_status(
+                        nm,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&body),
+                    )
+                    .await
+                    .map_err(Error::kube(format!(
+                        "writing status of NodeMaintenance {nm}"
+                    )))?;
+                Ok(Outcome::MaintenanceWritten(Box::new(updated)))
+            }
+            Effect::SetFinalizers {
+                nm,
+                resource_version,
+                finalizers,
+                owner,
+            } => {
+                let mut meta =
+                    json!({ "resourceVersion": resource_version, "finalizers": finalizers });
+                if let Some(o) = owner {
+                    meta["ownerReferences"] = json!([o]);
+                }
+                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+                match api
+                    .patch(
+                        nm,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({ "metadata": meta })),
+                    )
+                    .await
+                {
+                    Ok(updated) => Ok(Outcome::MaintenanceWritten(Box::new(updated))),
+                    // Finalizer already gone and the object with it.
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Done),
+                    Err(e) => Err(Error::kube(format!("updating NodeMaintenance {nm}"))(e)),
+                }
+            }
+            Effect::TakeLease { node, node_uid } => {
+                match lease::acquire_node_lease(&self.client, node, node_uid.clone()).await? {
+                    lease::Acquired::Held { until } => Ok(Outcome::LeaseHeld { until }),
+                    lease::Acquired::HeldBy(holder) => Ok(Outcome::LeaseHeldBy(holder)),
+                }
+            }
+            Effect::ReleaseLease { node } => {
+                lease::release_node_lease(&self.client, node).await?;
+                Ok(Outcome::Done)
+            }
+            Effect::Drain { pods } => Ok(Outcome::Drained(
+                evict::drain_pods(&self.client, pods).await,
+            )),
+            Effect::CreateMaintenance { nm } => {
+                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+                match api.create(&PostParams::default(), nm).await {
+                    Ok(created) => Ok(Outcome::MaintenanceWritten(Box::new(created))),
+                    // Created before (a crash between create and record).
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Done),
+                    Err(e) => Err(Error::kube(format!(
+                        "creating NodeMaintenance {}",
+                        nm.metadata.name.as_deref().unwrap_or_default()
+                    ))(e)),
+                }
+            }
+            Effect::DeleteMaintenance { nm, uid } => {
+                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(nm, &dp).await {
+                    Ok(_) => Ok(Outcome::Done),
+                    // Gone already, or a new object of the same name: not ours.
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Outcome::Done),
+                    Err(e) => Err(Error::kube(format!("deleting NodeMaintenance {nm}"))(e)),
+                }
+            }
+            Effect::Event {
+                object,
+                warning,
+                reason,
+                note,
+            } => {
+                let ev = Event {
+                    type_: if *warning {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    },
+                    reason: (*reason).into(),
+                    note: Some(note.clone()),
+                    action: (*reason).into(),
+                    secondary: None,
+                };
+                // An event that cannot be published must not undo the work
+                // it describes: log it and go on.
+                if let Err(e) = self.recorder.publish(&ev, object).await {
+                    log::warn!(
+                        "publishing event {reason}: {}",
+                        crate::error::kube_cause(&e)
+                    );
+                }
+                Ok(Outcome::Done)
+            }
+        }
+    }
+}
+
+/// One line per effect for debug logs, without a drain's pod bulk.
+pub fn describe(effect: &Effect) -> String {
+    match effect {
+        Effect::Drain { pods } => format!("Drain {{ pods: {} }}", pods.len()),
+        Effect::WriteStatus { nm, status, .. } => format!(
+            "WriteStatus {{ nm: {nm:?}, phase: {:?} }}",
+            status.phase.map(|p| p.as_str())
+        ),
+        Effect::PatchNode { node, patch, .. } => {
+            format!("PatchNode {{ node: {node:?}, patch: {patch} }}")
+        }
+        other => format!("{other:?}"),
+    }
+}

@@ -1,0 +1,164 @@
+//! The shared state of the one loop: the stores it reads, the interpreter
+//! it acts through, and what it remembers between reconciles — per node
+//! ([`NodeMemory`]), per foreign object, and our writes the watches have not
+//! delivered yet. Everything here may be lost on restart at the cost of a
+//! repeated request; it is pruned when nodes and objects go.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::roles::Scope;
+use super::stores::{Fresh, Stores, Synced};
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::decide::foreign::LastCheck;
+use crate::decide::{NodeMemory, Outcome};
+use crate::effects::Interpreter;
+
+/// Shared state of the one loop.
+pub struct Context {
+    pub effects: Interpreter,
+    pub scope: Scope,
+    pub nodes: Store<Node>,
+    pub pods: Store<Pod>,
+    pub maintenances: Store<NodeMaintenance>,
+    pub synced: Synced,
+    /// The agent's default drain deadline (`--drain-timeout`).
+    pub drain_timeout: Duration,
+    fresh: Arc<Fresh>,
+    memory: Mutex<HashMap<String, NodeMemory>>,
+    /// The last summary logged per node, so the log shows changes only.
+    seen: Mutex<HashMap<String, String>>,
+    /// Per foreign NodeMaintenance (node role): the last look at its node.
+    foreign_checked: Mutex<HashMap<String, LastCheck>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Context {
+    pub fn new(
+        effects: Interpreter,
+        scope: Scope,
+        stores: Stores,
+        drain_timeout: Duration,
+    ) -> Context {
+        Context {
+            effects,
+            scope,
+            nodes: stores.nodes,
+            pods: stores.pods,
+            maintenances: stores.maintenances,
+            synced: stores.synced,
+            drain_timeout,
+            fresh: stores.fresh,
+            memory: Mutex::default(),
+            seen: Mutex::default(),
+            foreign_checked: Mutex::default(),
+        }
+    }
+
+    pub fn owns(&self, node: &str) -> bool {
+        match &self.scope {
+            Scope::Node(n) => n == node,
+            Scope::AllNodes { .. } => self.node(node).is_some(),
+        }
+    }
+
+    /// The node from the store, or our newer write of it.
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.fresh
+            .nodes
+            .fresher(name, self.nodes.get(&ObjectRef::new(name)))
+    }
+
+    /// Every NodeMaintenance for `node`, each in its newest known version.
+    pub fn maintenances_for(&self, node: &str) -> Vec<Arc<NodeMaintenance>> {
+        self.maintenances
+            .state()
+            .into_iter()
+            .filter(|m| m.spec.node_name == node)
+            .filter_map(|m| self.fresh.maintenances.fresher(&m.name_any(), Some(m)))
+            .filter(|m| !(m.is_deleting() && m.finalizers().is_empty()))
+            .collect()
+    }
+
+    pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .collect()
+    }
+
+    /// What we remember of `node`, without attempts for pods that are gone.
+    pub fn memory(&self, node: &str, pods: &[Arc<Pod>]) -> NodeMemory {
+        let live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let mut mem = lock(&self.memory);
+        let m = mem.entry(node.to_string()).or_default();
+        m.forget_pods_except(&live);
+        m.clone()
+    }
+
+    /// Fold an effect's outcome into what we remember: the node's memory
+    /// (policy in `decide`), and our writes into the mutation cache.
+    pub fn record(
+        &self,
+        node: &str,
+        effect: &crate::decide::Effect,
+        outcome: &Outcome,
+        now: k8s_openapi::jiff::Timestamp,
+    ) {
+        match (effect, outcome) {
+            (_, Outcome::NodeWritten(n)) => self.fresh.nodes.remember((**n).clone()),
+            (_, Outcome::MaintenanceWritten(m)) => self.fresh.maintenances.remember((**m).clone()),
+            (crate::decide::Effect::Drain { pods }, Outcome::Drained(removals)) => {
+                super::metrics::count_removals(pods, removals)
+            }
+            _ => {}
+        }
+        lock(&self.memory)
+            .entry(node.to_string())
+            .or_default()
+            .record(effect, outcome, now);
+    }
+
+    /// Log a one-line summary of the node when it changed.
+    pub fn log_if_changed(&self, node: &str, summary: String) -> bool {
+        lock(&self.seen).insert(node.to_string(), summary.clone()) != Some(summary)
+    }
+
+    pub fn last_check(&self, nm: &str) -> Option<LastCheck> {
+        lock(&self.foreign_checked).get(nm).copied()
+    }
+
+    pub fn set_last_check(&self, nm: String, check: LastCheck) {
+        lock(&self.foreign_checked).insert(nm, check);
+    }
+
+    /// Forget what we keep per node and per object for nodes and objects
+    /// that are gone, so a cluster that replaces nodes does not grow our
+    /// memory (run on the anchor's reconciles, at least every heartbeat).
+    pub fn prune(&self) {
+        let node_exists = |n: &str| self.nodes.get(&ObjectRef::new(n)).is_some();
+        let nm_exists = |n: &str| self.maintenances.get(&ObjectRef::new(n)).is_some();
+        // Memory for a missing node is kept while an object still names it
+        // (its finalizer is being finished); then it goes.
+        let named: HashSet<String> = self
+            .maintenances
+            .state()
+            .iter()
+            .map(|m| m.spec.node_name.clone())
+            .collect();
+        lock(&self.memory).retain(|n, _| node_exists(n) || named.contains(n));
+        lock(&self.seen).retain(|n, _| node_exists(n));
+        lock(&self.foreign_checked).retain(|n, _| nm_exists(n));
+        self.fresh.nodes.retain(node_exists);
+        self.fresh.maintenances.retain(nm_exists);
+    }
+}

@@ -1,0 +1,211 @@
+//! The reconciler: for one node, gather a snapshot from the stores, ask
+//! `decide` for the next step and its plan, have the interpreter perform
+//! it, fold the outcomes back, and repeat until the plan is to wait. Each
+//! effect is one small, guarded API write; everything needed to resume
+//! lives in the API server (status, node annotations, the lease), so a crash
+//! between any two effects converges after restart.
+//!
+//! Our own writes are folded back through the mutation cache: the watch
+//! that reflects them may lag behind, and acting on a stale store would
+//! repeat a step or trip over a 409.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+
+use super::context::Context;
+use super::roles::anchor;
+use crate::api::common::is_node_name;
+use crate::decide::foreign::{self, LastCheck};
+use crate::decide::maintenance::{self, Snapshot};
+use crate::decide::{Then, duration_until, earliest};
+use crate::error::{Error, Result};
+
+/// Upper bound on decisions per reconcile; the loop normally ends far sooner.
+const MAX_STEPS: usize = 32;
+
+/// The controller's reconcile: the node itself, and, on the anchor node,
+/// NodeMaintenances whose node has no agent (it does not exist).
+pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
+    // Decisions on a half-filled store would count pods wrong: wait for the
+    // first full list of every watched kind.
+    ctx.synced.wait().await;
+    crate::service::metrics::inc(&crate::service::metrics::COUNTERS.reconciles);
+    let name = node.name_any();
+    let summary = summarize(&node);
+    if ctx.log_if_changed(&name, summary.clone()) {
+        log::info!("node {name}: {summary}");
+    }
+    let mut wake = reconcile_node(&ctx, &name, true).await?;
+    if anchor(&ctx.scope, &ctx.nodes).as_deref() == Some(name.as_str()) {
+        ctx.prune();
+        wake = earliest(wake, reconcile_foreign(&ctx).await);
+    }
+    Ok(match wake {
+        Some(d) => Action::requeue(d),
+        None => Action::await_change(),
+    })
+}
+
+/// What an operator wants to see in the log about a node, in one line.
+fn summarize(node: &Node) -> String {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str())
+        .unwrap_or("Unknown");
+    let spec = node.spec.as_ref();
+    let schedulable = !spec.and_then(|s| s.unschedulable).unwrap_or(false);
+    let taints = spec
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| {
+            ts.iter()
+                .map(|t| format!("{}:{}", t.key, t.effect))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    format!("ready={ready} schedulable={schedulable} taints=[{taints}]")
+}
+
+/// NodeMaintenances for nodes we do not own. In the node role any agent may
+/// fail or finish them once the node proves missing; writes carry the
+/// resourceVersion, so of many agents exactly one succeeds. A failing check
+/// backs off per object, with jitter, and never fails the own node's
+/// reconcile: one bad object must not make every agent poll.
+async fn reconcile_foreign(ctx: &Context) -> Option<Duration> {
+    let now = Timestamp::now();
+    let mut wake = None;
+    let mut targets: Vec<String> = ctx
+        .maintenances
+        .state()
+        .iter()
+        .filter(|m| !ctx.owns(&m.spec.node_name) || ctx.node(&m.spec.node_name).is_none())
+        .filter(|m| foreign::needs_attention(m))
+        .filter_map(|m| {
+            // A name no node can have needs no look-up: it fails at once.
+            if ctx.scope.sees_all_nodes() || !is_node_name(&m.spec.node_name) {
+                return Some(m.spec.node_name.clone());
+            }
+            let last = ctx.last_check(&m.name_any());
+            let seed = foreign::jitter_seed(
+                ctx.scope.agent(),
+                &m.name_any(),
+                last.map_or(0, |l| l.failures),
+            );
+            let due = foreign::due(m, last, seed)?;
+            if due <= now {
+                Some(m.spec.node_name.clone())
+            } else {
+                wake = earliest(wake, Some(duration_until(now, due)));
+                None
+            }
+        })
+        .collect();
+    targets.sort();
+    targets.dedup();
+    let nodes: Api<Node> = Api::all(ctx.effects.client.clone());
+    for target in targets {
+        let exists = if ctx.scope.sees_all_nodes() {
+            Ok(ctx.node(&target).is_some())
+        } else if !is_node_name(&target) {
+            Ok(false)
+        } else {
+            let found = nodes
+                .get_opt(&target)
+                .await
+                .map(|n| n.is_some())
+                .map_err(Error::kube(format!(
+                    "checking whether node {target} exists"
+                )));
+            for m in ctx.maintenances.state().iter() {
+                if m.spec.node_name == target {
+                    let failures = match (&found, ctx.last_check(&m.name_any())) {
+                        (Ok(_), _) => 0,
+                        (Err(_), Some(c)) => c.failures.saturating_add(1),
+                        (Err(_), None) => 1,
+                    };
+                    ctx.set_last_check(m.name_any(), LastCheck { at: now, failures });
+                }
+            }
+            found
+        };
+        let result = match exists {
+            Ok(false) => reconcile_node(ctx, &target, false).await,
+            Ok(true) => Ok(None),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(w) => wake = earliest(wake, w),
+            Err(e) => {
+                log::warn!("NodeMaintenance for node {target:?}: {e} (backing off)");
+                wake = earliest(wake, Some(foreign::recheck_after(1, 0)));
+            }
+        }
+    }
+    wake
+}
+
+/// Decide and act for one node until the decision is to wait.
+async fn reconcile_node(
+    ctx: &Context,
+    node_name: &str,
+    node_known: bool,
+) -> Result<Option<Duration>> {
+    for _ in 0..MAX_STEPS {
+        let node = if node_known {
+            ctx.node(node_name)
+        } else {
+            None
+        };
+        let nms = ctx.maintenances_for(node_name);
+        let pods = if node_known {
+            ctx.pods_on(node_name)
+        } else {
+            Vec::new()
+        };
+        let mem = ctx.memory(node_name, &pods);
+        let now = Timestamp::now();
+        let snapshot = Snapshot {
+            node_name,
+            node: node.as_deref(),
+            maintenances: nms.iter().map(|m| m.as_ref()).collect(),
+            pods: &pods,
+            attempts: &mem.attempts,
+            lease_renew_at: mem.lease_renew_at,
+            now,
+            drain_timeout: ctx.drain_timeout,
+        };
+        let step = maintenance::decide(&snapshot);
+        let mut plan = maintenance::plan(&snapshot, step.clone());
+        let mut i = 0;
+        while i < plan.effects.len() {
+            let effect = &plan.effects[i];
+            log::debug!("node {node_name}: {}", crate::effects::describe(effect));
+            let outcome = ctx.effects.perform(effect).await?;
+            ctx.record(node_name, effect, &outcome, now);
+            if let Some(follow) = maintenance::after(&snapshot, &step, &outcome) {
+                plan = follow;
+                i = 0;
+                continue;
+            }
+            i += 1;
+        }
+        if let Some((level, line)) = &plan.note {
+            log::log!(*level, "{line}");
+        }
+        if let Then::Wait(d) = plan.then {
+            return Ok(d);
+        }
+    }
+    log::warn!(
+        "node {node_name}: still busy after {MAX_STEPS} steps; continuing on the next reconcile"
+    );
+    Ok(Some(Duration::from_millis(100)))
+}
