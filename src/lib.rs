@@ -109,8 +109,9 @@
 //! ## Cross-cutting concerns
 //! **Who handles a NodeMaintenance whose node does not exist?** No agent owns
 //! such a node. The cluster role acts at once from its anchor (the first
-//! node by name). In the node role every agent treats these objects as its
-//! own node's business after a 5 s grace, checks with a GET that the node is
+//! node by name), so where one runs it settles these objects before any
+//! node agent's grace ends. The node role is the fallback: every agent
+//! treats these objects as its own node's business after a 5 s grace, checks with a GET that the node is
 //! missing (never for a name no node can have), and writes the Failed status
 //! (or finishes a deletion) guarded by resourceVersion: exactly one agent
 //! wins. Failed looks back off per object, 5 s doubling to 5 min, ±20 %

@@ -38,8 +38,10 @@ pub const NODE_NAME_RULE: &str =
 pub const NODE_NAME_MESSAGE: &str = "invalid nodeName, a node name is a lowercase RFC 1123 subdomain: a-z, 0-9, '-' and '.', starting and ending with a letter or digit, at most 253 characters";
 
 /// Label on a NodeMaintenance that a nodekeeper feature created to take a
-/// node, naming the owner (`Kind/name`); the object also carries an owner
-/// reference. Without it the object is an administrator's, which preempts.
+/// node, naming the owner's kind (e.g. `RebootPolicy`: a label value cannot
+/// hold `Kind/name`, and a name may be longer than a label value); the
+/// owner reference names the object. Without it the object is an
+/// administrator's, which preempts.
 pub const OWNER_LABEL: &str = "nodekeeper.io/owner";
 /// Annotations with the owner's drain options: the drain deadline in whole
 /// seconds, and `Wait`, `Force` or `Skip` after it. medik8s tools ignore

@@ -7,7 +7,7 @@
 //! Identities: the node agent (`nodekeeper-agent`, one per node: DaemonSet
 //! pods, or host modes with a node-bound token of the same ServiceAccount)
 //! and cluster mode (`nodekeeper-cluster`, the `--all-nodes` Deployment).
-//! Both get exactly the verbs in [`AGENT_RULES`]; cluster mode adds its
+//! Each gets exactly its rows of [`GRANTS`]; cluster mode adds its
 //! leader Lease. The ValidatingAdmissionPolicy in [`admission`] then
 //! confines the node agent to its own Node.
 
@@ -21,7 +21,7 @@ mod workloads;
 
 use host::*;
 use rbac::*;
-pub use rbac::{AGENT_RULES, admission, rbac};
+pub use rbac::{GRANTS, Grant, Identity, admission, rbac};
 use workloads::*;
 pub use workloads::{daemonset, deployment};
 
@@ -34,8 +34,6 @@ use crate::error::{Error, Result};
 pub const AGENT_ACCOUNT: &str = "nodekeeper-agent";
 /// The `--all-nodes` Deployment's ServiceAccount.
 pub const CLUSTER_ACCOUNT: &str = "nodekeeper-cluster";
-/// The ClusterRole both identities are bound to.
-pub const AGENT_ROLE: &str = "nodekeeper-agent";
 /// The admission policy (and its binding) confining node agents.
 pub const OWN_NODE_POLICY: &str = "nodekeeper-own-node";
 /// The port `/metrics`, `/healthz` and `/readyz` are served on.
@@ -214,7 +212,10 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
         "crds" => vec![file("crds.yaml", "nodekeeper's CRDs", yaml(&crds()?))],
         "rbac" => vec![file(
             "rbac.yaml",
-            &format!("nodekeeper's node agent identity.\n{}", rules_comment()),
+            &format!(
+                "nodekeeper's node agent identity.\n{}",
+                rules_comment(Identity::Agent)
+            ),
             yaml(&rbac(o)),
         )],
         "admission" => vec![file(
@@ -229,7 +230,10 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
         )],
         "deployment" => vec![file(
             "deployment.yaml",
-            "nodekeeper in cluster mode: one leader-elected agent for every node (needs crds and rbac)",
+            &format!(
+                "nodekeeper in cluster mode: one leader-elected agent for every node (needs crds and rbac).\n{}",
+                rules_comment(Identity::Cluster)
+            ),
             yaml(&deployment(o)),
         )],
         "k3s" => vec![
@@ -242,7 +246,7 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
                 "nodekeeper-rbac.yaml",
                 &format!(
                     "nodekeeper for k3s: the node agent identity.\n{}",
-                    rules_comment()
+                    rules_comment(Identity::Agent)
                 ),
                 yaml(&rbac(o)),
             ),

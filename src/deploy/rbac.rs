@@ -1,90 +1,153 @@
 //! Identities and what they may do: namespaces, ServiceAccounts, the RBAC
-//! table keyed by identity (node agent, cluster role) with the reason for
-//! every verb, and the ValidatingAdmissionPolicy that confines each node
-//! agent to its own Node.
+//! table ([`GRANTS`]) keyed by feature and identity (node agent, cluster
+//! role) with the reason for every verb, one ClusterRole per identity, and
+//! the ValidatingAdmissionPolicy that confines each node agent to its own
+//! Node.
 
 use serde_json::{Value, json};
 
 use super::*;
 
-/// The agent's permissions: (API group, resource, verbs, why). Both
-/// identities get exactly these; nothing else is granted anywhere.
-pub const AGENT_RULES: [(&str, &str, &[&str], &str); 8] = [
-    (
-        "",
-        "nodes",
-        &["get", "list", "watch", "patch"],
-        "watch its node (field-selected); get a node a NodeMaintenance names; patch cordon, taints, label, annotations",
-    ),
-    (
-        "",
-        "pods",
-        &["list", "watch", "delete"],
-        "watch the pods bound to its node (field-selected); delete unmanaged and finished pods",
-    ),
-    (
-        "",
-        "pods/eviction",
-        &["create"],
-        "evict pods (PodDisruptionBudgets apply)",
-    ),
-    (
-        "nodemaintenance.medik8s.io",
-        "nodemaintenances",
-        &["get", "list", "watch", "patch"],
-        "watch NodeMaintenances; add and remove the finalizer",
-    ),
-    (
-        "nodemaintenance.medik8s.io",
-        "nodemaintenances/status",
-        &["patch"],
-        "write phase, counters, conditions",
-    ),
-    (
-        "events.k8s.io",
-        "events",
-        &["create", "patch"],
-        "record BeginMaintenance etc.; patch repeats an event's count",
-    ),
-    (
-        "",
-        "namespaces",
-        &["create"],
-        "create medik8s-leases when missing (a Namespace is cluster-scoped)",
-    ),
-    (
-        "coordination.k8s.io",
-        "leases",
-        &["get", "create", "update", "delete"],
-        "the medik8s node lease, in medik8s-leases only (a Role, not the ClusterRole)",
-    ),
+/// Who a permission is granted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// The node role (`nodekeeper-agent`): DaemonSet pods and host modes.
+    Agent,
+    /// The cluster role (`nodekeeper-cluster`): the `--all-nodes` Deployment.
+    Cluster,
+}
+
+impl Identity {
+    /// Its ServiceAccount, which is also the name of its ClusterRole.
+    pub fn account(self) -> &'static str {
+        match self {
+            Identity::Agent => AGENT_ACCOUNT,
+            Identity::Cluster => CLUSTER_ACCOUNT,
+        }
+    }
+}
+
+/// One permission: which feature needs it, for which identities, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Grant {
+    pub feature: &'static str,
+    pub identities: &'static [Identity],
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+    pub why: &'static str,
+}
+
+const MAINTENANCE: &str = "maintenance";
+const BOTH: &[Identity] = &[Identity::Agent, Identity::Cluster];
+
+/// Every permission nodekeeper is granted, keyed by feature and identity;
+/// nothing else is granted anywhere (the cluster role's leader Lease aside).
+/// A feature adds its rows here, for the identities that do its work.
+pub const GRANTS: [Grant; 8] = [
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "",
+        resource: "nodes",
+        verbs: &["get", "list", "watch", "patch"],
+        why: "watch its node (field-selected); get a node a NodeMaintenance names; patch cordon, taints, label, annotations",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch", "delete"],
+        why: "watch the pods bound to its node (field-selected); delete unmanaged and finished pods",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "",
+        resource: "pods/eviction",
+        verbs: &["create"],
+        why: "evict pods (PodDisruptionBudgets apply)",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "nodemaintenance.medik8s.io",
+        resource: "nodemaintenances",
+        verbs: &["get", "list", "watch", "patch"],
+        why: "watch NodeMaintenances; add and remove the finalizer",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "nodemaintenance.medik8s.io",
+        resource: "nodemaintenances/status",
+        verbs: &["patch"],
+        why: "write phase, counters, conditions",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "events.k8s.io",
+        resource: "events",
+        verbs: &["create", "patch"],
+        why: "record BeginMaintenance etc.; patch repeats an event's count",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "",
+        resource: "namespaces",
+        verbs: &["create"],
+        why: "create medik8s-leases when missing (a Namespace is cluster-scoped)",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "create", "update", "delete"],
+        why: "the medik8s node lease, in medik8s-leases only (a Role, not the ClusterRole)",
+    },
 ];
 
-pub(super) fn rules_comment() -> String {
-    let lines: Vec<String> = AGENT_RULES
+pub(super) fn rules_comment(identity: Identity) -> String {
+    let lines: Vec<String> = GRANTS
         .iter()
-        .map(|(g, r, v, why)| {
-            let res = if g.is_empty() {
-                (*r).to_string()
+        .filter(|g| g.identities.contains(&identity))
+        .map(|g| {
+            let res = if g.group.is_empty() {
+                g.resource.to_string()
             } else {
-                format!("{r}.{g}")
+                format!("{}.{}", g.resource, g.group)
             };
-            format!("#   {res}: {} — {why}", v.join(", "))
+            format!(
+                "#   {res}: {} — [{}] {}",
+                g.verbs.join(", "),
+                g.feature,
+                g.why
+            )
         })
         .collect();
     format!("# Verbs granted, and why:\n{}", lines.join("\n"))
 }
 
-/// The rules of [`AGENT_RULES`] for leases (`true`: the medik8s lease Role)
-/// or for everything else (`false`: the ClusterRole).
-pub(super) fn rules(leases: bool) -> Value {
+/// The rules `identity` is granted: for leases (`true`: the medik8s lease
+/// Role) or for everything else (`false`: its ClusterRole).
+pub(super) fn rules(identity: Identity, leases: bool) -> Value {
     Value::Array(
-        AGENT_RULES
+        GRANTS
             .iter()
-            .filter(|(_, r, _, _)| (*r == "leases") == leases)
-            .map(|(g, r, v, _)| json!({"apiGroups": [g], "resources": [r], "verbs": v}))
+            .filter(|g| g.identities.contains(&identity) && (g.resource == "leases") == leases)
+            .map(|g| json!({"apiGroups": [g.group], "resources": [g.resource], "verbs": g.verbs}))
             .collect(),
     )
+}
+
+/// The ClusterRole of `identity`, named after its ServiceAccount.
+pub(super) fn cluster_role(identity: Identity) -> Value {
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+           "metadata": {"name": identity.account(), "labels": labels()}, "rules": rules(identity, false)})
 }
 
 pub(super) fn service_account(name: &str, o: &Options) -> Value {
@@ -96,13 +159,14 @@ pub(super) fn labels() -> Value {
     json!({"app.kubernetes.io/name": "nodekeeper"})
 }
 
-/// Bind `account` to the agent ClusterRole and the medik8s lease Role.
-pub(super) fn bindings(account: &str, o: &Options) -> Vec<Value> {
+/// Bind `identity` to its ClusterRole and the medik8s lease Role.
+pub(super) fn bindings(identity: Identity, o: &Options) -> Vec<Value> {
+    let account = identity.account();
     let subject = json!([{"kind": "ServiceAccount", "name": account, "namespace": o.namespace}]);
     vec![
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": account, "labels": labels()},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AGENT_ROLE},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
                "subjects": subject}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": account, "namespace": LEASE_NAMESPACE, "labels": labels()},
@@ -118,13 +182,12 @@ pub fn rbac(o: &Options) -> Vec<Value> {
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": o.namespace}}),
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}),
         service_account(AGENT_ACCOUNT, o),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": AGENT_ROLE, "labels": labels()}, "rules": rules(false)}),
+        cluster_role(Identity::Agent),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "nodekeeper-medik8s-lease", "namespace": LEASE_NAMESPACE, "labels": labels()},
-               "rules": rules(true)}),
+               "rules": rules(Identity::Agent, true)}),
     ];
-    docs.extend(bindings(AGENT_ACCOUNT, o));
+    docs.extend(bindings(Identity::Agent, o));
     docs
 }
 

@@ -80,8 +80,11 @@ pub fn daemonset(o: &Options) -> Value {
 /// Cluster mode: its own identity, the leader Lease it needs, and two
 /// replicas of which one leads.
 pub fn deployment(o: &Options) -> Vec<Value> {
-    let mut docs = vec![service_account(CLUSTER_ACCOUNT, o)];
-    docs.extend(bindings(CLUSTER_ACCOUNT, o));
+    let mut docs = vec![
+        service_account(CLUSTER_ACCOUNT, o),
+        cluster_role(Identity::Cluster),
+    ];
+    docs.extend(bindings(Identity::Cluster, o));
     docs.extend([
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "nodekeeper-leader", "namespace": o.namespace, "labels": labels()},

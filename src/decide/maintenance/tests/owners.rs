@@ -5,7 +5,7 @@
 use super::*;
 
 fn owned(mut m: NodeMaintenance) -> NodeMaintenance {
-    m.metadata.labels = Some([(OWNER_LABEL.to_string(), "RebootPolicy/weekly".to_string())].into());
+    m.metadata.labels = Some([(OWNER_LABEL.to_string(), "RebootPolicy".to_string())].into());
     m
 }
 
