@@ -50,6 +50,22 @@ impl World {
         }
     }
 
+    /// One cluster-mode agent for this world's nodes (selected by label),
+    /// leader lease in the test's namespace.
+    fn start_cluster_agent(&self) -> Agent {
+        let selector = format!("{}={}", support::GROUP_LABEL, self.env.id);
+        Agent::start(&[
+            "run",
+            "--all-nodes",
+            "--node-selector",
+            &selector,
+            "--leader-namespace",
+            &self.env.ns,
+            "--drain-timeout",
+            "3",
+        ])
+    }
+
     fn nms(&self) -> Api<NodeMaintenance> {
         Api::all(self.env.client.clone())
     }
@@ -715,17 +731,7 @@ fn cluster_mode_drains_two_nodes_at_once() {
         // Pods everywhere, each node's pods held by a PDB until we relax it.
         w.deploy("db", 6).await;
         w.pdb("db-pdb", "db", 6).await;
-        let selector = format!("{}={}", support::GROUP_LABEL, w.env.id);
-        let _agent = Agent::start(&[
-            "run",
-            "--all-nodes",
-            "--node-selector",
-            &selector,
-            "--leader-namespace",
-            &w.env.ns,
-            "--drain-timeout",
-            "3",
-        ]);
+        let _agent = w.start_cluster_agent();
         let (a, b) = (w.nodes[0].clone(), w.nodes[1].clone());
         let (ma, mb) = (w.nm_name("a"), w.nm_name("b"));
         w.maintain(&ma, &a).await;
@@ -770,17 +776,7 @@ fn cluster_mode_node_deleted_mid_maintenance_lets_its_maintenance_go_and_release
         let w = world("nodegone", &["a", "b"]).await;
         w.deploy("db", 2).await;
         w.pdb("db-pdb", "db", 2).await;
-        let selector = format!("{}={}", support::GROUP_LABEL, w.env.id);
-        let _agent = Agent::start(&[
-            "run",
-            "--all-nodes",
-            "--node-selector",
-            &selector,
-            "--leader-namespace",
-            &w.env.ns,
-            "--drain-timeout",
-            "3",
-        ]);
+        let _agent = w.start_cluster_agent();
         // Maintain the node that holds a pod, so the PDB keeps it draining.
         let pods = w.env.pods("app=db").await;
         let a = pods

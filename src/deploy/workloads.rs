@@ -21,10 +21,38 @@ pub(super) fn resources() -> Value {
     json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}})
 }
 
-pub(super) fn restricted_security() -> Value {
-    json!({"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
-           "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
-           "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}})
+/// The pod run modes, each with its security profile. Nothing nodekeeper
+/// does yet needs a capability, host PID or a writable root; host actions
+/// (reboot, upgrade commands) will widen only the modes that run them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PodMode {
+    /// Node role as a DaemonSet pod: pod network, pod-bound token.
+    DaemonSet,
+    /// Cluster role as a Deployment: pod network, its own identity.
+    Deployment,
+    /// Node role as a static pod: host network, kubeconfig from the host.
+    StaticPod,
+}
+
+impl PodMode {
+    /// The container's securityContext: no capabilities, no escalation,
+    /// nothing writable, the runtime's seccomp profile; non-root where the
+    /// credentials allow it.
+    pub(super) fn security(self) -> Value {
+        let mut sc = json!({"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}});
+        match self {
+            PodMode::DaemonSet | PodMode::Deployment => {
+                sc["runAsNonRoot"] = json!(true);
+                sc["runAsUser"] = json!(65532);
+                sc["runAsGroup"] = json!(65532);
+            }
+            // Root only so a root-owned 0600 kubeconfig on the host stays
+            // readable; still no capabilities.
+            PodMode::StaticPod => {}
+        }
+        sc
+    }
 }
 
 pub(super) fn probe(path: &str, port: u16, host: Option<&str>) -> Value {
@@ -36,14 +64,14 @@ pub(super) fn probe(path: &str, port: u16, host: Option<&str>) -> Value {
 }
 
 /// The agent container for pod-network workloads (DaemonSet, Deployment).
-pub(super) fn pod_container(o: &Options, args: &[&str], readiness: bool) -> Value {
+pub(super) fn pod_container(o: &Options, mode: PodMode, args: &[&str], readiness: bool) -> Value {
     let metrics = o.pod_metrics();
     let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     args.extend(["--metrics-address".into(), metrics.clone()]);
     let mut c = json!({
       "name": "nodekeeper", "image": o.image, "imagePullPolicy": "IfNotPresent",
       "args": args, "env": pod_env(o), "resources": resources(),
-      "securityContext": restricted_security()
+      "securityContext": mode.security()
     });
     if !o.metrics_off() {
         let port = o.metrics_port(&metrics);
@@ -71,7 +99,7 @@ pub fn daemonset(o: &Options) -> Value {
           // control-plane nodes.
           "tolerations": [{"operator": "Exists"}],
           "terminationGracePeriodSeconds": 30,
-          "containers": [pod_container(o, &["run"], true)]
+          "containers": [pod_container(o, PodMode::DaemonSet, &["run"], true)]
         }
       }
     }})
@@ -109,7 +137,7 @@ pub fn deployment(o: &Options) -> Vec<Value> {
           "priorityClassName": "system-cluster-critical",
           // The standby waits for the Lease and never becomes ready, so
           // only liveness is probed.
-          "containers": [pod_container(o, &["run", "--all-nodes"], false)]
+          "containers": [pod_container(o, PodMode::Deployment, &["run", "--all-nodes"], false)]
         }
       }
     }}));
@@ -133,10 +161,7 @@ pub(super) fn static_pod(o: &Options) -> Value {
       ],
       "volumeMounts": [{"name": "kubeconfig", "mountPath": dir, "readOnly": true}],
       "resources": resources(),
-      // Root only so a root-owned 0600 kubeconfig stays readable; no
-      // capabilities, no escalation, nothing writable.
-      "securityContext": {"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
-                          "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+      "securityContext": PodMode::StaticPod.security()
     });
     if !o.metrics_off() {
         let port = o.metrics_port(&metrics);
