@@ -38,67 +38,20 @@ impl Interpreter {
                 node,
                 resource_version,
                 patch,
-            } => {
-                // Taints are a list a merge patch replaces whole, so a
-                // concurrent change must not be lost: guard by version.
-                let mut body = patch.clone();
-                body["metadata"]["resourceVersion"] = json!(resource_version);
-                let api: Api<Node> = Api::all(self.client.clone());
-                let updated = api
-                    .patch(node, &PatchParams::default(), &Patch::Merge(&body))
-                    .await
-                    .map_err(Error::kube(format!("updating node {node}")))?;
-                Ok(Outcome::NodeWritten(Box::new(updated)))
-            }
+            } => self.patch_node(node, resource_version, patch).await,
             Effect::WriteStatus {
                 nm,
                 resource_version,
                 status,
-            } => {
-                let body = json!({
-                    "apiVersion": NodeMaintenance::api_version(&()),
-                    "kind": NodeMaintenance::kind(&()),
-                    "metadata": { "name": nm, "resourceVersion": resource_version },
-                    "status": status,
-                });
-                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-                let updated = api
-                    .patch_status(
-                        nm,
-                        &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(&body),
-                    )
-                    .await
-                    .map_err(Error::kube(format!(
-                        "writing status of NodeMaintenance {nm}"
-                    )))?;
-                Ok(Outcome::MaintenanceWritten(Box::new(updated)))
-            }
+            } => self.write_status(nm, resource_version, status).await,
             Effect::SetFinalizers {
                 nm,
                 resource_version,
                 finalizers,
                 owner,
             } => {
-                let mut meta =
-                    json!({ "resourceVersion": resource_version, "finalizers": finalizers });
-                if let Some(o) = owner {
-                    meta["ownerReferences"] = json!([o]);
-                }
-                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-                match api
-                    .patch(
-                        nm,
-                        &PatchParams::default(),
-                        &Patch::Merge(&json!({ "metadata": meta })),
-                    )
+                self.set_finalizers(nm, resource_version, finalizers, owner.as_ref())
                     .await
-                {
-                    Ok(updated) => Ok(Outcome::MaintenanceWritten(Box::new(updated))),
-                    // Finalizer already gone and the object with it.
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Done),
-                    Err(e) => Err(Error::kube(format!("updating NodeMaintenance {nm}"))(e)),
-                }
             }
             Effect::TakeLease { node, node_uid } => {
                 match lease::acquire_node_lease(&self.client, node, node_uid.clone()).await? {
@@ -113,61 +66,150 @@ impl Interpreter {
             Effect::Drain { pods } => Ok(Outcome::Drained(
                 evict::drain_pods(&self.client, pods).await,
             )),
-            Effect::CreateMaintenance { nm } => {
-                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-                match api.create(&PostParams::default(), nm).await {
-                    Ok(created) => Ok(Outcome::MaintenanceWritten(Box::new(created))),
-                    // Created before (a crash between create and record).
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Done),
-                    Err(e) => Err(Error::kube(format!(
-                        "creating NodeMaintenance {}",
-                        nm.metadata.name.as_deref().unwrap_or_default()
-                    ))(e)),
-                }
-            }
-            Effect::DeleteMaintenance { nm, uid } => {
-                let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: Some(uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match api.delete(nm, &dp).await {
-                    Ok(_) => Ok(Outcome::Done),
-                    // Gone already, or a new object of the same name: not ours.
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Outcome::Done),
-                    Err(e) => Err(Error::kube(format!("deleting NodeMaintenance {nm}"))(e)),
-                }
-            }
+            Effect::CreateMaintenance { nm } => self.create_maintenance(nm).await,
+            Effect::DeleteMaintenance { nm, uid } => self.delete_maintenance(nm, uid).await,
             Effect::Event {
                 object,
                 warning,
                 reason,
                 note,
             } => {
-                let ev = Event {
-                    type_: if *warning {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
-                    reason: (*reason).into(),
-                    note: Some(note.clone()),
-                    action: (*reason).into(),
-                    secondary: None,
-                };
-                // An event that cannot be published must not undo the work
-                // it describes: log it and go on.
-                if let Err(e) = self.recorder.publish(&ev, object).await {
-                    log::warn!(
-                        "publishing event {reason}: {}",
-                        crate::error::kube_cause(&e)
-                    );
-                }
+                self.publish(object, *warning, reason, note).await;
                 Ok(Outcome::Done)
             }
+        }
+    }
+
+    /// Merge-patch a node. Taints are a list a merge patch replaces whole,
+    /// so a concurrent change must not be lost: the patch carries the
+    /// resourceVersion it was decided on.
+    async fn patch_node(
+        &self,
+        node: &str,
+        resource_version: &Option<String>,
+        patch: &serde_json::Value,
+    ) -> Result<Outcome> {
+        let mut body = patch.clone();
+        body["metadata"]["resourceVersion"] = json!(resource_version);
+        let api: Api<Node> = Api::all(self.client.clone());
+        let updated = api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(Error::kube(format!("updating node {node}")))?;
+        Ok(Outcome::NodeWritten(Box::new(updated)))
+    }
+
+    /// Server-side apply of the whole status: fields we no longer send are
+    /// removed because [`FIELD_MANAGER`] owns them.
+    async fn write_status(
+        &self,
+        nm: &str,
+        resource_version: &Option<String>,
+        status: &crate::api::nodemaintenance::NodeMaintenanceStatus,
+    ) -> Result<Outcome> {
+        let body = json!({
+            "apiVersion": NodeMaintenance::api_version(&()),
+            "kind": NodeMaintenance::kind(&()),
+            "metadata": { "name": nm, "resourceVersion": resource_version },
+            "status": status,
+        });
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let updated = api
+            .patch_status(
+                nm,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "writing status of NodeMaintenance {nm}"
+            )))?;
+        Ok(Outcome::MaintenanceWritten(Box::new(updated)))
+    }
+
+    async fn set_finalizers(
+        &self,
+        nm: &str,
+        resource_version: &Option<String>,
+        finalizers: &[String],
+        owner: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) -> Result<Outcome> {
+        let mut meta = json!({ "resourceVersion": resource_version, "finalizers": finalizers });
+        if let Some(o) = owner {
+            meta["ownerReferences"] = json!([o]);
+        }
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        match api
+            .patch(
+                nm,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "metadata": meta })),
+            )
+            .await
+        {
+            Ok(updated) => Ok(Outcome::MaintenanceWritten(Box::new(updated))),
+            // Finalizer already gone and the object with it.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Done),
+            Err(e) => Err(Error::kube(format!("updating NodeMaintenance {nm}"))(e)),
+        }
+    }
+
+    async fn create_maintenance(&self, nm: &NodeMaintenance) -> Result<Outcome> {
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        match api.create(&PostParams::default(), nm).await {
+            Ok(created) => Ok(Outcome::MaintenanceWritten(Box::new(created))),
+            // Created before (a crash between create and record).
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Done),
+            Err(e) => Err(Error::kube(format!(
+                "creating NodeMaintenance {}",
+                nm.metadata.name.as_deref().unwrap_or_default()
+            ))(e)),
+        }
+    }
+
+    /// Delete only the object with this UID: a new one of the same name is
+    /// someone else's.
+    async fn delete_maintenance(&self, nm: &str, uid: &str) -> Result<Outcome> {
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(nm, &dp).await {
+            Ok(_) => Ok(Outcome::Done),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Outcome::Done),
+            Err(e) => Err(Error::kube(format!("deleting NodeMaintenance {nm}"))(e)),
+        }
+    }
+
+    /// An event that cannot be published must not undo the work it
+    /// describes: it is logged and the plan goes on.
+    async fn publish(
+        &self,
+        object: &k8s_openapi::api::core::v1::ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: &str,
+    ) {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, object).await {
+            log::warn!(
+                "publishing event {reason}: {}",
+                crate::error::kube_cause(&e)
+            );
         }
     }
 }
