@@ -827,6 +827,35 @@ fn cluster_mode_node_deleted_mid_maintenance_lets_its_maintenance_go_and_release
     })
 }
 
+/// Status is written by server-side apply, which removes only fields its
+/// own manager owns. A field another writer set (an older nodekeeper's
+/// merge patch, a user's `kubectl patch`) must still be cleared when the
+/// status no longer has it, or the agent would write the same status
+/// forever.
+#[test]
+fn a_status_field_another_writer_set_is_cleared_without_a_write_loop() {
+    block_on(async {
+        let mut w = world("ssa", &["a"]).await;
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("m");
+        w.maintain(&name, &a).await;
+        w.wait_phase(&name, Phase::Succeeded).await;
+        let injected = serde_json::json!({"status": {"lastError": "set by someone else"}});
+        w.nms()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&injected))
+            .await
+            .expect("patching status as another writer");
+        wait_for("the foreign lastError to be cleared", LONG, || async {
+            let st = w.nms().get(&name).await.ok()?.status?;
+            (st.last_error.is_none() && st.phase == Some(Phase::Succeeded)).then_some(())
+        })
+        .await;
+        let log = w.agents[0].log_text();
+        assert!(!log.contains("still busy after"), "{log}");
+    })
+}
+
 #[test]
 fn medik8s_sample_applies_unchanged_and_kubectl_shows_the_columns() {
     block_on(async {

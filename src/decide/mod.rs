@@ -37,11 +37,17 @@ pub enum Effect {
         patch: Value,
     },
     /// Replace a NodeMaintenance's whole status (server-side apply, one
-    /// field manager), guarded by the resourceVersion decided on.
+    /// field manager), guarded by the resourceVersion decided on. `clear`
+    /// names the keys the stored status has and this one drops: they are
+    /// sent as null, because apply removes only fields its own manager
+    /// owns, and a key another writer set (an older nodekeeper's merge
+    /// patch, a user's `kubectl patch`) would otherwise never go — and the
+    /// decision would ask for the same write forever.
     WriteStatus {
         nm: String,
         resource_version: Option<String>,
         status: Box<NodeMaintenanceStatus>,
+        clear: Vec<String>,
     },
     /// Set a NodeMaintenance's finalizers (and, if given, its owner).
     SetFinalizers {

@@ -43,7 +43,8 @@ impl Interpreter {
                 nm,
                 resource_version,
                 status,
-            } => self.write_status(nm, resource_version, status).await,
+                clear,
+            } => self.write_status(nm, resource_version, status, clear).await,
             Effect::SetFinalizers {
                 nm,
                 resource_version,
@@ -99,14 +100,19 @@ impl Interpreter {
         Ok(Outcome::NodeWritten(Box::new(updated)))
     }
 
-    /// Server-side apply of the whole status: fields we no longer send are
-    /// removed because [`FIELD_MANAGER`] owns them.
+    /// Server-side apply of the whole status, with `clear`'s keys null (see
+    /// [`Effect::WriteStatus`]).
     async fn write_status(
         &self,
         nm: &str,
         resource_version: &Option<String>,
         status: &crate::api::nodemaintenance::NodeMaintenanceStatus,
+        clear: &[String],
     ) -> Result<Outcome> {
+        let mut status = json!(status);
+        for key in clear {
+            status[key.as_str()] = serde_json::Value::Null;
+        }
         let body = json!({
             "apiVersion": NodeMaintenance::api_version(&()),
             "kind": NodeMaintenance::kind(&()),

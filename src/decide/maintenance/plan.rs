@@ -274,8 +274,28 @@ fn write_status(m: &NodeMaintenance, mut status: NodeMaintenanceStatus, now: Tim
     Effect::WriteStatus {
         nm: m.name_any(),
         resource_version: m.resource_version(),
+        clear: dropped_keys(m.status.as_ref(), &status),
         status: Box::new(status),
     }
+}
+
+/// The status keys `old` has and `new` leaves out (conditions excepted: we
+/// always keep them, and the schema does not allow them null).
+pub(super) fn dropped_keys(
+    old: Option<&NodeMaintenanceStatus>,
+    new: &NodeMaintenanceStatus,
+) -> Vec<String> {
+    let keys = |st: Option<&NodeMaintenanceStatus>| -> Vec<String> {
+        match st.map(serde_json::to_value) {
+            Some(Ok(Value::Object(map))) => map.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    };
+    let kept = keys(Some(new));
+    keys(old)
+        .into_iter()
+        .filter(|k| k != "conditions" && !kept.contains(k))
+        .collect()
 }
 
 fn event(

@@ -197,3 +197,22 @@ fn a_lease_held_elsewhere_is_counted_then_fails_after_three() {
     // Any other outcome needs no follow-up.
     assert!(after(&w.snapshot(), &step, &Outcome::Done).is_none());
 }
+
+#[test]
+fn a_status_write_clears_what_the_new_status_drops_whoever_wrote_it() {
+    // A blocker an earlier write (ours, an older version's, a user's) left.
+    let mut m = nm("m", 0, Some(Phase::Running));
+    if let Some(st) = m.status.as_mut() {
+        st.last_error = Some("pod ns/a: PDB db allows no disruption".into());
+    }
+    let w = World::new(Some(maintained("m", false)), vec![m]);
+    // The pod is gone: the drain is done and nothing blocks any more.
+    let snapshot = w.snapshot();
+    let p = plan(&snapshot, decide(&snapshot));
+    let [Effect::WriteStatus { status, clear, .. }, ..] = p.effects.as_slice() else {
+        panic!("{p:?}")
+    };
+    assert_eq!(status.phase, Some(Phase::Succeeded));
+    assert_eq!(status.last_error, None);
+    assert_eq!(clear, &["lastError".to_string()]);
+}
