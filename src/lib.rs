@@ -83,7 +83,9 @@
 //! **Architecture invariant:** only [`effects`] writes to the API server on
 //! the loop's behalf, and every write carries its guard (resourceVersion or
 //! UID). The interpreter holds no policy. Status is written by server-side
-//! apply with one field manager, [`effects::FIELD_MANAGER`].
+//! apply with one field manager, [`effects::FIELD_MANAGER`]; keys the new
+//! status drops are sent null, so a key another writer set cannot make the
+//! loop rewrite the same status forever.
 //!
 //! **Architecture invariant:** every future that touches kube is polled
 //! inside `async_compat::Compat`, and [`runtime`] is the only module that

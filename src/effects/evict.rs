@@ -19,7 +19,7 @@ use crate::runtime;
 /// the replacement pods' creation); 32 gives 8.7 MiB and 1.08 s.
 const IN_FLIGHT: usize = 32;
 
-/// Evict or delete every pod, up to [`IN_FLIGHT`] at a time; results in
+/// Evict or delete every pod, up to `IN_FLIGHT` at a time; results in
 /// input order.
 pub async fn drain_pods(client: &Client, pods: &[(Arc<Pod>, Fate)]) -> Vec<Outcome> {
     let permits = Arc::new(smol::lock::Semaphore::new(IN_FLIGHT));
