@@ -14,9 +14,20 @@ use kube::Api;
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, Phase};
 use support::{Agent, TestEnv, block_on, install_crds, kubectl, wait_for};
 
-/// What a test node looks like to someone checking it was left alone.
+/// What a test node looks like to someone checking it was left alone:
+/// everything but what kwok and the node lifecycle controller change on
+/// their own (their annotations, the not-ready/unreachable taints while a
+/// new node settles).
 fn fingerprint(node: &Node) -> String {
     let spec = node.spec.clone().unwrap_or_default();
+    let taints: Vec<_> = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| {
+            t.key != "node.kubernetes.io/not-ready" && t.key != "node.kubernetes.io/unreachable"
+        })
+        .collect();
     let keep = |m: &Option<BTreeMap<String, String>>| {
         m.clone()
             .unwrap_or_default()
@@ -27,7 +38,7 @@ fn fingerprint(node: &Node) -> String {
     format!(
         "unschedulable={:?} taints={:?} labels={:?} annotations={:?}",
         spec.unschedulable,
-        spec.taints,
+        taints,
         keep(&node.metadata.labels),
         keep(&node.metadata.annotations)
     )
