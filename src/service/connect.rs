@@ -54,7 +54,7 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client> {
     // other calls are retried by the reconcile loop.
     config.default_retry = false;
     let server = config.cluster_url.to_string();
-    let client = Client::try_from(config).map_err(|e| Error::NoCredentials(kube_cause(&e)))?;
+    let client = http2_client(config)?;
     match timeout(REACH_TIMEOUT, client.apiserver_version()).await {
         Ok(Ok(info)) => {
             log::debug!("API server {server} is Kubernetes {}", info.git_version);
@@ -75,6 +75,58 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client> {
             cause: format!("no answer within {} s", REACH_TIMEOUT.as_secs()),
         }),
     }
+}
+
+/// Runs hyper's connection tasks (an HTTP/2 connection is a task of its
+/// own) on smol, inside `Compat`, like every other future of ours.
+#[derive(Clone, Copy)]
+struct SmolExecutor;
+
+impl<F> hyper::rt::Executor<F> for SmolExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        crate::runtime::spawn(fut).detach();
+    }
+}
+
+/// kube's client stack (base URI, auth, extra headers, timeouts) on a
+/// connector that offers `h2` by ALPN and falls back to HTTP/1.1 when the
+/// server does not choose it. kube-client 5 offers only `http/1.1`, so every
+/// request in flight held a TLS connection of its own; over HTTP/2 one
+/// connection multiplexes the watches and every eviction.
+pub fn http2_client(config: Config) -> Result<Client> {
+    use kube::client::ConfigExt;
+    use tower::ServiceBuilder;
+
+    let tls_error = |e: kube::Error| Error::NoCredentials(kube_cause(&e));
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config().map_err(tls_error)?)
+        .https_or_http();
+    if let Some(name) = config.tls_server_name.clone() {
+        let name = name.try_into().map_err(|e| {
+            Error::NoCredentials(format!("tls-server-name {:?}: {e}", config.tls_server_name))
+        })?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_http1().enable_http2().wrap_connector(http);
+    let mut connector = hyper_timeout::TimeoutConnector::new(https);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    let transport: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Builder::new(SmolExecutor).build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer().map_err(tls_error)?)
+        .layer(config.extra_headers_layer().map_err(tls_error)?)
+        .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+        .service(transport);
+    Ok(Client::new(service, config.default_namespace))
 }
 
 /// Fail unless the named node exists.
