@@ -54,8 +54,8 @@
 //!   ([`service::stores`]), roles and the anchor node ([`service::roles`]),
 //!   shared state and memory with its pruning ([`service::context`]), the
 //!   mutation cache ([`service::fresh`]), the reconcile loop
-//!   ([`service::reconcile`]), credentials and start-up checks
-//!   ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
+//!   ([`service::reconcile`]), credentials, the HTTP/2 client and start-up
+//!   checks ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
 //!   progress) and `/readyz` ([`service::metrics`]).
 //! - `cli/`: raw flags → validated configs per command family
 //!   ([`cli::run`], [`cli::maintenance`]: `maintain --wait` progress,
@@ -151,6 +151,11 @@
 //! - A reconcile loops decide → perform → decide within one call instead of
 //!   one step per requeue: a cordon is one round-trip after the object
 //!   appears, and a 110-pod drain is not paced by requeue latency.
+//! - The kube `Client` is built on our own connector stack
+//!   ([`service::connect::client`]): kube-client 5 offers only HTTP/1.1,
+//!   where each request in flight holds a TLS connection; ours offers h2 by
+//!   ALPN (falling back to HTTP/1.1) with kube's base-URI, auth and header
+//!   layers, and runs hyper's connection tasks on smol.
 //! - kube's client retries 429s internally (up to 15 times, backing off to
 //!   minutes); we switch that off, because for an eviction a 429 is the PDB's
 //!   answer that the drain must see, report and back off from itself.

@@ -31,6 +31,33 @@ fn the_client_speaks_http2_to_the_api_server() {
     assert_eq!(version, hyper::Version::HTTP_2, "negotiated {version:?}");
 }
 
+/// The agent says which protocol it talks and sizes its drains by it.
+#[test]
+fn the_agent_drains_over_http2_by_default_and_over_http1_when_told() {
+    support::install_crds();
+    let mut env = block_on(support::TestEnv::new("h2agent"));
+    let node = block_on(env.add_node("a"));
+    for (args, says) in [
+        (
+            vec![],
+            "talking HTTP/2 to the API server; up to 110 evictions in flight",
+        ),
+        (
+            vec!["--http1-only"],
+            "talking HTTP/1.1 to the API server; up to 32 evictions in flight",
+        ),
+    ] {
+        let mut all = vec!["run", "--node", node.as_str()];
+        all.extend(args);
+        let agent = support::Agent::start(&all);
+        block_on(support::wait_for(
+            &format!("the agent to log {says:?}"),
+            Duration::from_secs(30),
+            || async { agent.log_text().contains(says).then_some(()) },
+        ));
+    }
+}
+
 /// `openssl s_server` offering only http/1.1, answering every request.
 struct Http1Server(Child);
 
@@ -157,7 +184,7 @@ fn the_client_falls_back_to_http1_when_the_server_offers_no_h2() {
             &kube::config::KubeConfigOptions::default(),
         ))
         .expect("config");
-        block_on(async { connect::http2_client(config) }).expect("client")
+        block_on(async { connect::client(config, connect::Transport::Http2) }).expect("client")
     };
     let (version, status) = block_on(async {
         let req = hyper::Request::get("/")

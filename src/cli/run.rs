@@ -31,6 +31,12 @@ pub struct RunArgs {
     /// namespace of the leader lease in --all-nodes mode (default: $POD_NAMESPACE, else kube-system)
     #[argh(option)]
     pub leader_namespace: Option<String>,
+    /// talk HTTP/1.1 only to the API server (default: offer HTTP/2 and let the server choose)
+    #[argh(switch)]
+    pub http1_only: bool,
+    /// evictions and deletions a drain keeps in flight at once (default 110 over HTTP/2, 32 over HTTP/1.1)
+    #[argh(option)]
+    pub evictions_in_flight: Option<usize>,
     /// where to serve /metrics, /healthz and /readyz: HOST:PORT, :PORT or off (default 127.0.0.1:9477)
     #[argh(
         option,
@@ -53,6 +59,9 @@ pub struct RunConfig {
     pub leader_namespace: String,
     /// `None` with `--metrics-address off`.
     pub metrics_address: Option<std::net::SocketAddr>,
+    pub transport: crate::service::connect::Transport,
+    /// `None`: chosen by the protocol the API server negotiates.
+    pub evictions_in_flight: Option<usize>,
 }
 
 impl RunConfig {
@@ -101,7 +110,19 @@ impl RunConfig {
             })
             .unwrap_or_else(|| "kube-system".into());
         let metrics_address = crate::service::metrics::parse_address(&args.metrics_address)?;
+        let evictions_in_flight = args.evictions_in_flight;
+        if evictions_in_flight.is_some_and(|n| !(1..=1000).contains(&n)) {
+            return Err(Error::Invalid(
+                "--evictions-in-flight must be between 1 and 1000".into(),
+            ));
+        }
         Ok(RunConfig {
+            transport: if args.http1_only {
+                crate::service::connect::Transport::Http1Only
+            } else {
+                crate::service::connect::Transport::Http2
+            },
+            evictions_in_flight,
             metrics_address,
             node,
             node_selector: args.node_selector,

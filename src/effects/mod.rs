@@ -27,6 +27,8 @@ pub const FIELD_MANAGER: &str = "nodekeeper";
 pub struct Interpreter {
     pub client: Client,
     pub recorder: Recorder,
+    /// Evictions and deletions a drain keeps in flight at once.
+    pub evictions_in_flight: usize,
 }
 
 impl Interpreter {
@@ -65,7 +67,7 @@ impl Interpreter {
                 Ok(Outcome::Done)
             }
             Effect::Drain { pods } => Ok(Outcome::Drained(
-                evict::drain_pods(&self.client, pods).await,
+                evict::drain_pods(&self.client, pods, self.evictions_in_flight).await,
             )),
             Effect::CreateMaintenance { nm } => self.create_maintenance(nm).await,
             Effect::DeleteMaintenance { nm, uid } => self.delete_maintenance(nm, uid).await,

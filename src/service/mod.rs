@@ -43,7 +43,19 @@ pub async fn run(
     config: RunConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let client = connect::connect(config.kubeconfig.as_deref()).await?;
+    let client = connect::connect_with(config.kubeconfig.as_deref(), config.transport).await?;
+    // Evictions are streams of one connection over HTTP/2, but each holds a
+    // TLS connection over HTTP/1.1 (also when the server refuses h2).
+    let http2 = connect::speaks_http2(&client).await;
+    let evictions_in_flight = config.evictions_in_flight.unwrap_or(if http2 {
+        crate::effects::evict::HTTP2_IN_FLIGHT
+    } else {
+        crate::effects::evict::HTTP1_IN_FLIGHT
+    });
+    log::info!(
+        "talking {} to the API server; up to {evictions_in_flight} evictions in flight",
+        if http2 { "HTTP/2" } else { "HTTP/1.1" }
+    );
     if let Some(node) = &config.node {
         connect::require_node(&client, node).await?;
     }
@@ -176,6 +188,7 @@ pub async fn run(
         Interpreter {
             client: client.clone(),
             recorder,
+            evictions_in_flight,
         },
         scope.clone(),
         Stores {

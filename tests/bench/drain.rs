@@ -13,7 +13,9 @@
 //!   server's audit log, which records only the agents' identity.
 //!
 //! The maintenance is then deleted, the node uncordoned, and the next run
-//! drains the other node, where the pods were recreated.
+//! drains the other node, where the pods were recreated. Each setting in
+//! [`CONFIGS`] (HTTP/1.1 or HTTP/2, evictions in flight) gets its own pair of
+//! agents and its own row.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -37,6 +39,29 @@ const NAMESPACES: usize = 5;
 const DEPLOYMENTS_PER_NS: usize = 2;
 const REPLICAS: i32 = 11; // 5 × 2 × 11 = 110 pods
 
+/// The agent settings compared, each with its own pair of agents.
+const CONFIGS: [(&str, &[&str]); 4] = [
+    (
+        "HTTP/1.1, 32 in flight",
+        &["--http1-only", "--evictions-in-flight", "32"],
+    ),
+    (
+        "HTTP/1.1, 110 in flight",
+        &["--http1-only", "--evictions-in-flight", "110"],
+    ),
+    ("HTTP/2, 32 in flight", &["--evictions-in-flight", "32"]),
+    ("HTTP/2, 110 in flight", &["--evictions-in-flight", "110"]),
+];
+
+/// One configuration's figures: per-run (cordon, drained, requests), idle
+/// RSS and the agents' peak RSS (KiB).
+struct Measured {
+    label: &'static str,
+    rows: Vec<(Duration, Duration, usize)>,
+    idle_rss: u64,
+    peak_rss: u64,
+}
+
 fn main() {
     let bin = std::env::var("NODEKEEPER_BIN")
         .map(PathBuf::from)
@@ -54,58 +79,78 @@ fn main() {
         let client = env.client.clone();
         let namespaces = make_workload(&mut env, &nodes[0]).await;
 
-        let mut agents: Vec<Child> = nodes
-            .iter()
-            .map(|n| {
-                Command::new(&bin)
-                    .args(["run", "--node", n, "--metrics-address", "127.0.0.1:0"])
-                    .env("KUBECONFIG", &bench_kubeconfig)
-                    .env("RUST_LOG", "nodekeeper=warn")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::inherit())
-                    .spawn()
-                    .expect("starting the agent")
-            })
-            .collect();
-        // Let the agents list and settle before the first measurement.
-        nodekeeper::runtime::sleep(Duration::from_secs(3)).await;
-        let idle_rss = rss_kib(agents[0].id(), "VmRSS");
-
-        let mut rows = Vec::new();
-        for run in 0..RUNS {
-            let node = nodes[run % 2].clone();
-            let other = nodes[(run + 1) % 2].clone();
-            wait_for(
-                "110 running pods on the node to drain",
-                Duration::from_secs(120),
-                || async { (running_on(&client, &namespaces, &node).await == 110).then_some(()) },
-            )
-            .await;
-            let row = measure(&client, &env.id, run, &node, &audit_log).await;
-            // The node stays cordoned until the replacements all run on the
-            // other node, which the next run then drains.
-            wait_for(
-                "110 replacement pods running on the other node",
-                Duration::from_secs(120),
-                || async { (running_on(&client, &namespaces, &other).await == 110).then_some(()) },
-            )
-            .await;
-            undo(&client, &env.id, run, &node).await;
-            println!(
-                "run {}: cordon {:>6.1} ms, drained {:>7.1} ms, {} API requests",
-                run + 1,
-                row.0.as_secs_f64() * 1e3,
-                row.1.as_secs_f64() * 1e3,
-                row.2
-            );
-            rows.push(row);
+        let mut results = Vec::new();
+        let mut run = 0;
+        for (label, extra) in CONFIGS {
+            println!("{label}:");
+            let mut agents: Vec<Child> = nodes
+                .iter()
+                .map(|n| {
+                    Command::new(&bin)
+                        .args(["run", "--node", n, "--metrics-address", "127.0.0.1:0"])
+                        .args(extra)
+                        .env("KUBECONFIG", &bench_kubeconfig)
+                        .env("RUST_LOG", "nodekeeper=warn")
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::inherit())
+                        .spawn()
+                        .expect("starting the agent")
+                })
+                .collect();
+            // Let the agents list and settle before the first measurement.
+            nodekeeper::runtime::sleep(Duration::from_secs(3)).await;
+            let idle_rss = rss_kib(agents[0].id(), "VmRSS");
+            let mut rows = Vec::new();
+            for _ in 0..RUNS {
+                let node = nodes[run % 2].clone();
+                let other = nodes[(run + 1) % 2].clone();
+                wait_for(
+                    "110 running pods on the node to drain",
+                    Duration::from_secs(120),
+                    || async {
+                        (running_on(&client, &namespaces, &node).await == 110).then_some(())
+                    },
+                )
+                .await;
+                let row = measure(&client, &env.id, run, &node, &audit_log).await;
+                // The node stays cordoned until the replacements all run on
+                // the other node, which the next run then drains.
+                wait_for(
+                    "110 replacement pods running on the other node",
+                    Duration::from_secs(120),
+                    || async {
+                        (running_on(&client, &namespaces, &other).await == 110).then_some(())
+                    },
+                )
+                .await;
+                undo(&client, &env.id, run, &node).await;
+                println!(
+                    "  run {}: cordon {:>6.1} ms, drained {:>7.1} ms, {} API requests",
+                    run + 1,
+                    row.0.as_secs_f64() * 1e3,
+                    row.1.as_secs_f64() * 1e3,
+                    row.2
+                );
+                rows.push(row);
+                run += 1;
+            }
+            let peak_rss = agents
+                .iter()
+                .map(|a| rss_kib(a.id(), "VmHWM"))
+                .max()
+                .unwrap_or(0);
+            for a in agents.iter_mut() {
+                let _ = a.kill();
+                let _ = a.wait();
+            }
+            results.push(Measured {
+                label,
+                rows,
+                idle_rss,
+                peak_rss,
+            });
         }
-        let peak: Vec<u64> = agents.iter().map(|a| rss_kib(a.id(), "VmHWM")).collect();
-        for a in agents.iter_mut() {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
-        print_table(&rows, idle_rss, &peak, &bin);
+        print_table(&results, &bin);
         drop(env);
     });
 }
@@ -300,29 +345,28 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn print_table(
-    rows: &[(Duration, Duration, usize)],
-    idle_rss: u64,
-    peak: &[u64],
-    bin: &std::path::Path,
-) {
-    let cordon = median(rows.iter().map(|r| r.0.as_secs_f64() * 1e3).collect());
-    let drained = median(rows.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
-    let requests = median(rows.iter().map(|r| r.2 as f64).collect());
-    let peak_mib = peak.iter().copied().max().unwrap_or(0) as f64 / 1024.0;
+fn print_table(results: &[Measured], bin: &std::path::Path) {
     println!();
     println!(
-        "drain benchmark: 110 evictable pods (10 Deployments, {NAMESPACES} namespaces), median of {RUNS} runs"
+        "drain benchmark: 110 evictable pods (10 Deployments, {NAMESPACES} namespaces), median of {RUNS} runs per setting"
     );
     println!("binary: {}", bin.display());
-    println!("| metric                                  | result    | target   |");
-    println!("|-----------------------------------------|-----------|----------|");
-    println!("| NodeMaintenance created → node cordoned | {cordon:>6.1} ms | ≤ 100 ms |");
-    println!("| NodeMaintenance created → Succeeded     | {drained:>6.0} ms | ≤ 2000 ms |");
+    println!("targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms, RSS ≤ 10 MiB");
     println!(
-        "| agent RSS, idle with 110 pods           | {:>6.1} MiB | ≤ 10 MiB |",
-        idle_rss as f64 / 1024.0
+        "| setting                | cordon    | Succeeded | idle RSS  | peak RSS  | requests |"
     );
-    println!("| agent peak RSS (VmHWM, over all runs)   | {peak_mib:>6.1} MiB | ≤ 10 MiB |");
-    println!("| API requests by the agents per drain    | {requests:>9.0} |          |");
+    println!(
+        "|------------------------|-----------|-----------|-----------|-----------|----------|"
+    );
+    for m in results {
+        let cordon = median(m.rows.iter().map(|r| r.0.as_secs_f64() * 1e3).collect());
+        let drained = median(m.rows.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
+        let requests = median(m.rows.iter().map(|r| r.2 as f64).collect());
+        println!(
+            "| {:<22} | {cordon:>6.1} ms | {drained:>6.0} ms | {:>5.1} MiB | {:>5.1} MiB | {requests:>8.0} |",
+            m.label,
+            m.idle_rss as f64 / 1024.0,
+            m.peak_rss as f64 / 1024.0,
+        );
+    }
 }
