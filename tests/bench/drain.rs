@@ -363,7 +363,7 @@ fn print_table(results: &[Measured], bin: &std::path::Path) {
         let drained = median(m.rows.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
         let requests = median(m.rows.iter().map(|r| r.2 as f64).collect());
         println!(
-            "| {:<22} | {cordon:>6.1} ms | {drained:>6.0} ms | {:>5.1} MiB | {:>5.1} MiB | {requests:>8.0} |",
+            "| {:<23} | {cordon:>6.1} ms | {drained:>6.0} ms | {:>5.1} MiB | {:>5.1} MiB | {requests:>8.0} |",
             m.label,
             m.idle_rss as f64 / 1024.0,
             m.peak_rss as f64 / 1024.0,
