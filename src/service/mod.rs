@@ -44,6 +44,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let client = connect::connect_with(config.kubeconfig.as_deref(), config.transport).await?;
+    if let Some(node) = &config.node {
+        connect::require_node(&client, node).await?;
+    }
+    require_crds(&client).await?;
     // Evictions are streams of one connection over HTTP/2, but each holds a
     // TLS connection over HTTP/1.1 (also when the server refuses h2).
     let http2 = connect::speaks_http2(&client).await;
@@ -56,10 +60,6 @@ pub async fn run(
         "talking {} to the API server; up to {evictions_in_flight} evictions in flight",
         if http2 { "HTTP/2" } else { "HTTP/1.1" }
     );
-    if let Some(node) = &config.node {
-        connect::require_node(&client, node).await?;
-    }
-    require_crds(&client).await?;
     let (scope, identity) = match &config.node {
         Some(node) => {
             log::info!("nodekeeper {} owns node {node}", env!("CARGO_PKG_VERSION"));
