@@ -121,7 +121,8 @@
 //!
 //! **Liveness.** The anchor is reconciled at least every 30 s (a heartbeat
 //! trigger); `/healthz` fails after 90 s without a finished reconcile, so
-//! kubelet or systemd restarts a wedged agent. Shutdown waits 10 s for
+//! kubelet or systemd restarts a wedged agent. A cluster role with no node
+//! in scope has nothing to reconcile and counts as idle, not wedged. Shutdown waits 10 s for
 //! reconciles in flight, then stops without them.
 //!
 //! **Priority.** An administrator's NodeMaintenance (no owner label)

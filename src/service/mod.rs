@@ -216,7 +216,14 @@ pub async fn run(
     let beat_scope = scope.clone();
     let beat_nodes = nodes.clone();
     let heartbeat = smol::Timer::interval(metrics::HEARTBEAT).filter_map(move |_| {
-        roles::anchor(&beat_scope, &beat_nodes).map(|n| ObjectRef::<Node>::new(&n))
+        let anchor = roles::anchor(&beat_scope, &beat_nodes);
+        if anchor.is_none() {
+            // A cluster role whose selector matches no node yet has nothing
+            // to reconcile, and nothing that could be wedged: idle is
+            // progress, or /healthz would restart it forever.
+            metrics::progress();
+        }
+        anchor.map(|n| ObjectRef::<Node>::new(&n))
     });
 
     let nm_scope = scope.clone();
