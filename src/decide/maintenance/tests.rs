@@ -124,6 +124,15 @@ impl World {
         }
     }
 
+    /// Node `n1` in maintenance `m` (cordoned by us), draining one
+    /// ReplicaSet pod `a` whose last eviction attempt is `attempt`.
+    fn draining(m: NodeMaintenance, attempt: Attempt) -> World {
+        let mut w = World::new(Some(maintained("m", false)), vec![m]);
+        w.pods = vec![pod("a", "ReplicaSet")];
+        w.attempts.insert("uid-a".into(), attempt);
+        w
+    }
+
     fn snapshot(&self) -> Snapshot<'_> {
         Snapshot {
             node_name: NODE,
@@ -233,13 +242,8 @@ fn cordoned_node_is_drained_of_evictable_pods_only() {
 
 #[test]
 fn refused_pods_wait_for_their_backoff_and_are_named_in_last_error() {
-    let mut w = World::new(
-        Some(maintained("m", false)),
-        vec![nm("m", 0, Some(Phase::Running))],
-    );
-    w.pods = vec![pod("a", "ReplicaSet")];
-    w.attempts.insert(
-        "uid-a".into(),
+    let w = World::draining(
+        nm("m", 0, Some(Phase::Running)),
         Attempt {
             retry_at: Some(ts(12)),
             error: Some("PodDisruptionBudget web: needs 2".into()),
@@ -264,13 +268,8 @@ fn refused_pods_wait_for_their_backoff_and_are_named_in_last_error() {
 
 #[test]
 fn waiting_wakes_for_the_next_retry() {
-    let mut w = World::new(
-        Some(maintained("m", false)),
-        vec![nm("m", 0, Some(Phase::Running))],
-    );
-    w.pods = vec![pod("a", "ReplicaSet")];
-    w.attempts.insert(
-        "uid-a".into(),
+    let mut w = World::draining(
+        nm("m", 0, Some(Phase::Running)),
         Attempt {
             retry_at: Some(ts(12)),
             error: None,
@@ -287,13 +286,8 @@ fn waiting_wakes_for_the_next_retry() {
 
 #[test]
 fn drain_timeout_is_announced_once() {
-    let mut w = World::new(
-        Some(maintained("m", false)),
-        vec![nm("m", 0, Some(Phase::Running))],
-    );
-    w.pods = vec![pod("a", "ReplicaSet")];
-    w.attempts.insert(
-        "uid-a".into(),
+    let mut w = World::draining(
+        nm("m", 0, Some(Phase::Running)),
         Attempt {
             retry_at: Some(ts(99)),
             error: Some("blocked".into()),

@@ -26,10 +26,8 @@ fn with_drain(mut m: NodeMaintenance, timeout: &str, on_timeout: &str) -> NodeMa
 /// A node in maintenance `m` whose one pod's eviction has been refused
 /// since the cordon at `ts(0)`; `now` is `ts(now)`.
 fn blocked(m: NodeMaintenance, now: i64) -> World {
-    let mut w = World::new(Some(maintained("m", false)), vec![m]);
-    w.pods = vec![pod("a", "ReplicaSet")];
-    w.attempts.insert(
-        "uid-a".into(),
+    let mut w = World::draining(
+        m,
         Attempt {
             retry_at: Some(ts(now + 5)),
             error: Some("PDB db allows no disruption".into()),
