@@ -1,10 +1,17 @@
 //! Building blocks every disruption feature shares, one Rust type each, so
 //! RebootPolicy, UpgradePlan and replacement speak the same language:
-//! node names, and the drain options an owner hands to the NodeMaintenance
-//! it takes a node with. Selection, budgets, windows and stage deadlines
-//! join this file with the first feature that uses them.
+//! node names, the drain options an owner hands to the NodeMaintenance it
+//! takes a node with, and the API shapes of budgets ([`Budget`]), windows
+//! ([`Window`]), gates ([`Gates`]) and drain settings ([`DrainSpec`]). Their
+//! arithmetic is pure code in `decide/` (`budget.rs`, `window.rs`); the
+//! schema's CEL rules refuse what is checkable without other objects.
 
 use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
 
 /// Is `name` a name a Node can have: a lowercase RFC 1123 subdomain, as
 /// the API server validates Node names (and the CRD's CEL rule checks
@@ -61,6 +68,194 @@ impl Escalation {
 pub struct DrainOptions {
     pub timeout: Duration,
     pub on_timeout: Escalation,
+}
+
+/// A count-or-percent: a whole number ≥ 0, or `N%` with N in 0–100. Plain
+/// OpenAPI rather than CEL: `pattern` applies to the string form only and
+/// `minimum` to the number form, and neither costs CEL budget (a CEL regex
+/// on an int-or-string, which cannot carry maxLength, exceeds it).
+fn count_or_percent(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "minimum": 0,
+        "maxLength": 4,
+        "pattern": "^(100|[1-9]?[0-9])%$",
+        "description": "a whole number of nodes (0 or more) or a percentage such as 25%"
+    })
+}
+
+/// Weekdays as kured and system-upgrade-controller accept them.
+fn days(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 7,
+        "items": {
+            "type": "string",
+            "maxLength": 9,
+            "x-kubernetes-validations": [{
+                "rule": "self.matches('^(?i)(su|sun|sunday|mo|mon|monday|tu|tue|tues|tuesday|we|wed|wednesday|th|thu|thur|thurs|thursday|fr|fri|friday|sa|sat|saturday|[0-6])$')",
+                "message": "a day must be sun..sat, sunday..saturday, su..sa or 0-6 (0 = Sunday)"
+            }]
+        }
+    })
+}
+
+/// How many selected nodes may be unavailable at once. **Every** unavailable
+/// node counts — NotReady, cordoned, in any NodeMaintenance — not only the
+/// ones a feature disrupts.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// Nodes (count) or share of the selected nodes (percent, rounded down,
+    /// at least 1 when above 0%) that may be unavailable at once. 0 admits
+    /// nothing. Default 1.
+    #[serde(default = "one")]
+    #[schemars(schema_with = "count_or_percent")]
+    pub max_unavailable: IntOrString,
+    /// Tighter limits per topology domain: nodes sharing the value of the
+    /// label `key` (e.g. `topology.kubernetes.io/zone`) form a domain, and
+    /// `maxUnavailable` applies within it (percent of the domain's size).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub per_topology: Vec<TopologyBudget>,
+    /// Control-plane nodes (label `node-role.kubernetes.io/control-plane`)
+    /// unavailable at once. Default 1.
+    #[serde(default = "one_i32")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_control_plane: i32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            max_unavailable: one(),
+            per_topology: Vec::new(),
+            max_control_plane: 1,
+        }
+    }
+}
+
+fn one() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+fn one_i32() -> i32 {
+    1
+}
+
+/// A budget within each domain of one topology label.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyBudget {
+    /// The node label whose values form the domains.
+    #[schemars(length(min = 1, max = 317))]
+    pub key: String,
+    /// Unavailable nodes allowed per domain (count or percent of it).
+    #[schemars(schema_with = "count_or_percent")]
+    pub max_unavailable: IntOrString,
+}
+
+/// CEL: `HH:MM`, 24-hour.
+const TIME_RULE: &str = "self.matches('^([01][0-9]|2[0-3]):[0-5][0-9]$')";
+const TIME_MESSAGE: &str = "must be a 24-hour time HH:MM, e.g. 02:30";
+/// CEL: the syntax of an IANA time zone name (whether the zone exists is
+/// checked against the time zone database and reported in status).
+const ZONE_RULE: &str = "self.matches('^(UTC|[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2})$')";
+const ZONE_MESSAGE: &str = "must be an IANA time zone name such as UTC or Europe/Berlin";
+
+/// When disruptions may start: on these days, from `start` to `end` in
+/// `timeZone`. A window whose end is not after its start wraps midnight
+/// (it belongs to the day it starts on). Work admitted inside a window
+/// finishes after it closes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Window {
+    /// Days the window starts on (default: every day).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "days")]
+    pub days: Vec<String>,
+    /// Opening time, HH:MM.
+    #[x_kube(validation = Rule::new(TIME_RULE).message(TIME_MESSAGE))]
+    #[schemars(length(max = 5))]
+    pub start: String,
+    /// Closing time, HH:MM (exclusive); not after `start` means the next day.
+    #[x_kube(validation = Rule::new(TIME_RULE).message(TIME_MESSAGE))]
+    #[schemars(length(max = 5))]
+    pub end: String,
+    /// IANA time zone of `start` and `end` (default UTC); daylight saving
+    /// time is followed.
+    #[serde(default = "utc")]
+    #[x_kube(validation = Rule::new(ZONE_RULE).message(ZONE_MESSAGE))]
+    #[schemars(length(max = 64))]
+    pub time_zone: String,
+}
+
+fn utc() -> String {
+    "UTC".into()
+}
+
+/// Conditions checked before a node is admitted.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Gates {
+    /// No disruption while pods matching any of these run on the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub blocking_pods: Vec<BlockingPods>,
+    /// Seconds a node keeps its slot after it came back (Ready with the
+    /// new boot), before the next node is admitted in its place.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 86400))]
+    pub settle_seconds: i32,
+    /// Admit nothing while any selected node other than those waiting for
+    /// this feature is NotReady.
+    #[serde(default)]
+    pub require_ready: bool,
+}
+
+/// Pods that block a disruption of the node they run on.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockingPods {
+    /// Only pods in this namespace (default: every namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub namespace: Option<String>,
+    /// Which pods block.
+    pub selector: LabelSelector,
+}
+
+/// How a feature's NodeMaintenances drain.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// Seconds the drain may take (default 600).
+    #[serde(default = "drain_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub timeout_seconds: i32,
+    /// After the timeout: `Wait` keeps trying and reports what blocks it,
+    /// `Force` deletes what is left ignoring PodDisruptionBudgets, `Skip`
+    /// gives the node back undisrupted and reports (default Wait).
+    #[serde(default = "wait")]
+    #[x_kube(validation = Rule::new("self in ['Wait', 'Force', 'Skip']").message("onTimeout must be Wait, Force or Skip"))]
+    pub on_timeout: String,
+}
+
+impl Default for DrainSpec {
+    fn default() -> Self {
+        DrainSpec {
+            timeout_seconds: drain_timeout(),
+            on_timeout: wait(),
+        }
+    }
+}
+
+fn drain_timeout() -> i32 {
+    600
+}
+
+fn wait() -> String {
+    "Wait".into()
 }
 
 #[cfg(test)]

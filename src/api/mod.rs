@@ -6,11 +6,15 @@
 
 pub mod common;
 pub mod nodemaintenance;
+pub mod reboot;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
 /// Every CRD nodekeeper serves, in install order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![nodemaintenance::NodeMaintenance::crd()]
+    vec![
+        nodemaintenance::NodeMaintenance::crd(),
+        reboot::RebootPolicy::crd(),
+    ]
 }

@@ -194,7 +194,7 @@ pub struct NodeMaintenanceStatus {
 }
 
 /// `metav1.Condition` list, keyed by type as `kubectl` and SSA expect.
-fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut schema = generator.subschema_for::<Vec<Condition>>();
     let obj = schema.ensure_object();
     obj.insert("x-kubernetes-list-type".into(), "map".into());

@@ -9,9 +9,12 @@
 //! reads a clock: time comes in with the snapshot, so every rule here is a
 //! unit test away.
 
+pub mod budget;
 pub mod drain;
 pub mod foreign;
 pub mod maintenance;
+pub mod reboot;
+pub mod window;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +72,22 @@ pub enum Effect {
     CreateMaintenance { nm: Box<NodeMaintenance> },
     /// Give a node back: delete the NodeMaintenance with this UID.
     DeleteMaintenance { nm: String, uid: String },
+    /// Replace a RebootPolicy's status (server-side apply), guarded by the
+    /// resourceVersion decided on: the admission record, so a decision on
+    /// a stale policy fails instead of over-admitting.
+    WritePolicyStatus {
+        policy: String,
+        resource_version: Option<String>,
+        status: Box<crate::api::reboot::RebootPolicyStatus>,
+    },
+    /// Run a host action (argv, no shell): the reboot command, on this
+    /// host (node role) or remotely (cluster role). `boot` is the boot it
+    /// is issued in, for the failure record.
+    RunHost {
+        node: String,
+        argv: Vec<String>,
+        boot: String,
+    },
     /// Publish an event (Warning if `warning`) about an object.
     Event {
         object: ObjectReference,
@@ -144,6 +163,11 @@ pub enum Outcome {
     LeaseHeldBy(String),
     /// Per pod of a [`Effect::Drain`], in order.
     Drained(Vec<drain::Removal>),
+    /// The RebootPolicy as the server stored our status write.
+    PolicyWritten(Box<crate::api::reboot::RebootPolicy>),
+    /// A host action ran: whether it succeeded, and its (truncated)
+    /// output or error.
+    HostRan { ok: bool, output: String },
 }
 
 /// What we remember per node between decisions. Lost on restart, which
@@ -196,5 +220,35 @@ pub fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+/// Set a condition in a list, keeping its transition time unless its
+/// status changed (what `kubectl describe` readers rely on).
+pub fn set_condition(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    now: Timestamp,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+) {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    if let Some(c) = conds.iter_mut().find(|c| c.type_ == type_) {
+        if c.status != status {
+            c.last_transition_time = Time(now);
+        }
+        c.status = status.into();
+        c.reason = reason.into();
+        c.message = message.into();
+    } else {
+        conds.push(Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Time(now),
+            observed_generation: None,
+        });
     }
 }

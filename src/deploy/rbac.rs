@@ -39,12 +39,14 @@ pub struct Grant {
 }
 
 const MAINTENANCE: &str = "maintenance";
+const REBOOT: &str = "reboot";
 const BOTH: &[Identity] = &[Identity::Agent, Identity::Cluster];
+const CLUSTER: &[Identity] = &[Identity::Cluster];
 
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 8] = [
+pub const GRANTS: [Grant; 12] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -108,6 +110,38 @@ pub const GRANTS: [Grant; 8] = [
         resource: "leases",
         verbs: &["get", "create", "update", "delete"],
         why: "the medik8s node lease, in medik8s-leases only (a Role, not the ClusterRole)",
+    },
+    Grant {
+        feature: REBOOT,
+        identities: BOTH,
+        group: "nodekeeper.io",
+        resource: "rebootpolicies",
+        verbs: &["get", "list", "watch"],
+        why: "which policy governs a node: its sentinel and reboot command (node role), its spec (cluster role)",
+    },
+    Grant {
+        feature: REBOOT,
+        identities: CLUSTER,
+        group: "nodekeeper.io",
+        resource: "rebootpolicies/status",
+        verbs: &["patch"],
+        why: "the admission record and per-node reboot phases",
+    },
+    Grant {
+        feature: REBOOT,
+        identities: CLUSTER,
+        group: "nodemaintenance.medik8s.io",
+        resource: "nodemaintenances",
+        verbs: &["create", "delete"],
+        why: "take a node for its reboot and give it back",
+    },
+    Grant {
+        feature: REBOOT,
+        identities: CLUSTER,
+        group: "nodekeeper.io",
+        resource: "rebootpolicies/finalizers",
+        verbs: &["update"],
+        why: "owner references with controller=true on the NodeMaintenances it creates (OwnerReferencesPermissionEnforcement)",
     },
 ];
 

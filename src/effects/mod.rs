@@ -7,6 +7,7 @@
 //! medik8s node lease and the cluster role's leader lease.
 
 pub mod evict;
+pub mod host;
 pub mod lease;
 
 use k8s_openapi::api::core::v1::Node;
@@ -69,6 +70,21 @@ impl Interpreter {
             Effect::Drain { pods } => Ok(Outcome::Drained(
                 evict::drain_pods(&self.client, pods, self.evictions_in_flight).await,
             )),
+            Effect::WritePolicyStatus {
+                policy,
+                resource_version,
+                status,
+            } => {
+                self.write_policy_status(policy, resource_version, status)
+                    .await
+            }
+            Effect::RunHost { argv, .. } => Ok(match host::reboot(argv).await {
+                Ok(()) => Outcome::HostRan {
+                    ok: true,
+                    output: String::new(),
+                },
+                Err(output) => Outcome::HostRan { ok: false, output },
+            }),
             Effect::CreateMaintenance { nm } => self.create_maintenance(nm).await,
             Effect::DeleteMaintenance { nm, uid } => self.delete_maintenance(nm, uid).await,
             Effect::Event {
@@ -133,6 +149,35 @@ impl Interpreter {
                 "writing status of NodeMaintenance {nm}"
             )))?;
         Ok(Outcome::MaintenanceWritten(Box::new(updated)))
+    }
+
+    /// Server-side apply of a RebootPolicy's whole status, guarded by the
+    /// resourceVersion the admissions in it were decided on.
+    async fn write_policy_status(
+        &self,
+        policy: &str,
+        resource_version: &Option<String>,
+        status: &crate::api::reboot::RebootPolicyStatus,
+    ) -> Result<Outcome> {
+        use crate::api::reboot::RebootPolicy;
+        let body = json!({
+            "apiVersion": RebootPolicy::api_version(&()),
+            "kind": RebootPolicy::kind(&()),
+            "metadata": { "name": policy, "resourceVersion": resource_version },
+            "status": status,
+        });
+        let api: Api<RebootPolicy> = Api::all(self.client.clone());
+        let updated = api
+            .patch_status(
+                policy,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "writing status of RebootPolicy {policy}"
+            )))?;
+        Ok(Outcome::PolicyWritten(Box::new(updated)))
     }
 
     async fn set_finalizers(
@@ -229,6 +274,10 @@ pub fn describe(effect: &Effect) -> String {
         Effect::WriteStatus { nm, status, .. } => format!(
             "WriteStatus {{ nm: {nm:?}, phase: {:?} }}",
             status.phase.map(|p| p.as_str())
+        ),
+        Effect::WritePolicyStatus { policy, status, .. } => format!(
+            "WritePolicyStatus {{ policy: {policy:?}, nodes: {} }}",
+            status.nodes.len()
         ),
         Effect::PatchNode { node, patch, .. } => {
             format!("PatchNode {{ node: {node:?}, patch: {patch} }}")

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -170,24 +169,14 @@ pub fn set_condition(
     reason: &str,
     message: &str,
 ) {
-    let conds = st.conditions.get_or_insert_with(Vec::new);
-    if let Some(c) = conds.iter_mut().find(|c| c.type_ == type_) {
-        if c.status != status {
-            c.last_transition_time = Time(now);
-        }
-        c.status = status.into();
-        c.reason = reason.into();
-        c.message = message.into();
-    } else {
-        conds.push(Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: message.into(),
-            last_transition_time: Time(now),
-            observed_generation: None,
-        });
-    }
+    crate::decide::set_condition(
+        st.conditions.get_or_insert_with(Vec::new),
+        now,
+        type_,
+        status,
+        reason,
+        message,
+    )
 }
 
 /// Equal but for `lastUpdate`, which we stamp on every write.

@@ -1,0 +1,368 @@
+//! Coordinated reboots, pure. Two halves, one per role:
+//!
+//! - [`decide`] (cluster role, the single writer of admissions): for one
+//!   RebootPolicy, look at every selected node and move each along
+//!   Pending/Waiting → Draining → Rebooting → Verifying → Settling → Done,
+//!   admitting new nodes in name order within the windows, gates and
+//!   budget. The admission record is the policy's status, written guarded by
+//!   its resourceVersion **before** the node is taken, so two decisions can
+//!   never both take the last slot; the NodeMaintenance (owned by the policy)
+//!   does the taking and the draining.
+//! - [`node`] (node role): mark the own node as needing a reboot from the
+//!   host's signals, and issue the reboot once the node is drained.
+//!
+//! **No double reboot:** a reboot is issued only when the node still runs
+//! the boot recorded at admission (`nodekeeper.io/boot-id-before` on the
+//! NodeMaintenance) and no reboot was issued in that boot yet (the node's
+//! `nodekeeper.io/reboot-issued`, written before the command runs).
+//! Completion is verified, never assumed: a new boot ID and Ready.
+
+pub mod facts;
+pub mod node;
+mod stages;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::budget::{self, Member};
+use super::drain::selector_matches;
+use super::{Effect, Plan, Then, window};
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::reboot::*;
+pub use facts::*;
+use stages::{Decision, after};
+
+/// Everything one policy's decision reads.
+pub struct Snapshot<'a> {
+    pub policy: &'a RebootPolicy,
+    /// Every node the cluster role sees.
+    pub nodes: &'a [Arc<Node>],
+    /// Every NodeMaintenance.
+    pub maintenances: &'a [Arc<NodeMaintenance>],
+    /// The pods bound to a node (for blocking-pod gates).
+    pub pods_on: &'a dyn Fn(&str) -> Vec<Arc<Pod>>,
+    pub now: Timestamp,
+    /// This cluster role reboots nodes itself (no node agents), with
+    /// `reboot.remoteCommand`.
+    pub remote: bool,
+}
+
+/// Machine-readable reasons of Waiting and NotReturned entries.
+pub const WAIT_BUDGET: &str = "Budget";
+pub const WAIT_WINDOW: &str = "Window";
+pub const WAIT_BLOCKING_POD: &str = "BlockingPod";
+pub const WAIT_NOT_READY: &str = "NotReady";
+pub const WAIT_PAUSED: &str = "Paused";
+pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
+pub const WAIT_GATE: &str = "Gate";
+pub const WAIT_INVALID: &str = "InvalidSpec";
+pub const NOT_RETURNED: &str = "NotReturned";
+
+/// One policy's next plan: the new status (written first, guarded), then
+/// the NodeMaintenances to create or delete, node patches, reboots
+/// (remote mode) and events; then when to look again.
+pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
+    let p = s.policy;
+    let name = p.name_any();
+    let now = s.now;
+    let empty = RebootPolicyStatus::default();
+    let old = p.status.as_ref().unwrap_or(&empty);
+
+    // What the schema could not check.
+    let mut problems = Vec::new();
+    let windows: Vec<window::Parsed> = p
+        .spec
+        .windows
+        .iter()
+        .filter_map(|w| window::parse(w).map_err(|e| problems.push(e)).ok())
+        .collect();
+    if let Some(sel) = &p.spec.node_selector
+        && let Err(e) = check_selector(sel)
+    {
+        problems.push(e);
+    }
+    let valid = problems.is_empty();
+
+    // Admission order: by name, stable across decisions and restarts.
+    let mut selected: Vec<&Arc<Node>> = s
+        .nodes
+        .iter()
+        .filter(|n| match &p.spec.node_selector {
+            None => true,
+            Some(sel) => valid && selector_matches(sel, n.labels()),
+        })
+        .collect();
+    selected.sort_by_key(|n| n.metadata.name.clone());
+    let nms_on = |node: &str| -> Vec<&Arc<NodeMaintenance>> {
+        s.maintenances
+            .iter()
+            .filter(|m| m.spec.node_name == node)
+            .collect()
+    };
+
+    let mut d = Decision {
+        s,
+        name: name.clone(),
+        previous: old.nodes.iter().map(|e| (e.name.as_str(), e)).collect(),
+        entries: BTreeMap::new(),
+        effects: Vec::new(),
+        wake: None,
+        not_returned: Vec::new(),
+    };
+
+    // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
+    for m in s.maintenances.iter().filter(|m| owned_by(m, &name)) {
+        if !m.is_deleting() && !s.nodes.iter().any(|n| n.name_any() == m.spec.node_name) {
+            d.give_back(m);
+        }
+    }
+
+    // 1. Nodes we hold, or that settle in their slot.
+    for node in &selected {
+        let n = node.name_any();
+        let on = nms_on(&n);
+        let ours = on.iter().find(|m| owned_by(m, &name)).map(|m| m.as_ref());
+        let others: Vec<&Arc<NodeMaintenance>> =
+            on.iter().copied().filter(|m| !owned_by(m, &name)).collect();
+        let prev = d.prev(&n);
+        if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Settling) {
+            let until = after(prev.since.0, p.spec.gates.settle_seconds.max(0) as u64);
+            if ours.is_none() && now >= until {
+                d.set(
+                    &n,
+                    RebootPhase::Done,
+                    prev.boot_id_before.as_deref(),
+                    None,
+                    "reboot verified".into(),
+                );
+            } else {
+                d.entries.insert(n.clone(), prev.clone());
+                d.wake_at(until);
+            }
+            continue;
+        }
+        let held =
+            prev.is_some_and(|e| e.phase.admitted()) || ours.is_some_and(|m| !m.is_deleting());
+        if held {
+            d.follow(node, ours, &others);
+        }
+    }
+
+    // 2. Nodes that need a reboot and are not held: admit within limits.
+    let mut members: Vec<Member> = selected
+        .iter()
+        .map(|n| {
+            let nn = n.metadata.name.as_deref().unwrap_or_default();
+            Member {
+                name: nn,
+                labels: n.metadata.labels.as_ref(),
+                unavailable: !ready(n)
+                    || unschedulable(n)
+                    || !nms_on(nn).is_empty()
+                    || d.entries.get(nn).is_some_and(|e| e.phase.holds_slot()),
+            }
+        })
+        .collect();
+    let window_open = window::open(&windows, now);
+    if let Some(t) = window::next_change(&windows, now) {
+        d.wake_at(t);
+    }
+    let candidates: Vec<&Arc<Node>> = selected
+        .iter()
+        .copied()
+        .filter(|n| needs_reboot(n) && !d.entries.contains_key(n.name_any().as_str()))
+        .collect();
+    let others_not_ready: Vec<String> = selected
+        .iter()
+        .filter(|n| !ready(n) && !candidates.iter().any(|c| c.name_any() == n.name_any()))
+        .map(|n| n.name_any())
+        .filter(|n| !d.entries.get(n).is_some_and(|e| e.phase.holds_slot()))
+        .collect();
+    let mut admitted: Vec<String> = Vec::new();
+    for node in candidates {
+        let n = node.name_any();
+        let boot = boot_id(node);
+        if let Some(prev) = d
+            .prev(&n)
+            .filter(|e| e.phase == RebootPhase::Failed && e.boot_id_before.as_deref() == boot)
+        {
+            // Failed in this boot: not again until the node reboots or the
+            // record is cleared by hand.
+            d.entries.insert(n, prev.clone());
+            continue;
+        }
+        let other_nm = nms_on(&n).into_iter().find(|m| !owned_by(m, &name));
+        let wait: Option<(&str, String)> = if paused(node) {
+            Some((WAIT_PAUSED, "paused by a reboot-paused annotation".into()))
+        } else if let Some(m) = other_nm {
+            Some((
+                WAIT_IN_MAINTENANCE,
+                format!("in maintenance (NodeMaintenance {})", m.name_any()),
+            ))
+        } else if !valid {
+            Some((
+                WAIT_INVALID,
+                format!("the policy cannot be used: {}", problems.join("; ")),
+            ))
+        } else if boot.is_none() {
+            Some((
+                WAIT_NOT_READY,
+                "the node reports no boot ID, so a reboot could not be verified".into(),
+            ))
+        } else if !window_open {
+            Some((WAIT_WINDOW, "outside every reboot window".into()))
+        } else if !ready(node) {
+            Some((WAIT_NOT_READY, "the node is NotReady".into()))
+        } else if p.spec.gates.require_ready && !others_not_ready.is_empty() {
+            Some((
+                WAIT_GATE,
+                format!(
+                    "requireReady: node {} is NotReady",
+                    others_not_ready.join(", ")
+                ),
+            ))
+        } else if let Some(pod) = blocking_pod(p, &(s.pods_on)(&n)) {
+            Some((WAIT_BLOCKING_POD, format!("blocked by pod {pod}")))
+        } else {
+            let me = members
+                .iter()
+                .find(|m| m.name == n)
+                .cloned()
+                .unwrap_or_default();
+            budget::admits(&p.spec.budget, &members, &me)
+                .err()
+                .map(|why| (WAIT_BUDGET, why))
+        };
+        match wait {
+            Some((reason, msg)) => d.set(&n, RebootPhase::Waiting, None, Some(reason), msg),
+            None => {
+                let boot = boot.unwrap_or_default().to_string();
+                for m in members.iter_mut().filter(|m| m.name == n) {
+                    m.unavailable = true;
+                }
+                let nm = maintenance_for(p, node, &boot);
+                let what = format!(
+                    "admitted; draining through NodeMaintenance {}",
+                    nm.name_any()
+                );
+                d.effects
+                    .push(Effect::CreateMaintenance { nm: Box::new(nm) });
+                d.event(node, false, "RebootAdmitted", &what);
+                d.set(
+                    &n,
+                    RebootPhase::Draining,
+                    Some(&boot),
+                    None,
+                    what.replacen("admitted; ", "", 1),
+                );
+                admitted.push(format!("{n} (boot {boot})"));
+            }
+        }
+    }
+
+    // 3. History: verified and failed nodes stay listed while selected.
+    for e in &old.nodes {
+        if !d.entries.contains_key(&e.name)
+            && matches!(e.phase, RebootPhase::Done | RebootPhase::Failed)
+            && selected.iter().any(|n| n.name_any() == e.name)
+        {
+            d.entries.insert(e.name.clone(), e.clone());
+        }
+    }
+
+    let status = status(p, old, d.entries, valid, &problems, &d.not_returned, now);
+    let mut effects = Vec::new();
+    if p.status.as_ref() != Some(&status) {
+        effects.push(Effect::WritePolicyStatus {
+            policy: name.clone(),
+            resource_version: p.resource_version(),
+            status: Box::new(status),
+        });
+    }
+    effects.extend(d.effects);
+    let note = (!admitted.is_empty()).then(|| {
+        (
+            log::Level::Info,
+            format!("RebootPolicy {name}: admitted {}", admitted.join(", ")),
+        )
+    });
+    Plan {
+        effects,
+        then: Then::Wait(d.wake),
+        note,
+    }
+}
+
+/// The status from the entries: counts and the two conditions.
+fn status(
+    p: &RebootPolicy,
+    old: &RebootPolicyStatus,
+    entries: BTreeMap<String, NodeReboot>,
+    valid: bool,
+    problems: &[String],
+    not_returned: &[String],
+    now: Timestamp,
+) -> RebootPolicyStatus {
+    let nodes: Vec<NodeReboot> = entries.into_values().collect();
+    let count =
+        |f: &dyn Fn(RebootPhase) -> bool| nodes.iter().filter(|e| f(e.phase)).count() as i32;
+    let mut conds = old.conditions.clone().unwrap_or_default();
+    if valid {
+        super::set_condition(
+            &mut conds,
+            now,
+            "Valid",
+            "True",
+            "Valid",
+            "the policy can be used",
+        );
+    } else {
+        super::set_condition(
+            &mut conds,
+            now,
+            "Valid",
+            "False",
+            WAIT_INVALID,
+            &problems.join("; "),
+        );
+    }
+    if not_returned.is_empty() {
+        super::set_condition(
+            &mut conds,
+            now,
+            "NodeNotReturned",
+            "False",
+            "AllReturned",
+            "every rebooted node came back in time",
+        );
+    } else {
+        let msg = format!(
+            "did not come back within {} s: {}",
+            p.spec.reboot.return_timeout_seconds,
+            not_returned.join(", ")
+        );
+        super::set_condition(
+            &mut conds,
+            now,
+            "NodeNotReturned",
+            "True",
+            NOT_RETURNED,
+            &msg,
+        );
+    }
+    RebootPolicyStatus {
+        needing: count(&|ph| matches!(ph, RebootPhase::Pending | RebootPhase::Waiting)),
+        rebooting: count(&|ph| ph.holds_slot()),
+        done: count(&|ph| ph == RebootPhase::Done),
+        nodes,
+        observed_generation: p.metadata.generation,
+        conditions: Some(conds),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+//! The node role's half of coordinated reboots, pure: mark the own node as
+//! needing a reboot when the host says so, and issue the reboot once the
+//! policy's NodeMaintenance has drained the node — only in the boot the
+//! admission recorded, and only once per boot.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::facts::{argv, boot_id, failure_in, issued_in, needs_reboot};
+use crate::api::nodemaintenance::{NodeMaintenance, Phase};
+use crate::api::reboot::*;
+use crate::decide::drain::selector_matches;
+use crate::decide::maintenance::owner_of;
+use crate::decide::{Effect, Outcome};
+
+/// What the node role knows about its node's reboot.
+pub struct Snapshot<'a> {
+    pub node: &'a Node,
+    /// NodeMaintenances on this node.
+    pub maintenances: Vec<&'a NodeMaintenance>,
+    pub policies: &'a [Arc<RebootPolicy>],
+    /// The host's answer at its last look (sentinel file or command);
+    /// `None` when nothing was looked at.
+    pub host_needs: Option<bool>,
+    pub now: Timestamp,
+}
+
+/// The policy that governs a node: of those selecting it, the oldest (then
+/// by name), so overlapping policies never both act on one node.
+pub fn governing<'a>(
+    node: &Node,
+    policies: &'a [Arc<RebootPolicy>],
+) -> Option<&'a Arc<RebootPolicy>> {
+    policies
+        .iter()
+        .filter(|p| {
+            p.spec
+                .node_selector
+                .as_ref()
+                .is_none_or(|sel| selector_matches(sel, node.labels()))
+        })
+        .min_by(|a, b| {
+            (
+                a.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                a.name_any(),
+            )
+                .cmp(&(
+                    b.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    b.name_any(),
+                ))
+        })
+}
+
+/// The node role's effects for its own node's reboot, in order.
+pub fn decide(s: &Snapshot) -> Vec<Effect> {
+    let node = s.node;
+    let n = node.name_any();
+    let Some(boot) = boot_id(node) else {
+        return Vec::new();
+    };
+    // Drained for a reboot in this boot, and none issued yet: issue it.
+    for m in &s.maintenances {
+        if owner_of(m) != Some(OWNER_KIND) || m.phase() != Some(Phase::Succeeded) || m.is_deleting()
+        {
+            continue;
+        }
+        if m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str) != Some(boot)
+            || issued_in(node, boot)
+            || failure_in(node, boot).is_some()
+        {
+            continue;
+        }
+        let policy = m
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == OWNER_KIND)
+            .and_then(|o| s.policies.iter().find(|p| p.name_any() == o.name));
+        if let Some(p) = policy {
+            return issue(node, boot, argv(&p.spec.reboot.command, &n));
+        }
+    }
+    // The host says a reboot is needed and nothing says so yet.
+    if s.host_needs == Some(true) && !needs_reboot(node) && !issued_in(node, boot) {
+        return vec![Effect::PatchNode {
+            node: n,
+            resource_version: node.resource_version(),
+            patch: json!({"metadata": {"annotations": {NEEDED_ANNOTATION: s.now.to_string()}}}),
+        }];
+    }
+    Vec::new()
+}
+
+/// Issue a reboot in `boot`: first record it on the node, guarded by the
+/// resourceVersion (of two writers only one succeeds, and a failed write
+/// stops the plan before the command), then run the command.
+pub fn issue(node: &Node, boot: &str, argv: Vec<String>) -> Vec<Effect> {
+    let n = node.name_any();
+    vec![
+        Effect::PatchNode {
+            node: n.clone(),
+            resource_version: node.resource_version(),
+            patch: json!({"metadata": {"annotations": {ISSUED_ANNOTATION: boot}}}),
+        },
+        Effect::RunHost {
+            node: n,
+            argv,
+            boot: boot.to_string(),
+        },
+    ]
+}
+
+/// After a reboot command: a failure is recorded on the node (the policy
+/// gives the node back and reports it); success needs nothing — the node
+/// goes down, and comes back with a new boot ID.
+pub fn after_command(effect: &Effect, outcome: &Outcome) -> Option<Effect> {
+    match (effect, outcome) {
+        (Effect::RunHost { node, boot, .. }, Outcome::HostRan { ok: false, output }) => {
+            Some(Effect::PatchNode {
+                node: node.clone(),
+                // One key of our own; nothing to lose in a concurrent change.
+                resource_version: None,
+                patch: json!({"metadata": {"annotations": {FAILED_ANNOTATION: format!("{boot}: {output}")}}}),
+            })
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,310 @@
+//! One RebootPolicy decision in the making ([`Decision`]), and the steps a
+//! held node goes through: draining, rebooting (issued here in remote
+//! mode), verifying, settling, and the return deadline.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+
+use super::facts::*;
+use super::{NOT_RETURNED, Snapshot, WAIT_IN_MAINTENANCE, node};
+use crate::api::nodemaintenance::{NodeMaintenance, Phase};
+use crate::api::reboot::*;
+use crate::decide::maintenance::owner_of;
+use crate::decide::{Effect, duration_until, earliest};
+
+/// One decision in the making: the new entries, the effects that follow
+/// the status write, and when to look again.
+pub(super) struct Decision<'a> {
+    pub(super) s: &'a Snapshot<'a>,
+    pub(super) name: String,
+    pub(super) previous: BTreeMap<&'a str, &'a NodeReboot>,
+    pub(super) entries: BTreeMap<String, NodeReboot>,
+    pub(super) effects: Vec<Effect>,
+    pub(super) wake: Option<Duration>,
+    pub(super) not_returned: Vec<String>,
+}
+
+impl<'a> Decision<'a> {
+    pub(super) fn prev(&self, node: &str) -> Option<&'a NodeReboot> {
+        self.previous.get(node).copied()
+    }
+
+    /// Record `node` in `phase`; `since` carries over while the phase stays.
+    pub(super) fn set(
+        &mut self,
+        node: &str,
+        phase: RebootPhase,
+        boot: Option<&str>,
+        reason: Option<&str>,
+        msg: String,
+    ) {
+        let since = match self.prev(node) {
+            Some(e) if e.phase == phase => e.since.clone(),
+            _ => Time(self.s.now),
+        };
+        self.entries.insert(
+            node.to_string(),
+            NodeReboot {
+                name: node.to_string(),
+                phase,
+                since,
+                boot_id_before: boot.map(str::to_string),
+                message: Some(msg),
+                reason: reason.map(str::to_string),
+            },
+        );
+    }
+
+    pub(super) fn wake_at(&mut self, t: Timestamp) {
+        let d = duration_until(self.s.now, t).max(Duration::from_millis(50));
+        self.wake = earliest(self.wake, Some(d));
+    }
+
+    pub(super) fn event(&mut self, node: &Node, warning: bool, reason: &'static str, what: &str) {
+        let (policy, n) = (self.name.clone(), node.name_any());
+        self.effects.push(Effect::Event {
+            object: node_ref(node),
+            warning,
+            reason,
+            note: format!("RebootPolicy {policy}: {what}"),
+        });
+        self.effects.push(Effect::Event {
+            object: policy_ref(self.s.policy),
+            warning,
+            reason,
+            note: format!("node {n}: {what}"),
+        });
+    }
+
+    pub(super) fn give_back(&mut self, nm: &NodeMaintenance) {
+        if let Some(uid) = nm.uid() {
+            self.effects.push(Effect::DeleteMaintenance {
+                nm: nm.name_any(),
+                uid,
+            });
+        }
+    }
+
+    /// A node we hold (or held): one step along its reboot.
+    pub(super) fn follow(
+        &mut self,
+        node: &Node,
+        ours: Option<&NodeMaintenance>,
+        others: &[&Arc<NodeMaintenance>],
+    ) {
+        let n = node.name_any();
+        let prev = self.prev(&n);
+        let boot = boot_id(node);
+        let Some(before) = ours
+            .and_then(|m| m.annotations().get(BOOT_ID_ANNOTATION).cloned())
+            .or_else(|| prev.and_then(|e| e.boot_id_before.clone()))
+        else {
+            // Only a hand-edited object gets here: without the boot it was
+            // admitted in, a reboot could be neither issued safely nor
+            // verified. Give the node back and say so.
+            if let Some(m) = ours {
+                self.give_back(m);
+            }
+            let msg = "admission record has no boot ID; given back without a reboot";
+            self.set(&n, RebootPhase::Failed, boot, None, msg.into());
+            return;
+        };
+        let changed = boot.is_some_and(|b| b != before);
+        let draining = format!("draining through NodeMaintenance {}", maintenance_name(&n));
+        let Some(m) = ours else {
+            if changed && ready(node) {
+                // Given back by someone else after it rebooted: verified.
+                self.verified(node, &before);
+            } else if changed {
+                self.set(
+                    &n,
+                    RebootPhase::Verifying,
+                    Some(&before),
+                    None,
+                    "new boot ID; waiting for Ready".into(),
+                );
+                self.deadline(node);
+            } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
+                // Admitted, not taken yet (or our create is not in the store
+                // yet: creating again is a harmless 409).
+                let nm = maintenance_for(self.s.policy, node, &before);
+                self.effects
+                    .push(Effect::CreateMaintenance { nm: Box::new(nm) });
+                self.set(&n, RebootPhase::Draining, Some(&before), None, draining);
+            } else if issued_in(node, &before) {
+                self.rebooting(node, &before, false);
+            } else {
+                let msg = "admission withdrawn: its NodeMaintenance was deleted before the reboot";
+                self.set(&n, RebootPhase::Pending, None, None, msg.into());
+            }
+            return;
+        };
+        if m.is_deleting() {
+            if let Some(p) = prev {
+                self.entries.insert(n, p.clone());
+            }
+            return;
+        }
+        match m.phase() {
+            Some(Phase::Failed) if !changed => {
+                self.give_back(m);
+                if let Some(admin) = others.iter().find(|o| owner_of(o).is_none()) {
+                    let msg = format!("preempted by NodeMaintenance {}", admin.name_any());
+                    self.set(
+                        &n,
+                        RebootPhase::Waiting,
+                        None,
+                        Some(WAIT_IN_MAINTENANCE),
+                        msg,
+                    );
+                } else {
+                    let why = m.status.as_ref().and_then(|st| st.last_error.clone());
+                    let why = why.unwrap_or_else(|| "the NodeMaintenance failed".into());
+                    self.event(node, true, "RebootFailed", &format!("not rebooted: {why}"));
+                    self.set(
+                        &n,
+                        RebootPhase::Failed,
+                        Some(&before),
+                        None,
+                        format!("not rebooted: {why}"),
+                    );
+                }
+            }
+            Some(Phase::Succeeded) | Some(Phase::Failed) => {
+                if changed && ready(node) {
+                    self.verified(node, &before);
+                    self.give_back(m);
+                } else if changed {
+                    self.set(
+                        &n,
+                        RebootPhase::Verifying,
+                        Some(&before),
+                        None,
+                        "new boot ID; waiting for Ready".into(),
+                    );
+                    self.deadline(node);
+                } else if let Some(why) = failure_in(node, &before) {
+                    let why = why.to_string();
+                    self.give_back(m);
+                    self.event(
+                        node,
+                        true,
+                        "RebootFailed",
+                        &format!("the reboot command failed: {why}"),
+                    );
+                    self.set(
+                        &n,
+                        RebootPhase::Failed,
+                        Some(&before),
+                        None,
+                        format!("reboot command failed: {why}"),
+                    );
+                } else {
+                    self.rebooting(node, &before, true);
+                }
+            }
+            Some(Phase::Running) | None => {
+                self.set(&n, RebootPhase::Draining, Some(&before), None, draining);
+            }
+        }
+    }
+
+    /// Back with a new boot and Ready: its need cleared, it keeps its slot
+    /// while it settles (the caller gives the node back).
+    fn verified(&mut self, node: &Node, before: &str) {
+        let n = node.name_any();
+        let settle = self.s.policy.spec.gates.settle_seconds.max(0) as u64;
+        if settle == 0 {
+            self.set(
+                &n,
+                RebootPhase::Done,
+                Some(before),
+                None,
+                "reboot verified".into(),
+            );
+        } else {
+            self.wake = earliest(self.wake, Some(Duration::from_secs(settle)));
+            let msg = format!("reboot verified; settling for {settle} s");
+            self.set(&n, RebootPhase::Settling, Some(before), None, msg);
+        }
+        self.effects.push(Effect::PatchNode {
+            node: n,
+            resource_version: node.resource_version(),
+            patch: clear_need_patch(node),
+        });
+        let new = boot_id(node).unwrap_or_default().to_string();
+        self.event(
+            node,
+            false,
+            "RebootVerified",
+            &format!("rebooted (boot {before} -> {new}) and Ready"),
+        );
+    }
+
+    /// Drained, same boot: the reboot is issued (here in remote mode) and
+    /// must come back within `returnTimeoutSeconds`.
+    fn rebooting(&mut self, node: &Node, before: &str, held: bool) {
+        let n = node.name_any();
+        let spec = &self.s.policy.spec.reboot;
+        let issued = issued_in(node, before);
+        let remote = self.s.remote && !spec.remote_command.is_empty();
+        let msg = if issued {
+            "reboot issued; waiting for the node to come back with a new boot ID"
+        } else if remote {
+            "drained; rebooting with reboot.remoteCommand"
+        } else if self.s.remote {
+            "drained; waiting for a node agent to reboot it (no reboot.remoteCommand)"
+        } else {
+            "drained; waiting for the node agent to reboot it"
+        };
+        self.set(&n, RebootPhase::Rebooting, Some(before), None, msg.into());
+        if !issued && remote && held {
+            let argv = argv(&spec.remote_command, &n);
+            self.effects.extend(node::issue(node, before, argv));
+        }
+        self.deadline(node);
+    }
+
+    /// A Rebooting or Verifying node past `returnTimeoutSeconds` keeps its
+    /// slot and is reported, once.
+    fn deadline(&mut self, node: &Node) {
+        let n = node.name_any();
+        let limit = self.s.policy.spec.reboot.return_timeout_seconds.max(0) as u64;
+        let Some(e) = self.entries.get_mut(&n) else {
+            return;
+        };
+        let due = after(e.since.0, limit);
+        if self.s.now < due {
+            self.wake_at(due);
+            return;
+        }
+        e.reason = Some(NOT_RETURNED.into());
+        e.message = Some(format!(
+            "{} for over {limit} s (returnTimeoutSeconds); the node keeps its slot",
+            e.phase.as_str()
+        ));
+        self.not_returned.push(n.clone());
+        if self.prev(&n).and_then(|p| p.reason.as_deref()) != Some(NOT_RETURNED) {
+            let what = format!(
+                "did not come back within {limit} s of its reboot (boot ID {}); its slot stays taken",
+                boot_id(node).unwrap_or("unknown")
+            );
+            self.event(node, true, "NodeNotReturned", &what);
+        }
+    }
+}
+
+fn policy_ref(p: &RebootPolicy) -> ObjectReference {
+    p.object_ref(&())
+}
+
+pub(super) fn after(t: Timestamp, secs: u64) -> Timestamp {
+    t.checked_add(SignedDuration::from_secs(secs as i64))
+        .unwrap_or(t)
+}

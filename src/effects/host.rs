@@ -1,0 +1,163 @@
+//! Host actions: the only module that touches the machine nodekeeper runs
+//! on (or, for the cluster role's remote command, reaches out from). It runs
+//! argv templates — never a shell string built from object fields — with a
+//! timeout, and returns their output truncated for status and events; and
+//! it reads the host's reboot signals (sentinel file, sentinel command).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use smol::future::FutureExt;
+
+/// How long a host command may run before it counts as failed.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+/// Output kept for status and events.
+const OUTPUT_LIMIT: usize = 400;
+
+/// Run `argv` and wait for it (at most [`COMMAND_TIMEOUT`]). `Ok` carries
+/// the exit code and output; `Err` says why it could not run or finish.
+pub async fn run(argv: &[String]) -> Result<(i32, String), String> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| "empty command".to_string())?;
+    let child = smol::process::Command::new(program)
+        .args(args)
+        .stdin(smol::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let timeout = async {
+        crate::runtime::sleep(COMMAND_TIMEOUT).await;
+        Err(std::io::Error::other(format!(
+            "still running after {} s",
+            COMMAND_TIMEOUT.as_secs()
+        )))
+    };
+    let out = child
+        .or(timeout)
+        .await
+        .map_err(|e| format!("{}: {e}", program))?;
+    let mut text = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if text.is_empty() {
+        text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    }
+    Ok((out.status.code().unwrap_or(-1), truncate(text)))
+}
+
+/// Run a reboot (or remote reboot) command: success is exit 0. `systemctl
+/// reboot` returns once the shutdown is queued; the machine then goes down.
+pub async fn reboot(argv: &[String]) -> Result<(), String> {
+    match run(argv).await? {
+        (0, _) => Ok(()),
+        (code, out) if out.is_empty() => Err(format!("{} exited with {code}", argv[0])),
+        (code, out) => Err(format!("{} exited with {code}: {out}", argv[0])),
+    }
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > OUTPUT_LIMIT {
+        let mut cut = OUTPUT_LIMIT;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// Where the host's file system is: `/` on the host, or where a container
+/// mounts it (`--host-root`).
+#[derive(Debug, Clone)]
+pub struct HostRoot(pub PathBuf);
+
+impl HostRoot {
+    fn path(&self, p: &str) -> PathBuf {
+        self.0.join(p.trim_start_matches('/'))
+    }
+}
+
+/// Does the sentinel file say a reboot is needed? Only a file written in
+/// the current boot counts: one left on a persistent path from before the
+/// last boot would otherwise reboot the node forever (kured #976's loop).
+pub fn sentinel_file(root: &HostRoot, file: &str) -> Result<bool, String> {
+    if file.is_empty() {
+        return Ok(false);
+    }
+    let path = root.path(file);
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let Some(booted) = boot_time(Path::new("/proc/stat")) else {
+        return Ok(true);
+    };
+    let written = meta
+        .modified()
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    Ok(written >= booted)
+}
+
+/// The sentinel command's answer, kured's contract: 0 needed, 1 not,
+/// anything else an error that counts as not needed.
+pub async fn sentinel_command(argv: &[String]) -> Result<bool, String> {
+    match run(argv).await? {
+        (0, _) => Ok(true),
+        (1, _) => Ok(false),
+        (code, out) => Err(format!("sentinel command exited with {code}: {out}")),
+    }
+}
+
+/// When the machine booted (`btime` in /proc/stat; the host's, also in a
+/// container).
+fn boot_time(stat: &Path) -> Option<std::time::SystemTime> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    let secs: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_report_exit_codes_and_output() {
+        crate::runtime::block_on(async {
+            assert_eq!(run(&["true".into()]).await, Ok((0, String::new())));
+            let (code, out) = run(&["sh".into(), "-c".into(), "echo nope >&2; exit 3".into()])
+                .await
+                .unwrap_or_default();
+            assert_eq!((code, out.as_str()), (3, "nope"));
+            assert!(reboot(&["false".into()]).await.is_err());
+            let missing = run(&["/nonexistent/reboot".into()]).await;
+            assert!(missing.is_err_and(|e| e.contains("/nonexistent/reboot")));
+            assert_eq!(
+                sentinel_command(&["sh".into(), "-c".into(), "exit 1".into()]).await,
+                Ok(false)
+            );
+        });
+    }
+
+    #[test]
+    fn a_sentinel_file_counts_only_when_present() {
+        let dir = std::env::temp_dir().join(format!("nk-sentinel-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let root = HostRoot(dir.clone());
+        assert_eq!(sentinel_file(&root, "/reboot-required"), Ok(false));
+        let _ = std::fs::write(dir.join("reboot-required"), "");
+        assert_eq!(sentinel_file(&root, "/reboot-required"), Ok(true));
+        assert_eq!(sentinel_file(&root, ""), Ok(false), "empty turns it off");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn boot_time_is_read_from_proc_stat() {
+        assert!(boot_time(Path::new("/proc/stat")).is_some());
+        assert!(truncate("x".repeat(1000)).len() < 410);
+    }
+}
