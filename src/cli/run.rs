@@ -31,6 +31,12 @@ pub struct RunArgs {
     /// namespace of the leader lease in --all-nodes mode (default: $POD_NAMESPACE, else kube-system)
     #[argh(option)]
     pub leader_namespace: Option<String>,
+    /// with --all-nodes: node agents run on the nodes, so only admit (reboots) and leave draining and rebooting to them
+    #[argh(switch)]
+    pub node_agents: bool,
+    /// where the host's root file system is, for reboot sentinels (default /; /host in the reboot DaemonSet)
+    #[argh(option, default = "PathBuf::from(\"/\")")]
+    pub host_root: PathBuf,
     /// talk HTTP/1.1 only to the API server (default: offer HTTP/2 and let the server choose)
     #[argh(switch)]
     pub http1_only: bool,
@@ -62,6 +68,9 @@ pub struct RunConfig {
     pub transport: crate::service::connect::Transport,
     /// `None`: chosen by the protocol the API server negotiates.
     pub evictions_in_flight: Option<usize>,
+    /// Cluster role: node agents drain and reboot; this process admits.
+    pub node_agents: bool,
+    pub host_root: PathBuf,
 }
 
 impl RunConfig {
@@ -85,6 +94,17 @@ impl RunConfig {
             return Err(Error::Invalid(
                 "--node-selector only applies with --all-nodes".into(),
             ));
+        }
+        if args.node_agents && !args.all_nodes {
+            return Err(Error::Invalid(
+                "--node-agents only applies with --all-nodes".into(),
+            ));
+        }
+        if !args.host_root.is_absolute() {
+            return Err(Error::Invalid(format!(
+                "--host-root {} must be an absolute path",
+                args.host_root.display()
+            )));
         }
         if args.drain_timeout == 0 {
             return Err(Error::Invalid(
@@ -123,6 +143,8 @@ impl RunConfig {
                 crate::service::connect::Transport::Http2
             },
             evictions_in_flight,
+            node_agents: args.node_agents,
+            host_root: args.host_root,
             metrics_address,
             node,
             node_selector: args.node_selector,

@@ -52,12 +52,13 @@ pub enum Effect {
         status: Box<NodeMaintenanceStatus>,
         clear: Vec<String>,
     },
-    /// Set a NodeMaintenance's finalizers (and, if given, its owner).
+    /// Set a NodeMaintenance's finalizers (and, if given, its whole list
+    /// of owner references).
     SetFinalizers {
         nm: String,
         resource_version: Option<String>,
         finalizers: Vec<String>,
-        owner: Option<OwnerReference>,
+        owners: Option<Vec<OwnerReference>>,
     },
     /// Take or renew the medik8s lease of a node (owned by the Node).
     TakeLease {

@@ -46,7 +46,7 @@ const CLUSTER: &[Identity] = &[Identity::Cluster];
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 12] = [
+pub const GRANTS: [Grant; 11] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -134,14 +134,6 @@ pub const GRANTS: [Grant; 12] = [
         resource: "nodemaintenances",
         verbs: &["create", "delete"],
         why: "take a node for its reboot and give it back",
-    },
-    Grant {
-        feature: REBOOT,
-        identities: CLUSTER,
-        group: "nodekeeper.io",
-        resource: "rebootpolicies/finalizers",
-        verbs: &["update"],
-        why: "owner references with controller=true on the NodeMaintenances it creates (OwnerReferencesPermissionEnforcement)",
     },
 ];
 

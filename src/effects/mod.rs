@@ -52,9 +52,9 @@ impl Interpreter {
                 nm,
                 resource_version,
                 finalizers,
-                owner,
+                owners,
             } => {
-                self.set_finalizers(nm, resource_version, finalizers, owner.as_ref())
+                self.set_finalizers(nm, resource_version, finalizers, owners.as_deref())
                     .await
             }
             Effect::TakeLease { node, node_uid } => {
@@ -185,11 +185,11 @@ impl Interpreter {
         nm: &str,
         resource_version: &Option<String>,
         finalizers: &[String],
-        owner: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+        owners: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]>,
     ) -> Result<Outcome> {
         let mut meta = json!({ "resourceVersion": resource_version, "finalizers": finalizers });
-        if let Some(o) = owner {
-            meta["ownerReferences"] = json!([o]);
+        if let Some(o) = owners {
+            meta["ownerReferences"] = json!(o);
         }
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         match api

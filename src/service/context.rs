@@ -15,6 +15,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::roles::Scope;
 use super::stores::{Fresh, Stores, Synced};
 use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::reboot::RebootPolicy;
 use crate::decide::foreign::LastCheck;
 use crate::decide::{NodeMemory, Outcome};
 use crate::effects::Interpreter;
@@ -26,9 +27,21 @@ pub struct Context {
     pub nodes: Store<Node>,
     pub pods: Store<Pod>,
     pub maintenances: Store<NodeMaintenance>,
+    pub policies: Store<RebootPolicy>,
     pub synced: Synced,
     /// The agent's default drain deadline (`--drain-timeout`).
     pub drain_timeout: Duration,
+    /// Cluster role only: node agents run on the nodes, so this process
+    /// admits but neither drains nor reboots (`--node-agents`).
+    pub node_agents: bool,
+    /// Node role: where the host's file system is (`--host-root`).
+    pub host_root: crate::effects::host::HostRoot,
+    /// Node role: the host's reboot signal at its last look.
+    pub host_signal: Mutex<Option<super::reboots::HostSignal>>,
+    /// Cluster role: one policy pass at a time; `policies_dirty` asks the
+    /// running pass for one more (see `reboots::reconcile_policies`).
+    pub policy_pass: smol::lock::Mutex<()>,
+    pub policies_dirty: std::sync::atomic::AtomicBool,
     fresh: Arc<Fresh>,
     memory: Mutex<HashMap<String, NodeMemory>>,
     /// The last summary logged per node, so the log shows changes only.
@@ -47,6 +60,8 @@ impl Context {
         scope: Scope,
         stores: Stores,
         drain_timeout: Duration,
+        node_agents: bool,
+        host_root: crate::effects::host::HostRoot,
     ) -> Context {
         Context {
             effects,
@@ -54,8 +69,14 @@ impl Context {
             nodes: stores.nodes,
             pods: stores.pods,
             maintenances: stores.maintenances,
+            policies: stores.policies,
             synced: stores.synced,
             drain_timeout,
+            node_agents,
+            host_root,
+            host_signal: Mutex::default(),
+            policy_pass: smol::lock::Mutex::new(()),
+            policies_dirty: std::sync::atomic::AtomicBool::new(false),
             fresh: stores.fresh,
             memory: Mutex::default(),
             seen: Mutex::default(),
@@ -88,6 +109,33 @@ impl Context {
             .collect()
     }
 
+    /// Every RebootPolicy, each in its newest known version.
+    pub fn policies(&self) -> Vec<Arc<RebootPolicy>> {
+        self.policies
+            .state()
+            .into_iter()
+            .filter_map(|p| self.fresh.policies.fresher(&p.name_any(), Some(p)))
+            .collect()
+    }
+
+    /// Every NodeMaintenance, each in its newest known version.
+    pub fn all_maintenances(&self) -> Vec<Arc<NodeMaintenance>> {
+        self.maintenances
+            .state()
+            .into_iter()
+            .filter_map(|m| self.fresh.maintenances.fresher(&m.name_any(), Some(m)))
+            .collect()
+    }
+
+    /// Every node, each in its newest known version.
+    pub fn all_nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes
+            .state()
+            .into_iter()
+            .filter_map(|n| self.fresh.nodes.fresher(&n.name_any(), Some(n)))
+            .collect()
+    }
+
     pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
         self.pods
             .state()
@@ -114,18 +162,27 @@ impl Context {
         outcome: &Outcome,
         now: k8s_openapi::jiff::Timestamp,
     ) {
-        match (effect, outcome) {
-            (_, Outcome::NodeWritten(n)) => self.fresh.nodes.remember((**n).clone()),
-            (_, Outcome::MaintenanceWritten(m)) => self.fresh.maintenances.remember((**m).clone()),
-            (crate::decide::Effect::Drain { pods }, Outcome::Drained(removals)) => {
-                super::metrics::count_removals(pods, removals)
-            }
-            _ => {}
+        self.remember(outcome);
+        if let (crate::decide::Effect::Drain { pods }, Outcome::Drained(removals)) =
+            (effect, outcome)
+        {
+            super::metrics::count_removals(pods, removals)
         }
         lock(&self.memory)
             .entry(node.to_string())
             .or_default()
             .record(effect, outcome, now);
+    }
+
+    /// Keep the server's answer to one of our writes until the watch
+    /// delivers it.
+    pub fn remember(&self, outcome: &Outcome) {
+        match outcome {
+            Outcome::NodeWritten(n) => self.fresh.nodes.remember((**n).clone()),
+            Outcome::MaintenanceWritten(m) => self.fresh.maintenances.remember((**m).clone()),
+            Outcome::PolicyWritten(p) => self.fresh.policies.remember((**p).clone()),
+            _ => {}
+        }
     }
 
     /// Log a one-line summary of the node when it changed.
@@ -160,5 +217,7 @@ impl Context {
         lock(&self.foreign_checked).retain(|n, _| nm_exists(n));
         self.fresh.nodes.retain(node_exists);
         self.fresh.maintenances.retain(nm_exists);
+        let policy_exists = |n: &str| self.policies.get(&ObjectRef::new(n)).is_some();
+        self.fresh.policies.retain(policy_exists);
     }
 }

@@ -17,6 +17,7 @@ use smol::io::{AsyncReadExt, AsyncWriteExt};
 use smol::net::{TcpListener, TcpStream};
 
 use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::reboot::RebootPolicy;
 use crate::decide::drain::{Fate, Removal};
 use crate::error::{Error, Result};
 
@@ -41,6 +42,66 @@ pub static COUNTERS: Counters = Counters {
     deletions: AtomicU64::new(0),
     refusals: AtomicU64::new(0),
 };
+
+/// Reboot counters (cluster role), monotonic since start-up.
+pub struct Reboots {
+    pub admitted: AtomicU64,
+    pub verified: AtomicU64,
+    pub failed: AtomicU64,
+    pub not_returned: AtomicU64,
+    /// Admissions newly refused, per reason in [`REFUSAL_REASONS`] order.
+    pub refused: [AtomicU64; 9],
+    /// Reboot durations (admission to verified): per bucket of
+    /// [`DURATION_BUCKETS`] (not cumulative), then +Inf; and their sum in ms.
+    pub duration_buckets: [AtomicU64; 9],
+    pub duration_sum_ms: AtomicU64,
+}
+
+pub static REBOOTS: Reboots = Reboots {
+    admitted: AtomicU64::new(0),
+    verified: AtomicU64::new(0),
+    failed: AtomicU64::new(0),
+    not_returned: AtomicU64::new(0),
+    refused: [const { AtomicU64::new(0) }; 9],
+    duration_buckets: [const { AtomicU64::new(0) }; 9],
+    duration_sum_ms: AtomicU64::new(0),
+};
+
+/// The reasons an admission waits, as the status reports them.
+pub const REFUSAL_REASONS: [&str; 9] = [
+    "Budget",
+    "Window",
+    "BlockingPod",
+    "NotReady",
+    "Paused",
+    "InMaintenance",
+    "Gate",
+    "InvalidSpec",
+    "Unknown",
+];
+/// Upper bounds (seconds) of the reboot-duration histogram.
+pub const DURATION_BUCKETS: [f64; 8] = [30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0];
+
+/// Count an admission newly refused for `reason`.
+pub fn refused(reason: &str) {
+    let i = REFUSAL_REASONS
+        .iter()
+        .position(|r| *r == reason)
+        .unwrap_or(REFUSAL_REASONS.len() - 1);
+    inc(&REBOOTS.refused[i]);
+}
+
+/// Record one verified reboot's duration.
+pub fn observe_reboot_seconds(secs: f64) {
+    let i = DURATION_BUCKETS
+        .iter()
+        .position(|b| secs <= *b)
+        .unwrap_or(DURATION_BUCKETS.len());
+    inc(&REBOOTS.duration_buckets[i]);
+    REBOOTS
+        .duration_sum_ms
+        .fetch_add((secs * 1000.0) as u64, Ordering::Relaxed);
+}
 
 static READY: AtomicBool = AtomicBool::new(false);
 
@@ -132,7 +193,11 @@ pub fn parse_address(s: &str) -> Result<Option<SocketAddr>> {
 
 /// Bind now (so a taken port is a start-up error, not a silent gap in
 /// monitoring) and serve in the background for the life of the process.
-pub async fn serve(addr: SocketAddr, maintenances: Store<NodeMaintenance>) -> Result<SocketAddr> {
+pub async fn serve(
+    addr: SocketAddr,
+    maintenances: Store<NodeMaintenance>,
+    policies: Store<RebootPolicy>,
+) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(Error::io(format!("binding the metrics address {addr}")))?;
@@ -144,12 +209,13 @@ pub async fn serve(addr: SocketAddr, maintenances: Store<NodeMaintenance>) -> Re
         loop {
             match listener.accept().await {
                 Ok((conn, _)) => {
-                    let nms = maintenances.clone();
+                    let stores = (maintenances.clone(), policies.clone());
                     crate::runtime::spawn(async move {
                         // A client that never finishes its request must not
                         // hold a task forever.
-                        let _ = crate::runtime::timeout(Duration::from_secs(10), answer(conn, nms))
-                            .await;
+                        let _ =
+                            crate::runtime::timeout(Duration::from_secs(10), answer(conn, stores))
+                                .await;
                     })
                     .detach();
                 }
@@ -164,7 +230,9 @@ pub async fn serve(addr: SocketAddr, maintenances: Store<NodeMaintenance>) -> Re
     Ok(bound)
 }
 
-async fn answer(mut conn: TcpStream, nms: Store<NodeMaintenance>) -> std::io::Result<()> {
+type Stores = (Store<NodeMaintenance>, Store<RebootPolicy>);
+
+async fn answer(mut conn: TcpStream, stores: Stores) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 512];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
@@ -178,7 +246,7 @@ async fn answer(mut conn: TcpStream, nms: Store<NodeMaintenance>) -> std::io::Re
     let mut words = request.split_whitespace();
     let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
-    let (status, body, kind) = route(method, path, &nms);
+    let (status, body, kind) = route(method, path, &stores);
     let head = format!(
         "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -193,11 +261,7 @@ async fn answer(mut conn: TcpStream, nms: Store<NodeMaintenance>) -> std::io::Re
 const TEXT: &str = "text/plain; charset=utf-8";
 const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-fn route(
-    method: &str,
-    path: &str,
-    nms: &Store<NodeMaintenance>,
-) -> (&'static str, String, &'static str) {
+fn route(method: &str, path: &str, stores: &Stores) -> (&'static str, String, &'static str) {
     if method != "GET" && method != "HEAD" {
         return ("405 Method Not Allowed", "only GET\n".into(), TEXT);
     }
@@ -214,7 +278,7 @@ fn route(
             "waiting for the first list of nodes, pods and NodeMaintenances\n".into(),
             TEXT,
         ),
-        "/metrics" => ("200 OK", render(nms), PROMETHEUS),
+        "/metrics" => ("200 OK", render(stores), PROMETHEUS),
         _ => (
             "404 Not Found",
             "not found; try /metrics, /healthz or /readyz\n".into(),
@@ -223,9 +287,9 @@ fn route(
     }
 }
 
-/// The exposition text. Gauges come from the NodeMaintenance store, so they
-/// are what this agent sees, not what it remembers.
-fn render(nms: &Store<NodeMaintenance>) -> String {
+/// The exposition text. Gauges come from the stores, so they are what this
+/// agent sees, not what it remembers.
+fn render((nms, policies): &Stores) -> String {
     let mut out = String::with_capacity(2048);
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -297,6 +361,85 @@ fn render(nms: &Store<NodeMaintenance>) -> String {
         "NodeMaintenance objects this agent sees, by phase.",
         &phases,
     );
+    let per_policy = |f: fn(&crate::api::reboot::RebootPolicyStatus) -> i32| -> Vec<(String, u64)> {
+        policies
+            .state()
+            .iter()
+            .map(|p| {
+                let v = p.status.as_ref().map_or(0, f).max(0) as u64;
+                (
+                    format!("{{policy=\"{}\"}}", kube::ResourceExt::name_any(p.as_ref())),
+                    v,
+                )
+            })
+            .collect()
+    };
+    metric(
+        "nodekeeper_reboot_needed_nodes",
+        "gauge",
+        "Nodes that need a reboot and are not admitted yet, per RebootPolicy.",
+        &per_policy(|s| s.needing),
+    );
+    metric(
+        "nodekeeper_rebooting_nodes",
+        "gauge",
+        "Nodes admitted for a reboot and not yet settled, per RebootPolicy.",
+        &per_policy(|s| s.rebooting),
+    );
+    let r = &REBOOTS;
+    for (name, help, c) in [
+        (
+            "nodekeeper_reboot_admissions_total",
+            "Nodes admitted for a reboot.",
+            &r.admitted,
+        ),
+        (
+            "nodekeeper_reboots_verified_total",
+            "Reboots verified (new boot ID, Ready).",
+            &r.verified,
+        ),
+        (
+            "nodekeeper_reboots_failed_total",
+            "Admitted nodes given back without a reboot (drain skipped, command failed).",
+            &r.failed,
+        ),
+        (
+            "nodekeeper_reboot_not_returned_total",
+            "Rebooted nodes that missed their return deadline.",
+            &r.not_returned,
+        ),
+    ] {
+        metric(name, "counter", help, &[(String::new(), load(c))]);
+    }
+    let refused: Vec<(String, u64)> = REFUSAL_REASONS
+        .iter()
+        .zip(&r.refused)
+        .map(|(reason, c)| (format!("{{reason=\"{reason}\"}}"), load(c)))
+        .collect();
+    metric(
+        "nodekeeper_reboot_admissions_refused_total",
+        "counter",
+        "Times a node needing a reboot started waiting, by reason.",
+        &refused,
+    );
+    let mut cumulative = 0;
+    let mut buckets: Vec<(String, u64)> = Vec::new();
+    for (i, c) in r.duration_buckets.iter().enumerate() {
+        cumulative += load(c);
+        let le = DURATION_BUCKETS
+            .get(i)
+            .map_or("+Inf".to_string(), |b| b.to_string());
+        buckets.push((format!("_bucket{{le=\"{le}\"}}"), cumulative));
+    }
+    buckets.push(("_sum".into(), load(&r.duration_sum_ms) / 1000));
+    buckets.push(("_count".into(), cumulative));
+    let _ = writeln!(
+        out,
+        "# HELP nodekeeper_reboot_duration_seconds Admission to verified reboot.\n# TYPE nodekeeper_reboot_duration_seconds histogram"
+    );
+    for (suffix, v) in buckets {
+        let _ = writeln!(out, "nodekeeper_reboot_duration_seconds{suffix} {v}");
+    }
     out
 }
 
@@ -325,8 +468,12 @@ mod tests {
 
     #[test]
     fn metrics_render_in_prometheus_text_format() {
-        let (store, _writer) = kube::runtime::reflector::store::<NodeMaintenance>();
-        let text = render(&store);
+        let stores = (
+            kube::runtime::reflector::store::<NodeMaintenance>().0,
+            kube::runtime::reflector::store::<RebootPolicy>().0,
+        );
+        observe_reboot_seconds(45.0);
+        let text = render(&stores);
         for line in text.lines() {
             assert!(
                 line.starts_with("# HELP nodekeeper_")
@@ -337,6 +484,9 @@ mod tests {
         }
         assert!(text.contains("nodekeeper_nodemaintenances{phase=\"Running\"} 0"));
         assert!(text.contains("# TYPE nodekeeper_pod_evictions_total counter"));
+        assert!(text.contains("nodekeeper_reboot_duration_seconds_bucket{le=\"30\"} 0"));
+        assert!(text.contains("nodekeeper_reboot_duration_seconds_bucket{le=\"60\"} 1"));
+        assert!(text.contains("nodekeeper_reboot_duration_seconds_bucket{le=\"+Inf\"} 1"));
     }
 
     #[test]
@@ -354,7 +504,10 @@ mod tests {
 
     #[test]
     fn unknown_paths_and_methods_are_refused() {
-        let (store, _writer) = kube::runtime::reflector::store::<NodeMaintenance>();
+        let store = (
+            kube::runtime::reflector::store::<NodeMaintenance>().0,
+            kube::runtime::reflector::store::<RebootPolicy>().0,
+        );
         assert_eq!(route("GET", "/nope", &store).0, "404 Not Found");
         assert_eq!(
             route("POST", "/metrics", &store).0,

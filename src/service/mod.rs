@@ -12,6 +12,7 @@ pub mod connect;
 pub mod context;
 pub mod fresh;
 pub mod metrics;
+pub mod reboots;
 pub mod reconcile;
 pub mod roles;
 pub mod stores;
@@ -30,6 +31,7 @@ use kube::{Api, Client, ResourceExt};
 use smol::stream::StreamExt;
 
 use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::reboot::RebootPolicy;
 use crate::cli::run::RunConfig;
 use crate::effects::Interpreter;
 use crate::error::{Error, Result};
@@ -81,8 +83,9 @@ pub async fn run(
 
     // Serve health before waiting for leadership: a standby replica is alive.
     let (nms, nm_writer) = reflector::store::<NodeMaintenance>();
+    let (policies, policy_writer) = reflector::store::<RebootPolicy>();
     if let Some(addr) = config.metrics_address {
-        metrics::serve(addr, nms.clone()).await?;
+        metrics::serve(addr, nms.clone(), policies.clone()).await?;
     }
 
     // One latch for "stop now": SIGTERM, or a lost leader lease. The wait
@@ -176,6 +179,18 @@ pub async fn run(
         .touched_objects()
     };
 
+    let policy_events = {
+        let (latch, fresh) = (synced.policies.clone(), fresh.clone());
+        watcher(
+            Api::<RebootPolicy>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(policy_writer)
+        .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
+        .touched_objects()
+    };
+
     let controller = Controller::for_stream(node_events, nodes.clone());
     let recorder = Recorder::new(
         client.clone(),
@@ -195,10 +210,13 @@ pub async fn run(
             nodes: nodes.clone(),
             pods,
             maintenances: nms,
+            policies,
             synced: synced.clone(),
             fresh,
         },
         config.drain_timeout,
+        config.node_agents,
+        crate::effects::host::HostRoot(config.host_root.clone()),
     ));
 
     // /readyz turns green once every watch has listed once; the watchdog
@@ -228,6 +246,7 @@ pub async fn run(
 
     let nm_scope = scope.clone();
     let nm_nodes = nodes.clone();
+    let (policy_scope, policy_nodes) = (scope.clone(), nodes.clone());
     let stop = {
         let stopping = stopping.clone();
         async move { stopping.wait().await }
@@ -242,6 +261,12 @@ pub async fn run(
         })
         .watches_stream(nm_events, move |nm: NodeMaintenance| {
             map_maintenance(&nm, &nm_scope, &nm_nodes)
+        })
+        // A policy concerns every node it selects; one reconcile (the
+        // anchor's: the own node, or the cluster role's first node) runs
+        // the policy pass or the own node's reboot step.
+        .watches_stream(policy_events, move |_: RebootPolicy| {
+            roles::anchor(&policy_scope, &policy_nodes).map(|a| ObjectRef::<Node>::new(&a))
         })
         .reconcile_on(heartbeat)
         .graceful_shutdown_on(stop)
@@ -294,7 +319,14 @@ fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
 
 /// Exit with an install hint unless every CRD we reconcile is served.
 pub async fn require_crds(client: &Client) -> Result<()> {
-    check_served(client, &[ApiResource::erase::<NodeMaintenance>(&())]).await
+    check_served(
+        client,
+        &[
+            ApiResource::erase::<NodeMaintenance>(&()),
+            ApiResource::erase::<RebootPolicy>(&()),
+        ],
+    )
+    .await
 }
 
 /// Fail with [`Error::CrdsMissing`] naming each of `resources` the API

@@ -18,7 +18,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 
 use super::context::Context;
-use super::roles::anchor;
+use super::roles::{Scope, anchor};
 use crate::api::common::is_node_name;
 use crate::decide::foreign::{self, LastCheck};
 use crate::decide::maintenance::{self, Snapshot};
@@ -40,11 +40,24 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     if ctx.log_if_changed(&name, summary.clone()) {
         log::info!("node {name}: {summary}");
     }
-    let mut wake = reconcile_node(&ctx, &name, true).await?;
+    // A cluster role beside node agents leaves each node's maintenance
+    // to its agent: two drainers of one node would only race.
+    let mut wake = if ctx.node_agents {
+        None
+    } else {
+        reconcile_node(&ctx, &name, true).await?
+    };
     if anchor(&ctx.scope, &ctx.nodes).as_deref() == Some(name.as_str()) {
         ctx.prune();
         wake = earliest(wake, reconcile_foreign(&ctx).await);
     }
+    wake = earliest(
+        wake,
+        match ctx.scope {
+            Scope::Node(_) => super::reboots::reconcile_own_node(&ctx, &name).await?,
+            Scope::AllNodes { .. } => super::reboots::reconcile_policies(&ctx).await?,
+        },
+    );
     Ok(match wake {
         Some(d) => Action::requeue(d),
         None => Action::await_change(),

@@ -1,7 +1,8 @@
 //! What the loop decides from: one reflector store per watched kind, each
 //! fed by our own watcher so that we see its first full list (readiness)
 //! and its deletions (pruning the mutation cache), plus the mutation cache
-//! itself ([`Fresh`]).
+//! itself ([`Fresh`]). RebootPolicies are watched in both roles: few
+//! objects, and the node role needs its policy's sentinel and command.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use kube::runtime::watcher;
 
 use super::fresh::FreshCache;
 use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::reboot::RebootPolicy;
 use crate::runtime::Latch;
 
 /// Each watched kind's first full list, as latches any number of tasks may
@@ -20,6 +22,7 @@ pub struct Synced {
     pub nodes: Latch,
     pub pods: Latch,
     pub maintenances: Latch,
+    pub policies: Latch,
 }
 
 impl Synced {
@@ -27,6 +30,7 @@ impl Synced {
         self.nodes.wait().await;
         self.pods.wait().await;
         self.maintenances.wait().await;
+        self.policies.wait().await;
     }
 }
 
@@ -35,6 +39,7 @@ impl Synced {
 pub struct Fresh {
     pub nodes: FreshCache<Node>,
     pub maintenances: FreshCache<NodeMaintenance>,
+    pub policies: FreshCache<RebootPolicy>,
 }
 
 /// The reflector stores the loop decides from.
@@ -42,6 +47,7 @@ pub struct Stores {
     pub nodes: Store<Node>,
     pub pods: Store<Pod>,
     pub maintenances: Store<NodeMaintenance>,
+    pub policies: Store<RebootPolicy>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
 }

@@ -10,6 +10,8 @@
 //! up for the next run (`just cluster-down` stops it).
 #![allow(dead_code)] // each test binary uses a different part of this helper
 
+pub mod machines;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -486,6 +488,7 @@ pub fn install_crds() {
                 "--for=condition=Established",
                 "--timeout=60s",
                 "crd/nodemaintenances.nodemaintenance.medik8s.io",
+                "crd/rebootpolicies.nodekeeper.io",
             ],
             None,
         );

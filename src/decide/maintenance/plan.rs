@@ -51,20 +51,30 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
             let mut finalizers = m.finalizers().to_vec();
             finalizers.push(FINALIZER.into());
             // Owned by its Node, like NMO's: a deleted Node takes it along.
-            let owner = s.node.and_then(|n| {
-                Some(OwnerReference {
+            // A feature's owner reference stays beside it (the list is
+            // replaced whole, guarded by the resourceVersion).
+            let owners = s.node.and_then(|n| {
+                let node = OwnerReference {
                     api_version: "v1".into(),
                     kind: "Node".into(),
                     name: n.name_any(),
                     uid: n.uid()?,
                     ..Default::default()
-                })
+                };
+                let mut owners: Vec<OwnerReference> = m
+                    .owner_references()
+                    .iter()
+                    .filter(|o| o.kind != "Node")
+                    .cloned()
+                    .collect();
+                owners.push(node);
+                Some(owners)
             });
             Plan::steps(vec![Effect::SetFinalizers {
                 nm,
                 resource_version: m.resource_version(),
                 finalizers,
-                owner,
+                owners,
             }])
         }
         Step::Begin { nm, status } => {
@@ -211,7 +221,7 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                     .filter(|f| *f != FINALIZER)
                     .cloned()
                     .collect(),
-                owner: None,
+                owners: None,
             });
             if release_lease {
                 effects.push(event(

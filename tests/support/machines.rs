@@ -1,0 +1,389 @@
+//! Simulated machines for reboot tests, and the independent watcher that
+//! checks budgets.
+//!
+//! A [`Fleet`] gives each kwok node a host root (a temp dir, for sentinel
+//! files) and, in node-agent mode, a nodekeeper agent process. The reboot
+//! command the policy runs is a tiny script that appends a line to the
+//! node's marker file; [`Fleet::serve`] notices each new line and performs
+//! a simulated reboot: SIGKILL the node's agent (the power goes), take the
+//! node away from kwok and mark it NotReady with a new boot ID, keep it down
+//! for a moment, give it back to kwok (Ready, new boot ID kept), clear the
+//! host's tmpfs sentinel, and restart the agent.
+//!
+//! [`Watcher`] watches the test's nodes and every NodeMaintenance on its
+//! own and records, at every change, how many nodes are unavailable
+//! (NotReady, cordoned or in a NodeMaintenance): safety is asserted from
+//! what the API server showed, never from nodekeeper's own status.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use nodekeeper::api::nodemaintenance::NodeMaintenance;
+use nodekeeper::runtime::Latch;
+use serde_json::json;
+use smol::stream::StreamExt;
+
+use super::{Agent, GROUP_LABEL, block_on};
+
+/// kwok manages nodes with this annotation; without it, a node is "off".
+const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// Set a node's boot ID (status subresource), as a kubelet would report it.
+pub async fn set_boot(client: &Client, node: &str, boot: &str) {
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeInfo": {"bootID": boot}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("setting the boot ID of {node}: {e}"));
+}
+
+/// The node's boot ID now.
+pub async fn boot_of(client: &Client, node: &str) -> String {
+    Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .ok()
+        .and_then(|n| n.status?.node_info.map(|i| i.boot_id))
+        .unwrap_or_default()
+}
+
+/// Simulated machines behind kwok nodes.
+pub struct Fleet {
+    pub client: Client,
+    /// Per node: its host root (sentinel files) and marker file.
+    dir: PathBuf,
+    /// `run` arguments for a node's agent; `None`: no node agents.
+    agent_args: Option<Vec<String>>,
+    agents: Mutex<HashMap<String, Agent>>,
+    /// How long a rebooting machine stays down.
+    pub down: Duration,
+    /// Reboots simulated per node, and the boot IDs given.
+    pub reboots: Mutex<BTreeMap<String, u32>>,
+    /// A node whose next reboot never comes back (it stays NotReady).
+    pub lost: Mutex<BTreeSet<String>>,
+}
+
+impl Fleet {
+    /// `agent_args`: extra `run` arguments for node agents (`--node` and
+    /// `--host-root` are added), or `None` for a cluster role alone.
+    pub fn new(client: Client, agent_args: Option<&[&str]>) -> Arc<Fleet> {
+        let dir = std::env::temp_dir().join(format!("nk-fleet-{:x}", super::rand_u64()));
+        std::fs::create_dir_all(&dir).expect("creating the fleet dir");
+        Arc::new(Fleet {
+            client,
+            dir,
+            agent_args: agent_args.map(|a| a.iter().map(|s| s.to_string()).collect()),
+            agents: Mutex::default(),
+            down: Duration::from_millis(700),
+            reboots: Mutex::default(),
+            lost: Mutex::default(),
+        })
+    }
+
+    /// The reboot command for the policy: appends a line to the node's
+    /// marker file (the node name only ever travels as an argument).
+    pub fn reboot_command(&self) -> Vec<String> {
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "echo reboot >> \"$0\"".into(),
+            self.dir.join("{node}.reboots").display().to_string(),
+        ]
+    }
+
+    /// The host root a node's agent reads sentinels under.
+    pub fn host_root(&self, node: &str) -> PathBuf {
+        let root = self.dir.join(format!("{node}.root"));
+        let _ = std::fs::create_dir_all(root.join("var/run"));
+        root
+    }
+
+    /// Create the node's sentinel file, as a package manager would.
+    pub fn require_reboot(&self, node: &str) {
+        std::fs::write(self.host_root(node).join("var/run/reboot-required"), "")
+            .expect("writing a sentinel");
+    }
+
+    /// Times the reboot command ran for `node`.
+    pub fn commands(&self, node: &str) -> u32 {
+        std::fs::read_to_string(self.dir.join(format!("{node}.reboots")))
+            .map(|s| s.lines().count() as u32)
+            .unwrap_or(0)
+    }
+
+    pub fn start_agent(&self, node: &str) {
+        let Some(extra) = &self.agent_args else {
+            return;
+        };
+        let root = self.host_root(node).display().to_string();
+        let mut args = vec!["run", "--node", node, "--host-root", &root];
+        args.extend(extra.iter().map(String::as_str));
+        let agent = Agent::start(&args);
+        self.agents.lock().unwrap().insert(node.to_string(), agent);
+    }
+
+    /// SIGKILL a node's agent (the power goes, or a crash).
+    pub fn kill_agent(&self, node: &str) {
+        if let Some(mut a) = self.agents.lock().unwrap().remove(node) {
+            let _ = a.child.kill();
+            let _ = a.child.wait();
+        }
+    }
+
+    /// The log of a node's agent, for failure messages.
+    pub fn agent_log(&self, node: &str) -> String {
+        self.agents
+            .lock()
+            .unwrap()
+            .get(node)
+            .map(|a| a.log_text())
+            .unwrap_or_default()
+    }
+
+    /// One simulated reboot of `node`.
+    pub async fn reboot(&self, node: &str) {
+        self.kill_agent(node);
+        let _ = std::fs::remove_file(self.host_root(node).join("var/run/reboot-required"));
+        let n = {
+            let mut r = self.reboots.lock().unwrap();
+            let c = r.entry(node.to_string()).or_default();
+            *c += 1;
+            *c
+        };
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        // Off: kwok lets go of it, and it reports NotReady with its new boot.
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {KWOK_ANNOTATION: null}}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("taking {node} from kwok: {e}"));
+        let boot = format!("boot-{n}-{node}");
+        nodes
+            .patch_status(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {
+                    "nodeInfo": {"bootID": boot},
+                    "conditions": [{"type": "Ready", "status": "False", "reason": "Rebooting",
+                                    "message": "simulated reboot", "lastHeartbeatTime": now(),
+                                    "lastTransitionTime": now()}]
+                }})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("marking {node} NotReady: {e}"));
+        if self.lost.lock().unwrap().contains(node) {
+            return;
+        }
+        // The machine is down for a while (the simulated reboot's length).
+        nodekeeper::runtime::sleep(self.down).await;
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {KWOK_ANNOTATION: "fake"}}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("giving {node} back to kwok: {e}"));
+        super::wait_for(
+            &format!("{node} Ready again"),
+            Duration::from_secs(30),
+            || async {
+                let n = nodes.get(node).await.ok()?;
+                let ready = n
+                    .status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then_some(())
+            },
+        )
+        .await;
+        self.start_agent(node);
+    }
+
+    /// Serve reboot commands until `done` says so (checked between polls),
+    /// or panic after `limit`. Each reboot runs on its own thread, so
+    /// several machines reboot at once as they would.
+    pub fn serve(self: &Arc<Self>, nodes: &[String], limit: Duration, done: impl Fn() -> bool) {
+        let start = Instant::now();
+        let mut handled: HashMap<String, u32> = HashMap::new();
+        let mut threads = Vec::new();
+        loop {
+            for n in nodes {
+                let ran = self.commands(n);
+                let seen = handled.entry(n.clone()).or_default();
+                while *seen < ran {
+                    *seen += 1;
+                    let (fleet, node) = (self.clone(), n.clone());
+                    threads.push(std::thread::spawn(move || block_on(fleet.reboot(&node))));
+                }
+            }
+            if done() {
+                break;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the reboots did not finish within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for t in threads {
+            t.join().expect("a simulated reboot panicked");
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// Records the number of unavailable nodes of a test group at every change.
+pub struct Watcher {
+    stop: Latch,
+    thread: Option<std::thread::JoinHandle<Vec<(usize, String)>>>,
+}
+
+#[derive(Default)]
+struct Seen {
+    nodes: BTreeMap<String, bool>,
+    maintenances: BTreeMap<String, String>,
+}
+
+impl Seen {
+    fn down(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|(n, unavailable)| **unavailable || self.maintenances.values().any(|m| m == *n))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+fn unavailable(n: &Node) -> bool {
+    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let ready = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    cordoned || !ready
+}
+
+/// What changed: a node's availability (`None`: deleted), or which node a
+/// NodeMaintenance holds (`None`: deleted).
+enum Change {
+    Node(String, Option<bool>),
+    Maintenance(String, Option<String>),
+}
+
+fn change<K: kube::Resource>(
+    ev: watcher::Event<K>,
+    f: impl Fn(K) -> Change,
+    gone: impl Fn(String) -> Change,
+) -> Option<Change> {
+    match ev {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some(f(o)),
+        watcher::Event::Delete(o) => Some(gone(o.name_any())),
+        _ => None,
+    }
+}
+
+impl Watcher {
+    /// Watch the nodes labelled with `group` and every NodeMaintenance.
+    pub fn start(client: Client, group: &str) -> Watcher {
+        let stop = Latch::default();
+        let (stop2, group) = (stop.clone(), group.to_string());
+        let thread = std::thread::spawn(move || {
+            block_on(async move {
+                let mut history: Vec<(usize, String)> = Vec::new();
+                let nodes = watcher(
+                    Api::<Node>::all(client.clone()),
+                    watcher::Config::default().labels(&format!("{GROUP_LABEL}={group}")),
+                )
+                .filter_map(|e| {
+                    change(
+                        e.ok()?,
+                        |n: Node| Change::Node(n.name_any(), Some(unavailable(&n))),
+                        |n| Change::Node(n, None),
+                    )
+                });
+                let nms = watcher(
+                    Api::<NodeMaintenance>::all(client),
+                    watcher::Config::default(),
+                )
+                .filter_map(|e| {
+                    change(
+                        e.ok()?,
+                        |m: NodeMaintenance| {
+                            Change::Maintenance(m.name_any(), Some(m.spec.node_name))
+                        },
+                        |m| Change::Maintenance(m, None),
+                    )
+                });
+                let mut changes = std::pin::pin!(smol::stream::or(nodes, nms));
+                let mut seen = Seen::default();
+                let run = async {
+                    while let Some(change) = changes.next().await {
+                        match change {
+                            Change::Node(n, Some(down)) => {
+                                seen.nodes.insert(n, down);
+                            }
+                            Change::Node(n, None) => {
+                                seen.nodes.remove(&n);
+                            }
+                            Change::Maintenance(m, Some(node)) => {
+                                seen.maintenances.insert(m, node);
+                            }
+                            Change::Maintenance(m, None) => {
+                                seen.maintenances.remove(&m);
+                            }
+                        }
+                        let down = seen.down();
+                        if history.last().map(|h| &h.1) != Some(&down.join(",")) {
+                            history.push((down.len(), down.join(",")));
+                        }
+                    }
+                };
+                smol::future::or(run, stop2.wait()).await;
+                history
+            })
+        });
+        Watcher {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop; every distinct unavailable set seen, in order, with its size.
+    pub fn finish(mut self) -> Vec<(usize, String)> {
+        self.stop.open();
+        self.thread
+            .take()
+            .map(|t| t.join().expect("the watcher panicked"))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.open();
+    }
+}
