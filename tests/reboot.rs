@@ -7,14 +7,60 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodekeeper::api::nodemaintenance::NodeMaintenance;
-use nodekeeper::api::reboot::{RebootPolicy, RebootPolicySpec};
+use nodekeeper::api::reboot::{RebootPhase, RebootPolicy, RebootPolicySpec};
 use serde_json::json;
 use support::machines::{Fleet, Watcher, boot_of, set_boot};
-use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds};
+use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds, wait_for};
+
+const LONG: Duration = Duration::from_secs(60);
+
+async fn annotate(client: &Client, node: &str, key: &str, value: Option<&str>) {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating {node}: {e}"));
+}
+
+/// Wait until the policy reports `node` in `phase` (progress, not safety:
+/// safety is the watcher's), returning its message.
+async fn wait_phase(client: &Client, policy: &str, node: &str, phase: RebootPhase) -> String {
+    let api: Api<RebootPolicy> = Api::all(client.clone());
+    wait_for(&format!("{node} {phase:?} in {policy}"), LONG, || async {
+        let p = api.get(policy).await.ok()?;
+        let e = p.entry(node)?;
+        (e.phase == phase).then(|| e.message.clone().unwrap_or_default())
+    })
+    .await
+}
+
+async fn maintenances_on(client: &Client, node: &str) -> usize {
+    Api::<NodeMaintenance>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items.iter().filter(|m| m.spec.node_name == node).count())
+        .unwrap_or(0)
+}
+
+async fn events_for(client: &Client, name: &str, reason: &str) -> usize {
+    let api: Api<CoreEvent> = Api::all(client.clone());
+    api.list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .count()
+        })
+        .unwrap_or(0)
+}
 
 /// A policy over the test's nodes: `spec` is merged over the selector and
 /// the fleet's reboot command.
@@ -149,4 +195,255 @@ fn a_wave_of_twelve_never_exceeds_the_budget_and_reboots_each_node_once() {
         }
     });
     drop(cluster);
+}
+
+/// In the cluster role alone (no node agents), the CoreOS reboot
+/// operator's and FLUO's annotations trigger reboots through the remote
+/// command, a per-zone budget holds, and FLUO's reboot-paused holds a node.
+#[test]
+fn cluster_role_reboots_remotely_on_coreos_and_fluo_annotations_one_per_zone() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-remote").await;
+        let names = nodes(&mut env, 5).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let zone = |i: usize| if i < 2 { "z1" } else { "z2" };
+    let fluo = "flatcar-linux-update.v1.flatcar-linux.net/";
+    block_on(async {
+        for (i, n) in names.iter().enumerate() {
+            Api::<Node>::all(env.client.clone())
+                .patch(
+                    n,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"zone": zone(i)}}})),
+                )
+                .await
+                .expect("labelling");
+        }
+        let c = &env.client;
+        annotate(
+            c,
+            &names[0],
+            "reboot-agent.v1.demo.local/reboot-needed",
+            Some(""),
+        )
+        .await;
+        annotate(c, &names[1], &format!("{fluo}reboot-needed"), Some("true")).await;
+        annotate(c, &names[2], &format!("{fluo}reboot-needed"), Some("true")).await;
+        annotate(c, &names[3], "nodekeeper.io/reboot-needed", Some("now")).await;
+        annotate(c, &names[4], &format!("{fluo}reboot-needed"), Some("true")).await;
+        annotate(c, &names[4], &format!("{fluo}reboot-paused"), Some("true")).await;
+    });
+    let watcher = Watcher::start(env.client.clone(), &env.id);
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 4, "perTopology": [{"key": "zone", "maxUnavailable": 1}]}}),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    let rebooted = &names[..4];
+    fleet.serve(rebooted, Duration::from_secs(120), || {
+        block_on(settled(&env.client, rebooted))
+    });
+    let history = watcher.finish();
+    for (_, down) in &history {
+        for z in ["z1", "z2"] {
+            let in_zone = names
+                .iter()
+                .enumerate()
+                .filter(|(i, n)| zone(*i) == z && down.split(',').any(|d| d == n.as_str()))
+                .count();
+            assert!(
+                in_zone <= 1,
+                "two nodes of {z} down at once: {down}\n{}",
+                cluster.log_text()
+            );
+        }
+    }
+    block_on(async {
+        for n in rebooted {
+            assert_eq!(fleet.commands(n), 1, "{n}");
+        }
+        assert_eq!(
+            fleet.commands(&names[4]),
+            0,
+            "the paused node is not rebooted"
+        );
+        assert!(boot_of(&env.client, &names[4]).await.starts_with("boot-0-"));
+        let msg = wait_phase(&env.client, &policy, &names[4], RebootPhase::Waiting).await;
+        assert!(msg.contains("paused"), "{msg}");
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        let a = nodes
+            .get(&names[0])
+            .await
+            .expect("node")
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert!(
+            !a.contains_key("reboot-agent.v1.demo.local/reboot-needed"),
+            "{a:?}"
+        );
+        let b = nodes
+            .get(&names[1])
+            .await
+            .expect("node")
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert_eq!(
+            b.get(&format!("{fluo}reboot-needed")).map(String::as_str),
+            Some("false")
+        );
+    });
+}
+
+/// Windows, blocking pods and other unavailable nodes hold admissions; each
+/// lets go when it clears.
+#[test]
+fn windows_blocking_pods_and_unavailable_nodes_hold_admissions() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-gates").await;
+        let names = nodes(&mut env, 3).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let (a, b, c) = (&names[0], &names[1], &names[2]);
+    // A window that is closed now: it opens in two hours.
+    let opens = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(2))
+        .expect("time")
+        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
+    let start = format!("{:02}:00", opens.hour());
+    let end = format!("{:02}:30", opens.hour());
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({
+            "windows": [{"start": start, "end": end, "timeZone": "UTC"}],
+            "gates": {"blockingPods": [{"selector": {"matchLabels": {"app": "batch"}}}]},
+        }),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    block_on(async {
+        annotate(&env.client, a, "nodekeeper.io/reboot-needed", Some("now")).await;
+        let msg = wait_phase(&env.client, &policy, a, RebootPhase::Waiting).await;
+        assert_eq!(msg, "outside every reboot window");
+        assert_eq!(maintenances_on(&env.client, a).await, 0, "nothing admitted");
+        // A batch pod runs on a; then the window opens.
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "batch-1", "namespace": env.ns, "labels": {"app": "batch"}},
+            "spec": {"nodeName": a, "containers": [{"name": "c", "image": "busybox"}]}
+        }))
+        .expect("pod");
+        Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("creating the batch pod");
+        Api::<RebootPolicy>::all(env.client.clone())
+            .patch(
+                &policy,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"windows": null}})),
+            )
+            .await
+            .expect("opening the window");
+        let want = format!("blocked by pod {}/batch-1", env.ns);
+        wait_for("the blocking pod named", LONG, || async {
+            let p = Api::<RebootPolicy>::all(env.client.clone())
+                .get(&policy)
+                .await
+                .ok()?;
+            (p.entry(a)?.message.as_deref() == Some(want.as_str())).then_some(())
+        })
+        .await;
+        assert_eq!(maintenances_on(&env.client, a).await, 0, "nothing admitted");
+        Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+            .delete("batch-1", &DeleteParams::default().grace_period(0))
+            .await
+            .expect("deleting the batch pod");
+    });
+    fleet.serve(&names[..1], LONG, || {
+        block_on(settled(&env.client, &names[..1]))
+    });
+    block_on(async {
+        assert_eq!(fleet.commands(a), 1);
+        // c goes NotReady for its own reasons: with maxUnavailable 1 the
+        // budget is spent, and b waits.
+        fleet.power_off(c).await;
+        annotate(&env.client, b, "nodekeeper.io/reboot-needed", Some("now")).await;
+        let msg = wait_phase(&env.client, &policy, b, RebootPhase::Waiting).await;
+        assert!(msg.contains("1 of 3"), "{msg}");
+        fleet.power_on(c).await;
+    });
+    fleet.serve(&names[1..2], LONG, || {
+        block_on(settled(&env.client, &names[1..2]))
+    });
+    assert_eq!(fleet.commands(b), 1, "{}", cluster.log_text());
+}
+
+/// A node that never comes back keeps its slot and is reported; deleting it
+/// frees the slot for the next node.
+#[test]
+fn a_node_that_never_returns_holds_its_slot_until_it_is_deleted() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-lost").await;
+        let names = nodes(&mut env, 3).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let (a, b) = (&names[0], &names[1]);
+    fleet.lost.lock().unwrap().insert(a.clone());
+    let watcher = Watcher::start(env.client.clone(), &env.id);
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"reboot": {"returnTimeoutSeconds": 10}}),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    block_on(async {
+        annotate(&env.client, a, "nodekeeper.io/reboot-needed", Some("now")).await;
+        annotate(&env.client, b, "nodekeeper.io/reboot-needed", Some("now")).await;
+    });
+    let api: Api<RebootPolicy> = Api::all(env.client.clone());
+    fleet.serve(&names[..1], LONG, || {
+        block_on(async {
+            let p = api.get(&policy).await.ok()?;
+            let c = p
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "NodeNotReturned")?;
+            (c.status == "True").then_some(c.message)
+        })
+        .is_some_and(|m| m.contains(a.as_str()))
+    });
+    block_on(async {
+        let n = wait_for("NodeNotReturned events", LONG, || async {
+            let n = events_for(&env.client, a, "NodeNotReturned").await;
+            (n > 0).then_some(n)
+        })
+        .await;
+        assert_eq!(n, 1, "reported once");
+        assert_eq!(fleet.commands(b), 0, "no next node while a holds the slot");
+        // The lost machine is written off.
+        Api::<Node>::all(env.client.clone())
+            .delete(a, &DeleteParams::default())
+            .await
+            .expect("deleting node a");
+    });
+    fleet.serve(&names[1..2], LONG, || {
+        block_on(settled(&env.client, &names[1..2]))
+    });
+    let history = watcher.finish();
+    assert!(
+        history.iter().all(|h| h.0 <= 1),
+        "{history:?}\n{}",
+        cluster.log_text()
+    );
+    assert_eq!(fleet.commands(b), 1);
 }

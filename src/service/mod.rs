@@ -72,6 +72,13 @@ pub async fn run(
                 "nodekeeper {} runs for all nodes",
                 env!("CARGO_PKG_VERSION")
             );
+            if let Some(sel) = &config.node_selector
+                && roles::equality_terms(sel).is_none()
+            {
+                log::warn!(
+                    "--node-selector {sel:?} is not key=value terms, so no RebootPolicy provably lies in this pool: RebootPolicies are left to other cluster roles"
+                );
+            }
             (
                 Scope::AllNodes {
                     selector: config.node_selector.clone(),

@@ -42,7 +42,9 @@ pub async fn reconcile_policies(ctx: &Context) -> Result<Option<Duration>> {
         while ctx.policies_dirty.swap(false, Ordering::SeqCst) {
             wake = None;
             for policy in ctx.policies() {
-                wake = earliest(wake, reconcile_policy(ctx, &policy).await?);
+                if super::roles::handles_policy(&ctx.scope, &policy) {
+                    wake = earliest(wake, reconcile_policy(ctx, &policy).await?);
+                }
             }
         }
         drop(guard);

@@ -43,6 +43,43 @@ impl Scope {
     }
 }
 
+/// Does this cluster role handle `policy`? Without `--node-selector`, every
+/// policy. With one, only a policy whose nodes provably lie in its pool:
+/// its `nodeSelector.matchLabels` hold every `key=value` of the pool's
+/// selector. Anything weaker would let two pool-scoped cluster roles write
+/// one policy's status from two halves of its nodes.
+pub fn handles_policy(scope: &Scope, policy: &crate::api::reboot::RebootPolicy) -> bool {
+    let Scope::AllNodes {
+        selector: Some(pool),
+    } = scope
+    else {
+        return true;
+    };
+    let Some(terms) = equality_terms(pool) else {
+        return false;
+    };
+    let labels = policy
+        .spec
+        .node_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.as_ref());
+    terms
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// `a=b,c==d` as pairs; `None` for any other kind of term.
+pub fn equality_terms(selector: &str) -> Option<Vec<(String, String)>> {
+    selector
+        .split(',')
+        .map(|t| {
+            let (k, v) = t.split_once("==").or_else(|| t.split_once('='))?;
+            let (k, v) = (k.trim(), v.trim());
+            (!k.is_empty() && !k.ends_with('!')).then(|| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
 /// The anchor node's name, if there is one yet.
 pub fn anchor(scope: &Scope, nodes: &Store<Node>) -> Option<String> {
     match scope {
@@ -71,5 +108,53 @@ pub fn map_maintenance(
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::reboot::{RebootPolicy, RebootPolicySpec};
+
+    fn policy(labels: &[(&str, &str)]) -> RebootPolicy {
+        let mut spec = RebootPolicySpec::default();
+        if !labels.is_empty() {
+            spec.node_selector = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_labels: Some(
+                        labels
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                },
+            );
+        }
+        RebootPolicy::new("p", spec)
+    }
+
+    #[test]
+    fn a_pool_scoped_cluster_role_handles_only_policies_inside_its_pool() {
+        let all = Scope::AllNodes { selector: None };
+        let blue = Scope::AllNodes {
+            selector: Some("pool=blue".into()),
+        };
+        assert!(handles_policy(&all, &policy(&[])));
+        assert!(handles_policy(
+            &blue,
+            &policy(&[("pool", "blue"), ("zone", "a")])
+        ));
+        assert!(!handles_policy(&blue, &policy(&[("pool", "green")])));
+        assert!(
+            !handles_policy(&blue, &policy(&[])),
+            "every node is wider than the pool"
+        );
+        let set = Scope::AllNodes {
+            selector: Some("pool in (blue)".into()),
+        };
+        assert!(!handles_policy(&set, &policy(&[("pool", "blue")])));
+        assert_eq!(equality_terms("a==b, c=d").map(|t| t.len()), Some(2));
+        assert_eq!(equality_terms("a!=b"), None);
     }
 }

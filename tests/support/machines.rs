@@ -149,18 +149,10 @@ impl Fleet {
             .unwrap_or_default()
     }
 
-    /// One simulated reboot of `node`.
-    pub async fn reboot(&self, node: &str) {
-        self.kill_agent(node);
-        let _ = std::fs::remove_file(self.host_root(node).join("var/run/reboot-required"));
-        let n = {
-            let mut r = self.reboots.lock().unwrap();
-            let c = r.entry(node.to_string()).or_default();
-            *c += 1;
-            *c
-        };
+    /// Power a machine off: kwok lets go of its node, which reports
+    /// NotReady (with `boot` as its next boot ID, if given).
+    pub async fn power_off_with(&self, node: &str, boot: Option<&str>) {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        // Off: kwok lets go of it, and it reports NotReady with its new boot.
         nodes
             .patch(
                 node,
@@ -169,25 +161,30 @@ impl Fleet {
             )
             .await
             .unwrap_or_else(|e| panic!("taking {node} from kwok: {e}"));
-        let boot = format!("boot-{n}-{node}");
+        let mut status = json!({"conditions": [{
+            "type": "Ready", "status": "False", "reason": "PoweredOff",
+            "message": "simulated machine is off", "lastHeartbeatTime": now(),
+            "lastTransitionTime": now()}]});
+        if let Some(b) = boot {
+            status["nodeInfo"] = json!({"bootID": b});
+        }
         nodes
             .patch_status(
                 node,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": {
-                    "nodeInfo": {"bootID": boot},
-                    "conditions": [{"type": "Ready", "status": "False", "reason": "Rebooting",
-                                    "message": "simulated reboot", "lastHeartbeatTime": now(),
-                                    "lastTransitionTime": now()}]
-                }})),
+                &Patch::Merge(json!({"status": status})),
             )
             .await
             .unwrap_or_else(|e| panic!("marking {node} NotReady: {e}"));
-        if self.lost.lock().unwrap().contains(node) {
-            return;
-        }
-        // The machine is down for a while (the simulated reboot's length).
-        nodekeeper::runtime::sleep(self.down).await;
+    }
+
+    pub async fn power_off(&self, node: &str) {
+        self.power_off_with(node, None).await
+    }
+
+    /// Power a machine on: kwok takes its node back and reports it Ready.
+    pub async fn power_on(&self, node: &str) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
         nodes
             .patch(
                 node,
@@ -210,6 +207,27 @@ impl Fleet {
             },
         )
         .await;
+    }
+
+    /// One simulated reboot of `node`: the agent dies with the power, the
+    /// machine is down for [`Fleet::down`] and comes back with a new boot
+    /// ID, the tmpfs sentinel gone, and its agent started again.
+    pub async fn reboot(&self, node: &str) {
+        self.kill_agent(node);
+        let _ = std::fs::remove_file(self.host_root(node).join("var/run/reboot-required"));
+        let n = {
+            let mut r = self.reboots.lock().unwrap();
+            let c = r.entry(node.to_string()).or_default();
+            *c += 1;
+            *c
+        };
+        self.power_off_with(node, Some(&format!("boot-{n}-{node}")))
+            .await;
+        if self.lost.lock().unwrap().contains(node) {
+            return;
+        }
+        nodekeeper::runtime::sleep(self.down).await;
+        self.power_on(node).await;
         self.start_agent(node);
     }
 
