@@ -158,12 +158,60 @@ pub fn client(config: Config, transport: Transport) -> Result<Client> {
     let transport: hyper_util::client::legacy::Client<_, kube::client::Body> =
         hyper_util::client::legacy::Builder::new(SmolExecutor).build(connector);
     let service = ServiceBuilder::new()
+        .map_response(|res: hyper::Response<hyper::body::Incoming>| res.map(FuseOnError::new))
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(tls_error)?)
         .layer(config.extra_headers_layer().map_err(tls_error)?)
         .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
         .service(transport);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// A response body that ends after its first error. Over HTTP/2 a body
+/// whose connection died (a kube-apiserver restart) reports the error again
+/// on every poll, and kube-runtime's watcher, which waits for a failed
+/// watch stream to end before it re-watches, polled that one dead stream
+/// forever: the loop stopped seeing changes. Over HTTP/1.1 the body ends by
+/// itself after an error; this gives HTTP/2 bodies the same shape.
+pub struct FuseOnError<B> {
+    inner: B,
+    failed: bool,
+}
+
+impl<B> FuseOnError<B> {
+    pub fn new(inner: B) -> Self {
+        FuseOnError {
+            inner,
+            failed: false,
+        }
+    }
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for FuseOnError<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        if self.failed {
+            return std::task::Poll::Ready(None);
+        }
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(Some(Err(_)))) {
+            self.failed = true;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Fail unless the named node exists.

@@ -137,15 +137,15 @@ pub async fn run(
 
     let (node_wc, pod_wc) = match &scope {
         Scope::Node(n) => (
-            watcher::Config::default().fields(&format!("metadata.name={n}")),
-            watcher::Config::default().fields(&format!("spec.nodeName={n}")),
+            watch_config().fields(&format!("metadata.name={n}")),
+            watch_config().fields(&format!("spec.nodeName={n}")),
         ),
         Scope::AllNodes { selector } => {
             let nodes = match selector {
-                Some(sel) => watcher::Config::default().labels(sel),
-                None => watcher::Config::default(),
+                Some(sel) => watch_config().labels(sel),
+                None => watch_config(),
             };
-            (nodes, watcher::Config::default())
+            (nodes, watch_config())
         }
     };
 
@@ -159,7 +159,7 @@ pub async fn run(
     let node_events = {
         let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
         watcher(Api::<Node>::all(client.clone()), node_wc)
-            .default_backoff()
+            .backoff(stores::WatchBackoff::default())
             .reflect(node_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
             .touched_objects()
@@ -167,7 +167,7 @@ pub async fn run(
     let pod_events = {
         let latch = synced.pods.clone();
         watcher(Api::<Pod>::all(client.clone()), pod_wc)
-            .default_backoff()
+            .backoff(stores::WatchBackoff::default())
             // Only what the drain needs; the rest of a pod is dead weight in RAM.
             .modify(slim_pod)
             .reflect(pod_writer)
@@ -176,26 +176,20 @@ pub async fn run(
     };
     let nm_events = {
         let (latch, fresh) = (synced.maintenances.clone(), fresh.clone());
-        watcher(
-            Api::<NodeMaintenance>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .reflect(nm_writer)
-        .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
-        .touched_objects()
+        watcher(Api::<NodeMaintenance>::all(client.clone()), watch_config())
+            .backoff(stores::WatchBackoff::default())
+            .reflect(nm_writer)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
+            .touched_objects()
     };
 
     let policy_events = {
         let (latch, fresh) = (synced.policies.clone(), fresh.clone());
-        watcher(
-            Api::<RebootPolicy>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .reflect(policy_writer)
-        .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
-        .touched_objects()
+        watcher(Api::<RebootPolicy>::all(client.clone()), watch_config())
+            .backoff(stores::WatchBackoff::default())
+            .reflect(policy_writer)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
+            .touched_objects()
     };
 
     let controller = Controller::for_stream(node_events, nodes.clone());
@@ -307,6 +301,18 @@ pub async fn run(
     }
     log::info!("stopped");
     Ok(())
+}
+
+/// Every watch lists with `MostRecent` (a consistent read) rather than
+/// kube's default `Any` (resourceVersion=0, whatever the API server's watch
+/// cache holds). Right after a kube-apiserver restart the cache can answer
+/// a list at a resourceVersion it can no longer watch from; each watch then
+/// fails with 410 Expired, relists at the same stale version and fails
+/// again, and the loop sees no events for as long as that lasts (client-go
+/// falls back to a consistent list on that error; kube-runtime does not).
+/// Since Kubernetes 1.31 a consistent list is served from the cache too.
+fn watch_config() -> watcher::Config {
+    watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent)
 }
 
 /// How long reconciles in flight may run on after SIGTERM or a lost lease.

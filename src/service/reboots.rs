@@ -178,6 +178,7 @@ pub async fn reconcile_own_node(ctx: &Context, name: &str) -> Result<Option<Dura
         host_needs: signal.needed,
         now,
     });
+    log::debug!("node {name}: reboot step: {} effect(s)", effects.len());
     for effect in &effects {
         if let Effect::RunHost { argv, .. } = effect {
             log::info!(

@@ -269,20 +269,7 @@ cmd_up() {
     --unsafe-no-fsync --quota-backend-bytes=4294967296
   wait_for etcd 30 etcd_healthy
 
-  start kube-apiserver "$bins/kube-apiserver" \
-    --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
-    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
-    --client-ca-file="$p/ca.crt" --token-auth-file="$p/tokens.csv" \
-    --authorization-mode=RBAC \
-    --service-account-issuer=https://kubernetes.default.svc \
-    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
-    --service-cluster-ip-range=10.96.0.0/16 \
-    --allow-privileged=true \
-    --disable-admission-plugins=ServiceAccount \
-    --endpoint-reconciler-type=none \
-    --audit-policy-file="$p/audit-policy.yaml" --audit-log-path="$cluster_dir/logs/audit.log" \
-    --audit-log-mode=blocking
+  start_apiserver "$bins"
   wait_for kube-apiserver 90 healthy
 
   # No serving ports for these two: nothing here scrapes them and fixed ports
@@ -306,6 +293,39 @@ cmd_up() {
   running || fail_start "a component exited right after start"
   log "up in $SECONDS s; KUBECONFIG=$kc"
   echo "$kc"
+}
+
+# kube-apiserver, also restarted alone by `restart-apiserver` (tests that
+# prove convergence across an API server restart).
+start_apiserver() {
+  local bins=$1 p=$cluster_dir/pki
+  start kube-apiserver "$bins/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
+    --client-ca-file="$p/ca.crt" --token-auth-file="$p/tokens.csv" \
+    --authorization-mode=RBAC \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --allow-privileged=true \
+    --disable-admission-plugins=ServiceAccount \
+    --endpoint-reconciler-type=none \
+    --audit-policy-file="$p/audit-policy.yaml" --audit-log-path="$cluster_dir/logs/audit.log" \
+    --audit-log-mode=blocking
+}
+
+cmd_restart_apiserver() {
+  running && healthy || die "the cluster is not up"
+  local pid
+  pid=$(cat "$cluster_dir/kube-apiserver.pid")
+  kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 -- "-$pid" 2>/dev/null || true
+  mv "$cluster_dir/logs/kube-apiserver.log" "$cluster_dir/logs/kube-apiserver.previous.log"
+  start_apiserver "$(cmd_build)"
+  wait_for kube-apiserver 90 healthy
+  log "kube-apiserver restarted"
 }
 
 cmd_down() {
@@ -334,5 +354,6 @@ case ${1:-} in
   status) cmd_status ;;
   logs) cmd_logs ;;
   kubeconfig) kubeconfig ;;
-  *) die "usage: $0 build|up|down|status|logs|kubeconfig" ;;
+  restart-apiserver) cmd_restart_apiserver ;;
+  *) die "usage: $0 build|up|down|status|logs|kubeconfig|restart-apiserver" ;;
 esac

@@ -14,22 +14,26 @@
 //! own and records, at every change, how many nodes are unavailable
 //! (NotReady, cordoned or in a NodeMaintenance): safety is asserted from
 //! what the API server showed, never from nodekeeper's own status.
+//!
+//! The helpers at the end (policies, phases, events, "settled") are shared
+//! by tests/reboot.rs and tests/reboot_chaos.rs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Node};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use nodekeeper::api::nodemaintenance::NodeMaintenance;
+use nodekeeper::api::reboot::{RebootPhase, RebootPolicy, RebootPolicySpec};
 use nodekeeper::runtime::Latch;
 use serde_json::json;
 use smol::stream::StreamExt;
 
-use super::{Agent, GROUP_LABEL, block_on};
+use super::{Agent, GROUP_LABEL, TestEnv, block_on, wait_for};
 
 /// kwok manages nodes with this annotation; without it, a node is "off".
 const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
@@ -193,7 +197,7 @@ impl Fleet {
             )
             .await
             .unwrap_or_else(|e| panic!("giving {node} back to kwok: {e}"));
-        super::wait_for(
+        wait_for(
             &format!("{node} Ready again"),
             Duration::from_secs(30),
             || async {
@@ -334,7 +338,9 @@ impl Watcher {
                 let mut history: Vec<(usize, String)> = Vec::new();
                 let nodes = watcher(
                     Api::<Node>::all(client.clone()),
-                    watcher::Config::default().labels(&format!("{GROUP_LABEL}={group}")),
+                    watcher::Config::default()
+                        .list_semantic(watcher::ListSemantic::MostRecent)
+                        .labels(&format!("{GROUP_LABEL}={group}")),
                 )
                 .filter_map(|e| {
                     change(
@@ -345,7 +351,7 @@ impl Watcher {
                 });
                 let nms = watcher(
                     Api::<NodeMaintenance>::all(client),
-                    watcher::Config::default(),
+                    watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent),
                 )
                 .filter_map(|e| {
                     change(
@@ -404,4 +410,129 @@ impl Drop for Watcher {
     fn drop(&mut self) {
         self.stop.open();
     }
+}
+
+// ---- reboot-test helpers ------------------------------------------------
+
+pub const LONG: Duration = Duration::from_secs(60);
+
+pub async fn annotate(client: &Client, node: &str, key: &str, value: Option<&str>) {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating {node}: {e}"));
+}
+
+/// Wait until the policy reports `node` in `phase` (progress, not safety:
+/// safety is the watcher's), returning its message.
+pub async fn wait_phase(client: &Client, policy: &str, node: &str, phase: RebootPhase) -> String {
+    let api: Api<RebootPolicy> = Api::all(client.clone());
+    wait_for(&format!("{node} {phase:?} in {policy}"), LONG, || async {
+        let p = api.get(policy).await.ok()?;
+        let e = p.entry(node)?;
+        (e.phase == phase).then(|| e.message.clone().unwrap_or_default())
+    })
+    .await
+}
+
+pub async fn maintenances_on(client: &Client, node: &str) -> usize {
+    Api::<NodeMaintenance>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items.iter().filter(|m| m.spec.node_name == node).count())
+        .unwrap_or(0)
+}
+
+pub async fn events_for(client: &Client, name: &str, reason: &str) -> usize {
+    let api: Api<CoreEvent> = Api::all(client.clone());
+    api.list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A policy over the test's nodes: `spec` is merged over the selector and
+/// the fleet's reboot command.
+pub async fn create_policy(env: &TestEnv, fleet: &Fleet, spec: serde_json::Value) -> String {
+    let mut full = json!({
+        "nodeSelector": {"matchLabels": {GROUP_LABEL: env.id}},
+        "reboot": {"command": fleet.reboot_command(), "remoteCommand": fleet.reboot_command()},
+        "detect": {"periodSeconds": 5},
+    });
+    merge(&mut full, spec);
+    let spec: RebootPolicySpec = serde_json::from_value(full).expect("a policy spec");
+    let p = RebootPolicy::new(&env.id, spec);
+    Api::<RebootPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("creating the RebootPolicy");
+    env.id.clone()
+}
+
+fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    match (a, b) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+/// `count` Ready nodes with boot IDs `boot-0-<node>`.
+pub async fn nodes(env: &mut TestEnv, count: usize) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..count {
+        names.push(env.add_node(&format!("n{i:02}")).await);
+    }
+    for n in &names {
+        env.wait_node_ready(n).await;
+        set_boot(&env.client, n, &format!("boot-0-{n}")).await;
+    }
+    names
+}
+
+/// Every node of the group rebooted, schedulable, free of maintenance.
+pub async fn settled(client: &Client, names: &[String]) -> bool {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in names {
+        let Ok(node) = nodes.get(n).await else {
+            return false;
+        };
+        if node.spec.and_then(|s| s.unschedulable) == Some(true)
+            || boot_of(client, n).await.starts_with("boot-0-")
+        {
+            return false;
+        }
+    }
+    let nms = Api::<NodeMaintenance>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    !nms.iter().any(|m| names.contains(&m.spec.node_name))
+}
+
+pub fn cluster_role(env: &TestEnv, extra: &[&str]) -> Agent {
+    let selector = format!("{GROUP_LABEL}={}", env.id);
+    let mut args = vec![
+        "run",
+        "--all-nodes",
+        "--node-selector",
+        &selector,
+        "--leader-namespace",
+        &env.ns,
+    ];
+    args.extend(extra);
+    Agent::start(&args)
 }

@@ -1,0 +1,230 @@
+//! Crashes at every stage of a reboot, and a kube-apiserver restart in the
+//! middle of a wave: everything converges, no node is rebooted twice, the
+//! budget holds throughout, nothing is left cordoned.
+//!
+//! Its own test binary: it restarts the shared kube-apiserver, which tests
+//! running beside it would see as errors. Test binaries run one at a time.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use nodekeeper::api::nodemaintenance::{NodeMaintenance, Phase};
+use serde_json::json;
+use support::machines::*;
+use support::{Agent, TestEnv, block_on, install_crds, wait_for};
+
+/// The cluster role, restarted whenever it exits (as its Deployment would
+/// be): leadership lost while the API server is away ends the process.
+struct Supervised {
+    agent: Agent,
+    args: Vec<String>,
+    restarts: u32,
+}
+
+impl Supervised {
+    fn start(env: &TestEnv) -> Supervised {
+        let agent = cluster_role(env, &["--node-agents"]);
+        let selector = format!("{}={}", support::GROUP_LABEL, env.id);
+        let args = [
+            "run",
+            "--all-nodes",
+            "--node-selector",
+            &selector,
+            "--leader-namespace",
+            &env.ns,
+            "--node-agents",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        Supervised {
+            agent,
+            args,
+            restarts: 0,
+        }
+    }
+
+    fn restart(&mut self) {
+        let _ = self.agent.child.kill();
+        let _ = self.agent.child.wait();
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.agent = Agent::start(&args);
+        self.restarts += 1;
+    }
+
+    /// Restart it if it exited on its own.
+    fn tend(&mut self) {
+        if matches!(self.agent.child.try_wait(), Ok(Some(_))) {
+            self.restart();
+        }
+    }
+}
+
+fn restart_apiserver() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/controlplane/cluster.sh");
+    let st = std::process::Command::new("bash")
+        .args([script, "restart-apiserver"])
+        .status()
+        .expect("running cluster.sh restart-apiserver");
+    assert!(st.success(), "kube-apiserver did not come back");
+}
+
+/// Wait (tending the cluster role) until `check` holds.
+fn until(cluster: &mut Supervised, what: &str, check: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !check() {
+        cluster.tend();
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "timed out waiting for {what}\ncluster role log:\n{}",
+            cluster.agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reboot() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-chaos").await;
+        let names = nodes(&mut env, 5).await;
+        let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
+        for n in &names {
+            annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
+        }
+        (env, names, fleet)
+    });
+    let nm = |n: &str| format!("reboot-{n}");
+    let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let exists = |name: String| block_on(nms.get_opt(&name)).ok().flatten();
+    let watcher = Watcher::start(env.client.clone(), &env.id);
+    block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 1}}),
+    ));
+    // n1 gets a pod its PodDisruptionBudget will not let go of: its drain
+    // stalls until the budget is removed.
+    block_on(async {
+        let mut d: Deployment = env.deployment("pinned", 1);
+        if let Some(spec) = d.spec.template.spec.as_mut() {
+            spec.node_selector =
+                Some([("kubernetes.io/hostname".to_string(), names[1].clone())].into());
+        }
+        Api::<Deployment>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("creating the pinned deployment");
+        Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &env.pdb("pinned", "pinned", 1))
+            .await
+            .expect("creating the PDB");
+        wait_for("the pinned pod running", LONG, || async {
+            let pods = env.pods("app=pinned").await;
+            pods.iter()
+                .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .then_some(())
+        })
+        .await;
+    });
+    for n in &names[1..] {
+        fleet.start_agent(n);
+    }
+    let mut cluster = Supervised::start(&env);
+
+    // Stage "before drain": n0 is admitted while its agent is down; the
+    // cluster role dies right after the admission.
+    until(&mut cluster, "n0 admitted", || {
+        exists(nm(&names[0])).is_some()
+    });
+    cluster.restart();
+    fleet.start_agent(&names[0]);
+    until(&mut cluster, "n0's reboot command", || {
+        fleet.commands(&names[0]) == 1
+    });
+    block_on(fleet.reboot(&names[0]));
+
+    // Stage "mid-drain": n1's agent dies while the PDB blocks its drain,
+    // and comes back to the same stalled drain.
+    until(&mut cluster, "n1's drain blocked", || {
+        exists(nm(&names[1])).is_some_and(|m| {
+            m.status
+                .and_then(|s| s.pending_pods)
+                .is_some_and(|p| !p.is_empty())
+        })
+    });
+    fleet.kill_agent(&names[1]);
+    fleet.start_agent(&names[1]);
+    block_on(async {
+        Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.ns)
+            .delete("pinned", &DeleteParams::default())
+            .await
+            .expect("deleting the PDB");
+    });
+    until(&mut cluster, "n1's reboot command", || {
+        fleet.commands(&names[1]) == 1
+    });
+    block_on(fleet.reboot(&names[1]));
+
+    // Stage "after the reboot command": n2's agent crashes after running the
+    // command, before the machine goes down, and restarts in the same boot.
+    // It must not run the command again.
+    until(&mut cluster, "n2's reboot command", || {
+        fleet.commands(&names[2]) == 1
+    });
+    fleet.kill_agent(&names[2]);
+    fleet.start_agent(&names[2]);
+    until(
+        &mut cluster,
+        "n2's restarted agent to take its reboot step",
+        || fleet.agent_log(&names[2]).contains("reboot step:"),
+    );
+    block_on(fleet.reboot(&names[2]));
+
+    // Stage "before verification": the cluster role is down while n3
+    // comes back, and verifies it after its restart.
+    until(&mut cluster, "n3's reboot command", || {
+        fleet.commands(&names[3]) == 1
+    });
+    let _ = cluster.agent.child.kill();
+    let _ = cluster.agent.child.wait();
+    block_on(fleet.reboot(&names[3]));
+    cluster.restart();
+
+    // The API server restarts while n4 drains.
+    until(&mut cluster, "n4 admitted", || {
+        exists(nm(&names[4])).is_some()
+    });
+    restart_apiserver();
+    until(&mut cluster, "n4's reboot command", || {
+        fleet.commands(&names[4]) >= 1
+    });
+    block_on(fleet.reboot(&names[4]));
+
+    until(&mut cluster, "every node settled", || {
+        block_on(settled(&env.client, &names))
+    });
+    let history = watcher.finish();
+    assert!(
+        history.iter().all(|h| h.0 <= 1),
+        "more than one node unavailable: {:?}",
+        history.iter().filter(|h| h.0 > 1).collect::<Vec<_>>()
+    );
+    block_on(async {
+        for n in &names {
+            assert_eq!(fleet.commands(n), 1, "node {n}: reboot command runs");
+            assert_eq!(boot_of(&env.client, n).await, format!("boot-1-{n}"), "{n}");
+            let leftover = nms.get_opt(&nm(n)).await.ok().flatten();
+            assert!(
+                leftover.as_ref().is_none_or(|m| m.status.as_ref().and_then(|s| s.phase) != Some(Phase::Running)),
+                "{n}: {leftover:?}"
+            );
+        }
+    });
+}
