@@ -108,7 +108,11 @@ fn cluster_role_reboots_remotely_on_coreos_and_fluo_annotations_one_per_zone() {
         .await;
         annotate(c, &names[1], &format!("{fluo}reboot-needed"), Some("true")).await;
         annotate(c, &names[2], &format!("{fluo}reboot-needed"), Some("true")).await;
-        annotate(c, &names[3], "nodekeeper.io/reboot-needed", Some("now")).await;
+        // The operator's way: `nodekeeper reboot-required NODE`.
+        let kc = support::cluster().display().to_string();
+        let (st, out, err) = support::run_cli(&["reboot-required", &names[3]], &[("KUBECONFIG", &kc)]);
+        assert!(st.success(), "{err}");
+        assert!(out.contains("no RebootPolicy selects this node"), "{out}");
         annotate(c, &names[4], &format!("{fluo}reboot-needed"), Some("true")).await;
         annotate(c, &names[4], &format!("{fluo}reboot-paused"), Some("true")).await;
     });

@@ -1,13 +1,15 @@
 //! Command-line interface, in two stages: the argh flag structs (raw, no
 //! system calls) and their validated configs, one file per command family
-//! ([`run`]: the service; [`maintenance`]: maintain, unmaintain, drain
-//! --dry-run; [`deploy`]: crds, manifests, host-kubeconfig), and
+//! ([`run`]: the service; [`status`]: status, reboot-required;
+//! [`maintenance`]: maintain, unmaintain, drain --dry-run; [`deploy`]:
+//! crds, manifests, host-kubeconfig), and
 //! [`dispatch`], which validates and runs the chosen subcommand on the async
 //! runtime. Every node name a command takes is checked here first.
 
 pub mod deploy;
 pub mod maintenance;
 pub mod run;
+pub mod status;
 
 use std::process::ExitCode;
 
@@ -30,6 +32,8 @@ pub struct Cli {
 #[argh(subcommand)]
 pub enum Command {
     Run(run::RunArgs),
+    Status(status::StatusArgs),
+    RebootRequired(status::RebootRequiredArgs),
     Maintain(maintenance::MaintainArgs),
     Unmaintain(maintenance::UnmaintainArgs),
     Drain(maintenance::DrainArgs),
@@ -98,6 +102,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 return Err(Error::Invalid("--hours must be at least 1".into()));
             }
             runtime::block_on(deploy::host_kubeconfig(args))
+        }
+        Command::Status(args) => runtime::block_on(status::status(args)),
+        Command::RebootRequired(args) => {
+            validate_node_name(&args.node)?;
+            runtime::block_on(status::reboot_required(args))
         }
         Command::Maintain(args) => {
             validate_node_name(&args.node)?;

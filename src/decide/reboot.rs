@@ -186,12 +186,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     for node in candidates {
         let n = node.name_any();
         let boot = boot_id(node);
-        if let Some(prev) = d
-            .prev(&n)
-            .filter(|e| e.phase == RebootPhase::Failed && e.boot_id_before.as_deref() == boot)
-        {
-            // Failed in this boot: not again until the node reboots or the
-            // record is cleared by hand.
+        if let Some(prev) = d.prev(&n).filter(|e| {
+            e.phase == RebootPhase::Failed
+                && e.boot_id_before.as_deref() == boot
+                && needed_since(node).is_none_or(|t| t <= e.since.0)
+        }) {
+            // Failed in this boot: not again until the node reboots or
+            // someone asks again (`reboot-required` stamps a newer need).
             d.entries.insert(n, prev.clone());
             continue;
         }

@@ -35,6 +35,11 @@ pub fn needs_reboot(node: &Node) -> bool {
             .any(|p| annotation(node, &format!("{p}reboot-needed")) == Some("true"))
 }
 
+/// When nodekeeper's own need marker was set, if it holds a time.
+pub fn needed_since(node: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
+    annotation(node, NEEDED_ANNOTATION)?.parse().ok()
+}
+
 /// Is the node held by an administrator (`nodekeeper.io/reboot-paused`, or
 /// FLUO's/CLUO's `reboot-paused`, set to "true")?
 pub fn paused(node: &Node) -> bool {

@@ -1,0 +1,353 @@
+//! The operator's view and the reboot request: `status` (every node and
+//! what nodekeeper is doing to it — the first command to run) and
+//! `reboot-required NODE [--clear]`. They talk to the API server only.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use argh::FromArgs;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use smol::stream::StreamExt;
+
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::reboot::*;
+use crate::decide::reboot::{self, node::governing};
+use crate::error::{Error, Result};
+use crate::service::connect;
+
+/// Show every node and what nodekeeper is doing to it: maintenance, reboot phase, since when, what it waits for.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "status")]
+pub struct StatusArgs {
+    /// keep the table up to date as things change (Ctrl-C to stop)
+    #[argh(switch)]
+    pub watch: bool,
+    /// kubeconfig file
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Mark a node as needing a reboot (or, with --clear, not); a RebootPolicy selecting it schedules the reboot.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "reboot-required")]
+pub struct RebootRequiredArgs {
+    /// the node
+    #[argh(positional)]
+    pub node: String,
+    /// withdraw the request instead
+    #[argh(switch)]
+    pub clear: bool,
+    /// kubeconfig file
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+pub async fn reboot_required(args: RebootRequiredArgs) -> Result<ExitCode> {
+    let client = connect::connect(args.kubeconfig.as_deref()).await?;
+    crate::service::require_crds(&client).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = connect::require_node(&client, &args.node).await?;
+    let n = &args.node;
+    let patch = if args.clear {
+        // Every need marker we honour goes, so the node is not rebooted
+        // for a request another tool made either.
+        reboot::clear_need_patch(&node)
+    } else {
+        // A fresh request also retries a node whose reboot failed in this
+        // boot: its need is newer than the failure.
+        json!({"metadata": {"annotations": {
+            NEEDED_ANNOTATION: Timestamp::now().to_string(),
+            FAILED_ANNOTATION: null,
+        }}})
+    };
+    nodes
+        .patch(n, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube(format!("marking node {n}")))?;
+    if args.clear {
+        println!("node {n}: no reboot requested");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let policies: Api<RebootPolicy> = Api::all(client);
+    let policies: Vec<Arc<RebootPolicy>> = policies
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing RebootPolicies"))?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    match governing(&node, &policies) {
+        Some(p) => println!(
+            "node {n}: reboot requested; RebootPolicy {} schedules it (nodekeeper status shows progress)",
+            p.name_any()
+        ),
+        None => println!(
+            "node {n}: reboot requested, but no RebootPolicy selects this node, so nothing will reboot it yet"
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn status(args: StatusArgs) -> Result<ExitCode> {
+    let client = connect::connect(args.kubeconfig.as_deref()).await?;
+    crate::service::require_crds(&client).await?;
+    if !args.watch {
+        let (nodes, nms, policies) = list_all(&client).await?;
+        print!("{}", render(&nodes, &nms, &policies, Timestamp::now()));
+        return Ok(ExitCode::SUCCESS);
+    }
+    watch(client).await
+}
+
+async fn list_all(
+    client: &Client,
+) -> Result<(
+    Vec<Arc<Node>>,
+    Vec<Arc<NodeMaintenance>>,
+    Vec<Arc<RebootPolicy>>,
+)> {
+    let lp = ListParams::default();
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(Error::kube("listing nodes"))?;
+    let nms = Api::<NodeMaintenance>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(Error::kube("listing NodeMaintenances"))?;
+    let policies = Api::<RebootPolicy>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(Error::kube("listing RebootPolicies"))?;
+    fn arc<T>(v: Vec<T>) -> Vec<Arc<T>> {
+        v.into_iter().map(Arc::new).collect()
+    }
+    Ok((arc(nodes.items), arc(nms.items), arc(policies.items)))
+}
+
+/// Re-draw on every change (at most every 200 ms), from watches.
+async fn watch(client: Client) -> Result<ExitCode> {
+    let (nodes, nw) = reflector::store::<Node>();
+    let (nms, mw) = reflector::store::<NodeMaintenance>();
+    let (policies, pw) = reflector::store::<RebootPolicy>();
+    let cfg = || watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent);
+    let n = watcher(Api::<Node>::all(client.clone()), cfg())
+        .reflect(nw)
+        .map(|_| ());
+    let m = watcher(Api::<NodeMaintenance>::all(client.clone()), cfg())
+        .reflect(mw)
+        .map(|_| ());
+    let p = watcher(Api::<RebootPolicy>::all(client), cfg())
+        .reflect(pw)
+        .map(|_| ());
+    let mut changes = std::pin::pin!(smol::stream::or(n, smol::stream::or(m, p)));
+    let tty = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    while changes.next().await.is_some() {
+        // Let a burst of changes settle into one frame.
+        crate::runtime::sleep(Duration::from_millis(200)).await;
+        let table = render(
+            &nodes.state(),
+            &nms.state(),
+            &policies.state(),
+            Timestamp::now(),
+        );
+        if table != last {
+            let mut out = std::io::stdout().lock();
+            if tty {
+                let _ = write!(out, "\x1b[2J\x1b[H");
+            } else {
+                let _ = writeln!(out, "--- {}", Timestamp::now());
+            }
+            let _ = write!(out, "{table}");
+            let _ = out.flush();
+            last = table;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line per node: readiness, cordon, its maintenance, its reboot, since
+/// when, and what it waits for.
+pub fn render(
+    nodes: &[Arc<Node>],
+    nms: &[Arc<NodeMaintenance>],
+    policies: &[Arc<RebootPolicy>],
+    now: Timestamp,
+) -> String {
+    let mut rows = vec![[
+        "NODE".to_string(),
+        "READY".into(),
+        "SCHEDULING".into(),
+        "MAINTENANCE".into(),
+        "REBOOT".into(),
+        "SINCE".into(),
+        "NOTE".into(),
+    ]];
+    let mut sorted: Vec<&Arc<Node>> = nodes.iter().collect();
+    sorted.sort_by_key(|n| n.name_any());
+    for node in sorted {
+        let name = node.name_any();
+        let nm = nms.iter().find(|m| m.spec.node_name == name);
+        let maintenance = nm.map_or("-".to_string(), |m| {
+            let phase = m.phase().map_or("Pending", |p| p.as_str());
+            match m.status.as_ref().and_then(|s| s.drain_progress) {
+                Some(p) if m.phase() == Some(crate::api::nodemaintenance::Phase::Running) => {
+                    format!("{} {phase} {p}%", m.name_any())
+                }
+                _ => format!("{} {phase}", m.name_any()),
+            }
+        });
+        let policy = governing(node, policies);
+        let entry = policy.and_then(|p| p.entry(&name).map(|e| (p, e)));
+        let (reboot, since, mut note) = match entry {
+            Some((p, e)) => (
+                format!("{}: {}", p.name_any(), e.phase.as_str()),
+                age(now, e.since.0),
+                e.message.clone().unwrap_or_default(),
+            ),
+            None if reboot::needs_reboot(node) => (
+                "needed".into(),
+                "-".into(),
+                if policy.is_none() {
+                    "no RebootPolicy selects this node".into()
+                } else {
+                    String::new()
+                },
+            ),
+            None => ("-".into(), "-".into(), String::new()),
+        };
+        if note.is_empty()
+            && let Some(err) = nm.and_then(|m| m.status.as_ref()?.last_error.clone())
+        {
+            note = err;
+        }
+        rows.push([
+            name,
+            if reboot::ready(node) {
+                "Ready"
+            } else {
+                "NotReady"
+            }
+            .into(),
+            if reboot::unschedulable(node) {
+                "cordoned"
+            } else {
+                "schedulable"
+            }
+            .into(),
+            maintenance,
+            reboot,
+            since,
+            note,
+        ]);
+    }
+    let mut widths = [0usize; 7];
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            if i + 1 == r.len() {
+                line.push_str(c);
+            } else {
+                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `5s`, `3m`, `2h`, `4d`, like kubectl's AGE.
+fn age(now: Timestamp, t: Timestamp) -> String {
+    let s = now.as_second().saturating_sub(t.as_second()).max(0);
+    match s {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    #[test]
+    fn the_table_shows_each_node_with_its_maintenance_and_reboot() {
+        let now: Timestamp = "2026-11-23T12:00:00Z".parse().unwrap_or_default();
+        let node = |name: &str, need: bool| {
+            Arc::new(Node {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    annotations: need
+                        .then(|| [(NEEDED_ANNOTATION.to_string(), "x".to_string())].into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+        };
+        let mut p = RebootPolicy::new("weekly", RebootPolicySpec::default());
+        p.status = Some(RebootPolicyStatus {
+            nodes: vec![NodeReboot {
+                name: "a".into(),
+                phase: RebootPhase::Waiting,
+                since: Time(
+                    now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(300))
+                        .unwrap_or(now),
+                ),
+                boot_id_before: None,
+                message: Some("outside every reboot window".into()),
+                reason: Some("Window".into()),
+            }],
+            ..Default::default()
+        });
+        let table = render(
+            &[node("b", false), node("a", true)],
+            &[],
+            &[Arc::new(p)],
+            now,
+        );
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("NODE"), "{table}");
+        assert!(lines[1].starts_with("a "), "sorted by name: {table}");
+        assert!(lines[1].contains("weekly: Waiting") && lines[1].contains("5m"));
+        assert!(lines[1].ends_with("outside every reboot window"));
+        assert!(
+            lines[2].contains("NotReady") && lines[2].contains(" - "),
+            "{table}"
+        );
+        let orphan = render(&[node("c", true)], &[], &[], now);
+        assert!(orphan.contains("needed") && orphan.contains("no RebootPolicy selects"));
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        let now: Timestamp = "2026-11-23T12:00:00Z".parse().unwrap_or_default();
+        let ago = |s: i64| {
+            now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+                .unwrap_or(now)
+        };
+        assert_eq!(age(now, ago(5)), "5s");
+        assert_eq!(age(now, ago(600)), "10m");
+        assert_eq!(age(now, ago(3 * 3600)), "3h");
+        assert_eq!(age(now, ago(3 * 86400)), "3d");
+    }
+}
