@@ -123,7 +123,14 @@ fn the_api_server_accepts_every_generated_manifest() {
             "k3s",
             "static-pod",
         ] {
-            for extra in [&[][..], &custom[..]] {
+            let reboot: &[&str] = if ["daemonset", "k3s", "static-pod"].contains(&target) {
+                &["--reboot"]
+            } else if target == "deployment" {
+                &["--node-agents"]
+            } else {
+                &[]
+            };
+            for extra in [&[][..], &custom[..], reboot] {
                 let mut args = vec!["manifests", "--for", target];
                 args.extend_from_slice(extra);
                 let (status, yaml, err) = run_cli(&args, &[]);

@@ -110,7 +110,8 @@ fn cluster_role_reboots_remotely_on_coreos_and_fluo_annotations_one_per_zone() {
         annotate(c, &names[2], &format!("{fluo}reboot-needed"), Some("true")).await;
         // The operator's way: `nodekeeper reboot-required NODE`.
         let kc = support::cluster().display().to_string();
-        let (st, out, err) = support::run_cli(&["reboot-required", &names[3]], &[("KUBECONFIG", &kc)]);
+        let (st, out, err) =
+            support::run_cli(&["reboot-required", &names[3]], &[("KUBECONFIG", &kc)]);
         assert!(st.success(), "{err}");
         assert!(out.contains("no RebootPolicy selects this node"), "{out}");
         annotate(c, &names[4], &format!("{fluo}reboot-needed"), Some("true")).await;
@@ -326,4 +327,35 @@ fn a_node_that_never_returns_holds_its_slot_until_it_is_deleted() {
         cluster.log_text()
     );
     assert_eq!(fleet.commands(b), 1);
+}
+
+/// `host-exec` joins another process's mount namespace and execs (the
+/// reboot DaemonSet joins PID 1's); failures say what it needs.
+#[test]
+fn host_exec_runs_a_command_in_a_mount_namespace_and_explains_failures() {
+    let pid = std::process::id().to_string();
+    let (st, out, err) = support::run_cli(
+        &[
+            "host-exec",
+            "--pid",
+            &pid,
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo joined; exit 3",
+        ],
+        &[],
+    );
+    assert_eq!(st.code(), Some(3), "{err}");
+    assert_eq!(out.trim(), "joined");
+    let (st, _, err) =
+        support::run_cli(&["host-exec", "--pid", "999999999", "--", "/bin/true"], &[]);
+    assert!(!st.success());
+    assert!(
+        err.contains("/proc/999999999/ns/mnt") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    let (st, _, err) =
+        support::run_cli(&["host-exec", "--pid", &pid, "--", "/nonexistent/cmd"], &[]);
+    assert!(!st.success() && err.contains("/nonexistent/cmd"), "{err}");
 }

@@ -41,6 +41,19 @@ pub enum Command {
     Manifests(deploy::ManifestsArgs),
     HostKubeconfig(deploy::HostKubeconfigArgs),
     Version(VersionArgs),
+    HostExec(HostExecArgs),
+}
+
+/// Run a command in the host's mount namespace (PID 1's); used by the reboot DaemonSet, which has host PID.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "host-exec")]
+pub struct HostExecArgs {
+    /// whose mount namespace to join (default 1, the host's init)
+    #[argh(option, default = "1")]
+    pub pid: u32,
+    /// the command and its arguments, after --
+    #[argh(positional, greedy)]
+    pub argv: Vec<String>,
 }
 
 /// Print the version.
@@ -103,6 +116,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             runtime::block_on(deploy::host_kubeconfig(args))
         }
+        // Only returns if the exec failed.
+        Command::HostExec(args) => Err(Error::Invalid(crate::effects::host::host_exec(
+            args.pid, &args.argv,
+        ))),
         Command::Status(args) => runtime::block_on(status::status(args)),
         Command::RebootRequired(args) => {
             validate_node_name(&args.node)?;

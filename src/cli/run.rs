@@ -37,6 +37,9 @@ pub struct RunArgs {
     /// where the host's root file system is, for reboot sentinels (default /; /host in the reboot DaemonSet)
     #[argh(option, default = "PathBuf::from(\"/\")")]
     pub host_root: PathBuf,
+    /// run host commands (reboot, sentinel command) in PID 1's mount namespace: for the reboot DaemonSet, which has host PID
+    #[argh(switch)]
+    pub host_exec: bool,
     /// talk HTTP/1.1 only to the API server (default: offer HTTP/2 and let the server choose)
     #[argh(switch)]
     pub http1_only: bool,
@@ -71,6 +74,7 @@ pub struct RunConfig {
     /// Cluster role: node agents drain and reboot; this process admits.
     pub node_agents: bool,
     pub host_root: PathBuf,
+    pub host_exec: crate::effects::host::Exec,
 }
 
 impl RunConfig {
@@ -145,6 +149,11 @@ impl RunConfig {
             evictions_in_flight,
             node_agents: args.node_agents,
             host_root: args.host_root,
+            host_exec: if args.host_exec {
+                crate::effects::host::Exec::HostNamespace
+            } else {
+                crate::effects::host::Exec::Direct
+            },
             metrics_address,
             node,
             node_selector: args.node_selector,

@@ -30,9 +30,7 @@ ExecStart=/usr/local/bin/nodekeeper run --metrics-address {metrics} $NODEKEEPER_
 Restart=always
 RestartSec=5
 TimeoutStopSec=30
-# Root only to read a root-owned 0600 kubeconfig; every capability is gone.
-CapabilityBoundingSet=
-AmbientCapabilities=
+{capabilities}
 NoNewPrivileges=yes
 ProtectSystem=strict
 ProtectHome=yes
@@ -60,6 +58,18 @@ WantedBy=multi-user.target
         kubeconfig = o.kubeconfig,
         rust_log = o.rust_log(),
         metrics = o.host_metrics(),
+        capabilities = if o.reboot {
+            "# Root to read a root-owned 0600 kubeconfig; with --reboot, CAP_SYS_ADMIN so\n\
+             # that systemd accepts `systemctl reboot` from this unit (its D-Bus\n\
+             # privilege check) and CAP_SYS_BOOT for a reboot command that calls\n\
+             # reboot(2) itself. Nothing else.\n\
+             CapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_BOOT\n\
+             AmbientCapabilities="
+        } else {
+            "# Root only to read a root-owned 0600 kubeconfig; every capability is gone.\n\
+             CapabilityBoundingSet=\n\
+             AmbientCapabilities="
+        },
     )
 }
 

@@ -57,6 +57,14 @@ pub struct Options {
     /// `--metrics-address` for every mode; `None` takes each mode's default
     /// (all interfaces in pods on the pod network, loopback on the host).
     pub metrics_address: Option<String>,
+    /// Node-role modes may reboot their host (`--reboot`): the DaemonSet
+    /// and static pod get host PID and the capabilities `host-exec` needs,
+    /// the systemd unit the capabilities `systemctl reboot` needs.
+    pub reboot: bool,
+    /// The cluster-role Deployment runs beside node agents (`--node-agents`):
+    /// it admits and leaves draining and rebooting to them. Always so in
+    /// the k3s folder, which has the DaemonSet.
+    pub node_agents: bool,
 }
 
 impl Default for Options {
@@ -67,6 +75,8 @@ impl Default for Options {
             kubeconfig: "/etc/nodekeeper/kubeconfig".into(),
             log_level: "info".into(),
             metrics_address: None,
+            reboot: false,
+            node_agents: false,
         }
     }
 }
@@ -173,7 +183,7 @@ pub const TARGETS: [(&str, &str, Option<&str>); 10] = [
     ),
     (
         "k3s",
-        "crds + rbac + admission + daemonset as files for k3s's auto-deploy folder",
+        "crds + rbac + admission + daemonset + the cluster role (admissions) as files for k3s's auto-deploy folder",
         Some("k3s-manifests"),
     ),
     (
@@ -201,6 +211,26 @@ pub const TARGETS: [(&str, &str, Option<&str>); 10] = [
 /// Render one target's files.
 pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
     o.validate()?;
+    if o.reboot && !["daemonset", "static-pod", "systemd", "k3s"].contains(&target) {
+        return Err(Error::Invalid(format!(
+            "--reboot applies to the node-role modes (daemonset, static-pod, systemd, k3s), not {target}{}",
+            if target == "talos" {
+                " (Talos nodes reboot through Talos's own API)"
+            } else {
+                ""
+            }
+        )));
+    }
+    if o.node_agents && target != "deployment" {
+        return Err(Error::Invalid(format!(
+            "--node-agents applies to the deployment target only{}",
+            if target == "k3s" {
+                " (the k3s folder's cluster role always runs with it)"
+            } else {
+                ""
+            }
+        )));
+    }
     let file = |path: &str, what: &str, body: String| File {
         path: path.into(),
         content: format!(
@@ -259,6 +289,19 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
                 "nodekeeper-daemonset.yaml",
                 "nodekeeper for k3s: the node agent on every node",
                 yaml(&[daemonset(o)]),
+            ),
+            file(
+                "nodekeeper-cluster.yaml",
+                &format!(
+                    "nodekeeper for k3s: the cluster role, which admits reboots within budgets
+                     # (the node agents drain and reboot).
+{}",
+                    rules_comment(Identity::Cluster)
+                ),
+                yaml(&deployment(&Options {
+                    node_agents: true,
+                    ..o.clone()
+                })),
             ),
         ],
         "static-pod" => vec![file(

@@ -22,6 +22,8 @@ fn options_flow_into_the_manifests() {
         kubeconfig: "/var/lib/nk/kc".into(),
         log_level: "debug".into(),
         metrics_address: Some("127.0.0.1:9999".into()),
+        reboot: false,
+        node_agents: false,
     };
     let text: String = ["k3s", "static-pod", "systemd", "deployment"]
         .iter()
@@ -116,4 +118,48 @@ fn multi_file_targets_need_a_folder_unless_they_are_one_yaml_stream() {
         err.contains("--out DIR") && err.contains("manifest.yaml"),
         "{err}"
     );
+}
+
+#[test]
+fn only_reboot_profiles_get_host_pid_and_capabilities() {
+    let plain = daemonset(&Options::default());
+    let spec = &plain["spec"]["template"]["spec"];
+    assert!(spec.get("hostPID").is_none());
+    assert_eq!(
+        spec["containers"][0]["securityContext"]["runAsNonRoot"],
+        true
+    );
+    let o = Options {
+        reboot: true,
+        ..Default::default()
+    };
+    let ds = daemonset(&o);
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["hostPID"], true);
+    let c = &spec["containers"][0];
+    assert_eq!(
+        c["securityContext"]["capabilities"]["add"],
+        serde_json::json!(["SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"])
+    );
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert!(c["securityContext"].get("privileged").is_none());
+    let args = c["args"].to_string();
+    assert!(
+        args.contains("--host-exec") && args.contains("/proc/1/root"),
+        "{args}"
+    );
+    let pod = static_pod(&o);
+    assert_eq!(pod["spec"]["hostPID"], true);
+    // The cluster role never gets host access; in the k3s folder it admits
+    // beside the node agents.
+    let k3s: String = render("k3s", &o)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| f.content)
+        .collect();
+    assert!(k3s.contains("--node-agents"));
+    assert_eq!(k3s.matches("hostPID: true").count(), 1, "{k3s}");
+    for t in ["talos", "containerfile", "deployment", "crds"] {
+        assert!(render(t, &o).is_err(), "{t} refuses --reboot");
+    }
 }

@@ -22,8 +22,9 @@ pub(super) fn resources() -> Value {
 }
 
 /// The pod run modes, each with its security profile. Nothing nodekeeper
-/// does yet needs a capability, host PID or a writable root; host actions
-/// (reboot, upgrade commands) will widen only the modes that run them.
+/// does needs a capability, host PID or a writable root, except rebooting
+/// the host: only the node-role modes rendered with `--reboot` get what
+/// that takes ([`reboot_profile`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum PodMode {
     /// Node role as a DaemonSet pod: pod network, pod-bound token.
@@ -52,6 +53,30 @@ impl PodMode {
             PodMode::StaticPod => {}
         }
         sc
+    }
+}
+
+/// What a node-role pod needs to reboot its host, and no more: host PID
+/// (to reach PID 1), root, and three capabilities — SYS_PTRACE to open PID
+/// 1's /proc entries (its capabilities exceed ours), SYS_ADMIN and
+/// SYS_CHROOT for setns(2) into its mount namespace (`host-exec`); `systemctl
+/// reboot` then asks systemd over D-Bus as root with SYS_ADMIN. AppArmor's
+/// runtime default forbids reading an unconfined PID 1's /proc entries, so
+/// the container is unconfined by AppArmor; seccomp stays RuntimeDefault
+/// (it allows setns with SYS_ADMIN). kured runs fully privileged instead.
+/// The sentinel file is read through /proc/1/root: no hostPath mount.
+pub(super) fn reboot_profile(pod: &mut Value, container: &mut Value) {
+    pod["hostPID"] = json!(true);
+    let sc = &mut container["securityContext"];
+    if let Some(m) = sc.as_object_mut() {
+        m.remove("runAsNonRoot");
+        m.remove("runAsUser");
+        m.remove("runAsGroup");
+    }
+    sc["capabilities"] = json!({"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]});
+    sc["appArmorProfile"] = json!({"type": "Unconfined"});
+    if let Some(args) = container["args"].as_array_mut() {
+        args.extend(["--host-root", "/proc/1/root", "--host-exec"].map(|a| json!(a)));
     }
 }
 
@@ -85,6 +110,19 @@ pub(super) fn pod_container(o: &Options, mode: PodMode, args: &[&str], readiness
 }
 
 pub fn daemonset(o: &Options) -> Value {
+    let mut container = pod_container(o, PodMode::DaemonSet, &["run"], true);
+    let mut pod = json!({
+      "serviceAccountName": AGENT_ACCOUNT,
+      "priorityClassName": "system-node-critical",
+      // It must keep running on the nodes it cordons and taints, and on
+      // control-plane nodes.
+      "tolerations": [{"operator": "Exists"}],
+      "terminationGracePeriodSeconds": 30
+    });
+    if o.reboot {
+        reboot_profile(&mut pod, &mut container);
+    }
+    pod["containers"] = json!([container]);
     json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
     "metadata": {"name": "nodekeeper", "namespace": o.namespace, "labels": labels()},
     "spec": {
@@ -92,15 +130,7 @@ pub fn daemonset(o: &Options) -> Value {
       "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
       "template": {
         "metadata": {"labels": labels()},
-        "spec": {
-          "serviceAccountName": AGENT_ACCOUNT,
-          "priorityClassName": "system-node-critical",
-          // It must keep running on the nodes it cordons and taints, and on
-          // control-plane nodes.
-          "tolerations": [{"operator": "Exists"}],
-          "terminationGracePeriodSeconds": 30,
-          "containers": [pod_container(o, PodMode::DaemonSet, &["run"], true)]
-        }
+        "spec": pod
       }
     }})
 }
@@ -125,6 +155,11 @@ pub fn deployment(o: &Options) -> Vec<Value> {
     ]);
     let sel =
         json!({"app.kubernetes.io/name": "nodekeeper", "app.kubernetes.io/component": "cluster"});
+    let cluster_args: &[&str] = if o.node_agents {
+        &["run", "--all-nodes", "--node-agents"]
+    } else {
+        &["run", "--all-nodes"]
+    };
     docs.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
     "metadata": {"name": "nodekeeper-cluster", "namespace": o.namespace, "labels": sel},
     "spec": {
@@ -137,7 +172,7 @@ pub fn deployment(o: &Options) -> Vec<Value> {
           "priorityClassName": "system-cluster-critical",
           // The standby waits for the Lease and never becomes ready, so
           // only liveness is probed.
-          "containers": [pod_container(o, PodMode::Deployment, &["run", "--all-nodes"], false)]
+          "containers": [pod_container(o, PodMode::Deployment, &cluster_args, false)]
         }
       }
     }}));
@@ -172,16 +207,20 @@ pub(super) fn static_pod(o: &Options) -> Value {
         };
         c["livenessProbe"] = probe("/healthz", port, Some(&host));
     }
-    json!({
-      "apiVersion": "v1", "kind": "Pod",
-      "metadata": {"name": "nodekeeper", "namespace": "kube-system", "labels": labels()},
-      "spec": {
+    let mut pod = json!({
         "hostNetwork": true,
         // Resolve through the host: cluster DNS may not exist yet.
         "dnsPolicy": "Default",
         "priorityClassName": "system-node-critical",
-        "containers": [c],
         "volumes": [{"name": "kubeconfig", "hostPath": {"path": dir, "type": "Directory"}}]
-      }
+    });
+    if o.reboot {
+        reboot_profile(&mut pod, &mut c);
+    }
+    pod["containers"] = json!([c]);
+    json!({
+      "apiVersion": "v1", "kind": "Pod",
+      "metadata": {"name": "nodekeeper", "namespace": "kube-system", "labels": labels()},
+      "spec": pod
     })
 }

@@ -3,6 +3,11 @@
 //! argv templates — never a shell string built from object fields — with a
 //! timeout, and returns their output truncated for status and events; and
 //! it reads the host's reboot signals (sentinel file, sentinel command).
+//!
+//! In a container (the reboot DaemonSet, with host PID) commands run in the
+//! host's mount namespace through [`host_exec`]: `nodekeeper host-exec --
+//! ARGV` joins PID 1's mount namespace and execs, which is what kured does
+//! with `nsenter -m/proc/1/ns/mnt`; a scratch image has no nsenter.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,6 +18,63 @@ use smol::future::FutureExt;
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 /// Output kept for status and events.
 const OUTPUT_LIMIT: usize = 400;
+
+/// How host commands are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Exec {
+    /// Directly: nodekeeper runs on the host (systemd, Talos) or the
+    /// command is a remote one (cluster role).
+    #[default]
+    Direct,
+    /// Through `nodekeeper host-exec`, in PID 1's mount namespace (`run
+    /// --host-exec`; a container with host PID).
+    HostNamespace,
+}
+
+/// The argv to start for `argv` under `exec`.
+pub fn command_line(argv: &[String], exec: Exec) -> Vec<String> {
+    match exec {
+        Exec::Direct => argv.to_vec(),
+        Exec::HostNamespace => {
+            let me = std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "/proc/self/exe".into());
+            let mut v = vec![me, "host-exec".into(), "--".into()];
+            v.extend(argv.iter().cloned());
+            v
+        }
+    }
+}
+
+/// `nodekeeper host-exec -- ARGV`: join PID 1's (or `pid`'s) mount namespace, then
+/// replace this process with ARGV. Must run before any thread starts (a
+/// multithreaded process cannot change its mount namespace). Returns only
+/// on failure, with the reason.
+pub fn host_exec(pid: u32, argv: &[String]) -> String {
+    use std::os::unix::process::CommandExt;
+    let Some((program, args)) = argv.split_first() else {
+        return "host-exec needs a command after --".into();
+    };
+    let path = format!("/proc/{pid}/ns/mnt");
+    let ns = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            return format!(
+                "opening {path}: {e} (needs host PID and root; see the README's reboot DaemonSet)"
+            );
+        }
+    };
+    if let Err(e) = rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&ns),
+        Some(rustix::thread::LinkNameSpaceType::Mount),
+    ) {
+        return format!(
+            "joining the host's mount namespace: {e} (needs CAP_SYS_ADMIN and CAP_SYS_CHROOT)"
+        );
+    }
+    let err = std::process::Command::new(program).args(args).exec();
+    format!("{program}: {err}")
+}
 
 /// Run `argv` and wait for it (at most [`COMMAND_TIMEOUT`]). `Ok` carries
 /// the exit code and output; `Err` says why it could not run or finish.

@@ -30,6 +30,8 @@ pub struct Interpreter {
     pub recorder: Recorder,
     /// Evictions and deletions a drain keeps in flight at once.
     pub evictions_in_flight: usize,
+    /// How host commands start (directly, or in the host's mount namespace).
+    pub exec: host::Exec,
 }
 
 impl Interpreter {
@@ -78,13 +80,15 @@ impl Interpreter {
                 self.write_policy_status(policy, resource_version, status)
                     .await
             }
-            Effect::RunHost { argv, .. } => Ok(match host::reboot(argv).await {
-                Ok(()) => Outcome::HostRan {
-                    ok: true,
-                    output: String::new(),
+            Effect::RunHost { argv, .. } => Ok(
+                match host::reboot(&host::command_line(argv, self.exec)).await {
+                    Ok(()) => Outcome::HostRan {
+                        ok: true,
+                        output: String::new(),
+                    },
+                    Err(output) => Outcome::HostRan { ok: false, output },
                 },
-                Err(output) => Outcome::HostRan { ok: false, output },
-            }),
+            ),
             Effect::CreateMaintenance { nm } => self.create_maintenance(nm).await,
             Effect::DeleteMaintenance { nm, uid } => self.delete_maintenance(nm, uid).await,
             Effect::Event {

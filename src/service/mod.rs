@@ -205,6 +205,7 @@ pub async fn run(
             client: client.clone(),
             recorder,
             evictions_in_flight,
+            exec: config.host_exec,
         },
         scope.clone(),
         Stores {

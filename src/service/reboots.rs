@@ -213,7 +213,8 @@ async fn look(ctx: &Context, policy: &Arc<RebootPolicy>, now: Timestamp) -> Host
         }
     };
     if needed != Some(true) && !detect.sentinel_command.is_empty() {
-        needed = match host::sentinel_command(&detect.sentinel_command).await {
+        let argv = host::command_line(&detect.sentinel_command, ctx.effects.exec);
+        needed = match host::sentinel_command(&argv).await {
             Ok(v) => Some(v),
             Err(e) => {
                 log::warn!(
