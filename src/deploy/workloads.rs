@@ -172,7 +172,7 @@ pub fn deployment(o: &Options) -> Vec<Value> {
           "priorityClassName": "system-cluster-critical",
           // The standby waits for the Lease and never becomes ready, so
           // only liveness is probed.
-          "containers": [pod_container(o, PodMode::Deployment, &cluster_args, false)]
+          "containers": [pod_container(o, PodMode::Deployment, cluster_args, false)]
         }
       }
     }}));
