@@ -37,8 +37,8 @@ test: cluster-up
 image: build-static
     image/oci-archive.sh {{static_bin}} target/image
 
-# Every benchmark: start-up and sizes, then the drain on the local control plane.
-bench: bench-startup bench-drain
+# Every benchmark: start-up and sizes, then the drain and a reboot wave on the local control plane.
+bench: bench-startup bench-drain bench-reboot
 
 # Sizes (binary, image archives) and start-up time of version and manifests; prints a table.
 bench-startup: image
@@ -48,6 +48,12 @@ bench-startup: image
 # for the static binary we ship; prints a table, asserts nothing.
 bench-drain: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench drain
+
+# Reboot wave benchmark (20 simulated machines, maxUnavailable 4): wave time
+# against the ideal, admission latency, requests per reboot, RSS; prints a
+# table, asserts nothing.
+bench-reboot: build-static cluster-up
+    NODEKEEPER_BIN={{static_bin}} cargo bench --bench reboot
 
 # Live demo of node maintenance on the local control plane (leaves it running).
 demo:

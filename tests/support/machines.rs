@@ -74,12 +74,26 @@ pub struct Fleet {
     pub reboots: Mutex<BTreeMap<String, u32>>,
     /// A node whose next reboot never comes back (it stays NotReady).
     pub lost: Mutex<BTreeSet<String>>,
+    /// Binary, kubeconfig and log filter agents run with (the benchmark
+    /// sets them); `None`: the test defaults.
+    pub agent_env: Option<(PathBuf, PathBuf, String)>,
 }
 
 impl Fleet {
     /// `agent_args`: extra `run` arguments for node agents (`--node` and
     /// `--host-root` are added), or `None` for a cluster role alone.
     pub fn new(client: Client, agent_args: Option<&[&str]>) -> Arc<Fleet> {
+        Fleet::new_with(client, agent_args, Duration::from_millis(700), None)
+    }
+
+    /// [`Fleet::new`] with the reboot's length and the agents' binary,
+    /// kubeconfig and log filter.
+    pub fn new_with(
+        client: Client,
+        agent_args: Option<&[&str]>,
+        down: Duration,
+        agent_env: Option<(PathBuf, PathBuf, String)>,
+    ) -> Arc<Fleet> {
         let dir = std::env::temp_dir().join(format!("nk-fleet-{:x}", super::rand_u64()));
         std::fs::create_dir_all(&dir).expect("creating the fleet dir");
         Arc::new(Fleet {
@@ -87,9 +101,10 @@ impl Fleet {
             dir,
             agent_args: agent_args.map(|a| a.iter().map(|s| s.to_string()).collect()),
             agents: Mutex::default(),
-            down: Duration::from_millis(700),
+            down,
             reboots: Mutex::default(),
             lost: Mutex::default(),
+            agent_env,
         })
     }
 
@@ -131,7 +146,10 @@ impl Fleet {
         let root = self.host_root(node).display().to_string();
         let mut args = vec!["run", "--node", node, "--host-root", &root];
         args.extend(extra.iter().map(String::as_str));
-        let agent = Agent::start(&args);
+        let agent = match &self.agent_env {
+            Some((bin, kc, log)) => Agent::start_with(bin, kc, log, &args),
+            None => Agent::start(&args),
+        };
         self.agents.lock().unwrap().insert(node.to_string(), agent);
     }
 
@@ -141,6 +159,11 @@ impl Fleet {
             let _ = a.child.kill();
             let _ = a.child.wait();
         }
+    }
+
+    /// The process ID of a node's agent.
+    pub fn agent_pid(&self, node: &str) -> Option<u32> {
+        self.agents.lock().unwrap().get(node).map(|a| a.child.id())
     }
 
     /// The log of a node's agent, for failure messages.

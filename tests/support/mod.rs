@@ -312,6 +312,17 @@ pub struct Agent {
 impl Agent {
     /// Start `nodekeeper <args>` against the test cluster, logging to a file.
     pub fn start(args: &[&str]) -> Agent {
+        Agent::start_with(
+            Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
+            cluster(),
+            "nodekeeper=debug,warn",
+            args,
+        )
+    }
+
+    /// [`Agent::start`] with another binary, kubeconfig and log filter (the
+    /// benchmarks run the static binary as the audited bench identity).
+    pub fn start_with(bin: &Path, kubeconfig: &Path, filter: &str, args: &[&str]) -> Agent {
         let log = std::env::temp_dir().join(format!(
             "nodekeeper-agent-{}-{:x}.log",
             std::process::id(),
@@ -324,10 +335,10 @@ impl Agent {
         if args.first() == Some(&"run") && !args.contains(&"--metrics-address") {
             args.extend(["--metrics-address", "127.0.0.1:0"]);
         }
-        let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        let child = Command::new(bin)
             .args(&args)
-            .env("KUBECONFIG", cluster())
-            .env("RUST_LOG", "nodekeeper=debug,warn")
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", filter)
             .stdout(file.try_clone().expect("cloning the log handle"))
             .stderr(file)
             .spawn()

@@ -1,0 +1,365 @@
+//! `just bench-reboot`: a coordinated reboot wave on the local control plane
+//! with simulated machines (tests/support/machines.rs). A benchmark, not a
+//! test: it prints a table and asserts nothing about time.
+//!
+//! Set-up: 20 kwok nodes, a node agent on each and one cluster role (the
+//! binary in `NODEKEEPER_BIN`, else the one cargo built), all as the audited
+//! bench identity. A simulated reboot keeps the machine down for
+//! [`DOWN`]. Measured, from what a watch of the nodes and NodeMaintenances
+//! shows:
+//! - one node's cycle: a policy over one node needing a reboot, from the
+//!   policy's creation until the node is back (new boot, uncordoned, its
+//!   NodeMaintenance gone); the median of [`SINGLE_RUNS`] nodes;
+//! - the wave: all 20 nodes, `maxUnavailable: 4`, from the policy's
+//!   creation until the last node is back; its ratio to the ideal
+//!   `ceil(20/4) × one node's cycle` (target ≤ 1.05);
+//! - admission latency: from a node coming back (its slot free) to the
+//!   next NodeMaintenance created, p50 and p95 (target ≤ 200 ms);
+//! - API requests per node reboot (the agents' and cluster role's, from
+//!   the API server's audit log, which records only the bench identity);
+//! - peak RSS of a node agent and of the cluster role.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use nodekeeper::api::nodemaintenance::NodeMaintenance;
+use nodekeeper::api::reboot::{RebootPolicy, RebootPolicySpec};
+use serde_json::json;
+use smol::stream::StreamExt;
+use support::machines::{Fleet, annotate, set_boot};
+use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds};
+
+const NODES: usize = 20;
+const BUDGET: usize = 4;
+const DOWN: Duration = Duration::from_secs(3);
+const SINGLE_RUNS: usize = 3;
+
+/// What the bench's own watch saw, with the time it saw it.
+#[derive(Default)]
+struct Seen {
+    /// NodeMaintenance name → first seen.
+    created: BTreeMap<String, Instant>,
+    /// Per node: times it became available again (Ready, uncordoned, no
+    /// NodeMaintenance) after being unavailable.
+    freed: Vec<(String, Instant)>,
+    down: BTreeSet<String>,
+    nms: BTreeMap<String, String>,
+    nodes: BTreeMap<String, bool>,
+}
+
+impl Seen {
+    fn update(&mut self, at: Instant) {
+        for (n, unavailable) in &self.nodes {
+            let held = *unavailable || self.nms.values().any(|m| m == n);
+            if held {
+                self.down.insert(n.clone());
+            } else if self.down.remove(n) {
+                self.freed.push((n.clone(), at));
+            }
+        }
+    }
+}
+
+fn unavailable(n: &Node) -> bool {
+    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let ready = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    cordoned || !ready
+}
+
+/// Watch the group's nodes and every NodeMaintenance into `seen`.
+fn observe(client: Client, group: String, seen: Arc<Mutex<Seen>>) {
+    std::thread::spawn(move || {
+        block_on(async move {
+            let cfg =
+                || watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent);
+            let nodes = watcher(
+                Api::<Node>::all(client.clone()),
+                cfg().labels(&format!("{GROUP_LABEL}={group}")),
+            )
+            .filter_map(|e| match e.ok()? {
+                watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                    Some((true, n.name_any(), Some(unavailable(&n).to_string())))
+                }
+                _ => None,
+            });
+            let nms = watcher(Api::<NodeMaintenance>::all(client), cfg()).filter_map(|e| {
+                match e.ok()? {
+                    watcher::Event::Apply(m) | watcher::Event::InitApply(m) => {
+                        Some((false, m.name_any(), Some(m.spec.node_name.clone())))
+                    }
+                    watcher::Event::Delete(m) => Some((false, m.name_any(), None)),
+                    _ => None,
+                }
+            });
+            let mut changes = std::pin::pin!(smol::stream::or(nodes, nms));
+            while let Some((is_node, name, value)) = changes.next().await {
+                let at = Instant::now();
+                let mut s = seen.lock().unwrap();
+                match (is_node, value) {
+                    (true, Some(v)) => {
+                        s.nodes.insert(name, v == "true");
+                    }
+                    (false, Some(node)) => {
+                        s.created.entry(name.clone()).or_insert(at);
+                        s.nms.insert(name, node);
+                    }
+                    (false, None) => {
+                        s.nms.remove(&name);
+                    }
+                    _ => {}
+                }
+                s.update(at);
+            }
+        })
+    });
+}
+
+async fn policy(env: &TestEnv, fleet: &Fleet, name: &str, labels: serde_json::Value) -> Instant {
+    let spec: RebootPolicySpec = serde_json::from_value(json!({
+        "nodeSelector": {"matchLabels": labels},
+        "budget": {"maxUnavailable": BUDGET},
+        "reboot": {"command": fleet.reboot_command()},
+        "detect": {"sentinelFile": ""},
+    }))
+    .expect("a policy spec");
+    let start = Instant::now();
+    Api::<RebootPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &RebootPolicy::new(name, spec))
+        .await
+        .expect("creating a RebootPolicy");
+    start
+}
+
+fn main() {
+    let bin = std::env::var("NODEKEEPER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_nodekeeper")));
+    let kubeconfig = support::cluster().to_path_buf();
+    let bench_kc = kubeconfig.with_file_name("kubeconfig-bench");
+    let audit_log = kubeconfig.with_file_name("logs").join("audit.log");
+    install_crds();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("bench-rb").await;
+        let mut names = Vec::new();
+        for i in 0..NODES {
+            names.push(env.add_node(&format!("n{i:02}")).await);
+        }
+        for n in &names {
+            env.wait_node_ready(n).await;
+            set_boot(&env.client, n, &format!("boot-0-{n}")).await;
+        }
+        (env, names)
+    });
+    let fleet = Fleet::new_with(
+        env.client.clone(),
+        Some(&["--metrics-address", "off"]),
+        DOWN,
+        Some((bin.clone(), bench_kc.clone(), "nodekeeper=warn".into())),
+    );
+    for n in &names {
+        fleet.start_agent(n);
+    }
+    let group = format!("{GROUP_LABEL}={}", env.id);
+    let cluster = Agent::start_with(
+        &bin,
+        &bench_kc,
+        "nodekeeper=warn",
+        &[
+            "run",
+            "--all-nodes",
+            "--node-agents",
+            "--node-selector",
+            &group,
+            "--leader-namespace",
+            &env.ns,
+            "--metrics-address",
+            "off",
+        ],
+    );
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    observe(env.client.clone(), env.id.clone(), seen.clone());
+    let back = |n: &str, after: Instant| {
+        seen.lock()
+            .unwrap()
+            .freed
+            .iter()
+            .find(|(m, t)| m == n && *t > after)
+            .map(|(_, t)| *t)
+    };
+
+    // One node's cycle, alone.
+    let mut cycles = Vec::new();
+    for (i, n) in names.iter().take(SINGLE_RUNS).enumerate() {
+        block_on(annotate(
+            &env.client,
+            n,
+            "nodekeeper.io/reboot-needed",
+            Some("now"),
+        ));
+        let name = format!("{}-single-{i}", env.id);
+        let start = block_on(policy(
+            &env,
+            &fleet,
+            &name,
+            json!({GROUP_LABEL: env.id, "kubernetes.io/hostname": n}),
+        ));
+        let one = [n.clone()];
+        fleet.serve(&one, Duration::from_secs(120), || back(n, start).is_some());
+        cycles.push(back(n, start).map(|t| t - start).unwrap_or_default());
+        block_on(async {
+            let _ = Api::<RebootPolicy>::all(env.client.clone())
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
+    }
+    cycles.sort();
+    let cycle = cycles[cycles.len() / 2];
+
+    // The wave.
+    block_on(async {
+        for n in &names {
+            annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
+        }
+    });
+    let audit_start = std::fs::metadata(&audit_log).map(|m| m.len()).unwrap_or(0);
+    let first_nm = seen.lock().unwrap().created.len();
+    let start = block_on(policy(
+        &env,
+        &fleet,
+        &format!("{}-wave", env.id),
+        json!({GROUP_LABEL: env.id}),
+    ));
+    fleet.serve(&names, Duration::from_secs(600), || {
+        names.iter().all(|n| back(n, start).is_some())
+    });
+    let end = names
+        .iter()
+        .filter_map(|n| back(n, start))
+        .max()
+        .unwrap_or(start);
+    let wave = end - start;
+    let requests = audit_ids_since(&audit_log, audit_start);
+    let node_rss = names
+        .iter()
+        .filter_map(|n| fleet.agent_pid(n))
+        .map(|p| rss_kib(p, "VmHWM"))
+        .max()
+        .unwrap_or(0);
+    let cluster_rss = rss_kib(cluster.child.id(), "VmHWM");
+
+    // Admission latency: each NodeMaintenance created after the first
+    // BUDGET of the wave, from the latest slot freed before it.
+    let s = seen.lock().unwrap();
+    let mut created: Vec<Instant> = s.created.values().copied().filter(|t| *t > start).collect();
+    created.sort();
+    let _ = first_nm;
+    let mut latencies: Vec<f64> = created
+        .iter()
+        .skip(BUDGET)
+        .filter_map(|c| {
+            s.freed
+                .iter()
+                .map(|(_, t)| *t)
+                .filter(|t| *t > start && t <= c)
+                .max()
+                .map(|f| (*c - f).as_secs_f64() * 1e3)
+        })
+        .collect();
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let rounds = NODES.div_ceil(BUDGET) as u32;
+    let ideal = cycle * rounds;
+    println!();
+    println!(
+        "reboot benchmark: {NODES} nodes, maxUnavailable {BUDGET}, simulated reboot {} s down",
+        DOWN.as_secs()
+    );
+    println!("binary: {}", bin.display());
+    println!("targets: wave ≤ 1.05 × ideal, admission latency ≤ 200 ms");
+    println!("| measure                          | value       |");
+    println!("|----------------------------------|-------------|");
+    println!(
+        "| one node's cycle (median of {SINGLE_RUNS})    | {:>8.2} s  |",
+        cycle.as_secs_f64()
+    );
+    println!(
+        "| ideal wave ({rounds} × cycle)           | {:>8.2} s  |",
+        ideal.as_secs_f64()
+    );
+    println!(
+        "| wave                             | {:>8.2} s  |",
+        wave.as_secs_f64()
+    );
+    println!(
+        "| wave ÷ ideal                     | {:>8.3}    |",
+        wave.as_secs_f64() / ideal.as_secs_f64()
+    );
+    println!(
+        "| admission latency p50 ({:>2} slots) | {:>8.1} ms |",
+        latencies.len(),
+        pct(0.5)
+    );
+    println!(
+        "| admission latency p95            | {:>8.1} ms |",
+        pct(0.95)
+    );
+    println!(
+        "| API requests per node reboot     | {:>8.1}    |",
+        requests as f64 / NODES as f64
+    );
+    println!(
+        "| node agent peak RSS              | {:>6.1} MiB  |",
+        node_rss as f64 / 1024.0
+    );
+    println!(
+        "| cluster role peak RSS            | {:>6.1} MiB  |",
+        cluster_rss as f64 / 1024.0
+    );
+    drop(s);
+    drop(cluster);
+    drop(env);
+}
+
+/// Distinct requests (audit IDs) logged since byte offset `from`.
+fn audit_ids_since(path: &std::path::Path, from: u64) -> usize {
+    let text = std::fs::read(path).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
+    let ids: HashSet<String> = tail
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            v.get("auditID")
+                .and_then(|a| a.as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    ids.len()
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
