@@ -30,42 +30,56 @@
 //! ## Code map
 //! - `api/`: the CRD types, one file per API family
 //!   ([`api::nodemaintenance`]: medik8s's exact shape, its constants and the
-//!   owner label and drain-option annotations features use), and
-//!   [`api::common`] for the building blocks every feature shares (node
-//!   names, [`api::common::DrainOptions`] with its
-//!   [`api::common::Escalation`]; selection, budgets, windows and stage
-//!   deadlines join it with the first feature that needs them).
+//!   owner label and drain-option annotations features use;
+//!   [`api::reboot`]: `RebootPolicy` and the node annotations reboots read
+//!   and write), and [`api::common`] for the building blocks every feature
+//!   shares (node names, [`api::common::DrainOptions`] with its
+//!   [`api::common::Escalation`], and the API shapes of
+//!   [`api::common::Budget`], [`api::common::Window`], [`api::common::Gates`],
+//!   [`api::common::DrainSpec`]).
 //! - `decide/`: pure decisions. [`decide::maintenance`] is the
 //!   NodeMaintenance life: `decide` picks the [`decide::maintenance::Step`],
 //!   `plan` spells out its effects, `after` follows up an outcome (a lease
 //!   held elsewhere). [`decide::drain`]: which pods go and how (kubectl
 //!   drain semantics), PDB blockers, the eviction retry schedule.
 //!   [`decide::foreign`]: who looks after objects whose node has no agent,
-//!   with jittered backoff. `decide/mod.rs` holds the closed set of effects,
-//!   outcomes and [`decide::NodeMemory`]. Reboots, upgrades and replacement
-//!   come as siblings of `maintenance.rs`.
+//!   with jittered backoff. [`decide::reboot`]: the cluster role's admission
+//!   and per-node steps of a RebootPolicy (`stages.rs`), what it reads off
+//!   nodes (`facts.rs`), and the node role's half (`node.rs`: mark need,
+//!   issue the reboot once per boot). [`decide::budget`] (every unavailable
+//!   node counts; topology and control-plane limits) and [`decide::window`]
+//!   (IANA zones, wrapping, DST, the next boundary) serve every feature.
+//!   `decide/mod.rs` holds the closed set of effects, outcomes and
+//!   [`decide::NodeMemory`]. Upgrades and replacement come as siblings of
+//!   `reboot.rs`.
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`] (concurrent
 //!   evictions guarded by pod UID) and [`effects::lease`] (the medik8s node
-//!   lease, leader election). Host actions (reboot, upgrade command, boot
-//!   ID) will live in `effects/host.rs`, the only module allowed to touch
-//!   the machine; the replacement provider plugin in `effects/provider.rs`.
+//!   lease, leader election) and [`effects::host`], the only module that
+//!   touches the machine: argv commands with a timeout (directly, or in PID
+//!   1's mount namespace through `nodekeeper host-exec`), the sentinel file
+//!   and command. The replacement provider plugin will be
+//!   `effects/provider.rs`.
 //! - `service/`: wiring the loop ([`service::run`]): watchers and stores
 //!   ([`service::stores`]), roles and the anchor node ([`service::roles`]),
 //!   shared state and memory with its pruning ([`service::context`]), the
 //!   mutation cache ([`service::fresh`]), the reconcile loop
-//!   ([`service::reconcile`]), credentials, the HTTP/2 client and start-up
-//!   checks ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
+//!   ([`service::reconcile`]), reboots in the loop ([`service::reboots`]: the
+//!   cluster role's coalesced policy passes, the node role's host signals),
+//!   credentials, the HTTP/2 client and start-up checks
+//!   ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
 //!   progress) and `/readyz` ([`service::metrics`]).
 //! - `cli/`: raw flags → validated configs per command family
-//!   ([`cli::run`], [`cli::maintenance`]: `maintain --wait` progress,
-//!   `unmaintain`, `drain --dry-run`; [`cli::deploy`]: `crds`, `manifests`,
-//!   `host-kubeconfig`).
+//!   ([`cli::run`], [`cli::status`]: `status [--watch]`, `reboot-required`;
+//!   [`cli::maintenance`]: `maintain --wait` progress, `unmaintain`, `drain
+//!   --dry-run`; [`cli::deploy`]: `crds`, `manifests`, `host-kubeconfig`;
+//!   `host-exec` in `cli/mod.rs`).
 //! - `deploy/`: every deployment artifact, rendered from the code's types
 //!   and constants with one set of [`deploy::Options`]; [`deploy::TARGETS`]
 //!   is the one list of targets. `rbac.rs` (identities, the RBAC table with
 //!   a reason per verb, the own-node admission policy), `workloads.rs`
-//!   (DaemonSet, Deployment, static pod, each with its security profile),
+//!   (DaemonSet, Deployment, static pod, each with its security profile, and
+//!   the `--reboot` profile: host PID and three capabilities),
 //!   `host.rs` (systemd, Talos, Containerfile). `k3s-manifests/` and
 //!   `image/` hold its output; a test fails when they drift.
 //! - [`runtime`] (smol executors inside `Compat`, signals, [`runtime::Latch`]),
@@ -100,8 +114,21 @@
 //! **Architecture invariant:** everything needed to resume lives in the API
 //! server: NodeMaintenance status, the node annotations
 //! `nodekeeper.io/maintenance` (whose changes the node carries) and
-//! `nodekeeper.io/cordoned-by-maintenance` (present only if we cordoned), and
-//! the lease. In-memory state (eviction backoff, lease renewal time, our
+//! `nodekeeper.io/cordoned-by-maintenance` (present only if we cordoned), the
+//! lease; for reboots, the RebootPolicy status (the admission record, written
+//! before a node is taken), the boot ID on the reboot's NodeMaintenance, and
+//! `nodekeeper.io/reboot-issued` on the node (the boot a reboot was issued
+//! in, written before the command runs).
+//!
+//! **Architecture invariant:** never a double reboot. A reboot is issued
+//! only while the node runs the boot recorded at admission and no reboot was
+//! issued in that boot; completion is a new boot ID and Ready, never
+//! assumed.
+//!
+//! **Architecture invariant:** the cluster role is the only writer of
+//! admissions, and each admission is written guarded by the policy's
+//! resourceVersion before its NodeMaintenance exists: two decisions cannot
+//! both take one slot. In-memory state (eviction backoff, lease renewal time, our
 //! recent writes) only saves requests and is pruned when nodes and objects
 //! go; losing it costs at most one repeated request.
 //!
@@ -128,6 +155,20 @@
 //! **Priority.** An administrator's NodeMaintenance (no owner label)
 //! preempts one a feature holds a node with: the feature's fails with
 //! reason `Preempted` and the administrator's takes over the cordon.
+//!
+//! **Reboots across roles.** The cluster role decides (admission, verify,
+//! give back), the node role acts on its host (need from the sentinel, the
+//! reboot command) and drains through the NodeMaintenance as for any
+//! maintenance. With `--node-agents` the cluster role drains nothing itself;
+//! without node agents it drains every node and reboots through the
+//! policy's `remoteCommand`. A pool-scoped cluster role (`--node-selector`)
+//! handles only policies whose matchLabels include its pool's labels. One
+//! policy pass runs at a time; triggers during a pass fold into one more.
+//!
+//! **Surviving an API server restart.** Watches re-list with consistent
+//! reads, retry after 0.5 s doubling to 5 s, and HTTP/2 response bodies end
+//! after their first error (kube-runtime waits for a failed watch stream to
+//! end, and a dead HTTP/2 stream otherwise repeats its error for ever).
 //!
 //! ## Changes from the design direction (../shared/design.md)
 //! - Per-owner drain options travel as annotations
@@ -167,6 +208,14 @@
 //!   of buildah or umoci: no daemon, reproducible bytes.
 //! - Pods are slimmed before they enter the store (only what the drain reads)
 //!   to keep the agent's memory flat with 110 pods per node.
+//! - The reboot admission record is the RebootPolicy's status, not a lock
+//!   object (kured's DaemonSet annotation) or per-node labels (FLUO): one
+//!   guarded write per decision, readable by `kubectl get rp -o yaml`.
+//! - Settling holds the node's slot (from verification until
+//!   `settleSeconds` pass) rather than pausing all admissions: with budget N
+//!   the other N-1 slots keep rolling.
+//! - The reboot DaemonSet reaches the host with host PID and setns
+//!   (`host-exec`, three capabilities) rather than `privileged` and nsenter.
 
 pub mod api;
 pub mod cli;

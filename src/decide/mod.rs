@@ -1,8 +1,8 @@
 //! Pure decisions: a snapshot of the world and the time in, a [`Plan`] out.
-//! One module per feature (today [`maintenance`]: the NodeMaintenance
-//! life), plus the policies features share ([`drain`]: which pods go and
-//! how, retry schedules; [`foreign`]: who looks after objects no agent
-//! owns). The effects themselves are performed by `crate::effects`; the
+//! One module per feature ([`maintenance`]: the NodeMaintenance life;
+//! [`reboot`]: coordinated reboots), plus the policies features share
+//! ([`drain`]: which pods go and how, retry schedules; [`foreign`]: who
+//! looks after objects no agent owns; [`budget`] and [`window`]). The effects themselves are performed by `crate::effects`; the
 //! outcomes come back through [`NodeMemory::record`] and the next snapshot.
 //!
 //! **Architecture invariant:** nothing under `decide/` performs I/O or

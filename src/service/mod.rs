@@ -1,6 +1,6 @@
 //! `nodekeeper run`: the service, wired here. One kube-runtime `Controller`
 //! whose object is the Node; every other kind it watches (pods,
-//! NodeMaintenances) is reflected into a store that serves both as a trigger
+//! NodeMaintenances, RebootPolicies) is reflected into a store that serves both as a trigger
 //! (mapped to the nodes it affects) and as the reconciler's snapshot, so
 //! each kind is watched once and every CRD is reconciled in this one loop.
 //!

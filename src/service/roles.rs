@@ -2,8 +2,9 @@
 //! default) owns one node: it watches that Node and the pods bound to it
 //! and does the node-local work. The **cluster role** (`run --all-nodes`,
 //! one leader-elected replica) watches every node and is the single writer
-//! of cluster-wide decisions; today it drains every node it selects, and it
-//! is where admissions within budgets, Jobs and replacement will live.
+//! of cluster-wide decisions: reboot admissions within budgets (and Jobs and
+//! replacement, as they arrive); without node agents it also drains every
+//! node it selects.
 //!
 //! Both look after NodeMaintenances that no agent owns (see
 //! `decide::foreign`) from one **anchor** node's reconcile: the own node in
