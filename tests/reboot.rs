@@ -18,10 +18,17 @@ use support::{TestEnv, block_on, install_crds, wait_for};
 #[test]
 fn a_wave_of_twelve_never_exceeds_the_budget_and_reboots_each_node_once() {
     install_crds();
+    // The node agents run as the generated node identity, each with a token
+    // bound to its Node: marking need, issuing the reboot and draining need
+    // nothing beyond the node role's RBAC and the own-node policy.
+    support::install_agent_identity();
     let (env, names, fleet) = block_on(async {
         let mut env = TestEnv::new("rb-wave").await;
         let names = nodes(&mut env, 12).await;
         let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
+        fleet
+            .node_identity
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         for n in &names {
             fleet.require_reboot(n);
         }
@@ -52,6 +59,13 @@ fn a_wave_of_twelve_never_exceeds_the_budget_and_reboots_each_node_once() {
         peak >= 2,
         "the wave never ran nodes in parallel: {history:?}"
     );
+    for n in &names {
+        let log = fleet.agent_log(n);
+        assert!(
+            !log.contains("forbidden") && !log.contains("denied"),
+            "{n}'s agent was refused something:\n{log}"
+        );
+    }
     block_on(async {
         let nodes: Api<Node> = Api::all(env.client.clone());
         for n in &names {

@@ -183,7 +183,7 @@ fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reb
     until(
         &mut cluster,
         "n2's restarted agent to take its reboot step",
-        || fleet.agent_log(&names[2]).contains("reboot step:"),
+        || fleet.current_log(&names[2]).contains("reboot step:"),
     );
     block_on(fleet.reboot(&names[2]));
 

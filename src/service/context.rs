@@ -20,6 +20,14 @@ use crate::decide::foreign::LastCheck;
 use crate::decide::{NodeMemory, Outcome};
 use crate::effects::Interpreter;
 
+/// The node role's last look at its host's reboot signals.
+#[derive(Debug, Clone)]
+pub struct HostSignal {
+    pub at: k8s_openapi::jiff::Timestamp,
+    /// `None`: the look failed (the error was logged).
+    pub needed: Option<bool>,
+}
+
 /// Shared state of the one loop.
 pub struct Context {
     pub effects: Interpreter,
@@ -37,7 +45,7 @@ pub struct Context {
     /// Node role: where the host's file system is (`--host-root`).
     pub host_root: crate::effects::host::HostRoot,
     /// Node role: the host's reboot signal at its last look.
-    pub host_signal: Mutex<Option<super::reboots::HostSignal>>,
+    pub host_signal: Mutex<Option<HostSignal>>,
     /// Cluster role: one policy pass at a time; `policies_dirty` asks the
     /// running pass for one more (see `reboots::reconcile_policies`).
     pub policy_pass: smol::lock::Mutex<()>,

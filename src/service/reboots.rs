@@ -12,21 +12,13 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use super::context::Context;
+use super::context::{Context, HostSignal};
 use super::metrics;
 use crate::api::reboot::RebootPolicy;
 use crate::decide::reboot::{self, node};
 use crate::decide::{Effect, Outcome, earliest};
 use crate::effects::host;
 use crate::error::Result;
-
-/// The host's answer at one look.
-#[derive(Debug, Clone)]
-pub struct HostSignal {
-    pub at: Timestamp,
-    /// `None`: the look failed (the error was logged).
-    pub needed: Option<bool>,
-}
 
 /// Cluster role: decide and act for every RebootPolicy. Returns when to
 /// look again (settle ends, return deadlines, window boundaries).

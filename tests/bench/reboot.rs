@@ -35,7 +35,7 @@ use nodekeeper::api::nodemaintenance::NodeMaintenance;
 use nodekeeper::api::reboot::{RebootPolicy, RebootPolicySpec};
 use serde_json::json;
 use smol::stream::StreamExt;
-use support::machines::{Fleet, annotate, set_boot};
+use support::machines::{Fleet, annotate, nodes};
 use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds};
 
 const NODES: usize = 20;
@@ -153,14 +153,7 @@ fn main() {
     install_crds();
     let (env, names) = block_on(async {
         let mut env = TestEnv::new("bench-rb").await;
-        let mut names = Vec::new();
-        for i in 0..NODES {
-            names.push(env.add_node(&format!("n{i:02}")).await);
-        }
-        for n in &names {
-            env.wait_node_ready(n).await;
-            set_boot(&env.client, n, &format!("boot-0-{n}")).await;
-        }
+        let names = nodes(&mut env, NODES).await;
         (env, names)
     });
     let fleet = Fleet::new_with(

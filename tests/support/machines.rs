@@ -77,6 +77,14 @@ pub struct Fleet {
     /// Binary, kubeconfig and log filter agents run with (the benchmark
     /// sets them); `None`: the test defaults.
     pub agent_env: Option<(PathBuf, PathBuf, String)>,
+    /// Node agents authenticate as `nodekeeper-agent` with a token bound to
+    /// their Node (`host-kubeconfig`), as host modes do in production: what
+    /// they may do is then exactly the generated RBAC and the own-node
+    /// admission policy.
+    pub node_identity: std::sync::atomic::AtomicBool,
+    kubeconfigs: Mutex<HashMap<String, PathBuf>>,
+    /// Logs of agents killed so far, per node.
+    past_logs: Mutex<BTreeMap<String, String>>,
 }
 
 impl Fleet {
@@ -105,6 +113,9 @@ impl Fleet {
             reboots: Mutex::default(),
             lost: Mutex::default(),
             agent_env,
+            node_identity: std::sync::atomic::AtomicBool::new(false),
+            kubeconfigs: Mutex::default(),
+            past_logs: Mutex::default(),
         })
     }
 
@@ -145,6 +156,20 @@ impl Fleet {
         };
         let root = self.host_root(node).display().to_string();
         let mut args = vec!["run", "--node", node, "--host-root", &root];
+        let kubeconfig = if self.node_identity.load(std::sync::atomic::Ordering::SeqCst) {
+            let mut cached = self.kubeconfigs.lock().unwrap();
+            let path = cached
+                .entry(node.to_string())
+                .or_insert_with(|| super::host_kubeconfig(node))
+                .display()
+                .to_string();
+            Some(path)
+        } else {
+            None
+        };
+        if let Some(kc) = &kubeconfig {
+            args.extend(["--kubeconfig", kc.as_str()]);
+        }
         args.extend(extra.iter().map(String::as_str));
         let agent = match &self.agent_env {
             Some((bin, kc, log)) => Agent::start_with(bin, kc, log, &args),
@@ -158,6 +183,12 @@ impl Fleet {
         if let Some(mut a) = self.agents.lock().unwrap().remove(node) {
             let _ = a.child.kill();
             let _ = a.child.wait();
+            self.past_logs
+                .lock()
+                .unwrap()
+                .entry(node.to_string())
+                .or_default()
+                .push_str(&a.log_text());
         }
     }
 
@@ -166,14 +197,33 @@ impl Fleet {
         self.agents.lock().unwrap().get(node).map(|a| a.child.id())
     }
 
-    /// The log of a node's agent, for failure messages.
-    pub fn agent_log(&self, node: &str) -> String {
+    /// The log of the node's running agent only.
+    pub fn current_log(&self, node: &str) -> String {
         self.agents
             .lock()
             .unwrap()
             .get(node)
             .map(|a| a.log_text())
             .unwrap_or_default()
+    }
+
+    /// The logs of every agent this node had, oldest first.
+    pub fn agent_log(&self, node: &str) -> String {
+        let past = self
+            .past_logs
+            .lock()
+            .unwrap()
+            .get(node)
+            .cloned()
+            .unwrap_or_default();
+        let now = self
+            .agents
+            .lock()
+            .unwrap()
+            .get(node)
+            .map(|a| a.log_text())
+            .unwrap_or_default();
+        past + &now
     }
 
     /// Power a machine off: kwok lets go of its node, which reports
@@ -512,15 +562,28 @@ fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
     }
 }
 
-/// `count` Ready nodes with boot IDs `boot-0-<node>`.
+/// `count` Ready nodes with boot IDs `boot-0-<node>`. Each is power-cycled
+/// once to get its first boot ID: kwok renders a node's status from the
+/// node as it is when it takes it back, so the boot ID sticks, where a
+/// write racing kwok's first report could be overwritten with its empty
+/// default. (kwok only takes up nodes that carry its annotation when
+/// created, so nodes are created managed.)
 pub async fn nodes(env: &mut TestEnv, count: usize) -> Vec<String> {
     let mut names = Vec::new();
     for i in 0..count {
         names.push(env.add_node(&format!("n{i:02}")).await);
     }
+    let fleet = Fleet::new(env.client.clone(), None);
     for n in &names {
         env.wait_node_ready(n).await;
-        set_boot(&env.client, n, &format!("boot-0-{n}")).await;
+        let boot = format!("boot-0-{n}");
+        fleet.power_off_with(n, Some(&boot)).await;
+        fleet.power_on(n).await;
+        assert_eq!(
+            boot_of(&env.client, n).await,
+            boot,
+            "kwok kept {n}'s boot ID"
+        );
     }
     names
 }
@@ -532,8 +595,12 @@ pub async fn settled(client: &Client, names: &[String]) -> bool {
         let Ok(node) = nodes.get(n).await else {
             return false;
         };
+        // Rebooted: a boot ID the fleet gave (boot-1-…), not the first one,
+        // and not an empty one from a failed read.
+        let boot = boot_of(client, n).await;
         if node.spec.and_then(|s| s.unschedulable) == Some(true)
-            || boot_of(client, n).await.starts_with("boot-0-")
+            || !boot.starts_with("boot-")
+            || boot.starts_with("boot-0-")
         {
             return false;
         }
