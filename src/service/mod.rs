@@ -163,6 +163,7 @@ pub async fn run(
             .reflect(node_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
             .touched_objects()
+            .filter(|r| watch_ok(r, "nodes"))
     };
     let pod_events = {
         let latch = synced.pods.clone();
@@ -173,6 +174,7 @@ pub async fn run(
             .reflect(pod_writer)
             .inspect(move |ev| observe(ev, &latch, |_| {}))
             .touched_objects()
+            .filter(|r| watch_ok(r, "pods"))
     };
     let nm_events = {
         let (latch, fresh) = (synced.maintenances.clone(), fresh.clone());
@@ -181,6 +183,7 @@ pub async fn run(
             .reflect(nm_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
             .touched_objects()
+            .filter(|r| watch_ok(r, "NodeMaintenances"))
     };
 
     let policy_events = {
@@ -190,9 +193,15 @@ pub async fn run(
             .reflect(policy_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
             .touched_objects()
+            .filter(|r| watch_ok(r, "RebootPolicies"))
     };
 
-    let controller = Controller::for_stream(node_events, nodes.clone());
+    // Watch errors stop at the watchers (each backs off on its own, see
+    // stores::WatchBackoff): kube's Controller would otherwise put its own
+    // backoff (up to 30 s) on the merged trigger stream, and one failing
+    // watch would hold back the events of all the others.
+    let controller = Controller::for_stream(node_events, nodes.clone())
+        .trigger_backoff(stores::WatchBackoff::default());
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -314,6 +323,15 @@ pub async fn run(
 /// Since Kubernetes 1.31 a consistent list is served from the cache too.
 fn watch_config() -> watcher::Config {
     watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent)
+}
+
+/// Log a watch error and keep it from the controller (see where the
+/// controller is built); pass everything else.
+fn watch_ok<K>(r: &std::result::Result<K, watcher::Error>, kind: &str) -> bool {
+    if let Err(e) = r {
+        log::debug!("watch of {kind}: {e} (retrying)");
+    }
+    r.is_ok()
 }
 
 /// How long reconciles in flight may run on after SIGTERM or a lost lease.

@@ -55,10 +55,9 @@ pub struct Stores {
 /// Retry delays of a failed watch: 0.5 s doubling to 5 s, with ±50 %
 /// jitter, back to 0.5 s after any successful event. kube's default grows
 /// to 30 s, and a kube-apiserver restart costs a watch several failures in a
-/// row (connection refused while it is down, then 410 Expired for the
-/// resourceVersion it had): measured in tests/reboot_chaos.rs, the loop was
-/// deaf for about three minutes after a restart with the default, and a few
-/// seconds with this.
+/// row (connection refused while it is down, 429 "storage is
+/// (re)initializing" while its caches fill, 410 Expired for the
+/// resourceVersion it had).
 pub struct WatchBackoff {
     next: std::time::Duration,
     seed: u64,
