@@ -1050,3 +1050,57 @@ fn maintain_wait_says_so_when_no_agent_acts() {
             .expect("delete");
     })
 }
+
+/// An owner's pod selector drains only the pods it selects (the rest stay
+/// on the node) and the maintenance still succeeds; its grace period goes
+/// with each eviction.
+#[test]
+fn an_owners_pod_selector_drains_only_the_selected_pods() {
+    block_on(async {
+        let mut w = world("podsel", &["a"]).await;
+        w.deploy("web", 2).await;
+        w.deploy("cache", 2).await;
+        let b = w.env.add_node("b").await;
+        w.env.wait_node_ready(&b).await;
+        w.nodes.push(b);
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("m");
+        let mut nm = NodeMaintenance::new(
+            &name,
+            NodeMaintenanceSpec {
+                node_name: a.clone(),
+                reason: Some("test".into()),
+            },
+        );
+        nm.metadata.annotations = Some(
+            [
+                (
+                    DRAIN_POD_SELECTOR_ANNOTATION.to_string(),
+                    r#"{"matchLabels":{"app":"web"}}"#.to_string(),
+                ),
+                (DRAIN_GRACE_ANNOTATION.to_string(), "5".to_string()),
+            ]
+            .into(),
+        );
+        w.nms()
+            .create(&PostParams::default(), &nm)
+            .await
+            .expect("creating NodeMaintenance");
+        let done = w.wait_phase(&name, Phase::Succeeded).await;
+        assert_eq!(done.status.and_then(|s| s.eviction_pods), Some(2));
+        let on_a = |selector: &'static str| {
+            let (env, a) = (&w.env, a.clone());
+            async move {
+                env.pods(selector)
+                    .await
+                    .into_iter()
+                    .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&a))
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .count()
+            }
+        };
+        assert_eq!(on_a("app=cache").await, 2, "unselected pods stay");
+        assert_eq!(on_a("app=web").await, 0, "selected pods went");
+    })
+}

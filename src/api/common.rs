@@ -63,11 +63,15 @@ impl Escalation {
     }
 }
 
-/// How one NodeMaintenance drains: its deadline and what happens after it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How one NodeMaintenance drains: its deadline and what happens after it,
+/// the grace period sent with each eviction (`None`: each pod's own), and
+/// which pods it drains (`None`: all that kubectl drain would).
+#[derive(Debug, Clone, PartialEq)]
 pub struct DrainOptions {
     pub timeout: Duration,
     pub on_timeout: Escalation,
+    pub grace_period: Option<i64>,
+    pub pod_selector: Option<LabelSelector>,
 }
 
 /// A count-or-percent: a whole number ≥ 0, or `N%` with N in 0–100. Plain
@@ -239,6 +243,15 @@ pub struct DrainSpec {
     #[serde(default = "wait")]
     #[x_kube(validation = Rule::new("self in ['Wait', 'Force', 'Skip']").message("onTimeout must be Wait, Force or Skip"))]
     pub on_timeout: String,
+    /// Seconds each evicted pod gets to stop (0–86400); default: each
+    /// pod's own terminationGracePeriodSeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub grace_period_seconds: Option<i64>,
+    /// Only pods matching this are drained; others stay on the node
+    /// (default: every pod kubectl drain would move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
 }
 
 impl Default for DrainSpec {
@@ -246,6 +259,8 @@ impl Default for DrainSpec {
         DrainSpec {
             timeout_seconds: drain_timeout(),
             on_timeout: wait(),
+            grace_period_seconds: None,
+            pod_selector: None,
         }
     }
 }

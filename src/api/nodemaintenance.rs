@@ -48,6 +48,12 @@ pub const OWNER_LABEL: &str = "nodekeeper.io/owner";
 /// them; without them the agent's `--drain-timeout` and `Wait` apply.
 pub const DRAIN_TIMEOUT_ANNOTATION: &str = "nodekeeper.io/drain-timeout-seconds";
 pub const DRAIN_ON_TIMEOUT_ANNOTATION: &str = "nodekeeper.io/drain-on-timeout";
+/// The grace period (whole seconds, 0–86400) sent with each eviction and
+/// deletion; without it each pod's own applies (kubectl's -1).
+pub const DRAIN_GRACE_ANNOTATION: &str = "nodekeeper.io/drain-grace-period-seconds";
+/// A label selector, as JSON (`{"matchLabels": {...}}`): only matching pods
+/// are drained; others stay (kured's `--drain-pod-selector`).
+pub const DRAIN_POD_SELECTOR_ANNOTATION: &str = "nodekeeper.io/drain-pod-selector";
 
 /// The medik8s lease name for a node.
 pub fn lease_name(node: &str) -> String {

@@ -81,10 +81,12 @@ pub enum Step {
     AcquireLease { nm: String },
     /// Label, taint and (if it was schedulable) cordon the node, in one patch.
     ApplyToNode { nm: String, cordon: bool },
-    /// Evict or delete these pods, concurrently.
+    /// Evict or delete these pods, concurrently, with this grace period
+    /// (`None`: each pod's own).
     Drain {
         nm: String,
         pods: Vec<(Arc<Pod>, Fate)>,
+        grace_period: Option<i64>,
     },
     /// Write progress (and announce a transition).
     WriteStatus {
@@ -138,9 +140,33 @@ pub fn drain_options(
             format!("invalid annotation {DRAIN_ON_TIMEOUT_ANNOTATION}: {v:?} (Wait, Force or Skip)")
         })?,
     };
+    let grace_period = match ann.get(DRAIN_GRACE_ANNOTATION) {
+        None => None,
+        Some(v) => match v.trim().parse::<i64>() {
+            Ok(secs) if (0..=86_400).contains(&secs) => Some(secs),
+            _ => {
+                return Err(format!(
+                    "invalid annotation {DRAIN_GRACE_ANNOTATION}: {v:?} (whole seconds from 0 to 86400)"
+                ));
+            }
+        },
+    };
+    let pod_selector = match ann.get(DRAIN_POD_SELECTOR_ANNOTATION) {
+        None => None,
+        Some(v) => Some(
+            serde_json::from_str::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(v)
+                .map_err(|e| {
+                    format!(
+                        "invalid annotation {DRAIN_POD_SELECTOR_ANNOTATION}: {v:?} (a label selector as JSON, e.g. {{\"matchLabels\":{{\"app\":\"web\"}}}}: {e})"
+                    )
+                })?,
+        ),
+    };
     Ok(DrainOptions {
         timeout,
         on_timeout,
+        grace_period,
+        pod_selector,
     })
 }
 
@@ -303,7 +329,12 @@ pub fn decide(s: &Snapshot) -> Step {
         .pods
         .iter()
         .map(|pod| {
+            let selected = opts
+                .pod_selector
+                .as_ref()
+                .is_none_or(|sel| drain::selector_matches(sel, pod.labels()));
             let fate = match drain::fate(pod) {
+                _ if !selected => Fate::Skip("not selected by the drain's pod selector"),
                 // Past the deadline, Force deletes what eviction could not
                 // move, PodDisruptionBudgets notwithstanding.
                 Fate::Evict if timed_out && opts.on_timeout == Escalation::Force => {
@@ -343,6 +374,7 @@ pub fn decide(s: &Snapshot) -> Step {
         return Step::Drain {
             nm: name,
             pods: due,
+            grace_period: opts.grace_period,
         };
     }
 

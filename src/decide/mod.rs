@@ -67,8 +67,12 @@ pub enum Effect {
     },
     /// Release the medik8s lease of a node if NodeMaintenance holds it.
     ReleaseLease { node: String },
-    /// Evict or delete these pods, concurrently, each guarded by its UID.
-    Drain { pods: Vec<(Arc<Pod>, Fate)> },
+    /// Evict or delete these pods, concurrently, each guarded by its UID,
+    /// with this grace period (`None`: each pod's own).
+    Drain {
+        pods: Vec<(Arc<Pod>, Fate)>,
+        grace_period: Option<i64>,
+    },
     /// Take a node for a feature: create a NodeMaintenance it owns.
     CreateMaintenance { nm: Box<NodeMaintenance> },
     /// Give a node back: delete the NodeMaintenance with this UID.
@@ -194,7 +198,7 @@ impl NodeMemory {
                 self.lease_renew_at = now.checked_add(half).ok();
             }
             (Effect::ReleaseLease { .. }, _) => self.lease_renew_at = None,
-            (Effect::Drain { pods }, Outcome::Drained(removals)) => {
+            (Effect::Drain { pods, .. }, Outcome::Drained(removals)) => {
                 drain::record(&mut self.attempts, pods, removals, now)
             }
             _ => {}

@@ -1,6 +1,7 @@
 //! Draining's side effects: one eviction (or delete) request per pod, sent
 //! concurrently (bounded), each guarded by the pod's UID so a replacement with the same
-//! name is never hit. The pod's own grace period applies (none is sent).
+//! name is never hit. The pod's own grace period applies unless the
+//! NodeMaintenance's owner set one (`nodekeeper.io/drain-grace-period-seconds`).
 
 use std::sync::Arc;
 
@@ -30,6 +31,7 @@ pub const HTTP2_IN_FLIGHT: usize = 110;
 pub async fn drain_pods(
     client: &Client,
     pods: &[(Arc<Pod>, Fate)],
+    grace_period: Option<i64>,
     in_flight: usize,
 ) -> Vec<Outcome> {
     let permits = Arc::new(smol::lock::Semaphore::new(in_flight.max(1)));
@@ -42,7 +44,7 @@ pub async fn drain_pods(
             let permits = permits.clone();
             runtime::spawn(async move {
                 let _permit = permits.acquire_arc().await;
-                remove(&client, &pod, &fate).await
+                remove(&client, &pod, &fate, grace_period).await
             })
         })
         .collect();
@@ -53,7 +55,7 @@ pub async fn drain_pods(
     out
 }
 
-async fn remove(client: &Client, pod: &Pod, fate: &Fate) -> Outcome {
+async fn remove(client: &Client, pod: &Pod, fate: &Fate, grace_period: Option<i64>) -> Outcome {
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
     let dp = DeleteParams {
@@ -61,6 +63,7 @@ async fn remove(client: &Client, pod: &Pod, fate: &Fate) -> Outcome {
             uid: pod.metadata.uid.clone(),
             resource_version: None,
         }),
+        grace_period_seconds: grace_period.map(|g| g.clamp(0, i64::from(u32::MAX)) as u32),
         ..Default::default()
     };
     let res = match fate {

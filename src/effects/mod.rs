@@ -69,8 +69,9 @@ impl Interpreter {
                 lease::release_node_lease(&self.client, node).await?;
                 Ok(Outcome::Done)
             }
-            Effect::Drain { pods } => Ok(Outcome::Drained(
-                evict::drain_pods(&self.client, pods, self.evictions_in_flight).await,
+            Effect::Drain { pods, grace_period } => Ok(Outcome::Drained(
+                evict::drain_pods(&self.client, pods, *grace_period, self.evictions_in_flight)
+                    .await,
             )),
             Effect::WritePolicyStatus {
                 policy,
@@ -274,7 +275,10 @@ impl Interpreter {
 /// One line per effect for debug logs, without a drain's pod bulk.
 pub fn describe(effect: &Effect) -> String {
     match effect {
-        Effect::Drain { pods } => format!("Drain {{ pods: {} }}", pods.len()),
+        Effect::Drain { pods, grace_period } => format!(
+            "Drain {{ pods: {}, grace_period: {grace_period:?} }}",
+            pods.len()
+        ),
         Effect::WriteStatus { nm, status, .. } => format!(
             "WriteStatus {{ nm: {nm:?}, phase: {:?} }}",
             status.phase.map(|p| p.as_str())

@@ -171,7 +171,7 @@ impl Context {
         now: k8s_openapi::jiff::Timestamp,
     ) {
         self.remember(outcome);
-        if let (crate::decide::Effect::Drain { pods }, Outcome::Drained(removals)) =
+        if let (crate::decide::Effect::Drain { pods, .. }, Outcome::Drained(removals)) =
             (effect, outcome)
         {
             super::metrics::count_removals(pods, removals)

@@ -69,7 +69,7 @@ pub struct Fleet {
     agent_args: Option<Vec<String>>,
     agents: Mutex<HashMap<String, Agent>>,
     /// How long a rebooting machine stays down.
-    pub down: Duration,
+    pub down: Mutex<Duration>,
     /// Reboots simulated per node, and the boot IDs given.
     pub reboots: Mutex<BTreeMap<String, u32>>,
     /// A node whose next reboot never comes back (it stays NotReady).
@@ -109,7 +109,7 @@ impl Fleet {
             dir,
             agent_args: agent_args.map(|a| a.iter().map(|s| s.to_string()).collect()),
             agents: Mutex::default(),
-            down,
+            down: Mutex::new(down),
             reboots: Mutex::default(),
             lost: Mutex::default(),
             agent_env,
@@ -303,7 +303,8 @@ impl Fleet {
         if self.lost.lock().unwrap().contains(node) {
             return;
         }
-        nodekeeper::runtime::sleep(self.down).await;
+        let down = *self.down.lock().unwrap();
+        nodekeeper::runtime::sleep(down).await;
         self.power_on(node).await;
         self.start_agent(node);
     }

@@ -140,7 +140,9 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                 "node {node}: {what} and tainted for NodeMaintenance {nm}"
             ))
         }
-        Step::Drain { pods, .. } => Plan::steps(vec![Effect::Drain { pods }]),
+        Step::Drain {
+            pods, grace_period, ..
+        } => Plan::steps(vec![Effect::Drain { pods, grace_period }]),
         Step::WriteStatus {
             nm,
             status,

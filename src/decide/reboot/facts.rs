@@ -11,8 +11,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::api::nodemaintenance::{
-    DRAIN_ON_TIMEOUT_ANNOTATION, DRAIN_TIMEOUT_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec,
-    OWNER_LABEL,
+    DRAIN_GRACE_ANNOTATION, DRAIN_ON_TIMEOUT_ANNOTATION, DRAIN_POD_SELECTOR_ANNOTATION,
+    DRAIN_TIMEOUT_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec, OWNER_LABEL,
 };
 use crate::api::reboot::*;
 use crate::decide::drain::selector_matches;
@@ -143,7 +143,7 @@ pub fn maintenance_for(p: &RebootPolicy, node: &Node, boot: &str) -> NodeMainten
         controller: Some(true),
         block_owner_deletion: None,
     };
-    let annotations = [
+    let mut annotations = vec![
         (BOOT_ID_ANNOTATION, boot.to_string()),
         (
             DRAIN_TIMEOUT_ANNOTATION,
@@ -151,6 +151,14 @@ pub fn maintenance_for(p: &RebootPolicy, node: &Node, boot: &str) -> NodeMainten
         ),
         (DRAIN_ON_TIMEOUT_ANNOTATION, p.spec.drain.on_timeout.clone()),
     ];
+    if let Some(g) = p.spec.drain.grace_period_seconds {
+        annotations.push((DRAIN_GRACE_ANNOTATION, g.to_string()));
+    }
+    if let Some(sel) = &p.spec.drain.pod_selector
+        && let Ok(json) = serde_json::to_string(sel)
+    {
+        annotations.push((DRAIN_POD_SELECTOR_ANNOTATION, json));
+    }
     NodeMaintenance {
         metadata: ObjectMeta {
             name: Some(maintenance_name(&n)),

@@ -14,7 +14,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use super::*;
 use crate::api::common::{BlockingPods, Window};
 use crate::api::nodemaintenance::{
-    DRAIN_ON_TIMEOUT_ANNOTATION, NodeMaintenanceSpec, NodeMaintenanceStatus, Phase,
+    DRAIN_GRACE_ANNOTATION, DRAIN_ON_TIMEOUT_ANNOTATION, DRAIN_POD_SELECTOR_ANNOTATION,
+    NodeMaintenanceSpec, NodeMaintenanceStatus, Phase,
 };
 
 fn now() -> Timestamp {
@@ -212,6 +213,7 @@ fn admits_in_name_order_up_to_the_budget_and_writes_the_record_first() {
         Some("b0")
     );
     assert_eq!(nm.spec.reason.as_deref(), Some("reboot: weekly"));
+    assert!(!nm.annotations().contains_key(DRAIN_GRACE_ANNOTATION));
     assert_eq!(
         nm.annotations()
             .get(DRAIN_ON_TIMEOUT_ANNOTATION)
@@ -598,3 +600,23 @@ fn percent_and_zone_budgets_apply_to_the_selection() {
 }
 
 mod node_role;
+
+#[test]
+fn the_policys_drain_settings_travel_with_its_maintenance() {
+    let mut p = policy(1);
+    p.spec.drain.grace_period_seconds = Some(30);
+    p.spec.drain.pod_selector = Some(LabelSelector {
+        match_labels: Some([("tier".to_string(), "web".to_string())].into()),
+        ..Default::default()
+    });
+    let nm = maintenance_for(&p, &node("a", "b0"), "b0");
+    let ann = nm.annotations();
+    assert_eq!(
+        ann.get(DRAIN_GRACE_ANNOTATION).map(String::as_str),
+        Some("30")
+    );
+    assert_eq!(
+        ann.get(DRAIN_POD_SELECTOR_ANNOTATION).map(String::as_str),
+        Some(r#"{"matchLabels":{"tier":"web"}}"#)
+    );
+}

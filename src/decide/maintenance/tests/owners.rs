@@ -122,7 +122,57 @@ fn skip_fails_the_maintenance_so_the_node_is_given_back() {
 }
 
 #[test]
+fn the_owners_grace_period_and_pod_selector_shape_the_drain() {
+    let mut m = nm("m", 0, Some(Phase::Running));
+    m.metadata.annotations = Some(
+        [
+            (DRAIN_GRACE_ANNOTATION.to_string(), "45".to_string()),
+            (
+                DRAIN_POD_SELECTOR_ANNOTATION.to_string(),
+                r#"{"matchLabels":{"app":"web"}}"#.to_string(),
+            ),
+        ]
+        .into(),
+    );
+    let mut w = World::draining(m, Attempt::default());
+    w.attempts.clear();
+    let mut web = (*pod("web-1", "ReplicaSet")).clone();
+    web.metadata.uid = Some("uid-web".into());
+    web.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+    w.pods.push(Arc::new(web));
+    let Step::Drain {
+        pods, grace_period, ..
+    } = w.decide()
+    else {
+        panic!("{:?}", w.decide())
+    };
+    assert_eq!(grace_period, Some(45));
+    let names: Vec<String> = pods.iter().map(|(p, _)| p.name_any()).collect();
+    assert_eq!(names, ["web-1"], "the unselected pod stays");
+    let plan = plan(&w.snapshot(), w.decide());
+    assert!(matches!(
+        plan.effects.as_slice(),
+        [Effect::Drain {
+            grace_period: Some(45),
+            ..
+        }]
+    ));
+}
+
+#[test]
 fn bad_drain_options_fail_with_the_annotation_named() {
+    for (key, value) in [
+        (DRAIN_GRACE_ANNOTATION, "-1"),
+        (DRAIN_GRACE_ANNOTATION, "soon"),
+        (DRAIN_POD_SELECTOR_ANNOTATION, "app=web"),
+    ] {
+        let mut m = nm("m", 0, None);
+        m.metadata.annotations = Some([(key.to_string(), value.to_string())].into());
+        let Step::Fail { message, .. } = World::new(Some(node()), vec![m]).decide() else {
+            panic!("{key}={value}")
+        };
+        assert!(message.contains(key), "{message}");
+    }
     for (t, e) in [("0", "Wait"), ("soon", "Wait"), ("10", "force")] {
         let m = with_drain(nm("m", 0, None), t, e);
         let Step::Fail {
