@@ -4,9 +4,9 @@
 //!
 //! Set-up: 20 kwok nodes, a node agent on each and one cluster role (the
 //! binary in `NODEKEEPER_BIN`, else the one cargo built), all as the audited
-//! bench identity. A simulated reboot keeps the machine down for
-//! [`DOWN`]. Measured, from what a watch of the nodes and NodeMaintenances
-//! shows:
+//! bench identity. A simulated reboot keeps the machine down for each of
+//! [`DOWNS`] in turn (a row each). Measured, from what a watch of the nodes
+//! and NodeMaintenances shows:
 //! - one node's cycle: a policy over one node needing a reboot, from the
 //!   policy's creation until the node is back (new boot, uncordoned, its
 //!   NodeMaintenance gone); the median of [`SINGLE_RUNS`] nodes;
@@ -17,7 +17,7 @@
 //!   next NodeMaintenance created, p50 and p95 (target ≤ 200 ms);
 //! - API requests per node reboot (the agents' and cluster role's, from
 //!   the API server's audit log, which records only the bench identity);
-//! - peak RSS of a node agent and of the cluster role.
+//! - peak RSS of a node agent and of the cluster role (after both rows).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -40,7 +40,10 @@ use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds};
 
 const NODES: usize = 20;
 const BUDGET: usize = 4;
-const DOWN: Duration = Duration::from_secs(3);
+/// Simulated reboot lengths, one row each: a short one shows the fixed
+/// costs, a longer one a reboot closer to real machines (which take 30 s to
+/// minutes).
+const DOWNS: [Duration; 2] = [Duration::from_secs(3), Duration::from_secs(15)];
 const SINGLE_RUNS: usize = 3;
 
 /// What the bench's own watch saw, with the time it saw it.
@@ -143,6 +146,15 @@ async fn policy(env: &TestEnv, fleet: &Fleet, name: &str, labels: serde_json::Va
     start
 }
 
+/// One row of the table: figures for one reboot length.
+struct Row {
+    down: Duration,
+    cycle: Duration,
+    wave: Duration,
+    latencies: Vec<f64>,
+    requests: usize,
+}
+
 fn main() {
     let bin = std::env::var("NODEKEEPER_BIN")
         .map(PathBuf::from)
@@ -159,7 +171,7 @@ fn main() {
     let fleet = Fleet::new_with(
         env.client.clone(),
         Some(&["--metrics-address", "off"]),
-        DOWN,
+        DOWNS[0],
         Some((bin.clone(), bench_kc.clone(), "nodekeeper=warn".into())),
     );
     for n in &names {
@@ -193,58 +205,80 @@ fn main() {
             .map(|(_, t)| *t)
     };
 
-    // One node's cycle, alone.
-    let mut cycles = Vec::new();
-    for (i, n) in names.iter().take(SINGLE_RUNS).enumerate() {
-        block_on(annotate(
-            &env.client,
-            n,
-            "nodekeeper.io/reboot-needed",
-            Some("now"),
-        ));
-        let name = format!("{}-single-{i}", env.id);
-        let start = block_on(policy(
-            &env,
-            &fleet,
-            &name,
-            json!({GROUP_LABEL: env.id, "kubernetes.io/hostname": n}),
-        ));
-        let one = [n.clone()];
-        fleet.serve(&one, Duration::from_secs(120), || back(n, start).is_some());
-        cycles.push(back(n, start).map(|t| t - start).unwrap_or_default());
+    let mut rows = Vec::new();
+    for (round, down) in DOWNS.into_iter().enumerate() {
+        *fleet.down.lock().unwrap() = down;
+        // One node's cycle, alone.
+        let mut cycles = Vec::new();
+        for (i, n) in names.iter().take(SINGLE_RUNS).enumerate() {
+            block_on(annotate(
+                &env.client,
+                n,
+                "nodekeeper.io/reboot-needed",
+                Some("now"),
+            ));
+            let name = format!("{}-single-{round}-{i}", env.id);
+            let start = block_on(policy(
+                &env,
+                &fleet,
+                &name,
+                json!({GROUP_LABEL: env.id, "kubernetes.io/hostname": n}),
+            ));
+            let one = [n.clone()];
+            fleet.serve(&one, Duration::from_secs(300), || back(n, start).is_some());
+            cycles.push(back(n, start).map(|t| t - start).unwrap_or_default());
+            delete_policy(&env, &name);
+        }
+        cycles.sort();
+        let cycle = cycles[cycles.len() / 2];
+
+        // The wave.
         block_on(async {
-            let _ = Api::<RebootPolicy>::all(env.client.clone())
-                .delete(&name, &DeleteParams::default())
-                .await;
+            for n in &names {
+                annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
+            }
+        });
+        let audit_start = std::fs::metadata(&audit_log).map(|m| m.len()).unwrap_or(0);
+        let name = format!("{}-wave-{round}", env.id);
+        let start = block_on(policy(&env, &fleet, &name, json!({GROUP_LABEL: env.id})));
+        fleet.serve(&names, Duration::from_secs(900), || {
+            names.iter().all(|n| back(n, start).is_some())
+        });
+        let end = names
+            .iter()
+            .filter_map(|n| back(n, start))
+            .max()
+            .unwrap_or(start);
+        let requests = audit_ids_since(&audit_log, audit_start);
+        delete_policy(&env, &name);
+
+        // Admission latency: each NodeMaintenance created after the first
+        // BUDGET of the wave, from the latest slot freed before it.
+        let s = seen.lock().unwrap();
+        let mut created: Vec<Instant> =
+            s.created.values().copied().filter(|t| *t > start).collect();
+        created.sort();
+        let mut latencies: Vec<f64> = created
+            .iter()
+            .skip(BUDGET)
+            .filter_map(|c| {
+                s.freed
+                    .iter()
+                    .map(|(_, t)| *t)
+                    .filter(|t| *t > start && t <= c)
+                    .max()
+                    .map(|f| (*c - f).as_secs_f64() * 1e3)
+            })
+            .collect();
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        rows.push(Row {
+            down,
+            cycle,
+            wave: end - start,
+            latencies,
+            requests,
         });
     }
-    cycles.sort();
-    let cycle = cycles[cycles.len() / 2];
-
-    // The wave.
-    block_on(async {
-        for n in &names {
-            annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
-        }
-    });
-    let audit_start = std::fs::metadata(&audit_log).map(|m| m.len()).unwrap_or(0);
-    let first_nm = seen.lock().unwrap().created.len();
-    let start = block_on(policy(
-        &env,
-        &fleet,
-        &format!("{}-wave", env.id),
-        json!({GROUP_LABEL: env.id}),
-    ));
-    fleet.serve(&names, Duration::from_secs(600), || {
-        names.iter().all(|n| back(n, start).is_some())
-    });
-    let end = names
-        .iter()
-        .filter_map(|n| back(n, start))
-        .max()
-        .unwrap_or(start);
-    let wave = end - start;
-    let requests = audit_ids_since(&audit_log, audit_start);
     let node_rss = names
         .iter()
         .filter_map(|n| fleet.agent_pid(n))
@@ -252,83 +286,60 @@ fn main() {
         .max()
         .unwrap_or(0);
     let cluster_rss = rss_kib(cluster.child.id(), "VmHWM");
-
-    // Admission latency: each NodeMaintenance created after the first
-    // BUDGET of the wave, from the latest slot freed before it.
-    let s = seen.lock().unwrap();
-    let mut created: Vec<Instant> = s.created.values().copied().filter(|t| *t > start).collect();
-    created.sort();
-    let _ = first_nm;
-    let mut latencies: Vec<f64> = created
-        .iter()
-        .skip(BUDGET)
-        .filter_map(|c| {
-            s.freed
-                .iter()
-                .map(|(_, t)| *t)
-                .filter(|t| *t > start && t <= c)
-                .max()
-                .map(|f| (*c - f).as_secs_f64() * 1e3)
-        })
-        .collect();
-    latencies.sort_by(|a, b| a.total_cmp(b));
-    let pct = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
-    let rounds = NODES.div_ceil(BUDGET) as u32;
-    let ideal = cycle * rounds;
-    println!();
-    println!(
-        "reboot benchmark: {NODES} nodes, maxUnavailable {BUDGET}, simulated reboot {} s down",
-        DOWN.as_secs()
-    );
-    println!("binary: {}", bin.display());
-    println!("targets: wave ≤ 1.05 × ideal, admission latency ≤ 200 ms");
-    println!("| measure                          | value       |");
-    println!("|----------------------------------|-------------|");
-    println!(
-        "| one node's cycle (median of {SINGLE_RUNS})    | {:>8.2} s  |",
-        cycle.as_secs_f64()
-    );
-    println!(
-        "| ideal wave ({rounds} × cycle)           | {:>8.2} s  |",
-        ideal.as_secs_f64()
-    );
-    println!(
-        "| wave                             | {:>8.2} s  |",
-        wave.as_secs_f64()
-    );
-    println!(
-        "| wave ÷ ideal                     | {:>8.3}    |",
-        wave.as_secs_f64() / ideal.as_secs_f64()
-    );
-    println!(
-        "| admission latency p50 ({:>2} slots) | {:>8.1} ms |",
-        latencies.len(),
-        pct(0.5)
-    );
-    println!(
-        "| admission latency p95            | {:>8.1} ms |",
-        pct(0.95)
-    );
-    println!(
-        "| API requests per node reboot     | {:>8.1}    |",
-        requests as f64 / NODES as f64
-    );
-    println!(
-        "| node agent peak RSS              | {:>6.1} MiB  |",
-        node_rss as f64 / 1024.0
-    );
-    println!(
-        "| cluster role peak RSS            | {:>6.1} MiB  |",
-        cluster_rss as f64 / 1024.0
-    );
-    drop(s);
+    print_table(&rows, &bin, node_rss, cluster_rss);
     drop(cluster);
     drop(env);
+}
+
+fn delete_policy(env: &TestEnv, name: &str) {
+    block_on(async {
+        let _ = Api::<RebootPolicy>::all(env.client.clone())
+            .delete(name, &DeleteParams::default())
+            .await;
+    });
+}
+
+fn print_table(rows: &[Row], bin: &std::path::Path, node_rss: u64, cluster_rss: u64) {
+    let rounds = NODES.div_ceil(BUDGET) as u32;
+    println!();
+    println!(
+        "reboot benchmark: {NODES} nodes, maxUnavailable {BUDGET}, one row per simulated reboot length"
+    );
+    println!("binary: {}", bin.display());
+    println!(
+        "targets: wave ≤ 1.05 × ideal ({rounds} × one node's cycle), admission latency ≤ 200 ms"
+    );
+    println!(
+        "| down | one node's cycle | ideal wave | wave     | wave ÷ ideal | admission p50 | p95      | requests/reboot |"
+    );
+    println!(
+        "|------|------------------|------------|----------|--------------|---------------|----------|-----------------|"
+    );
+    for r in rows {
+        let pct = |p: f64| {
+            r.latencies
+                .get(((r.latencies.len() as f64 - 1.0) * p).round() as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let ideal = r.cycle * rounds;
+        println!(
+            "| {:>3} s | {:>14.2} s | {:>8.2} s | {:>6.2} s | {:>12.3} | {:>10.1} ms | {:>5.1} ms | {:>15.1} |",
+            r.down.as_secs(),
+            r.cycle.as_secs_f64(),
+            ideal.as_secs_f64(),
+            r.wave.as_secs_f64(),
+            r.wave.as_secs_f64() / ideal.as_secs_f64(),
+            pct(0.5),
+            pct(0.95),
+            r.requests as f64 / NODES as f64,
+        );
+    }
+    println!(
+        "peak RSS: node agent {:.1} MiB, cluster role {:.1} MiB",
+        node_rss as f64 / 1024.0,
+        cluster_rss as f64 / 1024.0
+    );
 }
 
 /// Distinct requests (audit IDs) logged since byte offset `from`.
