@@ -164,6 +164,9 @@
 //! policy's `remoteCommand`. A pool-scoped cluster role (`--node-selector`)
 //! handles only policies whose matchLabels include its pool's labels. One
 //! policy pass runs at a time; triggers during a pass fold into one more.
+//! A pass also gives back the nodes of policies that are gone (their
+//! NodeMaintenances are owned by the Node too, so the garbage collector
+//! keeps them), after a GET confirms the owner is gone.
 //!
 //! **Surviving an API server restart.** Watches re-list with consistent
 //! reads and retry after 0.5 s doubling to 5 s, each on its own: their

@@ -373,3 +373,126 @@ fn host_exec_runs_a_command_in_a_mount_namespace_and_explains_failures() {
         support::run_cli(&["host-exec", "--pid", &pid, "--", "/nonexistent/cmd"], &[]);
     assert!(!st.success() && err.contains("/nonexistent/cmd"), "{err}");
 }
+
+/// Deleting a policy gives its nodes back: its NodeMaintenances go with it
+/// (owner references), and what it cordoned is uncordoned.
+#[test]
+fn deleting_a_policy_gives_its_nodes_back() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-delete").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    // A pod whose PodDisruptionBudget allows no eviction keeps a's drain
+    // going, so the policy still holds the node when it is deleted.
+    block_on(async {
+        let mut d = env.deployment("held", 1);
+        if let Some(spec) = d.spec.template.spec.as_mut() {
+            spec.node_selector = Some([("kubernetes.io/hostname".to_string(), a.clone())].into());
+        }
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("deployment");
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+            env.client.clone(),
+            &env.ns,
+        )
+        .create(&PostParams::default(), &env.pdb("held", "held", 1))
+        .await
+        .expect("pdb");
+        wait_for("the held pod running", LONG, || async {
+            let pods = env.pods("app=held").await;
+            pods.iter()
+                .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .then_some(())
+        })
+        .await;
+        annotate(&env.client, a, "nodekeeper.io/reboot-needed", Some("now")).await;
+    });
+    let policy = block_on(create_policy(&env, &fleet, json!({})));
+    let cluster = cluster_role(&env, &[]);
+    block_on(async {
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        wait_for("a cordoned by the reboot's maintenance", LONG, || async {
+            let n = nodes.get(a).await.ok()?;
+            (n.spec?.unschedulable == Some(true)).then_some(())
+        })
+        .await;
+        Api::<RebootPolicy>::all(env.client.clone())
+            .delete(&policy, &DeleteParams::default())
+            .await
+            .expect("deleting the policy");
+        wait_for("a given back", LONG, || async {
+            let n = nodes.get(a).await.ok()?;
+            let free = n.spec.and_then(|s| s.unschedulable) != Some(true)
+                && maintenances_on(&env.client, a).await == 0;
+            free.then_some(())
+        })
+        .await;
+    });
+    assert_eq!(fleet.commands(a), 0, "not rebooted\n{}", cluster.log_text());
+}
+
+/// `status --watch` redraws when something changes (here: a cordon).
+#[test]
+fn status_watch_redraws_on_change() {
+    use std::io::{BufRead, BufReader};
+    install_crds();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("rb-watch").await;
+        let names = nodes(&mut env, 1).await;
+        (env, names)
+    });
+    let n = names[0].clone();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["status", "--watch"])
+        .env("KUBECONFIG", support::cluster())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting status --watch");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_line = |want: &dyn Fn(&str) -> bool, what: &str| {
+        let deadline = std::time::Instant::now() + LONG;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) if want(&l) => return,
+                Ok(_) => {}
+                Err(_) => panic!("status --watch never showed {what}"),
+            }
+        }
+    };
+    wait_line(
+        &|l| l.starts_with(n.as_str()) && l.contains("schedulable"),
+        "the node",
+    );
+    block_on(async {
+        Api::<Node>::all(env.client.clone())
+            .patch(
+                &n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+            )
+            .await
+            .expect("cordoning");
+    });
+    wait_line(
+        &|l| l.starts_with(n.as_str()) && l.contains("cordoned"),
+        "the cordon",
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

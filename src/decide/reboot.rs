@@ -62,6 +62,34 @@ pub const WAIT_GATE: &str = "Gate";
 pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const NOT_RETURNED: &str = "NotReturned";
 
+/// NodeMaintenances a RebootPolicy took nodes with whose policy is gone:
+/// give those nodes back. (The garbage collector would not: the medik8s
+/// finalizer step makes the Node an owner too, and an object goes only when
+/// all its owners are gone.)
+pub fn orphans(
+    maintenances: &[Arc<NodeMaintenance>],
+    policies: &[Arc<RebootPolicy>],
+) -> Vec<Effect> {
+    maintenances
+        .iter()
+        .filter(|m| super::maintenance::owner_of(m) == Some(OWNER_KIND) && !m.is_deleting())
+        .filter(|m| {
+            let owner = m.owner_references().iter().find(|o| o.kind == OWNER_KIND);
+            owner.is_none_or(|o| {
+                !policies.iter().any(|p| {
+                    p.name_any() == o.name && p.metadata.uid.as_deref() == Some(o.uid.as_str())
+                })
+            })
+        })
+        .filter_map(|m| {
+            Some(Effect::DeleteMaintenance {
+                nm: m.name_any(),
+                uid: m.uid()?,
+            })
+        })
+        .collect()
+}
+
 /// One policy's next plan: the new status (written first, guarded), then
 /// the NodeMaintenances to create or delete, node patches, reboots
 /// (remote mode) and events; then when to look again.

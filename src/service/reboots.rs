@@ -33,11 +33,13 @@ pub async fn reconcile_policies(ctx: &Context) -> Result<Option<Duration>> {
         };
         while ctx.policies_dirty.swap(false, Ordering::SeqCst) {
             wake = None;
-            for policy in ctx.policies() {
-                if super::roles::handles_policy(&ctx.scope, &policy) {
-                    wake = earliest(wake, reconcile_policy(ctx, &policy).await?);
+            let policies = ctx.policies();
+            for policy in &policies {
+                if super::roles::handles_policy(&ctx.scope, policy) {
+                    wake = earliest(wake, reconcile_policy(ctx, policy).await?);
                 }
             }
+            give_back_orphans(ctx, &policies).await?;
         }
         drop(guard);
         // A trigger between our last check and the unlock found the pass
@@ -46,6 +48,44 @@ pub async fn reconcile_policies(ctx: &Context) -> Result<Option<Duration>> {
             return Ok(wake);
         }
     }
+}
+
+/// Delete the NodeMaintenances of policies that are gone. The stores of
+/// two kinds can disagree for a moment (a new policy's maintenance seen
+/// before the policy), so the API server has the last word: a GET of the
+/// owner, only for the rare candidate.
+async fn give_back_orphans(ctx: &Context, policies: &[Arc<RebootPolicy>]) -> Result<()> {
+    let maintenances = ctx.all_maintenances();
+    let api: kube::Api<RebootPolicy> = kube::Api::all(ctx.effects.client.clone());
+    for effect in reboot::orphans(&maintenances, policies) {
+        let Effect::DeleteMaintenance { nm, .. } = &effect else {
+            continue;
+        };
+        let owner = maintenances
+            .iter()
+            .find(|m| &m.name_any() == nm)
+            .and_then(|m| {
+                m.owner_references()
+                    .iter()
+                    .find(|o| o.kind == crate::api::reboot::OWNER_KIND)
+                    .cloned()
+            });
+        if let Some(o) = &owner {
+            let live = api
+                .get_opt(&o.name)
+                .await
+                .map_err(crate::error::Error::kube(format!(
+                    "reading RebootPolicy {}",
+                    o.name
+                )))?;
+            if live.is_some_and(|p| p.metadata.uid.as_deref() == Some(o.uid.as_str())) {
+                continue;
+            }
+        }
+        log::info!("NodeMaintenance {nm}: its RebootPolicy is gone; giving the node back");
+        ctx.effects.perform(&effect).await?;
+    }
+    Ok(())
 }
 
 async fn reconcile_policy(ctx: &Context, policy: &RebootPolicy) -> Result<Option<Duration>> {

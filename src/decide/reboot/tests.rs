@@ -602,6 +602,39 @@ fn percent_and_zone_budgets_apply_to_the_selection() {
 mod node_role;
 
 #[test]
+fn maintenances_of_a_deleted_policy_are_given_back() {
+    let p = policy(1);
+    let mut m = ours(&p, &node("a", "b0"), "b0", Some(Phase::Succeeded));
+    m.metadata
+        .owner_references
+        .get_or_insert_with(Vec::new)
+        .push(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                kind: "Node".into(),
+                name: "a".into(),
+                ..Default::default()
+            },
+        );
+    let nms = vec![Arc::new(m)];
+    assert!(orphans(&nms, &[Arc::new(p.clone())]).is_empty());
+    let fx = orphans(&nms, &[]);
+    assert!(matches!(fx.as_slice(), [Effect::DeleteMaintenance { nm, .. }] if nm == "reboot-a"));
+    // A policy recreated under the same name is another object.
+    let mut again = p;
+    again.metadata.uid = Some("uid-other".into());
+    assert_eq!(orphans(&nms, &[Arc::new(again)]).len(), 1);
+    // An administrator's maintenance is never touched.
+    let admin = NodeMaintenance::new(
+        "fix",
+        NodeMaintenanceSpec {
+            node_name: "a".into(),
+            reason: None,
+        },
+    );
+    assert!(orphans(&[Arc::new(admin)], &[]).is_empty());
+}
+
+#[test]
 fn the_policys_drain_settings_travel_with_its_maintenance() {
     let mut p = policy(1);
     p.spec.drain.grace_period_seconds = Some(30);
