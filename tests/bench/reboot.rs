@@ -49,8 +49,9 @@ const SINGLE_RUNS: usize = 3;
 /// What the bench's own watch saw, with the time it saw it.
 #[derive(Default)]
 struct Seen {
-    /// NodeMaintenance name → first seen.
-    created: BTreeMap<String, Instant>,
+    /// When each NodeMaintenance was first seen (names repeat: one per
+    /// node, created again for each reboot).
+    created: Vec<(String, Instant)>,
     /// Per node: times it became available again (Ready, uncordoned, no
     /// NodeMaintenance) after being unavailable.
     freed: Vec<(String, Instant)>,
@@ -116,7 +117,9 @@ fn observe(client: Client, group: String, seen: Arc<Mutex<Seen>>) {
                         s.nodes.insert(name, v == "true");
                     }
                     (false, Some(node)) => {
-                        s.created.entry(name.clone()).or_insert(at);
+                        if !s.nms.contains_key(&name) {
+                            s.created.push((name.clone(), at));
+                        }
                         s.nms.insert(name, node);
                     }
                     (false, None) => {
@@ -205,8 +208,16 @@ fn main() {
             .map(|(_, t)| *t)
     };
 
+    let downs: Vec<Duration> = match std::env::var("NODEKEEPER_BENCH_DOWNS") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .map(Duration::from_secs)
+            .collect(),
+        Err(_) => DOWNS.to_vec(),
+    };
     let mut rows = Vec::new();
-    for (round, down) in DOWNS.into_iter().enumerate() {
+    for (round, down) in downs.into_iter().enumerate() {
         *fleet.down.lock().unwrap() = down;
         // One node's cycle, alone.
         let mut cycles = Vec::new();
@@ -250,13 +261,26 @@ fn main() {
             .max()
             .unwrap_or(start);
         let requests = audit_ids_since(&audit_log, audit_start);
+        if std::env::var("NODEKEEPER_BENCH_DEBUG").is_ok() {
+            let s = seen.lock().unwrap();
+            for (n, t) in s.freed.iter().filter(|(_, t)| *t > start) {
+                eprintln!("freed {n} at +{:.2} s", (*t - start).as_secs_f64());
+            }
+            for (m, t) in s.created.iter().filter(|(_, t)| *t > start) {
+                eprintln!("created {m} at +{:.2} s", (*t - start).as_secs_f64());
+            }
+        }
         delete_policy(&env, &name);
 
         // Admission latency: each NodeMaintenance created after the first
         // BUDGET of the wave, from the latest slot freed before it.
         let s = seen.lock().unwrap();
-        let mut created: Vec<Instant> =
-            s.created.values().copied().filter(|t| *t > start).collect();
+        let mut created: Vec<Instant> = s
+            .created
+            .iter()
+            .map(|(_, t)| *t)
+            .filter(|t| *t > start)
+            .collect();
         created.sort();
         let mut latencies: Vec<f64> = created
             .iter()

@@ -85,6 +85,9 @@ pub struct Fleet {
     kubeconfigs: Mutex<HashMap<String, PathBuf>>,
     /// Logs of agents killed so far, per node.
     past_logs: Mutex<BTreeMap<String, String>>,
+    /// Reboot commands already served, per node, across calls of
+    /// [`Fleet::serve`].
+    served: Mutex<HashMap<String, u32>>,
 }
 
 impl Fleet {
@@ -116,6 +119,7 @@ impl Fleet {
             node_identity: std::sync::atomic::AtomicBool::new(false),
             kubeconfigs: Mutex::default(),
             past_logs: Mutex::default(),
+            served: Mutex::default(),
         })
     }
 
@@ -314,12 +318,12 @@ impl Fleet {
     /// several machines reboot at once as they would.
     pub fn serve(self: &Arc<Self>, nodes: &[String], limit: Duration, done: impl Fn() -> bool) {
         let start = Instant::now();
-        let mut handled: HashMap<String, u32> = HashMap::new();
         let mut threads = Vec::new();
         loop {
             for n in nodes {
                 let ran = self.commands(n);
-                let seen = handled.entry(n.clone()).or_default();
+                let mut served = self.served.lock().unwrap();
+                let seen = served.entry(n.clone()).or_default();
                 while *seen < ran {
                     *seen += 1;
                     let (fleet, node) = (self.clone(), n.clone());
