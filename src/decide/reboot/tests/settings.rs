@@ -1,0 +1,99 @@
+//! What a policy's settings do beyond admission order: invalid zones,
+//! percent and zone budgets, drain settings, deleted policies.
+
+use super::*;
+
+#[test]
+fn an_unknown_time_zone_is_reported_and_admits_nothing() {
+    let mut p = policy(1);
+    p.spec.windows = vec![Window {
+        days: vec![],
+        start: "01:00".into(),
+        end: "02:00".into(),
+        time_zone: "Mars/Olympus".into(),
+    }];
+    let plan = World::new(p, vec![node("a", "b0")]).plan();
+    assert!(created(&plan).is_empty());
+    let st = status_of(&plan);
+    let valid = st.conditions.iter().flatten().find(|c| c.type_ == "Valid");
+    assert!(valid.is_some_and(|c| c.status == "False" && c.message.contains("Mars/Olympus")));
+}
+
+#[test]
+fn percent_and_zone_budgets_apply_to_the_selection() {
+    let mut p = policy(0);
+    p.spec.budget.max_unavailable = IntOrString::String("50%".into());
+    p.spec.budget.per_topology = vec![crate::api::common::TopologyBudget {
+        key: "zone".into(),
+        max_unavailable: IntOrString::Int(1),
+    }];
+    let zoned = |n: &str, z: &str| {
+        let mut x = node(n, "b0");
+        x.metadata.labels = Some([("zone".to_string(), z.to_string())].into());
+        x
+    };
+    let plan = World::new(
+        p,
+        vec![
+            zoned("a1", "a"),
+            zoned("a2", "a"),
+            zoned("b1", "b"),
+            zoned("b2", "b"),
+        ],
+    )
+    .plan();
+    assert_eq!(created(&plan), ["a1", "b1"], "2 of 4, one per zone");
+}
+
+#[test]
+fn maintenances_of_a_deleted_policy_are_given_back() {
+    let p = policy(1);
+    let mut m = ours(&p, &node("a", "b0"), "b0", Some(Phase::Succeeded));
+    m.metadata
+        .owner_references
+        .get_or_insert_with(Vec::new)
+        .push(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                kind: "Node".into(),
+                name: "a".into(),
+                ..Default::default()
+            },
+        );
+    let nms = vec![Arc::new(m)];
+    assert!(orphans(&nms, &[Arc::new(p.clone())]).is_empty());
+    let fx = orphans(&nms, &[]);
+    assert!(matches!(fx.as_slice(), [Effect::DeleteMaintenance { nm, .. }] if nm == "reboot-a"));
+    // A policy recreated under the same name is another object.
+    let mut again = p;
+    again.metadata.uid = Some("uid-other".into());
+    assert_eq!(orphans(&nms, &[Arc::new(again)]).len(), 1);
+    // An administrator's maintenance is never touched.
+    let admin = NodeMaintenance::new(
+        "fix",
+        NodeMaintenanceSpec {
+            node_name: "a".into(),
+            reason: None,
+        },
+    );
+    assert!(orphans(&[Arc::new(admin)], &[]).is_empty());
+}
+
+#[test]
+fn the_policys_drain_settings_travel_with_its_maintenance() {
+    let mut p = policy(1);
+    p.spec.drain.grace_period_seconds = Some(30);
+    p.spec.drain.pod_selector = Some(LabelSelector {
+        match_labels: Some([("tier".to_string(), "web".to_string())].into()),
+        ..Default::default()
+    });
+    let nm = maintenance_for(&p, &node("a", "b0"), "b0");
+    let ann = nm.annotations();
+    assert_eq!(
+        ann.get(DRAIN_GRACE_ANNOTATION).map(String::as_str),
+        Some("30")
+    );
+    assert_eq!(
+        ann.get(DRAIN_POD_SELECTOR_ANNOTATION).map(String::as_str),
+        Some(r#"{"matchLabels":{"tier":"web"}}"#)
+    );
+}
