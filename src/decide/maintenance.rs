@@ -198,7 +198,8 @@ fn ordered<'a>(nms: &[&'a NodeMaintenance]) -> Vec<&'a NodeMaintenance> {
     v
 }
 
-fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+/// A node's annotation, if set.
+pub(crate) fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
     node.metadata
         .annotations
         .as_ref()?

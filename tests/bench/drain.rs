@@ -20,7 +20,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,7 +31,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
 use smol::stream::StreamExt;
-use support::{TestEnv, block_on, install_crds, wait_for};
+use support::{TestEnv, audit_ids_since, block_on, install_crds, rss_kib, wait_for};
 
 const RUNS: usize = 5;
 const NAMESPACES: usize = 5;
@@ -312,32 +311,6 @@ where
             return;
         }
     }
-}
-
-/// Distinct requests (audit IDs) logged since byte offset `from`.
-fn audit_ids_since(path: &std::path::Path, from: u64) -> usize {
-    let text = std::fs::read(path).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
-    let ids: HashSet<String> = tail
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            v.get("auditID")
-                .and_then(|a| a.as_str())
-                .map(str::to_string)
-        })
-        .collect();
-    ids.len()
-}
-
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

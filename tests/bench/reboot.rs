@@ -22,7 +22,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,8 +35,8 @@ use nodekeeper::api::nodemaintenance::NodeMaintenance;
 use nodekeeper::api::reboot::{RebootPolicy, RebootPolicySpec};
 use serde_json::json;
 use smol::stream::StreamExt;
-use support::machines::{Fleet, annotate, nodes};
-use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds};
+use support::machines::{Fleet, annotate, nodes, unavailable};
+use support::{Agent, GROUP_LABEL, TestEnv, audit_ids_since, block_on, install_crds, rss_kib};
 
 const NODES: usize = 20;
 const BUDGET: usize = 4;
@@ -71,16 +71,6 @@ impl Seen {
             }
         }
     }
-}
-
-fn unavailable(n: &Node) -> bool {
-    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-    let ready = n
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    cordoned || !ready
 }
 
 /// Watch the group's nodes and every NodeMaintenance into `seen`.
@@ -364,30 +354,4 @@ fn print_table(rows: &[Row], bin: &std::path::Path, node_rss: u64, cluster_rss: 
         node_rss as f64 / 1024.0,
         cluster_rss as f64 / 1024.0
     );
-}
-
-/// Distinct requests (audit IDs) logged since byte offset `from`.
-fn audit_ids_since(path: &std::path::Path, from: u64) -> usize {
-    let text = std::fs::read(path).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
-    let ids: HashSet<String> = tail
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            v.get("auditID")
-                .and_then(|a| a.as_str())
-                .map(str::to_string)
-        })
-        .collect();
-    ids.len()
-}
-
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }

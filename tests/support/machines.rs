@@ -377,7 +377,9 @@ impl Seen {
     }
 }
 
-fn unavailable(n: &Node) -> bool {
+/// NotReady or cordoned, as the budget counts it (a NodeMaintenance on the
+/// node also counts; the watchers track those separately).
+pub fn unavailable(n: &Node) -> bool {
     let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
     let ready = n
         .status

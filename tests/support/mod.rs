@@ -545,3 +545,31 @@ pub fn host_kubeconfig(node: &str) -> PathBuf {
     std::fs::write(&path, out).expect("writing the host kubeconfig");
     path
 }
+
+/// Distinct requests (audit IDs) in the API server's audit log since byte
+/// offset `from` (the benchmarks' request counts).
+pub fn audit_ids_since(path: &Path, from: u64) -> usize {
+    let text = std::fs::read(path).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
+    let ids: std::collections::HashSet<String> = tail
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            v.get("auditID")
+                .and_then(|a| a.as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    ids.len()
+}
+
+/// A field of /proc/PID/status in KiB (`VmRSS`, `VmHWM`), 0 if unreadable.
+pub fn rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}

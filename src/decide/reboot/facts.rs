@@ -16,15 +16,7 @@ use crate::api::nodemaintenance::{
 };
 use crate::api::reboot::*;
 use crate::decide::drain::selector_matches;
-use crate::decide::maintenance::owner_of;
-
-fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
-}
+use crate::decide::maintenance::{annotation, owner_of};
 
 /// Does any of the supported signals say the node needs a reboot?
 pub fn needs_reboot(node: &Node) -> bool {
