@@ -29,19 +29,7 @@ struct Supervised {
 impl Supervised {
     fn start(env: &TestEnv) -> Supervised {
         let agent = cluster_role(env, &["--node-agents"]);
-        let selector = format!("{}={}", support::GROUP_LABEL, env.id);
-        let args = [
-            "run",
-            "--all-nodes",
-            "--node-selector",
-            &selector,
-            "--leader-namespace",
-            &env.ns,
-            "--node-agents",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = cluster_role_args(env, &["--node-agents"]);
         Supervised {
             agent,
             args,

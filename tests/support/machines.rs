@@ -620,16 +620,20 @@ pub async fn settled(client: &Client, names: &[String]) -> bool {
     !nms.iter().any(|m| names.contains(&m.spec.node_name))
 }
 
+/// `run` arguments of a cluster role for the test's nodes (pool = the
+/// test's group label, leader Lease in its namespace), plus `extra`.
+pub fn cluster_role_args(env: &TestEnv, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "--all-nodes", "--node-selector"]
+        .map(String::from)
+        .to_vec();
+    args.push(format!("{GROUP_LABEL}={}", env.id));
+    args.extend(["--leader-namespace".to_string(), env.ns.clone()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 pub fn cluster_role(env: &TestEnv, extra: &[&str]) -> Agent {
-    let selector = format!("{GROUP_LABEL}={}", env.id);
-    let mut args = vec![
-        "run",
-        "--all-nodes",
-        "--node-selector",
-        &selector,
-        "--leader-namespace",
-        &env.ns,
-    ];
-    args.extend(extra);
+    let args = cluster_role_args(env, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Agent::start(&args)
 }

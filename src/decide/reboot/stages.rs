@@ -122,14 +122,7 @@ impl<'a> Decision<'a> {
                 // Given back by someone else after it rebooted: verified.
                 self.verified(node, &before);
             } else if changed {
-                self.set(
-                    &n,
-                    RebootPhase::Verifying,
-                    Some(&before),
-                    None,
-                    "new boot ID; waiting for Ready".into(),
-                );
-                self.deadline(node);
+                self.verifying(node, &before);
             } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
                 // Admitted, not taken yet (or our create is not in the store
                 // yet: creating again is a harmless 409).
@@ -181,14 +174,7 @@ impl<'a> Decision<'a> {
                     self.verified(node, &before);
                     self.give_back(m);
                 } else if changed {
-                    self.set(
-                        &n,
-                        RebootPhase::Verifying,
-                        Some(&before),
-                        None,
-                        "new boot ID; waiting for Ready".into(),
-                    );
-                    self.deadline(node);
+                    self.verifying(node, &before);
                 } else if let Some(why) = failure_in(node, &before) {
                     let why = why.to_string();
                     self.give_back(m);
@@ -213,6 +199,19 @@ impl<'a> Decision<'a> {
                 self.set(&n, RebootPhase::Draining, Some(&before), None, draining);
             }
         }
+    }
+
+    /// Back with a new boot, not Ready yet; the return deadline still runs.
+    fn verifying(&mut self, node: &Node, before: &str) {
+        let msg = "new boot ID; waiting for Ready".to_string();
+        self.set(
+            &node.name_any(),
+            RebootPhase::Verifying,
+            Some(before),
+            None,
+            msg,
+        );
+        self.deadline(node);
     }
 
     /// Back with a new boot and Ready: its need cleared, it keeps its slot
