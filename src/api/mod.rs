@@ -7,6 +7,7 @@
 pub mod common;
 pub mod nodemaintenance;
 pub mod reboot;
+pub mod upgrade;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
@@ -16,5 +17,6 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         nodemaintenance::NodeMaintenance::crd(),
         reboot::RebootPolicy::crd(),
+        upgrade::UpgradePlan::crd(),
     ]
 }

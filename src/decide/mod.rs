@@ -10,10 +10,12 @@
 //! unit test away.
 
 pub mod budget;
+pub mod disrupt;
 pub mod drain;
 pub mod foreign;
 pub mod maintenance;
 pub mod reboot;
+pub mod upgrade;
 pub mod window;
 
 use std::collections::HashMap;
@@ -85,13 +87,27 @@ pub enum Effect {
         resource_version: Option<String>,
         status: Box<crate::api::reboot::RebootPolicyStatus>,
     },
-    /// Run a host action (argv, no shell): the reboot command, on this
-    /// host (node role) or remotely (cluster role). `boot` is the boot it
-    /// is issued in, for the failure record.
+    /// Run a host action (argv, no shell): a reboot or upgrade command, on
+    /// this host (node role) or remotely (cluster role). Its result is
+    /// recorded on the node as `record` says.
     RunHost {
         node: String,
         argv: Vec<String>,
-        boot: String,
+        record: HostRecord,
+        /// How long the command may run before it is killed.
+        timeout: Duration,
+    },
+    /// Replace an UpgradePlan's status (server-side apply), guarded by the
+    /// resourceVersion decided on: admissions and hook Jobs are recorded
+    /// there before they happen.
+    WriteUpgradeStatus {
+        plan: String,
+        resource_version: Option<String>,
+        status: Box<crate::api::upgrade::UpgradePlanStatus>,
+    },
+    /// Create a hook Job (a 409 means it was created before: done).
+    CreateJob {
+        job: Box<k8s_openapi::api::batch::v1::Job>,
     },
     /// Publish an event (Warning if `warning`) about an object.
     Event {
@@ -100,6 +116,16 @@ pub enum Effect {
         reason: &'static str,
         note: String,
     },
+}
+
+/// Where a host action's result goes: the node annotation `annotation`
+/// is set to `failed` followed by the command's output when it fails, and
+/// to `succeeded` (if given) when it succeeds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostRecord {
+    pub annotation: &'static str,
+    pub failed: String,
+    pub succeeded: Option<String>,
 }
 
 /// What one decision asks for: effects in order, then when to decide again.
@@ -170,6 +196,11 @@ pub enum Outcome {
     Drained(Vec<drain::Removal>),
     /// The RebootPolicy as the server stored our status write.
     PolicyWritten(Box<crate::api::reboot::RebootPolicy>),
+    /// The UpgradePlan as the server stored our status write.
+    UpgradePlanWritten(Box<crate::api::upgrade::UpgradePlan>),
+    /// The API server refused to create a Job (a bad template, a missing
+    /// namespace): why, in one line. Retrying would not help.
+    JobRefused(String),
     /// A host action ran: whether it succeeded, and its (truncated)
     /// output or error.
     HostRan { ok: bool, output: String },

@@ -63,31 +63,16 @@ pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const NOT_RETURNED: &str = "NotReturned";
 
 /// NodeMaintenances a RebootPolicy took nodes with whose policy is gone:
-/// give those nodes back. (The garbage collector would not: the medik8s
-/// finalizer step makes the Node an owner too, and an object goes only when
-/// all its owners are gone.)
+/// give those nodes back (see [`crate::decide::disrupt::orphans`]).
 pub fn orphans(
     maintenances: &[Arc<NodeMaintenance>],
     policies: &[Arc<RebootPolicy>],
 ) -> Vec<Effect> {
-    maintenances
+    let live: Vec<(String, Option<String>)> = policies
         .iter()
-        .filter(|m| super::maintenance::owner_of(m) == Some(OWNER_KIND) && !m.is_deleting())
-        .filter(|m| {
-            let owner = m.owner_references().iter().find(|o| o.kind == OWNER_KIND);
-            owner.is_none_or(|o| {
-                !policies.iter().any(|p| {
-                    p.name_any() == o.name && p.metadata.uid.as_deref() == Some(o.uid.as_str())
-                })
-            })
-        })
-        .filter_map(|m| {
-            Some(Effect::DeleteMaintenance {
-                nm: m.name_any(),
-                uid: m.uid()?,
-            })
-        })
-        .collect()
+        .map(|p| (p.name_any(), p.metadata.uid.clone()))
+        .collect();
+    super::disrupt::orphans(maintenances, OWNER_KIND, &live)
 }
 
 /// One policy's next plan: the new status (written first, guarded), then
@@ -254,7 +239,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                     others_not_ready.join(", ")
                 ),
             ))
-        } else if let Some(pod) = blocking_pod(p, &(s.pods_on)(&n)) {
+        } else if let Some(pod) = blocking_pod(&p.spec.gates, &(s.pods_on)(&n)) {
             Some((WAIT_BLOCKING_POD, format!("blocked by pod {pod}")))
         } else {
             let me = members

@@ -79,6 +79,11 @@ pub fn host_exec(pid: u32, argv: &[String]) -> String {
 /// Run `argv` and wait for it (at most [`COMMAND_TIMEOUT`]). `Ok` carries
 /// the exit code and output; `Err` says why it could not run or finish.
 pub async fn run(argv: &[String]) -> Result<(i32, String), String> {
+    run_for(argv, COMMAND_TIMEOUT).await
+}
+
+/// [`run`] with its own time limit.
+pub async fn run_for(argv: &[String], limit: Duration) -> Result<(i32, String), String> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| "empty command".to_string())?;
@@ -88,10 +93,10 @@ pub async fn run(argv: &[String]) -> Result<(i32, String), String> {
         .kill_on_drop(true)
         .output();
     let timeout = async {
-        crate::runtime::sleep(COMMAND_TIMEOUT).await;
+        crate::runtime::sleep(limit).await;
         Err(std::io::Error::other(format!(
             "still running after {} s",
-            COMMAND_TIMEOUT.as_secs()
+            limit.as_secs()
         )))
     };
     let out = child
@@ -105,10 +110,11 @@ pub async fn run(argv: &[String]) -> Result<(i32, String), String> {
     Ok((out.status.code().unwrap_or(-1), truncate(text)))
 }
 
-/// Run a reboot (or remote reboot) command: success is exit 0. `systemctl
-/// reboot` returns once the shutdown is queued; the machine then goes down.
-pub async fn reboot(argv: &[String]) -> Result<(), String> {
-    match run(argv).await? {
+/// Run a reboot or upgrade command for at most `limit`: success is exit
+/// 0. (`systemctl reboot` returns once the shutdown is queued; the machine
+/// then goes down.)
+pub async fn command(argv: &[String], limit: Duration) -> Result<(), String> {
+    match run_for(argv, limit).await? {
         (0, _) => Ok(()),
         (code, out) if out.is_empty() => Err(format!("{} exited with {code}", argv[0])),
         (code, out) => Err(format!("{} exited with {code}: {out}", argv[0])),

@@ -81,8 +81,23 @@ impl Interpreter {
                 self.write_policy_status(policy, resource_version, status)
                     .await
             }
-            Effect::RunHost { argv, .. } => Ok(
-                match host::reboot(&host::command_line(argv, self.exec)).await {
+            Effect::WriteUpgradeStatus {
+                plan,
+                resource_version,
+                status,
+            } => {
+                let updated = self
+                    .apply_status::<crate::api::upgrade::UpgradePlan>(
+                        plan,
+                        resource_version,
+                        status,
+                    )
+                    .await?;
+                Ok(Outcome::UpgradePlanWritten(Box::new(updated)))
+            }
+            Effect::CreateJob { job } => self.create_job(job).await,
+            Effect::RunHost { argv, timeout, .. } => Ok(
+                match host::command(&host::command_line(argv, self.exec), *timeout).await {
                     Ok(()) => Outcome::HostRan {
                         ok: true,
                         output: String::new(),
@@ -164,25 +179,57 @@ impl Interpreter {
         resource_version: &Option<String>,
         status: &crate::api::reboot::RebootPolicyStatus,
     ) -> Result<Outcome> {
-        use crate::api::reboot::RebootPolicy;
+        let updated = self
+            .apply_status::<crate::api::reboot::RebootPolicy>(policy, resource_version, status)
+            .await?;
+        Ok(Outcome::PolicyWritten(Box::new(updated)))
+    }
+
+    /// Server-side apply of a cluster-scoped feature object's whole status,
+    /// guarded by the resourceVersion it was decided on.
+    async fn apply_status<K>(
+        &self,
+        name: &str,
+        resource_version: &Option<String>,
+        status: &impl serde::Serialize,
+    ) -> Result<K>
+    where
+        K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+    {
         let body = json!({
-            "apiVersion": RebootPolicy::api_version(&()),
-            "kind": RebootPolicy::kind(&()),
-            "metadata": { "name": policy, "resourceVersion": resource_version },
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": { "name": name, "resourceVersion": resource_version },
             "status": status,
         });
-        let api: Api<RebootPolicy> = Api::all(self.client.clone());
-        let updated = api
-            .patch_status(
-                policy,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map_err(Error::kube(format!(
-                "writing status of RebootPolicy {policy}"
-            )))?;
-        Ok(Outcome::PolicyWritten(Box::new(updated)))
+        let api: Api<K> = Api::all(self.client.clone());
+        api.patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(Error::kube(format!("writing status of {} {name}", K::kind(&()))))
+    }
+
+    /// Create a hook Job. A 409 is our own earlier create; a refusal the
+    /// Job cannot outgrow (invalid, forbidden, no such namespace) comes
+    /// back as [`Outcome::JobRefused`] for the plan to report.
+    async fn create_job(&self, job: &k8s_openapi::api::batch::v1::Job) -> Result<Outcome> {
+        let ns = job.metadata.namespace.as_deref().unwrap_or("default");
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(self.client.clone(), ns);
+        match api.create(&PostParams::default(), job).await {
+            Ok(_) => Ok(Outcome::Done),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Done),
+            Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404 | 422) => {
+                Ok(Outcome::JobRefused(format!("{} ({})", s.message, s.code)))
+            }
+            Err(e) => Err(Error::kube(format!("creating Job {ns}/{name}"))(e)),
+        }
     }
 
     async fn set_finalizers(
@@ -286,6 +333,15 @@ pub fn describe(effect: &Effect) -> String {
         Effect::WritePolicyStatus { policy, status, .. } => format!(
             "WritePolicyStatus {{ policy: {policy:?}, nodes: {} }}",
             status.nodes.len()
+        ),
+        Effect::WriteUpgradeStatus { plan, status, .. } => format!(
+            "WriteUpgradeStatus {{ plan: {plan:?}, nodes: {} }}",
+            status.nodes.len()
+        ),
+        Effect::CreateJob { job } => format!(
+            "CreateJob {{ {}/{} }}",
+            job.metadata.namespace.as_deref().unwrap_or_default(),
+            job.metadata.name.as_deref().unwrap_or_default()
         ),
         Effect::PatchNode { node, patch, .. } => {
             format!("PatchNode {{ node: {node:?}, patch: {patch} }}")

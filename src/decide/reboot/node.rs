@@ -15,7 +15,11 @@ use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::drain::selector_matches;
 use crate::decide::maintenance::owner_of;
-use crate::decide::{Effect, Outcome};
+use crate::decide::{Effect, HostRecord, Outcome};
+
+/// How long a reboot command may run: `systemctl reboot` returns once the
+/// shutdown is queued.
+pub const REBOOT_COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// What the node role knows about its node's reboot.
 pub struct Snapshot<'a> {
@@ -108,24 +112,34 @@ pub fn issue(node: &Node, boot: &str, argv: Vec<String>) -> Vec<Effect> {
         Effect::RunHost {
             node: n,
             argv,
-            boot: boot.to_string(),
+            record: HostRecord {
+                annotation: FAILED_ANNOTATION,
+                failed: format!("{boot}: "),
+                succeeded: None,
+            },
+            timeout: REBOOT_COMMAND_TIMEOUT,
         },
     ]
 }
 
-/// After a reboot command: a failure is recorded on the node (the policy
-/// gives the node back and reports it); success needs nothing — the node
-/// goes down, and comes back with a new boot ID.
+/// After a host command: its result is recorded on the node as the effect
+/// says (a failed reboot: the policy gives the node back and reports it;
+/// a reboot that succeeded needs nothing — the node goes down and comes
+/// back with a new boot ID).
 pub fn after_command(effect: &Effect, outcome: &Outcome) -> Option<Effect> {
-    match (effect, outcome) {
-        (Effect::RunHost { node, boot, .. }, Outcome::HostRan { ok: false, output }) => {
-            Some(Effect::PatchNode {
-                node: node.clone(),
-                // One key of our own; nothing to lose in a concurrent change.
-                resource_version: None,
-                patch: json!({"metadata": {"annotations": {FAILED_ANNOTATION: format!("{boot}: {output}")}}}),
-            })
-        }
-        _ => None,
-    }
+    let (Effect::RunHost { node, record, .. }, Outcome::HostRan { ok, output }) = (effect, outcome)
+    else {
+        return None;
+    };
+    let value = match (ok, &record.succeeded) {
+        (false, _) => format!("{}{output}", record.failed),
+        (true, Some(v)) => v.clone(),
+        (true, None) => return None,
+    };
+    Some(Effect::PatchNode {
+        node: node.clone(),
+        // One key of our own; nothing to lose in a concurrent change.
+        resource_version: None,
+        patch: json!({"metadata": {"annotations": {record.annotation: value}}}),
+    })
 }

@@ -1,5 +1,5 @@
 //! The node role's half: issuing the reboot, marking need, recording failure.
-use super::super::node::{Snapshot, after_command, decide};
+use super::super::node::{Snapshot, after_command, decide, issue};
 use super::*;
 use crate::decide::Outcome;
 
@@ -59,11 +59,7 @@ fn the_host_signal_marks_need_once() {
 
 #[test]
 fn a_failed_command_is_recorded_with_its_boot() {
-    let run = Effect::RunHost {
-        node: "a".into(),
-        argv: vec![],
-        boot: "b0".into(),
-    };
+    let run = issue(&node("a", "b0"), "b0", vec![]).remove(1);
     let fx = after_command(
         &run,
         &Outcome::HostRan {

@@ -1,0 +1,501 @@
+//! The `UpgradePlan` API (`nodekeeper.io/v1alpha1`): in-place upgrades of
+//! the nodes it selects, group by group, a few nodes at a time — per node:
+//! before-hook Jobs (run off the node), drain through a NodeMaintenance, the
+//! upgrade command on the host (optionally followed by a reboot), verify the
+//! version the node reports, after-hook Jobs, give the node back. Budget,
+//! windows, gates and drain settings are RebootPolicy's types
+//! ([`super::common`]). The node annotations and Job labels the feature
+//! writes are constants here, so the CLI, the loop and the docs agree.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::common::{Budget, DrainSpec, Gates, Window};
+
+/// The owner label value on NodeMaintenances an UpgradePlan creates.
+pub const OWNER_KIND: &str = "UpgradePlan";
+/// On the node: `<plan>/<version>/<boot ID>` of the upgrade command last
+/// issued, written before the command runs. At most one command per plan,
+/// version and boot: while that record stands, nothing runs it again.
+pub const ISSUED_ANNOTATION: &str = "nodekeeper.io/upgrade-issued";
+/// On the node: `<plan>/<version>/<boot ID> ok` or `… failed: <message>`,
+/// written when the command returns.
+pub const RESULT_ANNOTATION: &str = "nodekeeper.io/upgrade-result";
+/// Labels on every hook Job: which plan, node, stage (`before`/`after`) and
+/// hook it belongs to. The plan label is also what the cluster role
+/// watches Jobs by.
+pub const PLAN_LABEL: &str = "nodekeeper.io/upgrade-plan";
+pub const NODE_LABEL: &str = "nodekeeper.io/upgrade-node";
+pub const STAGE_LABEL: &str = "nodekeeper.io/upgrade-stage";
+pub const HOOK_LABEL: &str = "nodekeeper.io/upgrade-hook";
+/// Environment appended to every container of a hook Job.
+pub const ENV_NODE: &str = "NODE_NAME";
+pub const ENV_PLAN: &str = "NODEKEEPER_PLAN";
+pub const ENV_VERSION: &str = "NODEKEEPER_VERSION";
+
+/// Upgrades the selected nodes in place to `version`, group by group,
+/// within a budget, windows and gates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "nodekeeper.io",
+    version = "v1alpha1",
+    kind = "UpgradePlan",
+    plural = "upgradeplans",
+    shortname = "upp",
+    status = "UpgradePlanStatus",
+    doc = "UpgradePlan upgrades the selected nodes in place to a version, group by group and within a budget, windows and gates: per node, before-hook Jobs, a drain through a NodeMaintenance, the upgrade command on the host, verification of the reported version, after-hook Jobs.",
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.version",
+        description = "the version nodes are upgraded to"
+    ),
+    printcolumn(
+        name = "Group",
+        type_ = "string",
+        json_path = ".status.group",
+        description = "the group being upgraded"
+    ),
+    printcolumn(
+        name = "Pending",
+        type_ = "integer",
+        json_path = ".status.pending",
+        description = "nodes not at the version and not admitted"
+    ),
+    printcolumn(
+        name = "Upgrading",
+        type_ = "integer",
+        json_path = ".status.upgrading",
+        description = "nodes admitted: hooks, draining, upgrading or verifying"
+    ),
+    printcolumn(
+        name = "Done",
+        type_ = "integer",
+        json_path = ".status.done",
+        description = "nodes at the version"
+    ),
+    printcolumn(
+        name = "Failed",
+        type_ = "integer",
+        json_path = ".status.failed",
+        description = "nodes whose upgrade failed"
+    ),
+    printcolumn(
+        name = "Paused",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Paused')].status",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePlanSpec {
+    /// Which nodes the plan covers (empty: every node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// Groups upgraded in this order: a group starts when every node of
+    /// the previous one is done. A node belongs to the first group whose
+    /// selector matches it; a selected node in no group is not upgraded.
+    /// Empty: one group of every selected node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(g, self.exists_one(h, h.name == g.name))").message("group names must be unique"))]
+    pub groups: Vec<NodeGroup>,
+    /// The version every selected node is upgraded to.
+    #[schemars(length(min = 1, max = 128))]
+    pub version: String,
+    /// Where a node reports its version.
+    #[serde(default)]
+    pub version_from: VersionFrom,
+    /// How a node is upgraded.
+    pub strategy: Strategy,
+    /// Jobs run per node before the drain and after verification.
+    #[serde(default)]
+    pub hooks: Hooks,
+    /// What a failed node does to the plan: `Pause` (default) admits no
+    /// further node until the spec changes; `Continue` goes on with the
+    /// next node (a group with a failed node still counts as finished).
+    #[serde(default = "pause")]
+    #[x_kube(validation = Rule::new("self in ['Pause', 'Continue']").message("onFailure must be Pause or Continue"))]
+    pub on_failure: String,
+    /// Admit no further node (nodes in progress finish).
+    #[serde(default)]
+    pub paused: bool,
+    /// How many selected nodes may be unavailable at once.
+    #[serde(default)]
+    pub budget: Budget,
+    /// When upgrades may start (empty: any time).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub windows: Vec<Window>,
+    /// What must hold before a node is admitted.
+    #[serde(default)]
+    pub gates: Gates,
+    /// How the NodeMaintenance taking each node drains it.
+    #[serde(default)]
+    pub drain: DrainSpec,
+    /// Deadlines of the upgrade and verification stages.
+    #[serde(default)]
+    pub deadlines: Deadlines,
+}
+
+fn pause() -> String {
+    "Pause".into()
+}
+
+/// A named set of nodes upgraded together.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGroup {
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    pub node_selector: LabelSelector,
+}
+
+/// Where a node reports its version: a field of `status.nodeInfo`, or a
+/// label or annotation of the node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(self.source in ['Label', 'Annotation']) == has(self.key)").message("versionFrom.key is required for Label and Annotation, and only for them"))]
+pub struct VersionFrom {
+    /// `KubeletVersion` (default; equal to `version`), `OSImage` or
+    /// `KernelVersion` (containing `version`), `Label` or `Annotation`
+    /// (named by `key`; equal to `version`).
+    #[serde(default = "kubelet_version")]
+    #[x_kube(validation = Rule::new("self in ['KubeletVersion', 'OSImage', 'KernelVersion', 'Label', 'Annotation']").message("source must be KubeletVersion, OSImage, KernelVersion, Label or Annotation"))]
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317))]
+    pub key: Option<String>,
+}
+
+impl Default for VersionFrom {
+    fn default() -> Self {
+        VersionFrom {
+            source: kubelet_version(),
+            key: None,
+        }
+    }
+}
+
+fn kubelet_version() -> String {
+    "KubeletVersion".into()
+}
+
+/// How a node is upgraded. `InPlace` only for now; the type leaves room for
+/// `Replace` (new machines, see the replacement APIs).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Strategy {
+    /// `InPlace`: the node role runs `command` on the host.
+    #[serde(rename = "type", default = "in_place")]
+    #[x_kube(validation = Rule::new("self == 'InPlace'").message("strategy.type must be InPlace (Replace is not available yet)"))]
+    pub type_: String,
+    /// The upgrade command (argv, no shell), run on the drained node's
+    /// host by its node agent, at most once per version and boot. `{version}`
+    /// and `{node}` are replaced. Exit 0 is success.
+    #[x_kube(validation = Rule::new("self.size() > 0").message("strategy.command needs at least the program"))]
+    #[schemars(length(max = 64))]
+    pub command: Vec<String>,
+    /// Reboot after a successful command (verified by a new boot ID).
+    #[serde(default)]
+    pub reboot: bool,
+    /// The reboot command (default `systemctl reboot`).
+    #[serde(default = "reboot_command")]
+    #[x_kube(validation = Rule::new("self.size() > 0").message("strategy.rebootCommand needs at least the program"))]
+    #[schemars(length(max = 64))]
+    pub reboot_command: Vec<String>,
+}
+
+fn in_place() -> String {
+    "InPlace".into()
+}
+
+fn reboot_command() -> Vec<String> {
+    super::reboot::DEFAULT_COMMAND
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Jobs per node, each run to completion in order.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Hooks {
+    /// Before the node is drained (it still runs its workloads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub before: Vec<Hook>,
+    /// After the node reports the new version and is Ready, before it is
+    /// given back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub after: Vec<Hook>,
+}
+
+/// One Job run per node. It never runs on the node being upgraded (a
+/// `kubernetes.io/hostname NotIn [node]` term is added to its node
+/// affinity), and `NODE_NAME`, `NODEKEEPER_PLAN` and `NODEKEEPER_VERSION`
+/// are appended to every container's environment (a variable the template
+/// already sets keeps its value).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    /// Names the hook in Job labels and status.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("hook names are lowercase letters, digits and '-'"))]
+    #[schemars(length(min = 1, max = 40))]
+    pub name: String,
+    /// Namespace the Job runs in.
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    /// Seconds the Job may run (its `activeDeadlineSeconds` is at most
+    /// this). Default 600.
+    #[serde(default = "six_hundred")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub deadline_seconds: i64,
+    /// A failed or timed-out Job: `Stop` (default) fails the node; `Ignore`
+    /// records it and goes on.
+    #[serde(default = "stop")]
+    #[x_kube(validation = Rule::new("self in ['Stop', 'Ignore']").message("onFailure must be Stop or Ignore"))]
+    pub on_failure: String,
+    /// Seconds a finished Job is kept for inspection. Default 86400.
+    #[serde(default = "day")]
+    #[schemars(range(min = 600, max = 2592000))]
+    pub ttl_seconds_after_finished: i32,
+    /// A `batch/v1` JobSpec (checked when the Job is created).
+    #[schemars(schema_with = "job_spec")]
+    pub job: serde_json::Value,
+}
+
+fn six_hundred() -> i64 {
+    600
+}
+
+fn stop() -> String {
+    "Stop".into()
+}
+
+fn day() -> i32 {
+    86400
+}
+
+/// A JobSpec kept as given: the API server checks it when the Job is
+/// created (a full JobSpec schema would triple the CRD's size).
+fn job_spec(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "required": ["template"],
+        "description": "a batch/v1 JobSpec"
+    })
+}
+
+/// Deadlines of the stages after the drain. Past either, the node fails
+/// and stays in maintenance (cordoned, drained) for a person to look at.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Deadlines {
+    /// From the drain's end until the node reports the version (and, with
+    /// `reboot`, a new boot ID). Default 1800.
+    #[serde(default = "thirty_minutes")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub upgrade_seconds: i64,
+    /// From then until the node is Ready. Default 900.
+    #[serde(default = "fifteen_minutes")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub verify_seconds: i64,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            upgrade_seconds: thirty_minutes(),
+            verify_seconds: fifteen_minutes(),
+        }
+    }
+}
+
+fn thirty_minutes() -> i64 {
+    1800
+}
+
+fn fifteen_minutes() -> i64 {
+    900
+}
+
+/// Where one node is in its upgrade.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum UpgradePhase {
+    /// Not at the version; not looked at yet.
+    Pending,
+    /// Not at the version and not admitted; `reason` says why.
+    Waiting,
+    /// Admitted: running the before hooks.
+    PreHooks,
+    /// Its NodeMaintenance is draining it.
+    Draining,
+    /// Drained; the upgrade command is issued or about to be.
+    Upgrading,
+    /// Reports the version; waiting for Ready.
+    Verifying,
+    /// Verified; running the after hooks.
+    PostHooks,
+    /// At the version.
+    Done,
+    /// Not upgraded, or upgraded and not verified; the message says why.
+    Failed,
+}
+
+impl UpgradePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradePhase::Pending => "Pending",
+            UpgradePhase::Waiting => "Waiting",
+            UpgradePhase::PreHooks => "PreHooks",
+            UpgradePhase::Draining => "Draining",
+            UpgradePhase::Upgrading => "Upgrading",
+            UpgradePhase::Verifying => "Verifying",
+            UpgradePhase::PostHooks => "PostHooks",
+            UpgradePhase::Done => "Done",
+            UpgradePhase::Failed => "Failed",
+        }
+    }
+
+    /// Admitted and not finished: holds a budget slot.
+    pub fn admitted(self) -> bool {
+        matches!(
+            self,
+            UpgradePhase::PreHooks
+                | UpgradePhase::Draining
+                | UpgradePhase::Upgrading
+                | UpgradePhase::Verifying
+                | UpgradePhase::PostHooks
+        )
+    }
+}
+
+/// One node's upgrade as the plan records it. Admitted entries are the
+/// admission record (written guarded by the plan's resourceVersion before
+/// anything touches the node), and the hook Job named here is recorded
+/// before it is created.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeUpgrade {
+    pub name: String,
+    pub phase: UpgradePhase,
+    /// When the node entered this phase (or this hook).
+    pub since: Time,
+    /// The node's group, when the plan has groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The version this admission upgrades to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The plan's generation when the node was admitted (or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i64>,
+    /// The node's boot ID at admission.
+    #[serde(
+        default,
+        rename = "bootIDBefore",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub boot_id_before: Option<String>,
+    /// The hook running (PreHooks, PostHooks) or that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<String>,
+    /// Its Job, `namespace/name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Machine-readable: why Waiting (`Budget`, `Window`, `Paused`, `Group`,
+    /// `BlockingPod`, `NotReady`, `InMaintenance`, `Gate`, `InvalidSpec`,
+    /// `Failure`), or what failed (`HookFailed`, `DrainFailed`,
+    /// `CommandFailed`, `UpgradeTimeout`, `VerifyTimeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePlanStatus {
+    /// Per selected node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeUpgrade>,
+    /// The group being upgraded (the first one not finished).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Nodes not at the version and not admitted.
+    #[serde(default)]
+    pub pending: i32,
+    /// Nodes admitted and not finished.
+    #[serde(default)]
+    pub upgrading: i32,
+    /// Nodes at the version.
+    #[serde(default)]
+    pub done: i32,
+    /// Nodes whose upgrade failed.
+    #[serde(default)]
+    pub failed: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Valid` (the spec can be used), `Paused` (no admissions: the spec
+    /// says so, or a failure with onFailure Pause) and `Complete` (every
+    /// selected node in a group is at the version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::nodemaintenance::conditions_schema")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+impl UpgradePlan {
+    pub fn entry(&self, node: &str) -> Option<&NodeUpgrade> {
+        self.status.as_ref()?.nodes.iter().find(|e| e.name == node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crd_is_cluster_scoped_with_short_name_and_columns() {
+        let crd = UpgradePlan::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("upgradeplans.nodekeeper.io")
+        );
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["upp".to_string()]));
+        let json = serde_json::to_string(&crd).unwrap_or_default();
+        for needle in [
+            "Upgrading",
+            "x-kubernetes-preserve-unknown-fields",
+            "strategy.type must be InPlace",
+        ] {
+            assert!(json.contains(needle), "{needle} missing");
+        }
+    }
+
+    #[test]
+    fn a_minimal_spec_takes_the_documented_defaults() {
+        let spec: UpgradePlanSpec = serde_json::from_value(serde_json::json!({
+            "version": "v1.31.2",
+            "strategy": {"command": ["/usr/local/bin/upgrade", "{version}"]}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(spec.strategy.type_, "InPlace");
+        assert_eq!(spec.strategy.reboot_command, vec!["systemctl", "reboot"]);
+        assert_eq!(spec.version_from.source, "KubeletVersion");
+        assert_eq!(spec.on_failure, "Pause");
+        assert_eq!(spec.deadlines.upgrade_seconds, 1800);
+        assert_eq!(spec.budget.max_control_plane, 1);
+    }
+}

@@ -1,0 +1,208 @@
+//! What every disruption feature (reboots, upgrades, replacement) shares,
+//! pure: the node facts admissions read (boot ID, Ready, schedulable,
+//! blocking pods, selector checks), and how a feature takes a node — a
+//! NodeMaintenance it owns, carrying its drain options and the boot ID the
+//! node was taken in — and gives back the nodes of an owner that is gone.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use super::Effect;
+use super::drain::selector_matches;
+use super::maintenance::owner_of;
+use crate::api::common::{DrainSpec, Gates};
+use crate::api::nodemaintenance::{
+    DRAIN_GRACE_ANNOTATION, DRAIN_ON_TIMEOUT_ANNOTATION, DRAIN_POD_SELECTOR_ANNOTATION,
+    DRAIN_TIMEOUT_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec, OWNER_LABEL,
+};
+use crate::api::reboot::BOOT_ID_ANNOTATION;
+
+/// The node's current boot ID, as its kubelet reports it.
+pub fn boot_id(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()?
+        .node_info
+        .as_ref()
+        .map(|i| i.boot_id.as_str())
+        .filter(|b| !b.is_empty())
+}
+
+pub fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn unschedulable(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+pub fn node_ref(node: &Node) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.name_any()),
+        uid: node.metadata.uid.clone(),
+        ..Default::default()
+    }
+}
+
+/// The first running pod matching a blocking-pod gate, as `ns/name`.
+pub fn blocking_pod(gates: &Gates, pods: &[Arc<Pod>]) -> Option<String> {
+    let running = |pod: &Pod| {
+        !matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded") | Some("Failed")
+        )
+    };
+    gates.blocking_pods.iter().find_map(|g| {
+        pods.iter()
+            .filter(|pod| running(pod))
+            .filter(|pod| {
+                g.namespace
+                    .as_deref()
+                    .is_none_or(|ns| pod.namespace().as_deref() == Some(ns))
+            })
+            .find(|pod| selector_matches(&g.selector, pod.labels()))
+            .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+    })
+}
+
+/// What the schema cannot check about a label selector: its operators.
+pub fn check_selector(sel: &LabelSelector) -> Result<(), String> {
+    for e in sel.match_expressions.iter().flatten() {
+        match e.operator.as_str() {
+            "In" | "NotIn" if e.values.as_ref().is_none_or(|v| v.is_empty()) => {
+                return Err(format!(
+                    "nodeSelector: {} {} needs values",
+                    e.key, e.operator
+                ));
+            }
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => {
+                return Err(format!(
+                    "nodeSelector: unknown operator {other:?} (In, NotIn, Exists, DoesNotExist)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Is this NodeMaintenance the one the `kind` object `owner` takes its
+/// node with?
+pub fn owned_by(nm: &NodeMaintenance, kind: &str, owner: &str) -> bool {
+    owner_of(nm) == Some(kind)
+        && nm
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == kind && o.name == owner)
+}
+
+/// `<prefix>-<node>`, with a stable hash suffix past the 253-character
+/// limit of object names.
+pub fn maintenance_name(prefix: &str, node: &str) -> String {
+    let name = format!("{prefix}-{node}");
+    if name.len() <= 253 {
+        return name;
+    }
+    format!("{}-{:016x}", &name[..236], fnv(node.as_bytes()))
+}
+
+/// FNV-1a: a stable short hash for names past a length limit.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// A controller owner reference to a cluster-scoped feature object.
+pub fn owner_ref<K: Resource<DynamicType = ()>>(owner: &K, kind: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: K::api_version(&()).into(),
+        kind: kind.into(),
+        name: owner.meta().name.clone().unwrap_or_default(),
+        uid: owner.meta().uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// The NodeMaintenance a feature takes `node` with: labelled and owned by
+/// the feature object (deleting it gives its nodes back), the boot ID the
+/// node was taken in recorded, the feature's drain options attached.
+pub fn take(
+    owner: OwnerReference,
+    name: &str,
+    node: &str,
+    drain: &DrainSpec,
+    boot: &str,
+    reason: String,
+) -> NodeMaintenance {
+    let mut annotations = vec![
+        (BOOT_ID_ANNOTATION, boot.to_string()),
+        (DRAIN_TIMEOUT_ANNOTATION, drain.timeout_seconds.to_string()),
+        (DRAIN_ON_TIMEOUT_ANNOTATION, drain.on_timeout.clone()),
+    ];
+    if let Some(g) = drain.grace_period_seconds {
+        annotations.push((DRAIN_GRACE_ANNOTATION, g.to_string()));
+    }
+    if let Some(sel) = &drain.pod_selector
+        && let Ok(json) = serde_json::to_string(sel)
+    {
+        annotations.push((DRAIN_POD_SELECTOR_ANNOTATION, json));
+    }
+    NodeMaintenance {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some([(OWNER_LABEL.to_string(), owner.kind.clone())].into()),
+            annotations: Some(
+                annotations
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            ),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: NodeMaintenanceSpec {
+            node_name: node.to_string(),
+            reason: Some(reason),
+        },
+        status: None,
+    }
+}
+
+/// NodeMaintenances a `kind` object took nodes with whose owner is gone
+/// (`live`: the `(name, uid)` of every such object there is): give those
+/// nodes back. (The garbage collector would not: the medik8s finalizer
+/// step makes the Node an owner too, and an object goes only when all its
+/// owners are gone.)
+pub fn orphans(
+    maintenances: &[Arc<NodeMaintenance>],
+    kind: &str,
+    live: &[(String, Option<String>)],
+) -> Vec<Effect> {
+    maintenances
+        .iter()
+        .filter(|m| owner_of(m) == Some(kind) && !m.is_deleting())
+        .filter(|m| {
+            let owner = m.owner_references().iter().find(|o| o.kind == kind);
+            owner.is_none_or(|o| {
+                !live
+                    .iter()
+                    .any(|(name, uid)| *name == o.name && uid.as_deref() == Some(o.uid.as_str()))
+            })
+        })
+        .filter_map(|m| {
+            Some(Effect::DeleteMaintenance {
+                nm: m.name_any(),
+                uid: m.uid()?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,442 @@
+//! In-place upgrades, pure. Two halves, one per role:
+//!
+//! - [`decide`] (cluster role, the single writer of admissions): for one
+//!   UpgradePlan, the group being upgraded (the first with a node not
+//!   finished), then each node along Pending/Waiting → PreHooks → Draining →
+//!   Upgrading → Verifying → PostHooks → Done (or Failed), admitting nodes
+//!   in group and name order within the windows, gates and budget. As for
+//!   reboots, the admission record is the plan's status, written guarded by
+//!   its resourceVersion before anything touches the node; each hook Job is
+//!   recorded there before it is created, and its name is derived from the
+//!   admission, so a repeated create is a 409 and never a second run.
+//! - [`node`] (node role): run the upgrade command on the drained node once
+//!   per plan, version and boot (recorded on the node before it runs), and
+//!   the reboot after it if the plan asks for one.
+//!
+//! A node that fails after its drain stays in maintenance (cordoned,
+//! drained) for a person to look at; with `onFailure: Pause` the plan then
+//! admits nothing more until its spec changes (a new generation retries
+//! the failed nodes).
+
+mod hooks;
+pub mod node;
+mod stages;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::budget::{self, Member};
+use super::disrupt::{
+    self, blocking_pod, boot_id, check_selector, owned_by, ready, unschedulable,
+};
+use super::drain::selector_matches;
+use super::maintenance::annotation;
+use super::{Effect, Plan, Then, window};
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::upgrade::*;
+pub use hooks::{JobState, Stage, job_name, state};
+use stages::Decision;
+
+/// Everything one plan's decision reads.
+pub struct Snapshot<'a> {
+    pub plan: &'a UpgradePlan,
+    /// Every node the cluster role sees.
+    pub nodes: &'a [Arc<Node>],
+    /// Every NodeMaintenance.
+    pub maintenances: &'a [Arc<NodeMaintenance>],
+    /// Hook Jobs, by `namespace/name`.
+    pub jobs: &'a HashMap<String, Arc<Job>>,
+    /// Hook Jobs the API server refused to create, by `namespace/name`:
+    /// why (a bad template, a missing namespace).
+    pub job_errors: &'a HashMap<String, String>,
+    /// The pods bound to a node (for blocking-pod gates).
+    pub pods_on: &'a dyn Fn(&str) -> Vec<Arc<Pod>>,
+    pub now: Timestamp,
+}
+
+/// Machine-readable reasons of Waiting and Failed entries.
+pub const WAIT_BUDGET: &str = "Budget";
+pub const WAIT_WINDOW: &str = "Window";
+pub const WAIT_PAUSED: &str = "Paused";
+pub const WAIT_GROUP: &str = "Group";
+pub const WAIT_BLOCKING_POD: &str = "BlockingPod";
+pub const WAIT_NOT_READY: &str = "NotReady";
+pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
+pub const WAIT_GATE: &str = "Gate";
+pub const WAIT_INVALID: &str = "InvalidSpec";
+pub const WAIT_FAILURE: &str = "Failure";
+pub const FAILED_HOOK: &str = "HookFailed";
+pub const FAILED_DRAIN: &str = "DrainFailed";
+pub const FAILED_COMMAND: &str = "CommandFailed";
+pub const FAILED_UPGRADE_TIMEOUT: &str = "UpgradeTimeout";
+pub const FAILED_VERIFY_TIMEOUT: &str = "VerifyTimeout";
+pub const FAILED_INTERRUPTED: &str = "Interrupted";
+
+/// The version a node reports, from where the plan says to look.
+pub fn reported_version<'a>(node: &'a Node, from: &VersionFrom) -> Option<&'a str> {
+    let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
+    match from.source.as_str() {
+        "OSImage" => info.map(|i| i.os_image.as_str()),
+        "KernelVersion" => info.map(|i| i.kernel_version.as_str()),
+        "Label" => node
+            .labels()
+            .get(from.key.as_deref().unwrap_or_default())
+            .map(String::as_str),
+        "Annotation" => annotation(node, from.key.as_deref().unwrap_or_default()),
+        _ => info.map(|i| i.kubelet_version.as_str()),
+    }
+    .filter(|v| !v.is_empty())
+}
+
+/// Does the node report `version`? Equal, except for the free-text
+/// `OSImage` and `KernelVersion`, which contain it.
+pub fn at_version(node: &Node, from: &VersionFrom, version: &str) -> bool {
+    match (reported_version(node, from), from.source.as_str()) {
+        (Some(v), "OSImage" | "KernelVersion") => v.contains(version),
+        (Some(v), _) => v == version,
+        (None, _) => false,
+    }
+}
+
+/// What identifies one upgrade command: plan, version, boot.
+pub fn token(plan: &str, version: &str, boot: &str) -> String {
+    format!("{plan}/{version}/{boot}")
+}
+
+/// The name of the NodeMaintenance a plan takes `node` with.
+pub fn maintenance_name(node: &str) -> String {
+    disrupt::maintenance_name("upgrade", node)
+}
+
+/// NodeMaintenances an UpgradePlan took nodes with whose plan is gone.
+pub fn orphans(maintenances: &[Arc<NodeMaintenance>], plans: &[Arc<UpgradePlan>]) -> Vec<Effect> {
+    let live: Vec<(String, Option<String>)> = plans
+        .iter()
+        .map(|p| (p.name_any(), p.metadata.uid.clone()))
+        .collect();
+    disrupt::orphans(maintenances, OWNER_KIND, &live)
+}
+
+/// What the schema could not check.
+fn problems(p: &UpgradePlan) -> Vec<String> {
+    let mut problems = Vec::new();
+    let selectors = p
+        .spec
+        .node_selector
+        .iter()
+        .chain(p.spec.groups.iter().map(|g| &g.node_selector));
+    for sel in selectors {
+        if let Err(e) = check_selector(sel) {
+            problems.push(e);
+        }
+    }
+    problems.extend(hooks::check(p));
+    problems
+}
+
+/// One plan's next plan of effects: the new status (written first,
+/// guarded), then Jobs and NodeMaintenances to create or delete and
+/// events; then when to look again.
+pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
+    let p = s.plan;
+    let name = p.name_any();
+    let now = s.now;
+    let generation = p.metadata.generation.unwrap_or_default();
+    let empty = UpgradePlanStatus::default();
+    let old = p.status.as_ref().unwrap_or(&empty);
+
+    let mut problems = problems(p);
+    let windows: Vec<window::Parsed> = p
+        .spec
+        .windows
+        .iter()
+        .filter_map(|w| window::parse(w).map_err(|e| problems.push(e)).ok())
+        .collect();
+    let valid = problems.is_empty();
+
+    // The selected nodes with their group index, in admission order: group,
+    // then name (stable across decisions and restarts).
+    let group_of = |n: &Node| -> Option<usize> {
+        if p.spec.groups.is_empty() {
+            return Some(0);
+        }
+        p.spec
+            .groups
+            .iter()
+            .position(|g| selector_matches(&g.node_selector, n.labels()))
+    };
+    let mut selected: Vec<(usize, &Arc<Node>)> = s
+        .nodes
+        .iter()
+        .filter(|n| match &p.spec.node_selector {
+            None => true,
+            Some(sel) => valid && selector_matches(sel, n.labels()),
+        })
+        .filter_map(|n| Some((group_of(n)?, n)))
+        .collect();
+    selected.sort_by(|a, b| (a.0, &a.1.metadata.name).cmp(&(b.0, &b.1.metadata.name)));
+    let group_name = |g: usize| p.spec.groups.get(g).map(|g| g.name.clone());
+
+    let mut d = Decision {
+        s,
+        name: name.clone(),
+        generation,
+        previous: old.nodes.iter().map(|e| (e.name.as_str(), e)).collect(),
+        entries: BTreeMap::new(),
+        effects: Vec::new(),
+        wake: None,
+    };
+
+    // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
+    for m in s.maintenances.iter().filter(|m| owned_by(m, OWNER_KIND, &name)) {
+        if !m.is_deleting() && !s.nodes.iter().any(|n| n.name_any() == m.spec.node_name) {
+            d.give_back(m);
+        }
+    }
+
+    // 1. Nodes we hold; failed and finished nodes.
+    let continue_on_failure = p.spec.on_failure == "Continue";
+    let mut failure_pause: Option<String> = None;
+    let mut candidates: Vec<(usize, &Arc<Node>)> = Vec::new();
+    for &(g, node) in &selected {
+        let n = node.name_any();
+        let ours = s
+            .maintenances
+            .iter()
+            .find(|m| m.spec.node_name == n && owned_by(m, OWNER_KIND, &name))
+            .map(|m| m.as_ref());
+        let prev = d.prev(&n);
+        let held = prev.is_some_and(|e| e.phase.admitted());
+        if held {
+            d.follow(node, ours, group_name(g));
+            if let Some(e) = d.entries.get(&n)
+                && e.phase == UpgradePhase::Failed
+                && !continue_on_failure
+            {
+                failure_pause.get_or_insert(n.clone());
+            }
+            continue;
+        }
+        if let Some(e) = prev.filter(|e| e.phase == UpgradePhase::Failed) {
+            if e.attempt == Some(generation) {
+                d.entries.insert(n.clone(), e.clone());
+                if !continue_on_failure {
+                    failure_pause.get_or_insert(n.clone());
+                }
+                continue;
+            }
+            // The spec changed since it failed: a retry. Give the node
+            // back first; it is admitted afresh.
+            if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+                d.give_back(m);
+            }
+        }
+        if at_version(node, &p.spec.version_from, &p.spec.version) {
+            let msg = format!("at version {}", p.spec.version);
+            d.set(&n, UpgradePhase::Done, group_name(g), None, msg);
+            continue;
+        }
+        candidates.push((g, node));
+    }
+
+    // 2. The group being upgraded: the first with a node not finished.
+    let finished = |e: Option<&NodeUpgrade>| {
+        e.is_some_and(|e| {
+            e.phase == UpgradePhase::Done || (e.phase == UpgradePhase::Failed && continue_on_failure)
+        })
+    };
+    let current = selected
+        .iter()
+        .find(|(_, n)| !finished(d.entries.get(n.name_any().as_str())))
+        .map(|(g, _)| *g);
+
+    // 3. Admit candidates of the current group within limits.
+    let mut members: Vec<Member> = selected
+        .iter()
+        .map(|(_, n)| {
+            let nn = n.metadata.name.as_deref().unwrap_or_default();
+            Member {
+                name: nn,
+                labels: n.metadata.labels.as_ref(),
+                unavailable: !ready(n)
+                    || unschedulable(n)
+                    || s.maintenances.iter().any(|m| m.spec.node_name == nn)
+                    || d.entries.get(nn).is_some_and(|e| e.phase.admitted()),
+            }
+        })
+        .collect();
+    let window_open = window::open(&windows, now);
+    if let Some(t) = window::next_change(&windows, now) {
+        d.wake_at(t);
+    }
+    let others_not_ready: Vec<String> = selected
+        .iter()
+        .filter(|(_, n)| !ready(n))
+        .filter(|(_, n)| !candidates.iter().any(|(_, c)| c.name_any() == n.name_any()))
+        .map(|(_, n)| n.name_any())
+        .filter(|n| !d.entries.get(n).is_some_and(|e| e.phase.admitted()))
+        .collect();
+    let mut admitted = Vec::new();
+    for (g, node) in candidates {
+        let n = node.name_any();
+        let other_nm = s
+            .maintenances
+            .iter()
+            .find(|m| m.spec.node_name == n && !owned_by(m, OWNER_KIND, &name));
+        let wait: Option<(&str, String)> = if !valid {
+            Some((
+                WAIT_INVALID,
+                format!("the plan cannot be used: {}", problems.join("; ")),
+            ))
+        } else if p.spec.paused {
+            Some((WAIT_PAUSED, "the plan is paused".into()))
+        } else if let Some(f) = &failure_pause {
+            Some((
+                WAIT_FAILURE,
+                format!(
+                    "paused after node {f} failed (onFailure: Pause); change the spec to retry, e.g. pause and unpause the plan"
+                ),
+            ))
+        } else if Some(g) != current {
+            let waits_for = current.and_then(group_name).unwrap_or_default();
+            Some((WAIT_GROUP, format!("waits for group {waits_for} to finish")))
+        } else if let Some(m) = other_nm {
+            Some((
+                WAIT_IN_MAINTENANCE,
+                format!("in maintenance (NodeMaintenance {})", m.name_any()),
+            ))
+        } else if boot_id(node).is_none() {
+            Some((
+                WAIT_NOT_READY,
+                "the node reports no boot ID, so its upgrade could not be tracked".into(),
+            ))
+        } else if !window_open {
+            Some((WAIT_WINDOW, "outside every upgrade window".into()))
+        } else if !ready(node) {
+            Some((WAIT_NOT_READY, "the node is NotReady".into()))
+        } else if p.spec.gates.require_ready && !others_not_ready.is_empty() {
+            Some((
+                WAIT_GATE,
+                format!(
+                    "requireReady: node {} is NotReady",
+                    others_not_ready.join(", ")
+                ),
+            ))
+        } else if let Some(pod) = blocking_pod(&p.spec.gates, &(s.pods_on)(&n)) {
+            Some((WAIT_BLOCKING_POD, format!("blocked by pod {pod}")))
+        } else {
+            let me = members
+                .iter()
+                .find(|m| m.name == n)
+                .cloned()
+                .unwrap_or_default();
+            budget::admits(&p.spec.budget, &members, &me)
+                .err()
+                .map(|why| (WAIT_BUDGET, why))
+        };
+        match wait {
+            Some((reason, msg)) => {
+                d.set(&n, UpgradePhase::Waiting, group_name(g), Some(reason), msg)
+            }
+            None => {
+                for m in members.iter_mut().filter(|m| m.name == n) {
+                    m.unavailable = true;
+                }
+                d.admit(node, group_name(g));
+                admitted.push(n);
+            }
+        }
+    }
+
+    let status = status(p, old, d.entries, &problems, failure_pause, current, now);
+    let mut effects = Vec::new();
+    if p.status.as_ref() != Some(&status) {
+        effects.push(Effect::WriteUpgradeStatus {
+            plan: name.clone(),
+            resource_version: p.resource_version(),
+            status: Box::new(status),
+        });
+    }
+    effects.extend(d.effects);
+    let note = (!admitted.is_empty()).then(|| {
+        (
+            log::Level::Info,
+            format!("UpgradePlan {name}: admitted {}", admitted.join(", ")),
+        )
+    });
+    Plan {
+        effects,
+        then: Then::Wait(d.wake),
+        note,
+    }
+}
+
+/// The status from the entries: counts, the current group, conditions.
+fn status(
+    p: &UpgradePlan,
+    old: &UpgradePlanStatus,
+    entries: BTreeMap<String, NodeUpgrade>,
+    problems: &[String],
+    failure_pause: Option<String>,
+    current: Option<usize>,
+    now: Timestamp,
+) -> UpgradePlanStatus {
+    let nodes: Vec<NodeUpgrade> = entries.into_values().collect();
+    let count =
+        |f: &dyn Fn(UpgradePhase) -> bool| nodes.iter().filter(|e| f(e.phase)).count() as i32;
+    let mut conds = old.conditions.clone().unwrap_or_default();
+    let set = |conds: &mut Vec<_>, t: &str, st: &str, r: &str, m: &str| {
+        super::set_condition(conds, now, t, st, r, m)
+    };
+    if problems.is_empty() {
+        set(&mut conds, "Valid", "True", "Valid", "the plan can be used");
+    } else {
+        set(&mut conds, "Valid", "False", WAIT_INVALID, &problems.join("; "));
+    }
+    if p.spec.paused {
+        set(&mut conds, "Paused", "True", WAIT_PAUSED, "spec.paused is true");
+    } else if let Some(f) = &failure_pause {
+        let why = nodes
+            .iter()
+            .find(|e| &e.name == f)
+            .and_then(|e| e.message.clone())
+            .unwrap_or_default();
+        let msg = format!(
+            "node {f} failed: {why}; no further node is admitted until the spec changes"
+        );
+        set(&mut conds, "Paused", "True", WAIT_FAILURE, &msg);
+    } else {
+        set(&mut conds, "Paused", "False", "Running", "admitting nodes");
+    }
+    let done = count(&|ph| ph == UpgradePhase::Done);
+    if !nodes.is_empty() && done as usize == nodes.len() {
+        let msg = format!("every selected node is at version {}", p.spec.version);
+        set(&mut conds, "Complete", "True", "Complete", &msg);
+    } else {
+        let msg = format!("{done} of {} selected nodes at version {}", nodes.len(), p.spec.version);
+        set(&mut conds, "Complete", "False", "InProgress", &msg);
+    }
+    UpgradePlanStatus {
+        pending: count(&|ph| matches!(ph, UpgradePhase::Pending | UpgradePhase::Waiting)),
+        upgrading: count(&|ph| ph.admitted()),
+        done,
+        failed: count(&|ph| ph == UpgradePhase::Failed),
+        group: current.and_then(|g| p.spec.groups.get(g)).map(|g| g.name.clone()),
+        nodes,
+        observed_generation: p.metadata.generation,
+        conditions: Some(conds),
+    }
+}
+
+/// How Jobs are keyed in snapshots and status: `namespace/name`.
+pub fn job_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+#[cfg(test)]
+mod tests;

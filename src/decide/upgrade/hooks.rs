@@ -1,0 +1,208 @@
+//! Hook Jobs, pure: the Job an UpgradePlan's hook runs for one node (its
+//! deterministic name, labels, owner, deadline, TTL, the environment it
+//! appends and the affinity that keeps it off the node), and what a Job's
+//! conditions say.
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+
+use crate::api::upgrade::*;
+use crate::decide::disrupt::{fnv, owner_ref};
+
+/// Which list a hook is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Before,
+    After,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Before => "before",
+            Stage::After => "after",
+        }
+    }
+
+    pub fn hooks(self, plan: &UpgradePlan) -> &[Hook] {
+        match self {
+            Stage::Before => &plan.spec.hooks.before,
+            Stage::After => &plan.spec.hooks.after,
+        }
+    }
+}
+
+/// What one admission's Jobs are named after: the plan's UID, the node, the
+/// version and the plan generation it was admitted in. A repeated create
+/// of the same stage is a 409, never a second run; a retry (a new
+/// generation) gets new names.
+pub struct Attempt<'a> {
+    pub node: &'a str,
+    pub version: &'a str,
+    pub attempt: i64,
+}
+
+/// `<plan>-<hook>` cut to 46 characters, then a hash of everything that
+/// makes the run unique: at most 63 characters, the limit of the
+/// `job-name` label the Job controller puts on its pods.
+pub fn job_name(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> String {
+    let hook = stage
+        .hooks(plan)
+        .get(index)
+        .map(|h| h.name.as_str())
+        .unwrap_or("hook");
+    let mut prefix: String = format!("{}-{hook}", plan.name_any())
+        .chars()
+        .take(46)
+        .collect();
+    while prefix.ends_with(['-', '.']) {
+        prefix.pop();
+    }
+    let key = format!(
+        "{}|{}|{}|{index}|{}|{}",
+        plan.metadata.uid.as_deref().unwrap_or_default(),
+        a.node,
+        stage.as_str(),
+        a.version,
+        a.attempt
+    );
+    format!("{prefix}-{:016x}", fnv(key.as_bytes()))
+}
+
+/// The template of every hook, as the Job spec it must be (what the schema
+/// leaves to the API server, checked early so a typo fails the spec, not a
+/// node).
+pub fn check(plan: &UpgradePlan) -> Vec<String> {
+    [Stage::Before, Stage::After]
+        .into_iter()
+        .flat_map(|stage| {
+            stage
+                .hooks(plan)
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, h)| {
+                    serde_json::from_value::<JobSpec>(h.job.clone())
+                        .err()
+                        .map(|e| {
+                            format!(
+                                "hooks.{}[{i}] ({}): job is not a batch/v1 JobSpec: {e}",
+                                stage.as_str(),
+                                h.name
+                            )
+                        })
+                })
+        })
+        .collect()
+}
+
+/// The Job hook `index` of `stage` runs for one node.
+pub fn job_for(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> Option<Job> {
+    let hook = stage.hooks(plan).get(index)?;
+    let mut spec: JobSpec = serde_json::from_value(hook.job.clone()).ok()?;
+    spec.active_deadline_seconds = Some(
+        spec.active_deadline_seconds
+            .map_or(hook.deadline_seconds, |d| d.min(hook.deadline_seconds)),
+    );
+    spec.ttl_seconds_after_finished = Some(hook.ttl_seconds_after_finished);
+    let env = [
+        (ENV_NODE, a.node),
+        (ENV_PLAN, &plan.name_any()),
+        (ENV_VERSION, a.version),
+    ]
+    .map(|(k, v)| EnvVar {
+        name: k.into(),
+        value: Some(v.to_string()),
+        value_from: None,
+    });
+    if let Some(pod) = spec.template.spec.as_mut() {
+        let containers = pod.containers.iter_mut();
+        for c in containers.chain(pod.init_containers.iter_mut().flatten()) {
+            append_env(c, &env);
+        }
+        keep_off(pod.affinity.get_or_insert_with(Affinity::default), a.node);
+    }
+    let labels = [
+        (PLAN_LABEL, plan.name_any()),
+        (NODE_LABEL, a.node.to_string()),
+        (STAGE_LABEL, stage.as_str().to_string()),
+        (HOOK_LABEL, hook.name.clone()),
+    ];
+    Some(Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(plan, stage, index, a)),
+            namespace: Some(hook.namespace.clone()),
+            labels: Some(labels.map(|(k, v)| (k.to_string(), v)).into()),
+            owner_references: Some(vec![owner_ref(plan, OWNER_KIND)]),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// Append our variables; one the template already sets keeps its value.
+fn append_env(c: &mut Container, env: &[EnvVar]) {
+    let list = c.env.get_or_insert_with(Vec::new);
+    for e in env {
+        if !list.iter().any(|x| x.name == e.name) {
+            list.push(e.clone());
+        }
+    }
+}
+
+/// Never on the node being upgraded: `kubernetes.io/hostname NotIn [node]`
+/// is added to every required term (terms are ORed, so each needs it), or
+/// is the one term when there is none. Preferences and pod affinities stay.
+fn keep_off(affinity: &mut Affinity, node: &str) {
+    let req = NodeSelectorRequirement {
+        key: "kubernetes.io/hostname".into(),
+        operator: "NotIn".into(),
+        values: Some(vec![node.to_string()]),
+    };
+    let na = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    let required = na
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: Vec::new(),
+        });
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(req.clone());
+    }
+}
+
+/// What a Job says about itself.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobState {
+    Running,
+    Complete,
+    /// Failed: the condition's reason and message.
+    Failed(String),
+}
+
+pub fn state(job: &Job) -> JobState {
+    let conds = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let is = |t: &str| conds.and_then(|cs| cs.iter().find(|c| c.type_ == t && c.status == "True"));
+    if is("Complete").is_some() {
+        return JobState::Complete;
+    }
+    match is("Failed") {
+        Some(c) => JobState::Failed(
+            [c.reason.as_deref(), c.message.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(": "),
+        ),
+        None => JobState::Running,
+    }
+}

@@ -1,0 +1,102 @@
+//! The node role's half of in-place upgrades, pure: once an UpgradePlan's
+//! NodeMaintenance has drained the own node and the plan's status says
+//! Upgrading, run the upgrade command — recorded on the node first
+//! (`nodekeeper.io/upgrade-issued = <plan>/<version>/<boot>`, guarded), so
+//! it runs at most once per plan, version and boot — and, when the plan
+//! asks for it and the command succeeded, the reboot (through the reboot
+//! feature's once-per-boot record).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::{at_version, token};
+use crate::api::nodemaintenance::{NodeMaintenance, Phase};
+use crate::api::upgrade::*;
+use crate::decide::disrupt::boot_id;
+use crate::decide::maintenance::{annotation, owner_of};
+use crate::decide::reboot::{failure_in, issued_in, node::issue};
+use crate::decide::{Effect, HostRecord};
+
+/// What the node role knows about its node's upgrade.
+pub struct Snapshot<'a> {
+    pub node: &'a Node,
+    /// NodeMaintenances on this node.
+    pub maintenances: Vec<&'a NodeMaintenance>,
+    pub plans: &'a [Arc<UpgradePlan>],
+}
+
+/// The node role's effects for its own node's upgrade, in order.
+pub fn decide(s: &Snapshot) -> Vec<Effect> {
+    let node = s.node;
+    let n = node.name_any();
+    let Some(boot) = boot_id(node) else {
+        return Vec::new();
+    };
+    for m in &s.maintenances {
+        if owner_of(m) != Some(OWNER_KIND) || m.phase() != Some(Phase::Succeeded) || m.is_deleting()
+        {
+            continue;
+        }
+        let Some(plan) = m
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == OWNER_KIND)
+            .and_then(|o| s.plans.iter().find(|p| p.name_any() == o.name))
+        else {
+            continue;
+        };
+        // Only what the plan recorded: this node upgrading, admitted in
+        // this boot (after a reboot the boot differs and nothing runs).
+        let Some(e) = plan.entry(&n).filter(|e| {
+            e.phase == UpgradePhase::Upgrading && e.boot_id_before.as_deref() == Some(boot)
+        }) else {
+            continue;
+        };
+        let version = e.version.as_deref().unwrap_or(&plan.spec.version);
+        let t = token(&plan.name_any(), version, boot);
+        let strategy = &plan.spec.strategy;
+        if annotation(node, ISSUED_ANNOTATION) == Some(t.as_str()) {
+            // Issued in this boot. With a reboot to follow: only after the
+            // command succeeded, and once per boot.
+            let ok = annotation(node, RESULT_ANNOTATION) == Some(format!("{t} ok").as_str());
+            if strategy.reboot && ok && !issued_in(node, boot) && failure_in(node, boot).is_none() {
+                return issue(node, boot, expand(&strategy.reboot_command, version, &n));
+            }
+            continue;
+        }
+        if at_version(node, &plan.spec.version_from, version) && !strategy.reboot {
+            continue;
+        }
+        return vec![
+            Effect::PatchNode {
+                node: n.clone(),
+                resource_version: node.resource_version(),
+                patch: json!({"metadata": {"annotations": {ISSUED_ANNOTATION: t}}}),
+            },
+            Effect::RunHost {
+                node: n.clone(),
+                argv: expand(&strategy.command, version, &n),
+                record: HostRecord {
+                    annotation: RESULT_ANNOTATION,
+                    failed: format!("{t} failed: "),
+                    succeeded: Some(format!("{t} ok")),
+                },
+                timeout: Duration::from_secs(plan.spec.deadlines.upgrade_seconds.max(1) as u64),
+            },
+        ];
+    }
+    Vec::new()
+}
+
+/// Expand `{version}` and `{node}` in an argv template. Arguments are never
+/// joined into a shell string.
+pub fn expand(template: &[String], version: &str, node: &str) -> Vec<String> {
+    template
+        .iter()
+        .map(|a| a.replace("{version}", version).replace("{node}", node))
+        .collect()
+}

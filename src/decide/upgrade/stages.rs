@@ -1,0 +1,545 @@
+//! One UpgradePlan decision in the making ([`Decision`]), and the steps of
+//! a node it holds: hooks (before and after), draining, upgrading,
+//! verifying, each with its deadline and what happens past it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::{Resource, ResourceExt};
+
+use super::hooks::{self, Attempt, JobState, Stage};
+use super::*;
+use crate::api::nodemaintenance::Phase;
+use crate::decide::disrupt::{node_ref, owner_ref, take};
+use crate::decide::maintenance::owner_of;
+use crate::decide::reboot::failure_in;
+use crate::decide::{duration_until, earliest};
+
+/// How long past a hook's deadline its Job may still run before we stop
+/// waiting for it (the Job's own `activeDeadlineSeconds` normally ends it
+/// first).
+const HOOK_GRACE_SECS: i64 = 60;
+
+/// One decision in the making: the new entries, the effects that follow
+/// the status write, and when to look again.
+pub(super) struct Decision<'a> {
+    pub(super) s: &'a Snapshot<'a>,
+    pub(super) name: String,
+    pub(super) generation: i64,
+    pub(super) previous: BTreeMap<&'a str, &'a NodeUpgrade>,
+    pub(super) entries: BTreeMap<String, NodeUpgrade>,
+    pub(super) effects: Vec<Effect>,
+    pub(super) wake: Option<Duration>,
+}
+
+/// What an entry moves to: the fields that change with a step.
+struct Next<'e> {
+    phase: UpgradePhase,
+    hook: Option<String>,
+    job: Option<String>,
+    reason: Option<&'e str>,
+    message: String,
+}
+
+impl<'a> Decision<'a> {
+    pub(super) fn prev(&self, node: &str) -> Option<&'a NodeUpgrade> {
+        self.previous.get(node).copied()
+    }
+
+    /// Record a node that is not admitted (Pending, Waiting, Done).
+    pub(super) fn set(
+        &mut self,
+        node: &str,
+        phase: UpgradePhase,
+        group: Option<String>,
+        reason: Option<&str>,
+        message: String,
+    ) {
+        let since = match self.prev(node) {
+            Some(e) if e.phase == phase => e.since.clone(),
+            _ => Time(self.s.now),
+        };
+        self.entries.insert(
+            node.to_string(),
+            NodeUpgrade {
+                name: node.to_string(),
+                phase,
+                since,
+                group,
+                version: None,
+                attempt: None,
+                boot_id_before: None,
+                hook: None,
+                job: None,
+                message: Some(message),
+                reason: reason.map(str::to_string),
+            },
+        );
+    }
+
+    /// Move an admitted entry on; `since` restarts with a new phase or hook.
+    fn step(&mut self, e: &NodeUpgrade, next: Next) {
+        let since = if e.phase == next.phase && e.hook == next.hook {
+            e.since.clone()
+        } else {
+            Time(self.s.now)
+        };
+        self.entries.insert(
+            e.name.clone(),
+            NodeUpgrade {
+                phase: next.phase,
+                since,
+                hook: next.hook,
+                job: next.job,
+                reason: next.reason.map(str::to_string),
+                message: Some(next.message),
+                ..e.clone()
+            },
+        );
+    }
+
+    pub(super) fn wake_at(&mut self, t: Timestamp) {
+        let d = duration_until(self.s.now, t).max(Duration::from_millis(50));
+        self.wake = earliest(self.wake, Some(d));
+    }
+
+    fn event(&mut self, node: &str, warning: bool, reason: &'static str, what: &str) {
+        let node_obj = self.s.nodes.iter().find(|n| n.name_any() == node);
+        if let Some(n) = node_obj {
+            self.effects.push(Effect::Event {
+                object: node_ref(n),
+                warning,
+                reason,
+                note: format!("UpgradePlan {}: {what}", self.name),
+            });
+        }
+        self.effects.push(Effect::Event {
+            object: plan_ref(self.s.plan),
+            warning,
+            reason,
+            note: format!("node {node}: {what}"),
+        });
+    }
+
+    pub(super) fn give_back(&mut self, nm: &NodeMaintenance) {
+        if let Some(uid) = nm.uid() {
+            self.effects.push(Effect::DeleteMaintenance {
+                nm: nm.name_any(),
+                uid,
+            });
+        }
+    }
+
+    /// Admit a node: the entry (the admission record) and the first step's
+    /// effect, a hook Job or the NodeMaintenance.
+    pub(super) fn admit(&mut self, node: &Node, group: Option<String>) {
+        let n = node.name_any();
+        let p = self.s.plan;
+        let e = NodeUpgrade {
+            name: n.clone(),
+            phase: UpgradePhase::Pending,
+            since: Time(self.s.now),
+            group,
+            version: Some(p.spec.version.clone()),
+            attempt: Some(self.generation),
+            boot_id_before: boot_id(node).map(str::to_string),
+            hook: None,
+            job: None,
+            message: None,
+            reason: None,
+        };
+        let what = format!("admitted for version {}", p.spec.version);
+        self.event(&n, false, "UpgradeAdmitted", &what);
+        self.hooks_from(&e, Stage::Before, 0);
+    }
+
+    /// Start hook `index` of `stage`, or, past the last, the next stage.
+    fn hooks_from(&mut self, e: &NodeUpgrade, stage: Stage, index: usize) {
+        let p = self.s.plan;
+        let Some(hook) = stage.hooks(p).get(index) else {
+            match stage {
+                Stage::Before => self.drain(e),
+                Stage::After => self.finish(e),
+            }
+            return;
+        };
+        let a = attempt(e);
+        let Some(job) = hooks::job_for(p, stage, index, &a) else {
+            // Only a spec edited since the check gets here.
+            let msg = format!("{} hook {}: the Job could not be built", stage.as_str(), hook.name);
+            return self.fail(e, FAILED_HOOK, msg);
+        };
+        let key = job_key(&hook.namespace, &job.name_any());
+        let phase = match stage {
+            Stage::Before => UpgradePhase::PreHooks,
+            Stage::After => UpgradePhase::PostHooks,
+        };
+        let message = format!("{} hook {}: running Job {key}", stage.as_str(), hook.name);
+        self.step(
+            e,
+            Next {
+                phase,
+                hook: Some(hook.name.clone()),
+                job: Some(key),
+                reason: None,
+                message,
+            },
+        );
+        self.effects.push(Effect::CreateJob { job: Box::new(job) });
+    }
+
+    /// Take the node: its NodeMaintenance drains it.
+    fn drain(&mut self, e: &NodeUpgrade) {
+        let p = self.s.plan;
+        let nm = take(
+            owner_ref(p, OWNER_KIND),
+            &maintenance_name(&e.name),
+            &e.name,
+            &p.spec.drain,
+            e.boot_id_before.as_deref().unwrap_or_default(),
+            format!("upgrade to {}: {}", version(e, p), self.name),
+        );
+        let message = format!("draining through NodeMaintenance {}", nm.name_any());
+        self.effects
+            .push(Effect::CreateMaintenance { nm: Box::new(nm) });
+        self.step(
+            e,
+            Next {
+                phase: UpgradePhase::Draining,
+                hook: None,
+                job: None,
+                reason: None,
+                message,
+            },
+        );
+    }
+
+    /// Verified and after hooks done: give the node back.
+    fn finish(&mut self, e: &NodeUpgrade) {
+        if let Some(m) = self.ours(&e.name) {
+            self.give_back(&m);
+        }
+        let v = version(e, self.s.plan).to_string();
+        self.event(&e.name, false, "UpgradeVerified", &format!("upgraded to {v} and verified"));
+        self.step(
+            e,
+            Next {
+                phase: UpgradePhase::Done,
+                hook: None,
+                job: None,
+                reason: None,
+                message: format!("upgraded to {v}"),
+            },
+        );
+    }
+
+    /// The node failed: recorded with its generation (a spec change
+    /// retries it), reported, and left where it is.
+    fn fail(&mut self, e: &NodeUpgrade, reason: &'static str, message: String) {
+        self.event(&e.name, true, "UpgradeFailed", &message);
+        let (hook, job) = match reason {
+            FAILED_HOOK => (e.hook.clone(), e.job.clone()),
+            _ => (None, None),
+        };
+        self.step(
+            e,
+            Next {
+                phase: UpgradePhase::Failed,
+                hook,
+                job,
+                reason: Some(reason),
+                message,
+            },
+        );
+        if let Some(x) = self.entries.get_mut(&e.name) {
+            x.attempt = Some(self.generation);
+        }
+    }
+
+    fn ours(&self, node: &str) -> Option<NodeMaintenance> {
+        self.s
+            .maintenances
+            .iter()
+            .find(|m| m.spec.node_name == node && owned_by(m, OWNER_KIND, &self.name))
+            .map(|m| (**m).clone())
+    }
+
+    /// A node we hold: one step along its upgrade.
+    pub(super) fn follow(
+        &mut self,
+        node: &Node,
+        ours: Option<&NodeMaintenance>,
+        group: Option<String>,
+    ) {
+        let Some(prev) = self.prev(&node.name_any()) else {
+            return;
+        };
+        let mut e = prev.clone();
+        e.group = group;
+        match e.phase {
+            UpgradePhase::PreHooks => self.hook(&e, Stage::Before),
+            UpgradePhase::PostHooks => self.hook(&e, Stage::After),
+            UpgradePhase::Draining => self.draining(node, &e, ours),
+            UpgradePhase::Upgrading => self.upgrading(node, &e, ours),
+            UpgradePhase::Verifying => self.verifying(node, &e, ours),
+            _ => {
+                self.entries.insert(e.name.clone(), e);
+            }
+        }
+    }
+
+    /// A hook's Job: wait for it, move on when it completes, fail (or
+    /// ignore) when it fails or outlives its deadline.
+    fn hook(&mut self, e: &NodeUpgrade, stage: Stage) {
+        let p = self.s.plan;
+        let list = stage.hooks(p);
+        let Some(index) = list.iter().position(|h| Some(&h.name) == e.hook.as_ref()) else {
+            // The hook left the spec while it ran: go on with the next
+            // stage rather than guess.
+            let next = match stage {
+                Stage::Before => list.len(),
+                Stage::After => list.len(),
+            };
+            return self.hooks_from(e, stage, next);
+        };
+        let hook = &list[index];
+        let key = e.job.clone().unwrap_or_default();
+        let label = format!("{} hook {} (Job {key})", stage.as_str(), hook.name);
+        let result = match self.s.jobs.get(&key) {
+            Some(job) => hooks::state(job),
+            None => {
+                if let Some(err) = self.s.job_errors.get(&key) {
+                    JobState::Failed(format!("could not be created: {err}"))
+                } else {
+                    let ttl = i64::from(hook.ttl_seconds_after_finished);
+                    if self.s.now < after(e.since.0, ttl) {
+                        // Recorded, not seen yet: created (again) under its
+                        // name; a second create is a 409, never a second run.
+                        if let Some(job) = hooks::job_for(p, stage, index, &attempt(e)) {
+                            self.effects.push(Effect::CreateJob { job: Box::new(job) });
+                        }
+                        self.entries.insert(e.name.clone(), e.clone());
+                        return;
+                    }
+                    JobState::Failed("the Job disappeared before its result was seen".into())
+                }
+            }
+        };
+        match result {
+            JobState::Complete => self.hooks_from(e, stage, index + 1),
+            JobState::Running => {
+                let due = after(e.since.0, hook.deadline_seconds + HOOK_GRACE_SECS);
+                if self.s.now >= due {
+                    let why = format!("still running {} s past its deadline", HOOK_GRACE_SECS);
+                    self.hook_failed(e, stage, index, &label, &why);
+                } else {
+                    self.wake_at(due);
+                    self.entries.insert(e.name.clone(), e.clone());
+                }
+            }
+            JobState::Failed(why) => self.hook_failed(e, stage, index, &label, &why),
+        }
+    }
+
+    fn hook_failed(&mut self, e: &NodeUpgrade, stage: Stage, index: usize, label: &str, why: &str) {
+        let hook = &stage.hooks(self.s.plan)[index];
+        if hook.on_failure == "Ignore" {
+            let what = format!("{label} failed: {why} (onFailure: Ignore; going on)");
+            self.event(&e.name, true, "UpgradeHookFailed", &what);
+            return self.hooks_from(e, stage, index + 1);
+        }
+        let kept = match stage {
+            Stage::Before => "the node was not touched",
+            Stage::After => "the node stays in maintenance",
+        };
+        self.fail(e, FAILED_HOOK, format!("{label} failed: {why}; {kept}"));
+    }
+
+    fn draining(&mut self, node: &Node, e: &NodeUpgrade, ours: Option<&NodeMaintenance>) {
+        let Some(m) = ours else {
+            // Admitted, not taken yet (or our create is not in the store
+            // yet: creating again is a harmless 409).
+            return self.drain(e);
+        };
+        if m.is_deleting() {
+            self.entries.insert(e.name.clone(), e.clone());
+            return;
+        }
+        match m.phase() {
+            Some(Phase::Succeeded) => {
+                let message = upgrading_message(node, e, self.s.plan);
+                self.step(
+                    e,
+                    Next {
+                        phase: UpgradePhase::Upgrading,
+                        hook: None,
+                        job: None,
+                        reason: None,
+                        message,
+                    },
+                );
+                self.upgrade_deadline(e);
+            }
+            Some(Phase::Failed) => {
+                self.give_back(m);
+                let admin = self.s.maintenances.iter().find(|o| {
+                    o.spec.node_name == e.name && owner_of(o).is_none() && !o.is_deleting()
+                });
+                if let Some(admin) = admin {
+                    let msg = format!("preempted by NodeMaintenance {}", admin.name_any());
+                    self.set(&e.name, UpgradePhase::Waiting, e.group.clone(), Some(WAIT_IN_MAINTENANCE), msg);
+                } else {
+                    let why = m.status.as_ref().and_then(|st| st.last_error.clone());
+                    let why = why.unwrap_or_else(|| "the NodeMaintenance failed".into());
+                    self.fail(e, FAILED_DRAIN, format!("drain failed: {why}; the node was given back"));
+                }
+            }
+            _ => {
+                let message = format!("draining through NodeMaintenance {}", m.name_any());
+                self.step(
+                    e,
+                    Next {
+                        phase: UpgradePhase::Draining,
+                        hook: None,
+                        job: None,
+                        reason: None,
+                        message,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The node is drained; its agent runs the command. Done when it
+    /// reports the version (and, with a reboot, a new boot ID).
+    fn upgrading(&mut self, node: &Node, e: &NodeUpgrade, ours: Option<&NodeMaintenance>) {
+        let p = self.s.plan;
+        if ours.is_none_or(|m| m.is_deleting()) {
+            let msg = format!(
+                "its NodeMaintenance {} went away during the upgrade; the node may be half-upgraded",
+                maintenance_name(&e.name)
+            );
+            return self.fail(e, FAILED_INTERRUPTED, msg);
+        }
+        let v = version(e, p);
+        let before = e.boot_id_before.as_deref().unwrap_or_default();
+        let rebooted = boot_id(node).is_some_and(|b| b != before);
+        let t = token(&self.name, v, before);
+        let result = annotation(node, RESULT_ANNOTATION)
+            .and_then(|r| r.strip_prefix(t.as_str()))
+            .and_then(|r| r.strip_prefix(" failed: "));
+        if at_version(node, &p.spec.version_from, v) && (rebooted || !p.spec.strategy.reboot) {
+            let message = format!("reports version {v}; waiting for Ready");
+            self.step(
+                e,
+                Next {
+                    phase: UpgradePhase::Verifying,
+                    hook: None,
+                    job: None,
+                    reason: None,
+                    message,
+                },
+            );
+            let next = self.entries.get(&e.name).cloned().unwrap_or_else(|| e.clone());
+            return self.verifying(node, &next, ours);
+        }
+        if let Some(why) = result {
+            return self.fail(
+                e,
+                FAILED_COMMAND,
+                format!("the upgrade command failed: {why}; the node stays in maintenance"),
+            );
+        }
+        if !rebooted && let Some(why) = failure_in(node, before) {
+            let msg = format!("the reboot after the upgrade failed: {why}; the node stays in maintenance");
+            return self.fail(e, FAILED_COMMAND, msg);
+        }
+        let limit = p.spec.deadlines.upgrade_seconds;
+        if self.s.now >= after(e.since.0, limit) {
+            let seen = reported_version(node, &p.spec.version_from).unwrap_or("nothing");
+            let msg = format!(
+                "did not report version {v} within {limit} s (deadlines.upgradeSeconds; it reports {seen}); the node stays in maintenance"
+            );
+            return self.fail(e, FAILED_UPGRADE_TIMEOUT, msg);
+        }
+        let message = upgrading_message(node, e, p);
+        self.step(
+            e,
+            Next {
+                phase: UpgradePhase::Upgrading,
+                hook: None,
+                job: None,
+                reason: None,
+                message,
+            },
+        );
+        self.upgrade_deadline(e);
+    }
+
+    fn upgrade_deadline(&mut self, e: &NodeUpgrade) {
+        let since = self.entries.get(&e.name).map_or(e.since.0, |x| x.since.0);
+        self.wake_at(after(since, self.s.plan.spec.deadlines.upgrade_seconds));
+    }
+
+    /// Reports the version: Ready makes it verified, then the after hooks.
+    fn verifying(&mut self, node: &Node, e: &NodeUpgrade, ours: Option<&NodeMaintenance>) {
+        let p = self.s.plan;
+        if ours.is_none_or(|m| m.is_deleting()) && !p.spec.hooks.after.is_empty() {
+            let msg = format!(
+                "its NodeMaintenance {} went away before the after hooks ran",
+                maintenance_name(&e.name)
+            );
+            return self.fail(e, FAILED_INTERRUPTED, msg);
+        }
+        if ready(node) {
+            return self.hooks_from(e, Stage::After, 0);
+        }
+        let limit = p.spec.deadlines.verify_seconds;
+        let due = after(e.since.0, limit);
+        if self.s.now >= due {
+            let msg = format!(
+                "reports version {} but was not Ready within {limit} s (deadlines.verifySeconds); the node stays in maintenance",
+                version(e, p)
+            );
+            return self.fail(e, FAILED_VERIFY_TIMEOUT, msg);
+        }
+        self.wake_at(due);
+        self.entries.insert(e.name.clone(), e.clone());
+    }
+}
+
+fn upgrading_message(node: &Node, e: &NodeUpgrade, p: &UpgradePlan) -> String {
+    let v = version(e, p);
+    let before = e.boot_id_before.as_deref().unwrap_or_default();
+    let issued = annotation(node, ISSUED_ANNOTATION)
+        == Some(token(&p.name_any(), v, before).as_str());
+    if issued {
+        format!("upgrade command issued; waiting for the node to report version {v}")
+    } else {
+        format!("drained; waiting for the node agent to run the upgrade to {v}")
+    }
+}
+
+/// The version an admission upgrades to (recorded at admission).
+fn version<'p>(e: &'p NodeUpgrade, p: &'p UpgradePlan) -> &'p str {
+    e.version.as_deref().unwrap_or(&p.spec.version)
+}
+
+fn attempt(e: &NodeUpgrade) -> Attempt<'_> {
+    Attempt {
+        node: &e.name,
+        version: e.version.as_deref().unwrap_or_default(),
+        attempt: e.attempt.unwrap_or_default(),
+    }
+}
+
+fn plan_ref(p: &UpgradePlan) -> ObjectReference {
+    p.object_ref(&())
+}
+
+fn after(t: Timestamp, secs: i64) -> Timestamp {
+    t.checked_add(SignedDuration::from_secs(secs)).unwrap_or(t)
+}
