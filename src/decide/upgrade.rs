@@ -31,9 +31,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::budget::{self, Member};
-use super::disrupt::{
-    self, blocking_pod, boot_id, check_selector, owned_by, ready, unschedulable,
-};
+use super::disrupt::{self, blocking_pod, boot_id, check_selector, owned_by, ready, unschedulable};
 use super::drain::selector_matches;
 use super::maintenance::annotation;
 use super::{Effect, Plan, Then, window};
@@ -193,7 +191,11 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     };
 
     // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
-    for m in s.maintenances.iter().filter(|m| owned_by(m, OWNER_KIND, &name)) {
+    for m in s
+        .maintenances
+        .iter()
+        .filter(|m| owned_by(m, OWNER_KIND, &name))
+    {
         if !m.is_deleting() && !s.nodes.iter().any(|n| n.name_any() == m.spec.node_name) {
             d.give_back(m);
         }
@@ -247,7 +249,8 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     // 2. The group being upgraded: the first with a node not finished.
     let finished = |e: Option<&NodeUpgrade>| {
         e.is_some_and(|e| {
-            e.phase == UpgradePhase::Done || (e.phase == UpgradePhase::Failed && continue_on_failure)
+            e.phase == UpgradePhase::Done
+                || (e.phase == UpgradePhase::Failed && continue_on_failure)
         })
     };
     let current = selected
@@ -396,19 +399,30 @@ fn status(
     if problems.is_empty() {
         set(&mut conds, "Valid", "True", "Valid", "the plan can be used");
     } else {
-        set(&mut conds, "Valid", "False", WAIT_INVALID, &problems.join("; "));
+        set(
+            &mut conds,
+            "Valid",
+            "False",
+            WAIT_INVALID,
+            &problems.join("; "),
+        );
     }
     if p.spec.paused {
-        set(&mut conds, "Paused", "True", WAIT_PAUSED, "spec.paused is true");
+        set(
+            &mut conds,
+            "Paused",
+            "True",
+            WAIT_PAUSED,
+            "spec.paused is true",
+        );
     } else if let Some(f) = &failure_pause {
         let why = nodes
             .iter()
             .find(|e| &e.name == f)
             .and_then(|e| e.message.clone())
             .unwrap_or_default();
-        let msg = format!(
-            "node {f} failed: {why}; no further node is admitted until the spec changes"
-        );
+        let msg =
+            format!("node {f} failed: {why}; no further node is admitted until the spec changes");
         set(&mut conds, "Paused", "True", WAIT_FAILURE, &msg);
     } else {
         set(&mut conds, "Paused", "False", "Running", "admitting nodes");
@@ -418,7 +432,11 @@ fn status(
         let msg = format!("every selected node is at version {}", p.spec.version);
         set(&mut conds, "Complete", "True", "Complete", &msg);
     } else {
-        let msg = format!("{done} of {} selected nodes at version {}", nodes.len(), p.spec.version);
+        let msg = format!(
+            "{done} of {} selected nodes at version {}",
+            nodes.len(),
+            p.spec.version
+        );
         set(&mut conds, "Complete", "False", "InProgress", &msg);
     }
     UpgradePlanStatus {
@@ -426,7 +444,9 @@ fn status(
         upgrading: count(&|ph| ph.admitted()),
         done,
         failed: count(&|ph| ph == UpgradePhase::Failed),
-        group: current.and_then(|g| p.spec.groups.get(g)).map(|g| g.name.clone()),
+        group: current
+            .and_then(|g| p.spec.groups.get(g))
+            .map(|g| g.name.clone()),
         nodes,
         observed_generation: p.metadata.generation,
         conditions: Some(conds),

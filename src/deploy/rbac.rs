@@ -40,13 +40,14 @@ pub struct Grant {
 
 const MAINTENANCE: &str = "maintenance";
 const REBOOT: &str = "reboot";
+const UPGRADE: &str = "upgrade";
 const BOTH: &[Identity] = &[Identity::Agent, Identity::Cluster];
 const CLUSTER: &[Identity] = &[Identity::Cluster];
 
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 11] = [
+pub const GRANTS: [Grant; 14] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -128,12 +129,36 @@ pub const GRANTS: [Grant; 11] = [
         why: "the admission record and per-node reboot phases",
     },
     Grant {
-        feature: REBOOT,
+        feature: "reboot, upgrade",
         identities: CLUSTER,
         group: "nodemaintenance.medik8s.io",
         resource: "nodemaintenances",
         verbs: &["create", "delete"],
-        why: "take a node for its reboot and give it back",
+        why: "take a node for its reboot or upgrade and give it back",
+    },
+    Grant {
+        feature: UPGRADE,
+        identities: BOTH,
+        group: "nodekeeper.io",
+        resource: "upgradeplans",
+        verbs: &["get", "list", "watch"],
+        why: "the plan of a node being upgraded: its command and version (node role), its spec (cluster role)",
+    },
+    Grant {
+        feature: UPGRADE,
+        identities: CLUSTER,
+        group: "nodekeeper.io",
+        resource: "upgradeplans/status",
+        verbs: &["patch"],
+        why: "the admission record, per-node phases and the hook Jobs started",
+    },
+    Grant {
+        feature: UPGRADE,
+        identities: CLUSTER,
+        group: "batch",
+        resource: "jobs",
+        verbs: &["create", "list", "watch"],
+        why: "run hook Jobs (labelled and owned by their plan) and watch them by that label; none is ever deleted",
     },
 ];
 

@@ -201,7 +201,7 @@ mod tests {
                 .await
                 .unwrap_or_default();
             assert_eq!((code, out.as_str()), (3, "nope"));
-            assert!(reboot(&["false".into()]).await.is_err());
+            assert!(command(&["false".into()], COMMAND_TIMEOUT).await.is_err());
             let missing = run(&["/nonexistent/reboot".into()]).await;
             assert!(missing.is_err_and(|e| e.contains("/nonexistent/reboot")));
             assert_eq!(

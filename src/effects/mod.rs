@@ -212,7 +212,10 @@ impl Interpreter {
             &Patch::Apply(&body),
         )
         .await
-        .map_err(Error::kube(format!("writing status of {} {name}", K::kind(&()))))
+        .map_err(Error::kube(format!(
+            "writing status of {} {name}",
+            K::kind(&())
+        )))
     }
 
     /// Create a hook Job. A 409 is our own earlier create; a refusal the

@@ -16,6 +16,7 @@ use super::roles::Scope;
 use super::stores::{Fresh, Stores, Synced};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
+use crate::api::upgrade::UpgradePlan;
 use crate::decide::foreign::LastCheck;
 use crate::decide::{NodeMemory, Outcome};
 use crate::effects::Interpreter;
@@ -36,6 +37,15 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
+    pub plans: Store<UpgradePlan>,
+    /// Cluster role: hook Jobs (empty in the node role).
+    pub jobs: Store<k8s_openapi::api::batch::v1::Job>,
+    /// Cluster role: hook Jobs the API server refused to create, by
+    /// `namespace/name`, with why (the plan reports them as failures).
+    pub job_errors: Mutex<HashMap<String, String>>,
+    /// Node role: the upgrade command running in the background, if any
+    /// (its token), so a reconcile never starts a second one.
+    pub upgrade_running: Mutex<Option<String>>,
     pub synced: Synced,
     /// The agent's default drain deadline (`--drain-timeout`).
     pub drain_timeout: Duration,
@@ -78,6 +88,10 @@ impl Context {
             pods: stores.pods,
             maintenances: stores.maintenances,
             policies: stores.policies,
+            plans: stores.plans,
+            jobs: stores.jobs,
+            job_errors: Mutex::default(),
+            upgrade_running: Mutex::default(),
             synced: stores.synced,
             drain_timeout,
             node_agents,
@@ -124,6 +138,53 @@ impl Context {
             .into_iter()
             .filter_map(|p| self.fresh.policies.fresher(&p.name_any(), Some(p)))
             .collect()
+    }
+
+    /// Every UpgradePlan, each in its newest known version.
+    pub fn plans(&self) -> Vec<Arc<UpgradePlan>> {
+        self.plans
+            .state()
+            .into_iter()
+            .filter_map(|p| self.fresh.plans.fresher(&p.name_any(), Some(p)))
+            .collect()
+    }
+
+    /// Hook Jobs by `namespace/name`.
+    pub fn jobs_by_key(&self) -> HashMap<String, Arc<k8s_openapi::api::batch::v1::Job>> {
+        self.jobs
+            .state()
+            .into_iter()
+            .map(|j| {
+                let key = crate::decide::upgrade::job_key(
+                    j.metadata.namespace.as_deref().unwrap_or_default(),
+                    &j.name_any(),
+                );
+                (key, j)
+            })
+            .collect()
+    }
+
+    pub fn job_errors(&self) -> HashMap<String, String> {
+        lock(&self.job_errors).clone()
+    }
+
+    pub fn set_job_error(&self, key: String, why: String) {
+        lock(&self.job_errors).insert(key, why);
+    }
+
+    /// Node role: claim the background upgrade slot for `token`; false if
+    /// a command is already running.
+    pub fn claim_upgrade(&self, token: &str) -> bool {
+        let mut running = lock(&self.upgrade_running);
+        if running.is_some() {
+            return false;
+        }
+        *running = Some(token.to_string());
+        true
+    }
+
+    pub fn release_upgrade(&self) {
+        *lock(&self.upgrade_running) = None;
     }
 
     /// Every NodeMaintenance, each in its newest known version.
@@ -189,6 +250,7 @@ impl Context {
             Outcome::NodeWritten(n) => self.fresh.nodes.remember((**n).clone()),
             Outcome::MaintenanceWritten(m) => self.fresh.maintenances.remember((**m).clone()),
             Outcome::PolicyWritten(p) => self.fresh.policies.remember((**p).clone()),
+            Outcome::UpgradePlanWritten(p) => self.fresh.plans.remember((**p).clone()),
             _ => {}
         }
     }
@@ -227,5 +289,16 @@ impl Context {
         self.fresh.maintenances.retain(nm_exists);
         let policy_exists = |n: &str| self.policies.get(&ObjectRef::new(n)).is_some();
         self.fresh.policies.retain(policy_exists);
+        let plan_exists = |n: &str| self.plans.get(&ObjectRef::new(n)).is_some();
+        self.fresh.plans.retain(plan_exists);
+        // Refusals are kept while a plan's status still names their Job.
+        let named: HashSet<String> = self
+            .plans
+            .state()
+            .iter()
+            .filter_map(|p| p.status.as_ref())
+            .flat_map(|s| s.nodes.iter().filter_map(|e| e.job.clone()))
+            .collect();
+        lock(&self.job_errors).retain(|k, _| named.contains(k));
     }
 }

@@ -1,6 +1,6 @@
 //! `nodekeeper run`: the service, wired here. One kube-runtime `Controller`
 //! whose object is the Node; every other kind it watches (pods,
-//! NodeMaintenances, RebootPolicies) is reflected into a store that serves both as a trigger
+//! NodeMaintenances, RebootPolicies, UpgradePlans, hook Jobs) is reflected into a store that serves both as a trigger
 //! (mapped to the nodes it affects) and as the reconciler's snapshot, so
 //! each kind is watched once and every CRD is reconciled in this one loop.
 //!
@@ -16,6 +16,7 @@ pub mod reboots;
 pub mod reconcile;
 pub mod roles;
 pub mod stores;
+pub mod upgrades;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,13 +33,15 @@ use smol::stream::StreamExt;
 
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
+use crate::api::upgrade::UpgradePlan;
 use crate::cli::run::RunConfig;
 use crate::effects::Interpreter;
 use crate::error::{Error, Result};
 use crate::runtime::Latch;
 use context::Context;
+use k8s_openapi::api::batch::v1::Job;
 use roles::{Scope, map_maintenance};
-use stores::{Fresh, Stores, Synced, observe, slim_pod};
+use stores::{Fresh, Stores, Synced, observe, slim_job, slim_pod};
 
 /// Run the service until `shutdown` resolves (or leadership is lost).
 pub async fn run(
@@ -196,6 +199,38 @@ pub async fn run(
             .filter(|r| watch_ok(r, "RebootPolicies"))
     };
 
+    let (plans, plan_writer) = reflector::store::<UpgradePlan>();
+    let plan_events = {
+        let (latch, fresh) = (synced.plans.clone(), fresh.clone());
+        watcher(Api::<UpgradePlan>::all(client.clone()), watch_config())
+            .backoff(stores::WatchBackoff::default())
+            .reflect(plan_writer)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.plans.forget(name)))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "UpgradePlans"))
+    };
+    // Hook Jobs: the cluster role's, by their plan label. The node role
+    // runs none and may not list them.
+    let (jobs, job_writer) = reflector::store::<Job>();
+    let job_events: std::pin::Pin<
+        Box<dyn smol::stream::Stream<Item = std::result::Result<Job, watcher::Error>> + Send>,
+    > = if scope.sees_all_nodes() {
+        let latch = synced.jobs.clone();
+        let jobs_wc = watch_config().labels(crate::api::upgrade::PLAN_LABEL);
+        Box::pin(
+            watcher(Api::<Job>::all(client.clone()), jobs_wc)
+                .backoff(stores::WatchBackoff::default())
+                .modify(slim_job)
+                .reflect(job_writer)
+                .inspect(move |ev| observe(ev, &latch, |_| {}))
+                .touched_objects()
+                .filter(|r| watch_ok(r, "Jobs")),
+        )
+    } else {
+        synced.jobs.open();
+        Box::pin(smol::stream::pending())
+    };
+
     // Watch errors stop at the watchers (each backs off on its own, see
     // stores::WatchBackoff): kube's Controller would otherwise put its own
     // backoff (up to 30 s) on the merged trigger stream, and one failing
@@ -222,6 +257,8 @@ pub async fn run(
             pods,
             maintenances: nms,
             policies,
+            plans,
+            jobs,
             synced: synced.clone(),
             fresh,
         },
@@ -258,6 +295,8 @@ pub async fn run(
     let nm_scope = scope.clone();
     let nm_nodes = nodes.clone();
     let (policy_scope, policy_nodes) = (scope.clone(), nodes.clone());
+    let (plan_scope, plan_nodes) = (scope.clone(), nodes.clone());
+    let (job_scope, job_nodes) = (scope.clone(), nodes.clone());
     let stop = {
         let stopping = stopping.clone();
         async move { stopping.wait().await }
@@ -278,6 +317,13 @@ pub async fn run(
         // the policy pass or the own node's reboot step.
         .watches_stream(policy_events, move |_: RebootPolicy| {
             roles::anchor(&policy_scope, &policy_nodes).map(|a| ObjectRef::<Node>::new(&a))
+        })
+        // Plans and their Jobs likewise run through the anchor's pass.
+        .watches_stream(plan_events, move |_: UpgradePlan| {
+            roles::anchor(&plan_scope, &plan_nodes).map(|a| ObjectRef::<Node>::new(&a))
+        })
+        .watches_stream(job_events, move |_: Job| {
+            roles::anchor(&job_scope, &job_nodes).map(|a| ObjectRef::<Node>::new(&a))
         })
         .reconcile_on(heartbeat)
         .graceful_shutdown_on(stop)
@@ -356,6 +402,7 @@ pub async fn require_crds(client: &Client) -> Result<()> {
         &[
             ApiResource::erase::<NodeMaintenance>(&()),
             ApiResource::erase::<RebootPolicy>(&()),
+            ApiResource::erase::<UpgradePlan>(&()),
         ],
     )
     .await

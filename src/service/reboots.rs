@@ -1,5 +1,6 @@
 //! Coordinated reboots in the loop. The cluster role runs one pass over
-//! every RebootPolicy after any reconcile ([`reconcile_policies`]): one
+//! every RebootPolicy (and UpgradePlan, see `upgrades.rs`) after any
+//! reconcile ([`reconcile_policies`]): one
 //! pass at a time, and triggers that arrive during a pass fold into one
 //! more pass instead of queueing one each. The node role looks at its
 //! host's signals at the governing policy's period and acts on its own
@@ -40,6 +41,9 @@ pub async fn reconcile_policies(ctx: &Context) -> Result<Option<Duration>> {
                 }
             }
             give_back_orphans(ctx, &policies).await?;
+            // UpgradePlans share the pass: one writer of admissions at a
+            // time, whichever feature they are for.
+            wake = earliest(wake, super::upgrades::reconcile_plans(ctx).await?);
         }
         drop(guard);
         // A trigger between our last check and the unlock found the pass

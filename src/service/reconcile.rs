@@ -54,7 +54,10 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     wake = earliest(
         wake,
         match ctx.scope {
-            Scope::Node(_) => super::reboots::reconcile_own_node(&ctx, &name).await?,
+            Scope::Node(_) => {
+                super::upgrades::reconcile_own_node(&ctx, &name).await?;
+                super::reboots::reconcile_own_node(&ctx, &name).await?
+            }
             Scope::AllNodes { .. } => super::reboots::reconcile_policies(&ctx).await?,
         },
     );

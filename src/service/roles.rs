@@ -50,6 +50,18 @@ impl Scope {
 /// selector. Anything weaker would let two pool-scoped cluster roles write
 /// one policy's status from two halves of its nodes.
 pub fn handles_policy(scope: &Scope, policy: &crate::api::reboot::RebootPolicy) -> bool {
+    handles_selector(scope, policy.spec.node_selector.as_ref())
+}
+
+/// [`handles_policy`] for an UpgradePlan.
+pub fn handles_plan(scope: &Scope, plan: &crate::api::upgrade::UpgradePlan) -> bool {
+    handles_selector(scope, plan.spec.node_selector.as_ref())
+}
+
+fn handles_selector(
+    scope: &Scope,
+    selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+) -> bool {
     let Scope::AllNodes {
         selector: Some(pool),
     } = scope
@@ -59,11 +71,7 @@ pub fn handles_policy(scope: &Scope, policy: &crate::api::reboot::RebootPolicy) 
     let Some(terms) = equality_terms(pool) else {
         return false;
     };
-    let labels = policy
-        .spec
-        .node_selector
-        .as_ref()
-        .and_then(|s| s.match_labels.as_ref());
+    let labels = selector.and_then(|s| s.match_labels.as_ref());
     terms
         .iter()
         .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))

@@ -1,11 +1,14 @@
 //! What the loop decides from: one reflector store per watched kind, each
 //! fed by our own watcher so that we see its first full list (readiness)
 //! and its deletions (pruning the mutation cache), plus the mutation cache
-//! itself ([`Fresh`]). RebootPolicies are watched in both roles: few
-//! objects, and the node role needs its policy's sentinel and command.
+//! itself ([`Fresh`]). RebootPolicies and UpgradePlans are watched in both
+//! roles: few objects, and the node role needs its policy's sentinel and
+//! command and its plan's upgrade command. Hook Jobs (by their plan label)
+//! only in the cluster role.
 
 use std::sync::Arc;
 
+use k8s_openapi::api::batch::v1::{Job, JobStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Volume};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -13,6 +16,7 @@ use kube::runtime::watcher;
 use super::fresh::FreshCache;
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
+use crate::api::upgrade::UpgradePlan;
 use crate::runtime::Latch;
 
 /// Each watched kind's first full list, as latches any number of tasks may
@@ -23,6 +27,9 @@ pub struct Synced {
     pub pods: Latch,
     pub maintenances: Latch,
     pub policies: Latch,
+    pub plans: Latch,
+    /// Opened at once where Jobs are not watched (the node role).
+    pub jobs: Latch,
 }
 
 impl Synced {
@@ -31,6 +38,8 @@ impl Synced {
         self.pods.wait().await;
         self.maintenances.wait().await;
         self.policies.wait().await;
+        self.plans.wait().await;
+        self.jobs.wait().await;
     }
 }
 
@@ -40,6 +49,7 @@ pub struct Fresh {
     pub nodes: FreshCache<Node>,
     pub maintenances: FreshCache<NodeMaintenance>,
     pub policies: FreshCache<RebootPolicy>,
+    pub plans: FreshCache<UpgradePlan>,
 }
 
 /// The reflector stores the loop decides from.
@@ -48,6 +58,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
+    pub plans: Store<UpgradePlan>,
+    pub jobs: Store<Job>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
 }
@@ -152,6 +164,20 @@ pub fn slim_pod(pod: &mut Pod) {
     if let Some(status) = pod.status.as_mut() {
         *status = PodStatus {
             phase: status.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
+/// A hook Job as the plan reads it: its labels and conditions. The
+/// template is the plan's own, and stays out of memory.
+pub fn slim_job(job: &mut Job) {
+    job.metadata.managed_fields = None;
+    job.metadata.annotations = None;
+    job.spec = None;
+    if let Some(status) = job.status.as_mut() {
+        *status = JobStatus {
+            conditions: status.conditions.take(),
             ..Default::default()
         };
     }

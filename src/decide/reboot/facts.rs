@@ -107,4 +107,3 @@ pub fn maintenance_for(p: &RebootPolicy, node: &Node, boot: &str) -> NodeMainten
 pub fn argv(template: &[String], node: &str) -> Vec<String> {
     template.iter().map(|a| a.replace("{node}", node)).collect()
 }
-

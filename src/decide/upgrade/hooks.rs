@@ -164,14 +164,18 @@ fn keep_off(affinity: &mut Affinity, node: &str) {
         operator: "NotIn".into(),
         values: Some(vec![node.to_string()]),
     };
-    let na = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    let na = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
     let required = na
         .required_during_scheduling_ignored_during_execution
         .get_or_insert_with(|| NodeSelector {
             node_selector_terms: Vec::new(),
         });
     if required.node_selector_terms.is_empty() {
-        required.node_selector_terms.push(NodeSelectorTerm::default());
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
     }
     for term in &mut required.node_selector_terms {
         term.match_expressions

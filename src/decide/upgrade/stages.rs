@@ -169,7 +169,11 @@ impl<'a> Decision<'a> {
         let a = attempt(e);
         let Some(job) = hooks::job_for(p, stage, index, &a) else {
             // Only a spec edited since the check gets here.
-            let msg = format!("{} hook {}: the Job could not be built", stage.as_str(), hook.name);
+            let msg = format!(
+                "{} hook {}: the Job could not be built",
+                stage.as_str(),
+                hook.name
+            );
             return self.fail(e, FAILED_HOOK, msg);
         };
         let key = job_key(&hook.namespace, &job.name_any());
@@ -223,7 +227,12 @@ impl<'a> Decision<'a> {
             self.give_back(&m);
         }
         let v = version(e, self.s.plan).to_string();
-        self.event(&e.name, false, "UpgradeVerified", &format!("upgraded to {v} and verified"));
+        self.event(
+            &e.name,
+            false,
+            "UpgradeVerified",
+            &format!("upgraded to {v} and verified"),
+        );
         self.step(
             e,
             Next {
@@ -390,11 +399,21 @@ impl<'a> Decision<'a> {
                 });
                 if let Some(admin) = admin {
                     let msg = format!("preempted by NodeMaintenance {}", admin.name_any());
-                    self.set(&e.name, UpgradePhase::Waiting, e.group.clone(), Some(WAIT_IN_MAINTENANCE), msg);
+                    self.set(
+                        &e.name,
+                        UpgradePhase::Waiting,
+                        e.group.clone(),
+                        Some(WAIT_IN_MAINTENANCE),
+                        msg,
+                    );
                 } else {
                     let why = m.status.as_ref().and_then(|st| st.last_error.clone());
                     let why = why.unwrap_or_else(|| "the NodeMaintenance failed".into());
-                    self.fail(e, FAILED_DRAIN, format!("drain failed: {why}; the node was given back"));
+                    self.fail(
+                        e,
+                        FAILED_DRAIN,
+                        format!("drain failed: {why}; the node was given back"),
+                    );
                 }
             }
             _ => {
@@ -443,7 +462,11 @@ impl<'a> Decision<'a> {
                     message,
                 },
             );
-            let next = self.entries.get(&e.name).cloned().unwrap_or_else(|| e.clone());
+            let next = self
+                .entries
+                .get(&e.name)
+                .cloned()
+                .unwrap_or_else(|| e.clone());
             return self.verifying(node, &next, ours);
         }
         if let Some(why) = result {
@@ -454,7 +477,9 @@ impl<'a> Decision<'a> {
             );
         }
         if !rebooted && let Some(why) = failure_in(node, before) {
-            let msg = format!("the reboot after the upgrade failed: {why}; the node stays in maintenance");
+            let msg = format!(
+                "the reboot after the upgrade failed: {why}; the node stays in maintenance"
+            );
             return self.fail(e, FAILED_COMMAND, msg);
         }
         let limit = p.spec.deadlines.upgrade_seconds;
@@ -514,8 +539,8 @@ impl<'a> Decision<'a> {
 fn upgrading_message(node: &Node, e: &NodeUpgrade, p: &UpgradePlan) -> String {
     let v = version(e, p);
     let before = e.boot_id_before.as_deref().unwrap_or_default();
-    let issued = annotation(node, ISSUED_ANNOTATION)
-        == Some(token(&p.name_any(), v, before).as_str());
+    let issued =
+        annotation(node, ISSUED_ANNOTATION) == Some(token(&p.name_any(), v, before).as_str());
     if issued {
         format!("upgrade command issued; waiting for the node to report version {v}")
     } else {

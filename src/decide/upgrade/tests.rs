@@ -1,0 +1,698 @@
+//! The upgrade decisions on hand-built worlds. [`World`] plays the API
+//! server: it applies each plan's effects (status, Jobs, NodeMaintenances)
+//! so a test can walk a node through its whole upgrade and check each step.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::json;
+
+use super::*;
+use crate::api::nodemaintenance::{NodeMaintenanceStatus, Phase};
+use crate::decide::Effect;
+
+const VERSION_LABEL: &str = "example.com/os-version";
+const CP: &str = "node-role.kubernetes.io/control-plane";
+
+fn now() -> Timestamp {
+    "2026-11-23T12:00:00Z".parse().unwrap_or_default()
+}
+
+fn node(name: &str, version: &str, cp: bool) -> Node {
+    let mut labels: std::collections::BTreeMap<String, String> =
+        [(VERSION_LABEL.to_string(), version.to_string())].into();
+    if cp {
+        labels.insert(CP.into(), String::new());
+    }
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some("7".into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            node_info: Some(NodeSystemInfo {
+                boot_id: format!("boot-{name}-1"),
+                kubelet_version: "v1.36.0".into(),
+                os_image: "Talos (v1.9.0)".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn hook(name: &str, on_failure: &str) -> Hook {
+    Hook {
+        name: name.into(),
+        namespace: "ops".into(),
+        deadline_seconds: 300,
+        on_failure: on_failure.into(),
+        ttl_seconds_after_finished: 3600,
+        job: json!({"template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox",
+                "env": [{"name": "KEEP", "value": "1"}, {"name": "NODE_NAME", "value": "mine"}]}]
+        }}}),
+    }
+}
+
+fn plan() -> UpgradePlan {
+    let spec: UpgradePlanSpec = serde_json::from_value(json!({
+        "version": "v2",
+        "versionFrom": {"source": "Label", "key": VERSION_LABEL},
+        "strategy": {"command": ["/sbin/upgrade", "--to", "{version}", "{node}"]},
+        "groups": [
+            {"name": "control-plane", "nodeSelector": {"matchExpressions": [{"key": CP, "operator": "Exists"}]}},
+            {"name": "workers", "nodeSelector": {}}
+        ],
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut p = UpgradePlan::new("os", spec);
+    p.metadata.uid = Some("uid-plan".into());
+    p.metadata.resource_version = Some("1".into());
+    p.metadata.generation = Some(1);
+    p.spec.hooks.before = vec![hook("backup", "Stop")];
+    p.spec.hooks.after = vec![hook("check", "Stop")];
+    p
+}
+
+struct World {
+    plan: UpgradePlan,
+    nodes: Vec<Arc<Node>>,
+    nms: Vec<Arc<NodeMaintenance>>,
+    jobs: HashMap<String, Arc<Job>>,
+    job_errors: HashMap<String, String>,
+    now: Timestamp,
+    /// Every Job ever created, in order.
+    created: Vec<Job>,
+    events: Vec<&'static str>,
+}
+
+impl World {
+    fn new(plan: UpgradePlan, nodes: Vec<Node>) -> World {
+        World {
+            plan,
+            nodes: nodes.into_iter().map(Arc::new).collect(),
+            nms: Vec::new(),
+            jobs: HashMap::new(),
+            job_errors: HashMap::new(),
+            now: now(),
+            created: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    fn decide(&self) -> Plan {
+        let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+        decide(&Snapshot {
+            plan: &self.plan,
+            nodes: &self.nodes,
+            maintenances: &self.nms,
+            jobs: &self.jobs,
+            job_errors: &self.job_errors,
+            pods_on: &pods_on,
+            now: self.now,
+        })
+    }
+
+    /// Decide and apply the effects, as the loop and the API server would.
+    fn step(&mut self) -> Vec<Effect> {
+        let fx = self.decide().effects;
+        for e in &fx {
+            match e {
+                Effect::WriteUpgradeStatus { status, .. } => {
+                    self.plan.status = Some((**status).clone())
+                }
+                Effect::CreateJob { job } => {
+                    let key = job_key(
+                        job.metadata.namespace.as_deref().unwrap_or_default(),
+                        job.metadata.name.as_deref().unwrap_or_default(),
+                    );
+                    if !self.jobs.contains_key(&key) {
+                        self.created.push((**job).clone());
+                        self.jobs.insert(key, Arc::new((**job).clone()));
+                    }
+                }
+                Effect::CreateMaintenance { nm }
+                    if !self.nms.iter().any(|m| m.metadata.name == nm.metadata.name) =>
+                {
+                    let mut m = (**nm).clone();
+                    m.metadata.uid = Some(format!("uid-{}", m.spec.node_name));
+                    self.nms.push(Arc::new(m));
+                }
+                Effect::DeleteMaintenance { nm, .. } => {
+                    self.nms.retain(|m| m.metadata.name.as_deref() != Some(nm))
+                }
+                Effect::Event { reason, .. } => self.events.push(reason),
+                _ => {}
+            }
+        }
+        fx
+    }
+
+    fn entry(&self, node: &str) -> NodeUpgrade {
+        self.plan
+            .entry(node)
+            .cloned()
+            .unwrap_or_else(|| panic!("no entry for {node}: {:?}", self.plan.status))
+    }
+
+    fn phase(&self, node: &str) -> UpgradePhase {
+        self.entry(node).phase
+    }
+
+    fn finish_job(&mut self, node: &str, ok: bool) {
+        let key = self.entry(node).job.unwrap_or_default();
+        let job = self
+            .jobs
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| panic!("no Job {key}"));
+        let mut job = (*job).clone();
+        job.status = Some(JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: if ok { "Complete" } else { "Failed" }.into(),
+                status: "True".into(),
+                reason: Some(
+                    if ok {
+                        "Completed"
+                    } else {
+                        "BackoffLimitExceeded"
+                    }
+                    .into(),
+                ),
+                message: Some(
+                    if ok {
+                        "done"
+                    } else {
+                        "Job has reached the specified backoff limit"
+                    }
+                    .into(),
+                ),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        self.jobs.insert(key, Arc::new(job));
+    }
+
+    fn drained(&mut self, node: &str) {
+        let name = maintenance_name(node);
+        for m in self.nms.iter_mut() {
+            if m.metadata.name.as_deref() == Some(name.as_str()) {
+                let mut x = (**m).clone();
+                x.status = Some(NodeMaintenanceStatus {
+                    phase: Some(Phase::Succeeded),
+                    ..Default::default()
+                });
+                *m = Arc::new(x);
+            }
+        }
+    }
+
+    fn edit_node(&mut self, name: &str, f: impl FnOnce(&mut Node)) {
+        if let Some(n) = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+        {
+            let mut x = (**n).clone();
+            f(&mut x);
+            *n = Arc::new(x);
+        }
+    }
+
+    fn node(&self, name: &str) -> Node {
+        self.nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .map(|n| (**n).clone())
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    fn later(&mut self, secs: i64) {
+        self.now = self
+            .now
+            .checked_add(SignedDuration::from_secs(secs))
+            .unwrap_or(self.now);
+    }
+
+    /// The node role's effects for `node`.
+    fn agent(&self, name: &str) -> Vec<Effect> {
+        let n = self.node(name);
+        let plans = [Arc::new(self.plan.clone())];
+        node::decide(&node::Snapshot {
+            node: &n,
+            maintenances: self.nms.iter().map(|m| m.as_ref()).collect(),
+            plans: &plans,
+        })
+    }
+
+    /// What the host would do: run the command (its result recorded as
+    /// the agent would) and report the version.
+    fn upgrade_host(&mut self, name: &str, ok: bool) {
+        let fx = self.agent(name);
+        let (Effect::PatchNode { patch, .. }, Effect::RunHost { record, .. }) = (&fx[0], &fx[1])
+        else {
+            panic!("expected issue + run, got {fx:?}");
+        };
+        let issued = patch["metadata"]["annotations"][ISSUED_ANNOTATION]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let result = if ok {
+            record.succeeded.clone().unwrap_or_default()
+        } else {
+            format!("{}disk full", record.failed)
+        };
+        self.edit_node(name, |n| {
+            let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+            ann.insert(ISSUED_ANNOTATION.into(), issued);
+            ann.insert(RESULT_ANNOTATION.into(), result);
+            if ok {
+                n.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(VERSION_LABEL.into(), "v2".into());
+            }
+        });
+    }
+}
+
+#[test]
+fn a_node_goes_through_hooks_drain_upgrade_verify_and_is_given_back_group_by_group() {
+    let mut w = World::new(
+        plan(),
+        vec![
+            node("cp-1", "v1", true),
+            node("w-1", "v1", false),
+            node("w-2", "v2", false),
+        ],
+    );
+    w.step();
+    assert_eq!(w.phase("cp-1"), UpgradePhase::PreHooks);
+    assert_eq!(w.phase("w-1"), UpgradePhase::Waiting);
+    assert_eq!(w.entry("w-1").reason.as_deref(), Some(WAIT_GROUP));
+    assert_eq!(w.phase("w-2"), UpgradePhase::Done, "already at the version");
+    assert_eq!(
+        w.plan
+            .status
+            .as_ref()
+            .and_then(|s| s.group.clone())
+            .as_deref(),
+        Some("control-plane")
+    );
+    assert!(
+        w.nms.is_empty(),
+        "before hooks run before the node is touched"
+    );
+
+    // The before hook's Job: named, labelled, owned, off the node, env appended.
+    let job = w.created[0].clone();
+    let name = job.metadata.name.clone().unwrap_or_default();
+    assert!(name.starts_with("os-backup-") && name.len() <= 63, "{name}");
+    let labels = job.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get(NODE_LABEL).map(String::as_str), Some("cp-1"));
+    assert_eq!(labels.get(STAGE_LABEL).map(String::as_str), Some("before"));
+    assert_eq!(
+        job.metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o[0].kind.clone())
+            .as_deref(),
+        Some("UpgradePlan")
+    );
+    let spec = job.spec.clone().unwrap_or_default();
+    assert_eq!(spec.active_deadline_seconds, Some(300));
+    assert_eq!(spec.ttl_seconds_after_finished, Some(3600));
+    let pod = spec.template.spec.unwrap_or_default();
+    let env: Vec<(String, String)> = pod.containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("KEEP", "1"),
+            ("NODE_NAME", "mine"),
+            ("NODEKEEPER_PLAN", "os"),
+            ("NODEKEEPER_VERSION", "v2")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .to_vec(),
+        "appended, never replacing the template's own"
+    );
+    let term = &pod
+        .affinity
+        .and_then(|a| a.node_affinity)
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default()[0];
+    let req = &term.match_expressions.clone().unwrap_or_default()[0];
+    assert_eq!(
+        (req.key.as_str(), req.operator.as_str()),
+        ("kubernetes.io/hostname", "NotIn")
+    );
+    assert_eq!(req.values.as_deref(), Some(&["cp-1".to_string()][..]));
+
+    // Deciding again while the Job runs changes nothing.
+    assert!(w.step().is_empty());
+    w.finish_job("cp-1", true);
+    w.step();
+    assert_eq!(w.phase("cp-1"), UpgradePhase::Draining);
+    assert_eq!(w.nms.len(), 1);
+    w.drained("cp-1");
+    w.step();
+    assert_eq!(w.phase("cp-1"), UpgradePhase::Upgrading);
+
+    // The node role runs the command once, with placeholders expanded.
+    let fx = w.agent("cp-1");
+    assert!(
+        matches!(&fx[1], Effect::RunHost { argv, .. } if argv == &["/sbin/upgrade", "--to", "v2", "cp-1"])
+    );
+    w.upgrade_host("cp-1", true);
+    assert!(
+        w.agent("cp-1").is_empty(),
+        "issued in this boot: never again"
+    );
+    w.step();
+    // Reports v2 and Ready: verified, the after hook runs while it is held.
+    assert_eq!(w.phase("cp-1"), UpgradePhase::PostHooks);
+    assert_eq!(w.nms.len(), 1);
+    assert_eq!(w.created.len(), 2);
+    w.finish_job("cp-1", true);
+    w.step();
+    assert_eq!(w.phase("cp-1"), UpgradePhase::Done);
+    assert!(w.nms.is_empty(), "given back");
+    assert!(w.events.contains(&"UpgradeVerified"));
+
+    // The next group starts.
+    w.step();
+    assert_eq!(w.phase("w-1"), UpgradePhase::PreHooks);
+    assert_eq!(
+        w.plan
+            .status
+            .as_ref()
+            .and_then(|s| s.group.clone())
+            .as_deref(),
+        Some("workers")
+    );
+}
+
+#[test]
+fn a_failed_before_hook_fails_the_node_untouched_and_pauses_the_plan_until_the_spec_changes() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.budget.max_unavailable =
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2);
+    let mut w = World::new(
+        p,
+        vec![
+            node("a", "v1", false),
+            node("b", "v1", false),
+            node("c", "v1", false),
+        ],
+    );
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::PreHooks);
+    assert_eq!(w.phase("b"), UpgradePhase::PreHooks);
+    w.finish_job("a", false);
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(e.phase, UpgradePhase::Failed);
+    assert_eq!(e.reason.as_deref(), Some(FAILED_HOOK));
+    let job = e.job.clone().unwrap_or_default();
+    assert!(
+        e.message.as_deref().unwrap_or_default().contains(&job),
+        "{e:?}"
+    );
+    assert!(
+        e.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("BackoffLimitExceeded")
+    );
+    assert!(
+        w.nms.is_empty(),
+        "a before hook runs before the node is touched"
+    );
+    // b, in flight, goes on; c is not admitted.
+    assert_eq!(w.phase("b"), UpgradePhase::PreHooks);
+    assert_eq!(w.entry("c").reason.as_deref(), Some(WAIT_FAILURE));
+    let paused = w
+        .plan
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    assert!(
+        paused
+            .iter()
+            .any(|c| c.type_ == "Paused" && c.status == "True" && c.reason == WAIT_FAILURE)
+    );
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed, "not retried by itself");
+
+    // A spec change (a new generation) retries it with new Job names.
+    w.plan.metadata.generation = Some(2);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::PreHooks);
+    assert_ne!(w.entry("a").job, Some(job));
+}
+
+#[test]
+fn continue_goes_on_past_a_failed_node_and_ignore_goes_on_past_a_failed_hook() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.on_failure = "Continue".into();
+    let mut w = World::new(p, vec![node("a", "v1", false), node("b", "v1", false)]);
+    w.step();
+    w.finish_job("a", false);
+    w.step();
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    assert_eq!(
+        w.phase("b"),
+        UpgradePhase::PreHooks,
+        "Continue: the next node"
+    );
+
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.before = vec![hook("notify", "Ignore")];
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.finish_job("a", false);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Draining);
+    assert!(w.events.contains(&"UpgradeHookFailed"));
+}
+
+#[test]
+fn a_hook_past_its_deadline_fails_and_a_vanished_job_is_created_again_under_its_name() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    let key = w.entry("a").job.unwrap_or_default();
+    // Recorded but not seen (a crash between status write and create, or a
+    // lagging watch): created again, same name.
+    w.jobs.clear();
+    let fx = w.step();
+    assert!(fx.iter().any(|e| matches!(e, Effect::CreateJob { job } if job_key("ops", job.metadata.name.as_deref().unwrap_or_default()) == key)));
+    w.later(300 + 59);
+    assert!(w.step().is_empty());
+    w.later(2);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    assert!(
+        w.entry("a")
+            .message
+            .unwrap_or_default()
+            .contains("past its deadline")
+    );
+}
+
+#[test]
+fn a_refused_job_fails_the_node_with_the_api_servers_reason() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    let key = w.entry("a").job.unwrap_or_default();
+    w.jobs.clear();
+    w.job_errors
+        .insert(key, "namespaces \"ops\" not found (404)".into());
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    assert!(
+        w.entry("a")
+            .message
+            .unwrap_or_default()
+            .contains("not found")
+    );
+}
+
+#[test]
+fn upgrade_failures_and_deadlines_keep_the_node_in_maintenance() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    let mut w = World::new(p.clone(), vec![node("a", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    w.upgrade_host("a", false);
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Failed, Some(FAILED_COMMAND))
+    );
+    assert!(e.message.unwrap_or_default().contains("disk full"));
+    assert_eq!(w.nms.len(), 1, "a half-upgraded node is not given back");
+
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    w.later(1799);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Upgrading);
+    w.later(1);
+    w.step();
+    assert_eq!(w.entry("a").reason.as_deref(), Some(FAILED_UPGRADE_TIMEOUT));
+    assert_eq!(w.nms.len(), 1);
+}
+
+#[test]
+fn with_a_reboot_the_version_alone_is_not_enough_a_new_boot_is() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    p.spec.strategy.reboot = true;
+    p.spec.strategy.reboot_command = vec!["reboot-now".into()];
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    w.upgrade_host("a", true);
+    w.step();
+    assert_eq!(
+        w.phase("a"),
+        UpgradePhase::Upgrading,
+        "same boot: not verified"
+    );
+    // The agent reboots once the command succeeded, once per boot.
+    let fx = w.agent("a");
+    assert!(
+        matches!(&fx[..], [Effect::PatchNode { .. }, Effect::RunHost { argv, .. }] if argv == &["reboot-now"])
+    );
+    w.edit_node("a", |n| {
+        n.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                crate::api::reboot::ISSUED_ANNOTATION.into(),
+                "boot-a-1".into(),
+            );
+    });
+    assert!(w.agent("a").is_empty());
+    w.edit_node("a", |n| {
+        if let Some(i) = n.status.as_mut().and_then(|s| s.node_info.as_mut()) {
+            i.boot_id = "boot-a-2".into();
+        }
+    });
+    assert!(w.agent("a").is_empty(), "a new boot runs nothing");
+    w.step();
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Done);
+}
+
+#[test]
+fn paused_windows_and_invalid_specs_admit_nothing() {
+    let mut p = plan();
+    p.spec.paused = true;
+    let w = World::new(p, vec![node("cp-1", "v1", true)]);
+    let mut w = w;
+    w.step();
+    assert_eq!(w.entry("cp-1").reason.as_deref(), Some(WAIT_PAUSED));
+
+    let mut p = plan();
+    p.spec.windows = vec![crate::api::common::Window {
+        days: vec![],
+        start: "02:00".into(),
+        end: "03:00".into(),
+        time_zone: "UTC".into(),
+    }];
+    let mut w = World::new(p, vec![node("cp-1", "v1", true)]);
+    w.step();
+    assert_eq!(w.entry("cp-1").reason.as_deref(), Some(WAIT_WINDOW));
+    assert!(
+        w.decide().then != Then::Wait(None),
+        "wakes at the window's opening"
+    );
+
+    let mut p = plan();
+    p.spec.hooks.before[0].job = json!({"template": {"spec": {"containers": "not a list"}}});
+    let mut w = World::new(p, vec![node("cp-1", "v1", true)]);
+    w.step();
+    assert_eq!(w.entry("cp-1").reason.as_deref(), Some(WAIT_INVALID));
+    let conds = w
+        .plan
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    assert!(conds.iter().any(|c| c.type_ == "Valid"
+        && c.status == "False"
+        && c.message.contains("hooks.before[0] (backup)")));
+}
+
+#[test]
+fn versions_are_read_where_the_plan_says() {
+    let n = node("a", "v1", false);
+    let from = |source: &str, key: Option<&str>| VersionFrom {
+        source: source.into(),
+        key: key.map(str::to_string),
+    };
+    assert!(at_version(&n, &from("KubeletVersion", None), "v1.36.0"));
+    assert!(!at_version(&n, &from("KubeletVersion", None), "v1.36"));
+    assert!(at_version(&n, &from("OSImage", None), "v1.9.0"));
+    assert!(at_version(&n, &from("Label", Some(VERSION_LABEL)), "v1"));
+    assert!(!at_version(&n, &from("Annotation", Some("x")), "v1"));
+}
+
+#[test]
+fn job_names_are_stable_per_admission_and_fit_the_label_limit() {
+    let mut p = plan();
+    p.metadata.name = Some("a-very-long-plan-name-that-goes-on-and-on-and-on".into());
+    let a = hooks::Attempt {
+        node: "n",
+        version: "v2",
+        attempt: 1,
+    };
+    let one = job_name(&p, Stage::Before, 0, &a);
+    assert_eq!(one, job_name(&p, Stage::Before, 0, &a));
+    assert!(one.len() <= 63, "{one}");
+    assert_ne!(one, job_name(&p, Stage::After, 0, &a));
+    let b = hooks::Attempt { attempt: 2, ..a };
+    assert_ne!(one, job_name(&p, Stage::Before, 0, &b));
+    let _ = LabelSelector::default();
+}

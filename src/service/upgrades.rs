@@ -1,0 +1,205 @@
+//! In-place upgrades in the loop. The cluster role decides every
+//! UpgradePlan inside the same coalesced pass as RebootPolicies
+//! ([`reconcile_plans`], called by `reboots::reconcile_policies`), and
+//! records the Jobs the API server refuses to create so the plan can report
+//! them. The node role runs its own node's upgrade command
+//! ([`reconcile_own_node`]) in the background: an upgrade can take many
+//! minutes, and the loop (and the watchdog behind `/healthz`) must not wait
+//! for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::context::Context;
+use crate::api::upgrade::{RESULT_ANNOTATION, UpgradePlan};
+use crate::decide::reboot::node::after_command;
+use crate::decide::upgrade::{self, node};
+use crate::decide::{Effect, Outcome, earliest};
+use crate::error::Result;
+
+/// Cluster role: decide and act for every UpgradePlan this role handles.
+/// Runs inside the policy pass (one at a time). Returns when to look again.
+pub async fn reconcile_plans(ctx: &Context) -> Result<Option<Duration>> {
+    let mut wake = None;
+    let plans = ctx.plans();
+    for plan in &plans {
+        if super::roles::handles_plan(&ctx.scope, plan) {
+            wake = earliest(wake, reconcile_plan(ctx, plan).await?);
+        }
+    }
+    give_back_orphans(ctx, &plans).await?;
+    Ok(wake)
+}
+
+async fn reconcile_plan(ctx: &Context, plan: &UpgradePlan) -> Result<Option<Duration>> {
+    let now = Timestamp::now();
+    let plan_fx = {
+        let nodes = ctx.all_nodes();
+        let maintenances = ctx.all_maintenances();
+        let jobs = ctx.jobs_by_key();
+        let job_errors = ctx.job_errors();
+        let pods_on = |n: &str| ctx.pods_on(n);
+        upgrade::decide(&upgrade::Snapshot {
+            plan,
+            nodes: &nodes,
+            maintenances: &maintenances,
+            jobs: &jobs,
+            job_errors: &job_errors,
+            pods_on: &pods_on,
+            now,
+        })
+    };
+    let name = plan.name_any();
+    let mut refused = false;
+    for effect in &plan_fx.effects {
+        log::debug!("UpgradePlan {name}: {}", crate::effects::describe(effect));
+        let outcome = ctx.effects.perform(effect).await?;
+        ctx.remember(&outcome);
+        if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, &outcome) {
+            let key = upgrade::job_key(
+                job.metadata.namespace.as_deref().unwrap_or_default(),
+                &job.name_any(),
+            );
+            log::warn!("UpgradePlan {name}: Job {key} refused: {why}");
+            ctx.set_job_error(key, why.clone());
+            refused = true;
+        }
+    }
+    if let Some((level, line)) = &plan_fx.note {
+        log::log!(*level, "{line}");
+    }
+    Ok(match plan_fx.then {
+        // A refused Job is a failure the next decision records at once.
+        _ if refused => Some(Duration::from_millis(50)),
+        crate::decide::Then::Wait(d) => d,
+        crate::decide::Then::Again => Some(Duration::from_millis(100)),
+    })
+}
+
+/// Delete the NodeMaintenances of plans that are gone, after a GET
+/// confirms the owner is gone (the stores of two kinds can disagree for a
+/// moment).
+async fn give_back_orphans(ctx: &Context, plans: &[Arc<UpgradePlan>]) -> Result<()> {
+    let maintenances = ctx.all_maintenances();
+    let api: kube::Api<UpgradePlan> = kube::Api::all(ctx.effects.client.clone());
+    for effect in upgrade::orphans(&maintenances, plans) {
+        let Effect::DeleteMaintenance { nm, .. } = &effect else {
+            continue;
+        };
+        let owner = maintenances
+            .iter()
+            .find(|m| &m.name_any() == nm)
+            .and_then(|m| {
+                m.owner_references()
+                    .iter()
+                    .find(|o| o.kind == crate::api::upgrade::OWNER_KIND)
+                    .cloned()
+            });
+        if let Some(o) = &owner {
+            let live = api
+                .get_opt(&o.name)
+                .await
+                .map_err(crate::error::Error::kube(format!(
+                    "reading UpgradePlan {}",
+                    o.name
+                )))?;
+            if live.is_some_and(|p| p.metadata.uid.as_deref() == Some(o.uid.as_str())) {
+                continue;
+            }
+        }
+        log::info!("NodeMaintenance {nm}: its UpgradePlan is gone; giving the node back");
+        ctx.effects.perform(&effect).await?;
+    }
+    Ok(())
+}
+
+/// Node role: run the own node's upgrade command (in the background) or
+/// the reboot after it, when the plan's status says it is due.
+pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
+    let Some(n) = ctx.node(name) else {
+        return Ok(());
+    };
+    let plans = ctx.plans();
+    if plans.is_empty() {
+        return Ok(());
+    }
+    let nms = ctx.maintenances_for(name);
+    let effects = node::decide(&node::Snapshot {
+        node: &n,
+        maintenances: nms.iter().map(|m| m.as_ref()).collect(),
+        plans: &plans,
+    });
+    let now = Timestamp::now();
+    for effect in effects {
+        match &effect {
+            Effect::RunHost { record, argv, .. } if record.annotation == RESULT_ANNOTATION => {
+                let token = record.succeeded.clone().unwrap_or_default();
+                if !ctx.claim_upgrade(&token) {
+                    log::debug!("node {name}: an upgrade command is already running");
+                    return Ok(());
+                }
+                log::info!(
+                    "node {name}: drained for its upgrade; running {:?}",
+                    argv.join(" ")
+                );
+                let (ctx, name) = (ctx.clone(), name.to_string());
+                crate::runtime::spawn(async move {
+                    run_in_background(&ctx, &name, &effect).await;
+                    ctx.release_upgrade();
+                })
+                .detach();
+                return Ok(());
+            }
+            Effect::RunHost { argv, .. } => {
+                log::info!("node {name}: upgraded; rebooting with {:?}", argv.join(" "));
+            }
+            _ => {}
+        }
+        let outcome = ctx.effects.perform(&effect).await?;
+        ctx.record(name, &effect, &outcome, now);
+        if let Some(follow) = after_command(&effect, &outcome) {
+            log::warn!("node {name}: the reboot after the upgrade failed");
+            let outcome = ctx.effects.perform(&follow).await?;
+            ctx.record(name, &follow, &outcome, now);
+        }
+    }
+    Ok(())
+}
+
+/// Run the upgrade command and record its result on the node. The record
+/// write is retried briefly: it is what tells the plan how the command
+/// ended (without it the plan waits for the version until its deadline).
+async fn run_in_background(ctx: &Context, name: &str, effect: &Effect) {
+    let outcome = match ctx.effects.perform(effect).await {
+        Ok(o) => o,
+        Err(e) => {
+            log::warn!("node {name}: upgrade command: {e}");
+            return;
+        }
+    };
+    if let Outcome::HostRan { ok, output } = &outcome {
+        if *ok {
+            log::info!("node {name}: the upgrade command succeeded");
+        } else {
+            log::warn!("node {name}: the upgrade command failed: {output}");
+        }
+    }
+    let Some(follow) = after_command(effect, &outcome) else {
+        return;
+    };
+    for attempt in 0..5u32 {
+        match ctx.effects.perform(&follow).await {
+            Ok(o) => {
+                ctx.remember(&o);
+                return;
+            }
+            Err(e) => {
+                log::warn!("node {name}: recording the upgrade's result: {e} (attempt {attempt})");
+                crate::runtime::sleep(Duration::from_secs(1 << attempt)).await;
+            }
+        }
+    }
+}
