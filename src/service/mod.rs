@@ -214,7 +214,7 @@ pub async fn run(
     let (jobs, job_writer) = reflector::store::<Job>();
     let job_events: std::pin::Pin<
         Box<dyn smol::stream::Stream<Item = std::result::Result<Job, watcher::Error>> + Send>,
-    > = if scope.sees_all_nodes() {
+    > = if matches!(scope, Scope::AllNodes { .. }) {
         let latch = synced.jobs.clone();
         let jobs_wc = watch_config().labels(crate::api::upgrade::PLAN_LABEL);
         Box::pin(

@@ -134,6 +134,11 @@ impl Fleet {
         ]
     }
 
+    /// A file of the fleet's own, e.g. a node's marker file.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
     /// The host root a node's agent reads sentinels under.
     pub fn host_root(&self, node: &str) -> PathBuf {
         let root = self.dir.join(format!("{node}.root"));

@@ -11,6 +11,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this helper
 
 pub mod machines;
+pub mod upgrades;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -258,15 +259,27 @@ impl TestEnv {
 }
 
 impl Drop for TestEnv {
-    /// Delete the namespace and nodes in the background of the test thread;
+    /// Delete the test's RebootPolicy and UpgradePlan (named after it), its
+    /// namespace and nodes in the background of the test thread;
     /// failures are ignored because the cluster is thrown away anyway.
     fn drop(&mut self) {
-        let client = self.client.clone();
         let mut namespaces = std::mem::take(&mut self.extra_namespaces);
         namespaces.push(self.ns.clone());
         let nodes = std::mem::take(&mut self.nodes);
+        let id = self.id.clone();
         let _ = std::thread::spawn(move || {
             block_on(async move {
+                // A client of its own: the test's may be tied to a
+                // connection whose driver is gone by now.
+                let client = client().await;
+                // Feature objects are cluster-scoped: named after the test.
+                let dp = DeleteParams::background();
+                let _ = Api::<nodekeeper::api::reboot::RebootPolicy>::all(client.clone())
+                    .delete(&id, &dp)
+                    .await;
+                let _ = Api::<nodekeeper::api::upgrade::UpgradePlan>::all(client.clone())
+                    .delete(&id, &dp)
+                    .await;
                 for ns in namespaces {
                     let _ = Api::<Namespace>::all(client.clone())
                         .delete(&ns, &DeleteParams::background())
@@ -359,6 +372,12 @@ impl Agent {
             status.map(|s| s.success()).unwrap_or(false),
             "kill -{sig} failed"
         );
+    }
+
+    /// SIGKILL it (a crash, or the power going) and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Wait for the process to exit; panics after `limit`.
@@ -500,6 +519,7 @@ pub fn install_crds() {
                 "--timeout=60s",
                 "crd/nodemaintenances.nodemaintenance.medik8s.io",
                 "crd/rebootpolicies.nodekeeper.io",
+                "crd/upgradeplans.nodekeeper.io",
             ],
             None,
         );

@@ -1,0 +1,374 @@
+//! In-place upgrades on the real control plane, with simulated hosts
+//! (tests/support/upgrades.rs): the upgrade command records the version,
+//! the harness makes the node report it and restarts its agent. Hook Jobs
+//! are real Jobs run by the real Job controller (kwok completes their pods
+//! at once). Order, budget and "once" claims come from an independent
+//! timeline and watcher, never from the plan's status.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use nodekeeper::api::upgrade::{UpgradePhase, UpgradePlan};
+use serde_json::json;
+use support::machines::{Fleet, Watcher, cluster_role, maintenances_on};
+use support::upgrades::*;
+use support::{TestEnv, block_on, install_agent_identity, install_crds, wait_for};
+
+const GROUPS: &str = r#"[
+    {"name": "control-plane", "nodeSelector": {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}},
+    {"name": "workers", "nodeSelector": {}}
+]"#;
+
+fn all_done(client: &kube::Client, plan_name: &str, names: &[String]) -> bool {
+    block_on(async {
+        let Ok(p) = Api::<UpgradePlan>::all(client.clone()).get(plan_name).await else {
+            return false;
+        };
+        names
+            .iter()
+            .all(|n| p.entry(n).is_some_and(|e| e.phase == UpgradePhase::Done))
+    })
+}
+
+/// Start agents for `names` as the generated node identity.
+fn fleet_with_agents(env: &TestEnv, names: &[String]) -> Arc<Fleet> {
+    let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
+    fleet
+        .node_identity
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    for n in names {
+        fleet.start_agent(n);
+    }
+    fleet
+}
+
+#[test]
+fn two_groups_upgrade_in_order_with_hooks_off_the_node_within_the_budget() {
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-groups").await;
+        let names = nodes(&mut env, 5, 2).await;
+        (env, names)
+    });
+    let (cps, workers) = names.split_at(2);
+    let fleet = fleet_with_agents(&env, &names);
+    let watcher = Watcher::start(env.client.clone(), &env.id);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    let groups: serde_json::Value = serde_json::from_str(GROUPS).expect("groups");
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({
+            "paused": true,
+            "groups": groups,
+            "budget": {"maxUnavailable": 2, "maxControlPlane": 1},
+            "hooks": {
+                "before": [hook(&env, "pre", json!({}))],
+                "after": [hook(&env, "post", json!({}))],
+            },
+            "drain": {"timeoutSeconds": 30},
+        }),
+    ));
+
+    // Paused: every node waits, nothing runs.
+    block_on(async {
+        for n in &names {
+            let msg = wait_phase(&env.client, &plan, n, UpgradePhase::Waiting).await;
+            assert!(msg.contains("paused"), "{n}: {msg}");
+        }
+        assert!(jobs(&env.client, &plan).await.is_empty());
+        Api::<UpgradePlan>::all(env.client.clone())
+            .patch(
+                &plan,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"paused": false}})),
+            )
+            .await
+            .expect("unpausing");
+    });
+    serve(&fleet, &timeline, &names, Duration::from_secs(180), || {
+        all_done(&env.client, &plan, &names)
+    });
+    timeline.stop();
+    let history = watcher.finish();
+    let events = timeline.events();
+    let context = format!(
+        "timeline: {events:#?}\ncluster role log:\n{}",
+        cluster.log_text()
+    );
+
+    // The budget, from the independent watcher: two at once at most, and
+    // one control-plane node at a time.
+    let peak = history.iter().map(|h| h.0).max().unwrap_or(0);
+    assert!(peak <= 2, "over budget: {history:?}\n{context}");
+    for h in &history {
+        let cp_down = cps
+            .iter()
+            .filter(|c| h.1.split(',').any(|d| d == *c))
+            .count();
+        assert!(cp_down <= 1, "two control-plane nodes down: {h:?}");
+    }
+    assert!(
+        history.iter().any(|h| h.0 == 2),
+        "workers never went two at a time: {history:?}"
+    );
+
+    // Per node, strictly in order: before hook, cordon, command, after
+    // hook, uncordon.
+    for n in &names {
+        let at = |what: &str| {
+            timeline
+                .first(&format!("{what} {n}"))
+                .unwrap_or_else(|| panic!("no '{what} {n}'\n{context}"))
+        };
+        let before = at("job before");
+        let down = at("down");
+        let command = at("command");
+        let after = at("job after");
+        let up = timeline
+            .last(&format!("up {n}"))
+            .unwrap_or_else(|| panic!("{n} never came back\n{context}"));
+        assert!(
+            before < down && down < command && command < after && after < up,
+            "{n}: before {before}, down {down}, command {command}, after {after}, up {up}\n{context}"
+        );
+        assert_eq!(runs(&fleet, n), ["v2"], "{n}: one upgrade command");
+        assert_eq!(timeline.count(&format!("job before {n}")), 1, "{context}");
+        assert_eq!(timeline.count(&format!("job after {n}")), 1, "{context}");
+    }
+    // Groups: no worker is touched before every control-plane node is back.
+    let last_cp = cps
+        .iter()
+        .filter_map(|c| timeline.last(&format!("up {c}")))
+        .max()
+        .unwrap_or_default();
+    for w in workers {
+        let first = timeline
+            .first(&format!("job before {w}"))
+            .unwrap_or_default();
+        assert!(first > last_cp, "worker {w} started early\n{context}");
+    }
+
+    block_on(async {
+        // Hook pods ran off their node, with the template's env kept and
+        // ours appended.
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+        let list = pods
+            .list(&ListParams::default().labels("batch.kubernetes.io/job-name"))
+            .await
+            .expect("hook pods");
+        assert_eq!(list.items.len(), 10, "one pod per hook Job");
+        for pod in &list.items {
+            let spec = pod.spec.clone().unwrap_or_default();
+            let env_of = |k: &str| {
+                spec.containers[0]
+                    .env
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|e| e.name == k)
+                    .and_then(|e| e.value)
+            };
+            let target = env_of("NODE_NAME").expect("NODE_NAME appended");
+            assert_ne!(spec.node_name.as_deref(), Some(target.as_str()));
+            assert_eq!(env_of("FROM_TEMPLATE").as_deref(), Some("kept"));
+            assert_eq!(env_of("NODEKEEPER_VERSION").as_deref(), Some("v2"));
+        }
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        for n in &names {
+            let node = nodes.get(n).await.expect("node");
+            assert_ne!(node.spec.and_then(|s| s.unschedulable), Some(true), "{n}");
+            assert_eq!(maintenances_on(&env.client, n).await, 0, "{n}");
+        }
+        let p = plan_of(&env.client, &plan).await;
+        let conds = p.status.and_then(|s| s.conditions).unwrap_or_default();
+        assert!(
+            conds
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True"),
+            "{conds:?}"
+        );
+    });
+    for n in &names {
+        let log = fleet.agent_log(n);
+        assert!(
+            !log.contains("forbidden") && !log.contains("denied"),
+            "{n}'s agent was refused something:\n{log}"
+        );
+    }
+}
+
+async fn plan_of(client: &kube::Client, name: &str) -> UpgradePlan {
+    support::upgrades::plan(client, name).await
+}
+
+/// A before hook whose pod can never be scheduled fails at its deadline
+/// (the Job's own activeDeadlineSeconds): with `Stop` the node fails
+/// untouched, the Job is named in status and the plan pauses; with
+/// `Ignore` the node goes on.
+#[test]
+fn a_failing_before_hook_stops_the_node_and_pauses_the_plan_unless_ignored() {
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-hookfail").await;
+        let names = nodes(&mut env, 2, 0).await;
+        (env, names)
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    let stuck = json!({"deadlineSeconds": 3, "job": {"template": {"spec": {
+        "nodeSelector": {"nodekeeper.test/nowhere": "true"}}}}});
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({"hooks": {"before": [hook(&env, "gate", stuck.clone())]}}),
+    ));
+    block_on(async {
+        let first = &names[0];
+        let msg = wait_phase(&env.client, &plan, first, UpgradePhase::Failed).await;
+        let p = plan_of(&env.client, &plan).await;
+        let e = p.entry(first).cloned().expect("entry");
+        let job = e.job.clone().expect("the failed Job is named");
+        assert!(msg.contains(&job), "{msg}");
+        assert!(msg.contains("DeadlineExceeded"), "{msg}");
+        assert_eq!(e.reason.as_deref(), Some("HookFailed"));
+        assert_eq!(e.hook.as_deref(), Some("gate"));
+        let second = wait_phase(&env.client, &plan, &names[1], UpgradePhase::Waiting).await;
+        assert!(second.contains("paused after node"), "{second}");
+        let conds = p.status.and_then(|s| s.conditions).unwrap_or_default();
+        assert!(
+            conds
+                .iter()
+                .any(|c| c.type_ == "Paused" && c.status == "True" && c.reason == "Failure"),
+            "{conds:?}"
+        );
+        // Untouched: never cordoned, no maintenance, no command.
+        assert_eq!(maintenances_on(&env.client, first).await, 0);
+        assert!(timeline.first(&format!("down {first}")).is_none());
+        assert!(runs(&fleet, first).is_empty());
+    });
+
+    // Ignore: the same failing hook no longer stops the upgrade. Changing
+    // the spec also retries the failed node.
+    block_on(async {
+        let mut ignore = hook(&env, "gate", stuck);
+        ignore["onFailure"] = json!("Ignore");
+        Api::<UpgradePlan>::all(env.client.clone())
+            .patch(
+                &plan,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"hooks": {"before": [ignore]}}})),
+            )
+            .await
+            .expect("patching the plan");
+    });
+    serve(&fleet, &timeline, &names, Duration::from_secs(120), || {
+        all_done(&env.client, &plan, &names)
+    });
+    timeline.stop();
+    for n in &names {
+        assert_eq!(runs(&fleet, n), ["v2"], "{n}");
+        // One Job for the failed attempt (first node), one for the retry.
+        let expected = if n == &names[0] { 2 } else { 1 };
+        assert_eq!(
+            timeline.count(&format!("job before {n}")),
+            expected,
+            "{n}: {:#?}\n{}",
+            timeline.events(),
+            cluster.log_text()
+        );
+    }
+}
+
+/// SIGKILL the cluster role while a hook runs and while a node upgrades,
+/// and every node agent as its command runs (the harness restarts them):
+/// no Job runs twice for a stage, no node is upgraded twice.
+#[test]
+fn sigkill_mid_hook_and_mid_upgrade_repeats_nothing() {
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-chaos").await;
+        let names = nodes(&mut env, 3, 0).await;
+        (env, names)
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let mut cluster = cluster_role(&env, &["--node-agents"]);
+    // The hook's pod waits for a node labelled `gate-<id>=open`: the test
+    // holds the hook "running" until it opens the gate.
+    let gate = format!("gate-{}", env.id);
+    let held = json!({"job": {"template": {"spec": {"nodeSelector": {gate.clone(): "open"}}}}});
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 3}, "hooks": {"before": [hook(&env, "held", held)]}}),
+    ));
+    block_on(async {
+        for n in &names {
+            wait_phase(&env.client, &plan, n, UpgradePhase::PreHooks).await;
+        }
+        wait_for("three hook Jobs", Duration::from_secs(30), || async {
+            (jobs(&env.client, &plan).await.len() == 3).then_some(())
+        })
+        .await;
+    });
+    // Mid-hook: the cluster role dies and comes back.
+    cluster.kill();
+    cluster = cluster_role(&env, &["--node-agents"]);
+    block_on(async {
+        // Let the hook pods schedule (each off its own node).
+        for n in &names {
+            Api::<Node>::all(env.client.clone())
+                .patch(
+                    n,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {gate.clone(): "open"}}})),
+                )
+                .await
+                .expect("opening the gate");
+        }
+    });
+    // Mid-upgrade: kill the cluster role once a node is upgrading.
+    let mut killed = false;
+    serve(&fleet, &timeline, &names, Duration::from_secs(180), || {
+        if !killed {
+            let upgrading = block_on(async {
+                let p = plan_of(&env.client, &plan).await;
+                names.iter().any(|n| {
+                    p.entry(n)
+                        .is_some_and(|e| e.phase == UpgradePhase::Upgrading)
+                })
+            });
+            if upgrading {
+                cluster.kill();
+                cluster = cluster_role(&env, &["--node-agents"]);
+                killed = true;
+            }
+        }
+        all_done(&env.client, &plan, &names)
+    });
+    timeline.stop();
+    assert!(killed, "no node was ever seen upgrading");
+    let context = format!("{:#?}\n{}", timeline.events(), cluster.log_text());
+    block_on(async {
+        assert_eq!(jobs(&env.client, &plan).await.len(), 3, "{context}");
+    });
+    for n in &names {
+        assert_eq!(runs(&fleet, n), ["v2"], "{n}: upgraded once\n{context}");
+        assert_eq!(
+            timeline.count(&format!("job before {n}")),
+            1,
+            "{n}\n{context}"
+        );
+    }
+}
