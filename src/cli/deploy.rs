@@ -14,7 +14,13 @@ use crate::service::connect;
 /// Print every nodekeeper CRD as YAML (pipe to kubectl apply -f -).
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "crds")]
-pub struct CrdsArgs {}
+pub struct CrdsArgs {
+    /// print the OpenShift node-upgrade mutex operator's three CRDs
+    /// (MutexRule, MutexTarget, MutexRunConfig) instead, for serving them
+    /// in its place
+    #[argh(switch)]
+    pub mutex: bool,
+}
 
 /// Print or write deployment artifacts (CRDs, RBAC, admission policy, DaemonSet, static pod, systemd unit, k3s folder, Talos extension, image recipe).
 #[derive(FromArgs, Debug)]

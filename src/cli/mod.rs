@@ -87,8 +87,13 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             runtime::block_on(crate::service::run(config, shutdown))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Crds(_) => {
-            let docs: Vec<serde_json::Value> = crate::api::crds()
+        Command::Crds(args) => {
+            let crds = if args.mutex {
+                crate::api::mutex::crds()
+            } else {
+                crate::api::crds()
+            };
+            let docs: Vec<serde_json::Value> = crds
                 .iter()
                 .map(serde_json::to_value)
                 .collect::<std::result::Result<_, _>>()

@@ -13,7 +13,9 @@ pub mod budget;
 pub mod disrupt;
 pub mod drain;
 pub mod foreign;
+pub mod jobs;
 pub mod maintenance;
+pub mod mutex;
 pub mod reboot;
 pub mod upgrade;
 pub mod window;
@@ -105,6 +107,18 @@ pub enum Effect {
         resource_version: Option<String>,
         status: Box<crate::api::upgrade::UpgradePlanStatus>,
     },
+    /// Replace the status of one of the mutex operator's objects
+    /// (server-side apply), guarded by the resourceVersion decided on.
+    WriteMutexStatus {
+        kind: mutex::Kind,
+        namespace: String,
+        name: String,
+        resource_version: Option<String>,
+        status: Value,
+    },
+    /// Merge-patch a MachineConfigPool (the patch carries the
+    /// resourceVersion it was decided on).
+    PatchPool { name: String, patch: Value },
     /// Create a hook Job (a 409 means it was created before: done).
     CreateJob {
         job: Box<k8s_openapi::api::batch::v1::Job>,

@@ -41,13 +41,14 @@ pub struct Grant {
 const MAINTENANCE: &str = "maintenance";
 const REBOOT: &str = "reboot";
 const UPGRADE: &str = "upgrade";
+const MUTEX: &str = "mutex";
 const BOTH: &[Identity] = &[Identity::Agent, Identity::Cluster];
 const CLUSTER: &[Identity] = &[Identity::Cluster];
 
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 14] = [
+pub const GRANTS: [Grant; 22] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -159,6 +160,70 @@ pub const GRANTS: [Grant; 14] = [
         resource: "jobs",
         verbs: &["create", "list", "watch"],
         why: "run hook Jobs (labelled and owned by their plan) and watch them by that label; none is ever deleted",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "openshift-optional.skrzypek.io",
+        resource: "mutexrules",
+        verbs: &["get", "list", "watch"],
+        why: "the mutex operator's APIs, when served (crds --mutex)",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "openshift-optional.skrzypek.io",
+        resource: "mutexrules/status",
+        verbs: &["patch"],
+        why: "conditions (and a run's progress), as the mutex operator writes them",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "openshift-optional.skrzypek.io",
+        resource: "mutextargets",
+        verbs: &["get", "list", "watch"],
+        why: "the mutex operator's APIs, when served (crds --mutex)",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "openshift-optional.skrzypek.io",
+        resource: "mutextargets/status",
+        verbs: &["patch"],
+        why: "conditions (and a run's progress), as the mutex operator writes them",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "openshift-optional.skrzypek.io",
+        resource: "mutexrunconfigs",
+        verbs: &["get", "list", "watch"],
+        why: "the mutex operator's APIs, when served (crds --mutex)",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "openshift-optional.skrzypek.io",
+        resource: "mutexrunconfigs/status",
+        verbs: &["patch"],
+        why: "conditions (and a run's progress), as the mutex operator writes them",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "machineconfiguration.openshift.io",
+        resource: "machineconfigpools",
+        verbs: &["get", "list", "watch", "patch"],
+        why: "read pools' selectors; pause and unpause target pools, move and restore selectors",
+    },
+    Grant {
+        feature: MUTEX,
+        identities: CLUSTER,
+        group: "config.openshift.io",
+        resource: "clusterversions",
+        verbs: &["get", "list", "watch"],
+        why: "the desired version, and whether the cluster's own update completed",
     },
 ];
 

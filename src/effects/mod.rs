@@ -96,6 +96,17 @@ impl Interpreter {
                 Ok(Outcome::UpgradePlanWritten(Box::new(updated)))
             }
             Effect::CreateJob { job } => self.create_job(job).await,
+            Effect::WriteMutexStatus {
+                kind,
+                namespace,
+                name,
+                resource_version,
+                status,
+            } => {
+                self.write_mutex_status(*kind, namespace, name, resource_version, status)
+                    .await
+            }
+            Effect::PatchPool { name, patch } => self.patch_pool(name, patch).await,
             Effect::RunHost { argv, timeout, .. } => Ok(
                 match host::command(&host::command_line(argv, self.exec), *timeout).await {
                     Ok(()) => Outcome::HostRan {
@@ -216,6 +227,72 @@ impl Interpreter {
             "writing status of {} {name}",
             K::kind(&())
         )))
+    }
+
+    /// Server-side apply of a mutex operator object's status (namespaced).
+    async fn write_mutex_status(
+        &self,
+        kind: crate::decide::mutex::Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &Option<String>,
+        status: &serde_json::Value,
+    ) -> Result<Outcome> {
+        use crate::api::mutex::{MutexRule, MutexRunConfig, MutexTarget};
+        use crate::decide::mutex::Kind;
+        async fn apply<K>(
+            client: &Client,
+            namespace: &str,
+            name: &str,
+            resource_version: &Option<String>,
+            status: &serde_json::Value,
+        ) -> Result<()>
+        where
+            K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+                + Clone
+                + std::fmt::Debug
+                + serde::de::DeserializeOwned,
+        {
+            let body = json!({
+                "apiVersion": K::api_version(&()),
+                "kind": K::kind(&()),
+                "metadata": { "name": name, "namespace": namespace, "resourceVersion": resource_version },
+                "status": status,
+            });
+            let api: Api<K> = Api::namespaced(client.clone(), namespace);
+            api.patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map(|_| ())
+            .map_err(Error::kube(format!(
+                "writing status of {} {namespace}/{name}",
+                K::kind(&())
+            )))
+        }
+        let c = &self.client;
+        match kind {
+            Kind::Rule => apply::<MutexRule>(c, namespace, name, resource_version, status).await?,
+            Kind::Target => {
+                apply::<MutexTarget>(c, namespace, name, resource_version, status).await?
+            }
+            Kind::RunConfig => {
+                apply::<MutexRunConfig>(c, namespace, name, resource_version, status).await?
+            }
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// Merge-patch a MachineConfigPool.
+    async fn patch_pool(&self, name: &str, patch: &serde_json::Value) -> Result<Outcome> {
+        let api: Api<kube::api::DynamicObject> =
+            Api::all_with(self.client.clone(), &crate::api::mutex::pool_resource());
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(Error::kube(format!("patching MachineConfigPool {name}")))?;
+        Ok(Outcome::Done)
     }
 
     /// Create a hook Job. A 409 is our own earlier create; a refusal the

@@ -43,6 +43,8 @@ pub struct Context {
     /// Cluster role: hook Jobs the API server refused to create, by
     /// `namespace/name`, with why (the plan reports them as failures).
     pub job_errors: Mutex<HashMap<String, String>>,
+    /// Unscoped cluster role, where the mutex CRDs are served: their stores.
+    pub mutex: Option<super::mutex::MutexStores>,
     /// Node role: the upgrade command running in the background, if any
     /// (its token), so a reconcile never starts a second one.
     pub upgrade_running: Mutex<Option<String>>,
@@ -91,6 +93,7 @@ impl Context {
             plans: stores.plans,
             jobs: stores.jobs,
             job_errors: Mutex::default(),
+            mutex: stores.mutex,
             upgrade_running: Mutex::default(),
             synced: stores.synced,
             drain_timeout,

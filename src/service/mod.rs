@@ -12,6 +12,7 @@ pub mod connect;
 pub mod context;
 pub mod fresh;
 pub mod metrics;
+pub mod mutex;
 pub mod reboots;
 pub mod reconcile;
 pub mod roles;
@@ -216,7 +217,11 @@ pub async fn run(
         Box<dyn smol::stream::Stream<Item = std::result::Result<Job, watcher::Error>> + Send>,
     > = if matches!(scope, Scope::AllNodes { .. }) {
         let latch = synced.jobs.clone();
-        let jobs_wc = watch_config().labels(crate::api::upgrade::PLAN_LABEL);
+        let jobs_wc = watch_config().labels(&format!(
+            "{}={}",
+            crate::decide::jobs::MANAGED_BY_LABEL,
+            crate::decide::jobs::MANAGED_BY
+        ));
         Box::pin(
             watcher(Api::<Job>::all(client.clone()), jobs_wc)
                 .backoff(stores::WatchBackoff::default())
@@ -230,6 +235,30 @@ pub async fn run(
         synced.jobs.open();
         Box::pin(smol::stream::pending())
     };
+
+    // The mutex operator's APIs: only an unscoped cluster role runs them,
+    // and only what the API server serves is watched.
+    let discovery = if scope.sees_all_nodes() {
+        mutex::discover(&client).await?
+    } else {
+        mutex::Discovery::default()
+    };
+    if discovery.mutex {
+        log::info!(
+            "the mutex operator's APIs are served: reconciling MutexRules, MutexTargets and MutexRunConfigs (MachineConfigPools {}, ClusterVersions {})",
+            if discovery.pools {
+                "served"
+            } else {
+                "not served"
+            },
+            if discovery.cluster_versions {
+                "served"
+            } else {
+                "not served"
+            }
+        );
+    }
+    let (mutex_stores, mutex_events) = mutex::start(&client, discovery, synced.mutex.clone());
 
     // Watch errors stop at the watchers (each backs off on its own, see
     // stores::WatchBackoff): kube's Controller would otherwise put its own
@@ -259,6 +288,7 @@ pub async fn run(
             policies,
             plans,
             jobs,
+            mutex: mutex_stores,
             synced: synced.clone(),
             fresh,
         },
@@ -326,6 +356,12 @@ pub async fn run(
             roles::anchor(&job_scope, &job_nodes).map(|a| ObjectRef::<Node>::new(&a))
         })
         .reconcile_on(heartbeat)
+        .reconcile_on({
+            let (scope, nodes) = (scope.clone(), nodes.clone());
+            mutex_events.filter_map(move |_| {
+                roles::anchor(&scope, &nodes).map(|a| ObjectRef::<Node>::new(&a))
+            })
+        })
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, error_policy, ctx)
         .for_each(|res| {

@@ -44,6 +44,7 @@ pub async fn reconcile_policies(ctx: &Context) -> Result<Option<Duration>> {
             // UpgradePlans share the pass: one writer of admissions at a
             // time, whichever feature they are for.
             wake = earliest(wake, super::upgrades::reconcile_plans(ctx).await?);
+            wake = earliest(wake, super::mutex::reconcile(ctx).await?);
         }
         drop(guard);
         // A trigger between our last check and the unlock found the pass

@@ -30,6 +30,8 @@ pub struct Synced {
     pub plans: Latch,
     /// Opened at once where Jobs are not watched (the node role).
     pub jobs: Latch,
+    /// The mutex operator's kinds (opened at once where not watched).
+    pub mutex: Latch,
 }
 
 impl Synced {
@@ -40,6 +42,7 @@ impl Synced {
         self.policies.wait().await;
         self.plans.wait().await;
         self.jobs.wait().await;
+        self.mutex.wait().await;
     }
 }
 
@@ -60,6 +63,7 @@ pub struct Stores {
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
     pub jobs: Store<Job>,
+    pub mutex: Option<super::mutex::MutexStores>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
 }

@@ -11,6 +11,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this helper
 
 pub mod machines;
+pub mod openshift;
 pub mod upgrades;
 
 use std::path::{Path, PathBuf};

@@ -1,18 +1,15 @@
 //! Hook Jobs, pure: the Job an UpgradePlan's hook runs for one node (its
-//! deterministic name, labels, owner, deadline, TTL, the environment it
-//! appends and the affinity that keeps it off the node), and what a Job's
-//! conditions say.
+//! deterministic name, labels, owner, deadline, TTL; the environment and
+//! the affinity that keeps it off the node come from [`crate::decide::jobs`]).
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm,
-};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::api::upgrade::*;
 use crate::decide::disrupt::{fnv, owner_ref};
+use crate::decide::jobs::{self, MANAGED_BY, MANAGED_BY_LABEL};
+pub use crate::decide::jobs::{JobState, state};
 
 /// Which list a hook is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,28 +106,21 @@ pub fn job_for(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> O
             .map_or(hook.deadline_seconds, |d| d.min(hook.deadline_seconds)),
     );
     spec.ttl_seconds_after_finished = Some(hook.ttl_seconds_after_finished);
+    let plan_name = plan.name_any();
     let env = [
         (ENV_NODE, a.node),
-        (ENV_PLAN, &plan.name_any()),
+        (ENV_PLAN, plan_name.as_str()),
         (ENV_VERSION, a.version),
-    ]
-    .map(|(k, v)| EnvVar {
-        name: k.into(),
-        value: Some(v.to_string()),
-        value_from: None,
-    });
+    ];
     if let Some(pod) = spec.template.spec.as_mut() {
-        let containers = pod.containers.iter_mut();
-        for c in containers.chain(pod.init_containers.iter_mut().flatten()) {
-            append_env(c, &env);
-        }
-        keep_off(pod.affinity.get_or_insert_with(Affinity::default), a.node);
+        jobs::for_node(pod, &env, a.node);
     }
     let labels = [
         (PLAN_LABEL, plan.name_any()),
         (NODE_LABEL, a.node.to_string()),
         (STAGE_LABEL, stage.as_str().to_string()),
         (HOOK_LABEL, hook.name.clone()),
+        (MANAGED_BY_LABEL, MANAGED_BY.to_string()),
     ];
     Some(Job {
         metadata: ObjectMeta {
@@ -143,70 +133,4 @@ pub fn job_for(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> O
         spec: Some(spec),
         status: None,
     })
-}
-
-/// Append our variables; one the template already sets keeps its value.
-fn append_env(c: &mut Container, env: &[EnvVar]) {
-    let list = c.env.get_or_insert_with(Vec::new);
-    for e in env {
-        if !list.iter().any(|x| x.name == e.name) {
-            list.push(e.clone());
-        }
-    }
-}
-
-/// Never on the node being upgraded: `kubernetes.io/hostname NotIn [node]`
-/// is added to every required term (terms are ORed, so each needs it), or
-/// is the one term when there is none. Preferences and pod affinities stay.
-fn keep_off(affinity: &mut Affinity, node: &str) {
-    let req = NodeSelectorRequirement {
-        key: "kubernetes.io/hostname".into(),
-        operator: "NotIn".into(),
-        values: Some(vec![node.to_string()]),
-    };
-    let na = affinity
-        .node_affinity
-        .get_or_insert_with(NodeAffinity::default);
-    let required = na
-        .required_during_scheduling_ignored_during_execution
-        .get_or_insert_with(|| NodeSelector {
-            node_selector_terms: Vec::new(),
-        });
-    if required.node_selector_terms.is_empty() {
-        required
-            .node_selector_terms
-            .push(NodeSelectorTerm::default());
-    }
-    for term in &mut required.node_selector_terms {
-        term.match_expressions
-            .get_or_insert_with(Vec::new)
-            .push(req.clone());
-    }
-}
-
-/// What a Job says about itself.
-#[derive(Debug, Clone, PartialEq)]
-pub enum JobState {
-    Running,
-    Complete,
-    /// Failed: the condition's reason and message.
-    Failed(String),
-}
-
-pub fn state(job: &Job) -> JobState {
-    let conds = job.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let is = |t: &str| conds.and_then(|cs| cs.iter().find(|c| c.type_ == t && c.status == "True"));
-    if is("Complete").is_some() {
-        return JobState::Complete;
-    }
-    match is("Failed") {
-        Some(c) => JobState::Failed(
-            [c.reason.as_deref(), c.message.as_deref()]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join(": "),
-        ),
-        None => JobState::Running,
-    }
 }

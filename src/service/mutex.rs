@@ -1,0 +1,245 @@
+//! The mutex operator's APIs in the loop (cluster role without a pool
+//! selector only: a run spans the cluster's ClusterVersion and pools).
+//! At start, [`discover`] asks which APIs are served — the three mutex
+//! CRDs (installed with `nodekeeper crds --mutex`), MachineConfigPools,
+//! ClusterVersions — and only those are watched, so a cluster without them
+//! costs nothing. Every event triggers the anchor's pass, which runs
+//! [`reconcile`] after the UpgradePlans.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use smol::stream::{Stream, StreamExt};
+
+use super::context::Context;
+use crate::api::mutex::*;
+use crate::decide::mutex::{self, RunSnapshot};
+use crate::decide::{Effect, Outcome, earliest};
+use crate::error::Result;
+use crate::runtime::Latch;
+
+/// Which of the APIs the mutex flow uses are served.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Discovery {
+    /// The three mutex CRDs.
+    pub mutex: bool,
+    pub pools: bool,
+    pub cluster_versions: bool,
+}
+
+async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(crate::error::Error::kube(format!(
+            "checking whether {} is served",
+            ar.plural
+        ))(e)),
+    }
+}
+
+pub async fn discover(client: &Client) -> Result<Discovery> {
+    let mutex = served(client, &ApiResource::erase::<MutexRunConfig>(&())).await?;
+    if !mutex {
+        return Ok(Discovery::default());
+    }
+    Ok(Discovery {
+        mutex,
+        pools: served(client, &pool_resource()).await?,
+        cluster_versions: served(client, &cluster_version_resource()).await?,
+    })
+}
+
+/// The stores of the mutex flow.
+pub struct MutexStores {
+    pub rules: Store<MutexRule>,
+    pub targets: Store<MutexTarget>,
+    pub runs: Store<MutexRunConfig>,
+    pub pools: Option<Store<DynamicObject>>,
+    pub versions: Option<Store<DynamicObject>>,
+}
+
+type Trigger = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
+
+fn watch<K>(api: Api<K>, latch: Latch) -> (Store<K>, Trigger)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let events = watcher(api, super::watch_config())
+        .backoff(super::stores::WatchBackoff::default())
+        .reflect(writer)
+        .inspect(move |ev| super::stores::observe(ev, &latch, |_| {}))
+        .touched_objects()
+        .filter_map(|r| r.ok().map(|_| ()));
+    (store, Box::pin(events))
+}
+
+fn watch_dynamic(
+    client: &Client,
+    ar: &ApiResource,
+    latch: Latch,
+) -> (Store<DynamicObject>, Trigger) {
+    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+    let store = writer.as_reader();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    let events = watcher(api, super::watch_config())
+        .backoff(super::stores::WatchBackoff::default())
+        .reflect(writer)
+        .inspect(move |ev| super::stores::observe(ev, &latch, |_| {}))
+        .touched_objects()
+        .filter_map(|r| r.ok().map(|_| ()));
+    (store, Box::pin(events))
+}
+
+/// Watch what `d` says is served; `synced` opens once every watch listed.
+/// Returns the stores and one stream of "something changed".
+pub fn start(client: &Client, d: Discovery, synced: Latch) -> (Option<MutexStores>, Trigger) {
+    if !d.mutex {
+        synced.open();
+        return (None, Box::pin(smol::stream::pending()));
+    }
+    let latches: Vec<Latch> = (0..5).map(|_| Latch::default()).collect();
+    let (rules, t1) = watch(Api::<MutexRule>::all(client.clone()), latches[0].clone());
+    let (targets, t2) = watch(Api::<MutexTarget>::all(client.clone()), latches[1].clone());
+    let (runs, t3) = watch(
+        Api::<MutexRunConfig>::all(client.clone()),
+        latches[2].clone(),
+    );
+    let mut triggers: Vec<Trigger> = vec![t1, t2, t3];
+    let pools = if d.pools {
+        let (s, t) = watch_dynamic(client, &pool_resource(), latches[3].clone());
+        triggers.push(t);
+        Some(s)
+    } else {
+        latches[3].open();
+        None
+    };
+    let versions = if d.cluster_versions {
+        let (s, t) = watch_dynamic(client, &cluster_version_resource(), latches[4].clone());
+        triggers.push(t);
+        Some(s)
+    } else {
+        latches[4].open();
+        None
+    };
+    crate::runtime::spawn(async move {
+        for l in &latches {
+            l.wait().await;
+        }
+        synced.open();
+    })
+    .detach();
+    let merged = triggers
+        .into_iter()
+        .reduce(|a, b| Box::pin(smol::stream::or(a, b)))
+        .unwrap_or_else(|| Box::pin(smol::stream::pending()));
+    (
+        Some(MutexStores {
+            rules,
+            targets,
+            runs,
+            pools,
+            versions,
+        }),
+        merged,
+    )
+}
+
+/// Decide and act for every MutexRule, MutexTarget and MutexRunConfig.
+pub async fn reconcile(ctx: &Context) -> Result<Option<Duration>> {
+    let Some(m) = &ctx.mutex else {
+        return Ok(None);
+    };
+    let now = Timestamp::now();
+    let nodes = ctx.all_nodes();
+    let (pools, pool_versions) = match &m.pools {
+        None => (None, BTreeMap::new()),
+        Some(store) => {
+            let mut views = BTreeMap::new();
+            let mut versions = BTreeMap::new();
+            for p in store.state() {
+                let view: PoolView =
+                    serde_json::from_value(p.data["spec"].clone()).unwrap_or_default();
+                views.insert(p.name_any(), view);
+                if let Some(rv) = p.resource_version() {
+                    versions.insert(p.name_any(), rv);
+                }
+            }
+            (Some(views), versions)
+        }
+    };
+    let cluster_version = m.versions.as_ref().and_then(|s| {
+        s.state()
+            .into_iter()
+            .find(|o| o.name_any() == CLUSTER_VERSION_NAME)
+            .map(|o| ClusterVersionView::from_json(&serde_json::to_value(&*o).unwrap_or_default()))
+    });
+    let mut effects: Vec<Effect> = Vec::new();
+    let rules = m.rules.state();
+    for r in &rules {
+        effects.extend(mutex::rule(r, now));
+    }
+    let targets = m.targets.state();
+    for t in &targets {
+        effects.extend(mutex::target(t, pools.as_ref(), &nodes, now));
+    }
+    perform(ctx, &effects).await?;
+    if !effects.is_empty() {
+        // Runs read the statuses just written: decide them on the next
+        // pass, which those writes trigger.
+        return Ok(None);
+    }
+    let jobs: HashMap<String, Arc<k8s_openapi::api::batch::v1::Job>> = ctx.jobs_by_key();
+    let job_errors = ctx.job_errors();
+    let mut wake = None;
+    for run in m.runs.state() {
+        let plan = mutex::run(&RunSnapshot {
+            run: &run,
+            rules: &rules,
+            targets: &targets,
+            pools: pools.as_ref(),
+            pool_versions: &pool_versions,
+            cluster_version: cluster_version.as_ref(),
+            nodes: &nodes,
+            jobs: &jobs,
+            job_errors: &job_errors,
+            now,
+        });
+        perform(ctx, &plan.effects).await?;
+        if let crate::decide::Then::Wait(d) = plan.then {
+            wake = earliest(wake, d);
+        }
+    }
+    Ok(wake)
+}
+
+async fn perform(ctx: &Context, effects: &[Effect]) -> Result<()> {
+    for effect in effects {
+        log::debug!("mutex: {}", crate::effects::describe(effect));
+        let outcome = ctx.effects.perform(effect).await?;
+        ctx.remember(&outcome);
+        if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, &outcome) {
+            let key = crate::decide::upgrade::job_key(
+                job.metadata.namespace.as_deref().unwrap_or_default(),
+                &job.name_any(),
+            );
+            log::warn!("mutex: Job {key} refused: {why}");
+            ctx.set_job_error(key, why.clone());
+        }
+    }
+    Ok(())
+}
