@@ -10,14 +10,59 @@ pub mod nodemaintenance;
 pub mod reboot;
 pub mod upgrade;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+/// Every CRD nodekeeper serves, in install order, as YAML documents: the
+/// output of [`crds`], checked in and embedded. Generating them at run time
+/// would link schemars and every type's schema code (~250 KiB of an 8 MiB
+/// budget) for one subcommand; a unit test fails when the file is stale.
+pub const CRDS_YAML: &str = include_str!("crds.yaml");
 
-/// Every CRD nodekeeper serves, in install order.
-pub fn crds() -> Vec<CustomResourceDefinition> {
+/// Every CRD nodekeeper serves, generated from the types (tests only; see
+/// [`CRDS_YAML`]).
+#[cfg(test)]
+pub fn crds()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
     use kube::CustomResourceExt;
     vec![
         nodemaintenance::NodeMaintenance::crd(),
         reboot::RebootPolicy::crd(),
         upgrade::UpgradePlan::crd(),
     ]
+}
+
+/// Compare generated CRDs with their checked-in YAML; with
+/// `NODEKEEPER_REGENERATE=1`, write the file instead.
+#[cfg(test)]
+pub(crate) fn check_generated(
+    crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+    file: &str,
+    checked_in: &str,
+) {
+    let docs: Vec<serde_json::Value> = crds
+        .iter()
+        .map(|c| serde_json::to_value(c).unwrap_or_default())
+        .collect();
+    let generated = crate::yaml::documents(&docs);
+    if std::env::var_os("NODEKEEPER_REGENERATE").is_some() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        std::fs::write(&path, &generated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        return;
+    }
+    assert!(
+        generated == checked_in,
+        "{file} is stale; regenerate with: NODEKEEPER_REGENERATE=1 cargo test --lib checked_in_crds"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn checked_in_crds_match_the_types() {
+        super::check_generated(super::crds(), "src/api/crds.yaml", super::CRDS_YAML);
+        super::check_generated(
+            super::mutex::crds(),
+            "src/api/mutex-crds.yaml",
+            super::mutex::CRDS_YAML,
+        );
+    }
 }

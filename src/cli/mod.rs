@@ -88,17 +88,14 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Crds(args) => {
-            let crds = if args.mutex {
-                crate::api::mutex::crds()
-            } else {
-                crate::api::crds()
-            };
-            let docs: Vec<serde_json::Value> = crds
-                .iter()
-                .map(serde_json::to_value)
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| Error::Invalid(format!("encoding CRDs: {e}")))?;
-            print!("{}", crate::yaml::documents(&docs));
+            print!(
+                "{}",
+                if args.mutex {
+                    crate::api::mutex::CRDS_YAML
+                } else {
+                    crate::api::CRDS_YAML
+                }
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Manifests(args) => {

@@ -4,71 +4,120 @@
 //! Job carries (the cluster role watches Jobs by it), and what a Job's
 //! conditions say.
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, PodSpec,
-};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::JobSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{DynamicObject, TypeMeta};
+use serde_json::{Value, json};
 
 /// On every Job nodekeeper creates; the cluster role watches Jobs by it.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "nodekeeper";
 
-/// Append `env` to every container and init container of `pod`, and keep
-/// the pod off `node`.
-pub fn for_node(pod: &mut PodSpec, env: &[(&str, &str)], node: &str) {
-    let env: Vec<EnvVar> = env
-        .iter()
-        .map(|(k, v)| EnvVar {
-            name: k.to_string(),
-            value: Some(v.to_string()),
-            value_from: None,
-        })
-        .collect();
-    let containers = pod.containers.iter_mut();
-    for c in containers.chain(pod.init_containers.iter_mut().flatten()) {
-        append_env(c, &env);
-    }
-    keep_off(pod.affinity.get_or_insert_with(Affinity::default), node);
+/// Is `spec` a batch/v1 JobSpec? Parsed from a string, as kube parses the
+/// API server's answers, so the pod template's deserializer is the one the
+/// Pod and Job watches already link (`from_value` or `from_slice` would
+/// link a second copy: ~150 KiB). No typed JobSpec is built or serialized.
+pub fn check(spec: &Value) -> Result<(), String> {
+    let text = serde_json::to_string(spec).map_err(|e| e.to_string())?;
+    serde_json::from_str::<JobSpec>(&text)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
-/// Append our variables (never replacing the template's list); one the template already sets keeps its value.
-fn append_env(c: &mut Container, env: &[EnvVar]) {
-    let list = c.env.get_or_insert_with(Vec::new);
-    for e in env {
-        if !list.iter().any(|x| x.name == e.name) {
-            list.push(e.clone());
+/// A Job for `node` from a JobSpec given as JSON: `env` appended to every
+/// container and init container (a variable the template sets keeps its
+/// value; the list is never replaced), the pod kept off `node`, the
+/// deadline at most `deadline`, and the TTL set if given.
+pub struct JobFor<'a> {
+    pub namespace: &'a str,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub owner: Option<OwnerReference>,
+    pub env: &'a [(&'a str, &'a str)],
+    pub node: &'a str,
+    pub deadline: Option<i64>,
+    pub ttl: Option<i32>,
+}
+
+pub fn build(spec: &Value, j: JobFor) -> Option<DynamicObject> {
+    check(spec).ok()?;
+    let mut spec = spec.clone();
+    if let Some(d) = j.deadline {
+        let own = spec["activeDeadlineSeconds"].as_i64();
+        spec["activeDeadlineSeconds"] = json!(own.map_or(d, |o| o.min(d)));
+    }
+    if let Some(t) = j.ttl {
+        spec["ttlSecondsAfterFinished"] = json!(t);
+    }
+    let pod = &mut spec["template"]["spec"];
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = pod[list].as_array_mut() {
+            for c in cs {
+                append_env(c, j.env);
+            }
+        }
+    }
+    keep_off(pod, j.node);
+    Some(DynamicObject {
+        types: Some(TypeMeta {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+        }),
+        metadata: ObjectMeta {
+            name: Some(j.name),
+            namespace: Some(j.namespace.to_string()),
+            labels: Some(j.labels),
+            owner_references: j.owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: json!({ "spec": spec }),
+    })
+}
+
+/// Append our variables; one the template already sets keeps its value.
+fn append_env(container: &mut Value, env: &[(&str, &str)]) {
+    if !container["env"].is_array() {
+        container["env"] = json!([]);
+    }
+    if let Some(list) = container["env"].as_array_mut() {
+        for (k, v) in env {
+            if !list.iter().any(|x| x["name"] == *k) {
+                list.push(json!({"name": k, "value": v}));
+            }
         }
     }
 }
 
-/// Never on the node being upgraded: `kubernetes.io/hostname NotIn [node]`
-/// is added to every required term (terms are ORed, so each needs it), or
-/// is the one term when there is none. Preferences and pod affinities stay.
-fn keep_off(affinity: &mut Affinity, node: &str) {
-    let req = NodeSelectorRequirement {
-        key: "kubernetes.io/hostname".into(),
-        operator: "NotIn".into(),
-        values: Some(vec![node.to_string()]),
-    };
-    let na = affinity
-        .node_affinity
-        .get_or_insert_with(NodeAffinity::default);
-    let required = na
-        .required_during_scheduling_ignored_during_execution
-        .get_or_insert_with(|| NodeSelector {
-            node_selector_terms: Vec::new(),
-        });
-    if required.node_selector_terms.is_empty() {
-        required
-            .node_selector_terms
-            .push(NodeSelectorTerm::default());
+/// Never on the node it is about: `kubernetes.io/hostname NotIn [node]` is
+/// added to every required term (terms are ORed, so each needs it), or is
+/// the one term when there is none. Preferences and pod affinities stay.
+fn keep_off(pod: &mut Value, node: &str) {
+    let req = json!({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [node]});
+    let required =
+        &mut pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    let terms = &mut required["nodeSelectorTerms"];
+    if terms.as_array().is_none_or(|t| t.is_empty()) {
+        *terms = json!([{}]);
     }
-    for term in &mut required.node_selector_terms {
-        term.match_expressions
-            .get_or_insert_with(Vec::new)
-            .push(req.clone());
+    for term in terms.as_array_mut().into_iter().flatten() {
+        if !term["matchExpressions"].is_array() {
+            term["matchExpressions"] = json!([]);
+        }
+        if let Some(exprs) = term["matchExpressions"].as_array_mut() {
+            exprs.push(req.clone());
+        }
     }
+}
+
+/// The `namespace/name` key of a Job we create.
+pub fn key(job: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        job.metadata.namespace.as_deref().unwrap_or_default(),
+        job.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// What a Job says about itself.
@@ -80,15 +129,18 @@ pub enum JobState {
     Failed(String),
 }
 
-pub fn state(job: &Job) -> JobState {
-    let conds = job.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let is = |t: &str| conds.and_then(|cs| cs.iter().find(|c| c.type_ == t && c.status == "True"));
+/// A Job's state from its `status.conditions` (the object as JSON: the
+/// cluster role keeps Jobs untyped, labels and conditions only).
+pub fn state(job: &Value) -> JobState {
+    let conds = job["status"]["conditions"].as_array();
+    let is =
+        |t: &str| conds.and_then(|cs| cs.iter().find(|c| c["type"] == t && c["status"] == "True"));
     if is("Complete").is_some() {
         return JobState::Complete;
     }
     match is("Failed") {
         Some(c) => JobState::Failed(
-            [c.reason.as_deref(), c.message.as_deref()]
+            [c["reason"].as_str(), c["message"].as_str()]
                 .into_iter()
                 .flatten()
                 .collect::<Vec<_>>()

@@ -120,9 +120,7 @@ pub enum Effect {
     /// resourceVersion it was decided on).
     PatchPool { name: String, patch: Value },
     /// Create a hook Job (a 409 means it was created before: done).
-    CreateJob {
-        job: Box<k8s_openapi::api::batch::v1::Job>,
-    },
+    CreateJob { job: Box<kube::api::DynamicObject> },
     /// Publish an event (Warning if `warning`) about an object.
     Event {
         object: ObjectReference,

@@ -13,11 +13,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use kube::api::DynamicObject;
 use serde_json::json;
 
 use super::disrupt::fnv;
@@ -88,7 +88,7 @@ pub fn rule(r: &MutexRule, now: Timestamp) -> Option<Effect> {
         Some("spec.jobNamespace is empty".to_string())
     } else {
         let check = |what: &str, v: &serde_json::Value| {
-            serde_json::from_value::<JobSpec>(v.clone())
+            jobs::check(v)
                 .err()
                 .map(|e| format!("{what} is not a batch/v1 JobSpec: {e}"))
         };
@@ -251,7 +251,8 @@ pub struct RunSnapshot<'a> {
     pub cluster_version: Option<&'a ClusterVersionView>,
     pub nodes: &'a [Arc<Node>],
     /// Jobs by `namespace/name`.
-    pub jobs: &'a HashMap<String, Arc<Job>>,
+    /// Jobs' states by `namespace/name`.
+    pub jobs: &'a HashMap<String, JobState>,
     pub job_errors: &'a HashMap<String, String>,
     pub now: Timestamp,
 }
@@ -794,10 +795,7 @@ fn advance(
                     let msg = format!("MutexRule {}: its Job spec cannot be used", rule.name_any());
                     return fail(run, p, "JobRun", "JobRunFailed", msg);
                 };
-                let key = super::upgrade::job_key(
-                    job.metadata.namespace.as_deref().unwrap_or_default(),
-                    job.metadata.name.as_deref().unwrap_or_default(),
-                );
+                let key = jobs::key(&job);
                 let what = if cleanup { "cleanup Job" } else { "Job" };
                 if p.job.as_deref() != Some(key.as_str()) {
                     // Recorded first (status is written before effects).
@@ -811,7 +809,7 @@ fn advance(
                     return p;
                 }
                 let state = match s.jobs.get(&key) {
-                    Some(j) => jobs::state(j),
+                    Some(j) => j.clone(),
                     None => match s.job_errors.get(&key) {
                         Some(e) => JobState::Failed(format!("could not be created: {e}")),
                         None => {
@@ -974,21 +972,13 @@ fn job_for(
     node: &str,
     p: &RunProgress,
     cleanup: bool,
-) -> Option<Job> {
+) -> Option<DynamicObject> {
     let raw = if cleanup {
-        rule.spec.cleanup_job_spec.clone()?
+        rule.spec.cleanup_job_spec.as_ref()?
     } else {
-        rule.spec.job_spec.clone()
+        &rule.spec.job_spec
     };
-    let mut spec: JobSpec = serde_json::from_value(raw).ok()?;
     let rule_name = rule.name_any();
-    if let Some(pod) = spec.template.spec.as_mut() {
-        jobs::for_node(
-            pod,
-            &[(ENV_NODE, node), (ENV_RULE, rule_name.as_str())],
-            node,
-        );
-    }
     let key = format!(
         "{}|{node}|{rule_name}|{}|{}|{cleanup}",
         r.metadata.uid.as_deref().unwrap_or_default(),
@@ -1019,16 +1009,19 @@ fn job_for(
         ),
         (MANAGED_BY_LABEL, MANAGED_BY.to_string()),
     ];
-    Some(Job {
-        metadata: ObjectMeta {
-            name: Some(format!("{prefix}-{:016x}", fnv(key.as_bytes()))),
-            namespace: Some(rule.spec.job_namespace.clone()),
-            labels: Some(labels.map(|(k, v)| (k.to_string(), v)).into()),
-            ..Default::default()
+    jobs::build(
+        raw,
+        jobs::JobFor {
+            namespace: &rule.spec.job_namespace,
+            name: format!("{prefix}-{:016x}", fnv(key.as_bytes())),
+            labels: labels.map(|(k, v)| (k.to_string(), v)).into(),
+            owner: None,
+            env: &[(ENV_NODE, node), (ENV_RULE, rule_name.as_str())],
+            node,
+            deadline: None,
+            ttl: None,
         },
-        spec: Some(spec),
-        status: None,
-    })
+    )
 }
 
 #[cfg(test)]

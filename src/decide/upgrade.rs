@@ -25,7 +25,6 @@ mod stages;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -37,7 +36,7 @@ use super::maintenance::annotation;
 use super::{Effect, Plan, Then, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::upgrade::*;
-pub use hooks::{JobState, Stage, job_name, state};
+pub use hooks::{JobState, Stage, job_name};
 use stages::Decision;
 
 /// Everything one plan's decision reads.
@@ -47,8 +46,8 @@ pub struct Snapshot<'a> {
     pub nodes: &'a [Arc<Node>],
     /// Every NodeMaintenance.
     pub maintenances: &'a [Arc<NodeMaintenance>],
-    /// Hook Jobs, by `namespace/name`.
-    pub jobs: &'a HashMap<String, Arc<Job>>,
+    /// Hook Jobs' states, by `namespace/name`.
+    pub jobs: &'a HashMap<String, JobState>,
     /// Hook Jobs the API server refused to create, by `namespace/name`:
     /// why (a bad template, a missing namespace).
     pub job_errors: &'a HashMap<String, String>,

@@ -239,7 +239,11 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
     };
     let yaml = |docs: &[Value]| crate::yaml::documents(docs);
     Ok(match target {
-        "crds" => vec![file("crds.yaml", "nodekeeper's CRDs", yaml(&crds()?))],
+        "crds" => vec![file(
+            "crds.yaml",
+            "nodekeeper's CRDs",
+            crate::api::CRDS_YAML.into(),
+        )],
         "rbac" => vec![file(
             "rbac.yaml",
             &format!(
@@ -270,7 +274,7 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
             file(
                 "nodekeeper-crds.yaml",
                 "nodekeeper for k3s: copy this folder into /var/lib/rancher/k3s/server/manifests/",
-                yaml(&crds()?),
+                crate::api::CRDS_YAML.into(),
             ),
             file(
                 "nodekeeper-rbac.yaml",
@@ -392,12 +396,4 @@ pub fn write(dir: &std::path::Path, files: &[File]) -> Result<()> {
             .map_err(Error::io(format!("writing {}", path.display())))?;
     }
     Ok(())
-}
-
-fn crds() -> Result<Vec<Value>> {
-    crate::api::crds()
-        .iter()
-        .map(serde_json::to_value)
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Invalid(format!("encoding CRDs: {e}")))
 }

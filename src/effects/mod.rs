@@ -229,7 +229,8 @@ impl Interpreter {
         )))
     }
 
-    /// Server-side apply of a mutex operator object's status (namespaced).
+    /// Server-side apply of a mutex operator object's status (namespaced;
+    /// untyped, as the mutex kinds are watched).
     async fn write_mutex_status(
         &self,
         kind: crate::decide::mutex::Kind,
@@ -240,48 +241,29 @@ impl Interpreter {
     ) -> Result<Outcome> {
         use crate::api::mutex::{MutexRule, MutexRunConfig, MutexTarget};
         use crate::decide::mutex::Kind;
-        async fn apply<K>(
-            client: &Client,
-            namespace: &str,
-            name: &str,
-            resource_version: &Option<String>,
-            status: &serde_json::Value,
-        ) -> Result<()>
-        where
-            K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-                + Clone
-                + std::fmt::Debug
-                + serde::de::DeserializeOwned,
-        {
-            let body = json!({
-                "apiVersion": K::api_version(&()),
-                "kind": K::kind(&()),
-                "metadata": { "name": name, "namespace": namespace, "resourceVersion": resource_version },
-                "status": status,
-            });
-            let api: Api<K> = Api::namespaced(client.clone(), namespace);
-            api.patch_status(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map(|_| ())
-            .map_err(Error::kube(format!(
-                "writing status of {} {namespace}/{name}",
-                K::kind(&())
-            )))
-        }
-        let c = &self.client;
-        match kind {
-            Kind::Rule => apply::<MutexRule>(c, namespace, name, resource_version, status).await?,
-            Kind::Target => {
-                apply::<MutexTarget>(c, namespace, name, resource_version, status).await?
-            }
-            Kind::RunConfig => {
-                apply::<MutexRunConfig>(c, namespace, name, resource_version, status).await?
-            }
-        }
+        let ar = match kind {
+            Kind::Rule => kube::api::ApiResource::erase::<MutexRule>(&()),
+            Kind::Target => kube::api::ApiResource::erase::<MutexTarget>(&()),
+            Kind::RunConfig => kube::api::ApiResource::erase::<MutexRunConfig>(&()),
+        };
+        let body = json!({
+            "apiVersion": ar.api_version,
+            "kind": ar.kind,
+            "metadata": { "name": name, "namespace": namespace, "resourceVersion": resource_version },
+            "status": status,
+        });
+        let api: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &ar);
+        api.patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "writing status of {} {namespace}/{name}",
+            ar.kind
+        )))?;
         Ok(Outcome::Done)
     }
 
@@ -298,10 +280,11 @@ impl Interpreter {
     /// Create a hook Job. A 409 is our own earlier create; a refusal the
     /// Job cannot outgrow (invalid, forbidden, no such namespace) comes
     /// back as [`Outcome::JobRefused`] for the plan to report.
-    async fn create_job(&self, job: &k8s_openapi::api::batch::v1::Job) -> Result<Outcome> {
+    async fn create_job(&self, job: &kube::api::DynamicObject) -> Result<Outcome> {
         let ns = job.metadata.namespace.as_deref().unwrap_or("default");
         let name = job.metadata.name.as_deref().unwrap_or_default();
-        let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(self.client.clone(), ns);
+        let ar = kube::api::ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&());
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
         match api.create(&PostParams::default(), job).await {
             Ok(_) => Ok(Outcome::Done),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Done),

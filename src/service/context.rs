@@ -39,7 +39,7 @@ pub struct Context {
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
     /// Cluster role: hook Jobs (empty in the node role).
-    pub jobs: Store<k8s_openapi::api::batch::v1::Job>,
+    pub jobs: Store<kube::api::DynamicObject>,
     /// Cluster role: hook Jobs the API server refused to create, by
     /// `namespace/name`, with why (the plan reports them as failures).
     pub job_errors: Mutex<HashMap<String, String>>,
@@ -152,17 +152,16 @@ impl Context {
             .collect()
     }
 
-    /// Hook Jobs by `namespace/name`.
-    pub fn jobs_by_key(&self) -> HashMap<String, Arc<k8s_openapi::api::batch::v1::Job>> {
+    /// Our Jobs' states by `namespace/name`.
+    pub fn jobs_by_key(&self) -> HashMap<String, crate::decide::jobs::JobState> {
         self.jobs
             .state()
             .into_iter()
             .map(|j| {
-                let key = crate::decide::upgrade::job_key(
-                    j.metadata.namespace.as_deref().unwrap_or_default(),
-                    &j.name_any(),
-                );
-                (key, j)
+                (
+                    crate::decide::jobs::key(&j),
+                    crate::decide::jobs::state(&j.data),
+                )
             })
             .collect()
     }

@@ -40,7 +40,6 @@ use crate::effects::Interpreter;
 use crate::error::{Error, Result};
 use crate::runtime::Latch;
 use context::Context;
-use k8s_openapi::api::batch::v1::Job;
 use roles::{Scope, map_maintenance};
 use stores::{Fresh, Stores, Synced, observe, slim_job, slim_pod};
 
@@ -212,9 +211,16 @@ pub async fn run(
     };
     // Hook Jobs: the cluster role's, by their plan label. The node role
     // runs none and may not list them.
-    let (jobs, job_writer) = reflector::store::<Job>();
+    let job_resource = ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&());
+    let job_writer =
+        reflector::store::Writer::<kube::api::DynamicObject>::new(job_resource.clone());
+    let jobs = job_writer.as_reader();
     let job_events: std::pin::Pin<
-        Box<dyn smol::stream::Stream<Item = std::result::Result<Job, watcher::Error>> + Send>,
+        Box<
+            dyn smol::stream::Stream<
+                    Item = std::result::Result<kube::api::DynamicObject, watcher::Error>,
+                > + Send,
+        >,
     > = if matches!(scope, Scope::AllNodes { .. }) {
         let latch = synced.jobs.clone();
         let jobs_wc = watch_config().labels(&format!(
@@ -223,13 +229,16 @@ pub async fn run(
             crate::decide::jobs::MANAGED_BY
         ));
         Box::pin(
-            watcher(Api::<Job>::all(client.clone()), jobs_wc)
-                .backoff(stores::WatchBackoff::default())
-                .modify(slim_job)
-                .reflect(job_writer)
-                .inspect(move |ev| observe(ev, &latch, |_| {}))
-                .touched_objects()
-                .filter(|r| watch_ok(r, "Jobs")),
+            watcher(
+                Api::<kube::api::DynamicObject>::all_with(client.clone(), &job_resource),
+                jobs_wc,
+            )
+            .backoff(stores::WatchBackoff::default())
+            .modify(slim_job)
+            .reflect(job_writer)
+            .inspect(move |ev| observe(ev, &latch, |_| {}))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "Jobs")),
         )
     } else {
         synced.jobs.open();
@@ -352,9 +361,13 @@ pub async fn run(
         .watches_stream(plan_events, move |_: UpgradePlan| {
             roles::anchor(&plan_scope, &plan_nodes).map(|a| ObjectRef::<Node>::new(&a))
         })
-        .watches_stream(job_events, move |_: Job| {
-            roles::anchor(&job_scope, &job_nodes).map(|a| ObjectRef::<Node>::new(&a))
-        })
+        .watches_stream_with(
+            job_events,
+            move |_: kube::api::DynamicObject| {
+                roles::anchor(&job_scope, &job_nodes).map(|a| ObjectRef::<Node>::new(&a))
+            },
+            job_resource,
+        )
         .reconcile_on(heartbeat)
         .reconcile_on({
             let (scope, nodes) = (scope.clone(), nodes.clone());

@@ -57,36 +57,37 @@ pub async fn discover(client: &Client) -> Result<Discovery> {
     })
 }
 
-/// The stores of the mutex flow.
+/// The stores of the mutex flow. Every kind is watched untyped (one
+/// watcher instantiation for all five: each typed watcher costs the binary
+/// ~25 KiB) and read typed when a pass runs.
 pub struct MutexStores {
-    pub rules: Store<MutexRule>,
-    pub targets: Store<MutexTarget>,
-    pub runs: Store<MutexRunConfig>,
+    pub rules: Store<DynamicObject>,
+    pub targets: Store<DynamicObject>,
+    pub runs: Store<DynamicObject>,
     pub pools: Option<Store<DynamicObject>>,
     pub versions: Option<Store<DynamicObject>>,
 }
 
-type Trigger = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
-
-fn watch<K>(api: Api<K>, latch: Latch) -> (Store<K>, Trigger)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store::<K>();
-    let events = watcher(api, super::watch_config())
-        .backoff(super::stores::WatchBackoff::default())
-        .reflect(writer)
-        .inspect(move |ev| super::stores::observe(ev, &latch, |_| {}))
-        .touched_objects()
-        .filter_map(|r| r.ok().map(|_| ()));
-    (store, Box::pin(events))
+/// The typed objects of an untyped store; one that does not parse is
+/// logged and skipped (the API server's schema makes that rare).
+fn typed<K: serde::de::DeserializeOwned>(store: &Store<DynamicObject>) -> Vec<Arc<K>> {
+    store
+        .state()
+        .iter()
+        .filter_map(|o| {
+            let v = serde_json::to_value(&**o).ok()?;
+            match serde_json::from_value::<K>(v) {
+                Ok(k) => Some(Arc::new(k)),
+                Err(e) => {
+                    log::warn!("{}: cannot be read: {e}", o.name_any());
+                    None
+                }
+            }
+        })
+        .collect()
 }
+
+type Trigger = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
 
 fn watch_dynamic(
     client: &Client,
@@ -113,12 +114,10 @@ pub fn start(client: &Client, d: Discovery, synced: Latch) -> (Option<MutexStore
         return (None, Box::pin(smol::stream::pending()));
     }
     let latches: Vec<Latch> = (0..5).map(|_| Latch::default()).collect();
-    let (rules, t1) = watch(Api::<MutexRule>::all(client.clone()), latches[0].clone());
-    let (targets, t2) = watch(Api::<MutexTarget>::all(client.clone()), latches[1].clone());
-    let (runs, t3) = watch(
-        Api::<MutexRunConfig>::all(client.clone()),
-        latches[2].clone(),
-    );
+    let erase = |ar: ApiResource, l: &Latch| watch_dynamic(client, &ar, l.clone());
+    let (rules, t1) = erase(ApiResource::erase::<MutexRule>(&()), &latches[0]);
+    let (targets, t2) = erase(ApiResource::erase::<MutexTarget>(&()), &latches[1]);
+    let (runs, t3) = erase(ApiResource::erase::<MutexRunConfig>(&()), &latches[2]);
     let mut triggers: Vec<Trigger> = vec![t1, t2, t3];
     let pools = if d.pools {
         let (s, t) = watch_dynamic(client, &pool_resource(), latches[3].clone());
@@ -189,11 +188,11 @@ pub async fn reconcile(ctx: &Context) -> Result<Option<Duration>> {
             .map(|o| ClusterVersionView::from_json(&serde_json::to_value(&*o).unwrap_or_default()))
     });
     let mut effects: Vec<Effect> = Vec::new();
-    let rules = m.rules.state();
+    let rules: Vec<Arc<MutexRule>> = typed(&m.rules);
     for r in &rules {
         effects.extend(mutex::rule(r, now));
     }
-    let targets = m.targets.state();
+    let targets: Vec<Arc<MutexTarget>> = typed(&m.targets);
     for t in &targets {
         effects.extend(mutex::target(t, pools.as_ref(), &nodes, now));
     }
@@ -203,10 +202,10 @@ pub async fn reconcile(ctx: &Context) -> Result<Option<Duration>> {
         // pass, which those writes trigger.
         return Ok(None);
     }
-    let jobs: HashMap<String, Arc<k8s_openapi::api::batch::v1::Job>> = ctx.jobs_by_key();
+    let jobs: HashMap<String, crate::decide::jobs::JobState> = ctx.jobs_by_key();
     let job_errors = ctx.job_errors();
     let mut wake = None;
-    for run in m.runs.state() {
+    for run in typed::<MutexRunConfig>(&m.runs) {
         let plan = mutex::run(&RunSnapshot {
             run: &run,
             rules: &rules,

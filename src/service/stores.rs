@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::batch::v1::{Job, JobStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Volume};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -62,7 +61,7 @@ pub struct Stores {
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
-    pub jobs: Store<Job>,
+    pub jobs: Store<kube::api::DynamicObject>,
     pub mutex: Option<super::mutex::MutexStores>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
@@ -173,18 +172,14 @@ pub fn slim_pod(pod: &mut Pod) {
     }
 }
 
-/// A hook Job as the plan reads it: its labels and conditions. The
-/// template is the plan's own, and stays out of memory.
-pub fn slim_job(job: &mut Job) {
+/// A Job as the features read it: its labels and conditions. The
+/// template is the feature's own and stays out of memory; Jobs stay
+/// untyped (a typed Job would link a second pod-template deserializer).
+pub fn slim_job(job: &mut kube::api::DynamicObject) {
     job.metadata.managed_fields = None;
     job.metadata.annotations = None;
-    job.spec = None;
-    if let Some(status) = job.status.as_mut() {
-        *status = JobStatus {
-            conditions: status.conditions.take(),
-            ..Default::default()
-        };
-    }
+    let conditions = job.data["status"]["conditions"].take();
+    job.data = serde_json::json!({"status": {"conditions": conditions}});
 }
 
 #[cfg(test)]

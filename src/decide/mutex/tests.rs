@@ -85,6 +85,16 @@ fn pool(paused: bool, labels: &[(&str, &str)]) -> PoolView {
     }
 }
 
+/// The Jobs' states, as the cluster role's untyped store gives them.
+fn states(jobs: &HashMap<String, Arc<Job>>) -> HashMap<String, crate::decide::jobs::JobState> {
+    jobs.iter()
+        .map(|(k, j)| {
+            let v = serde_json::to_value(&**j).unwrap_or_default();
+            (k.clone(), crate::decide::jobs::state(&v))
+        })
+        .collect()
+}
+
 struct World {
     run: MutexRunConfig,
     rules: Vec<Arc<MutexRule>>,
@@ -183,7 +193,7 @@ impl World {
             pool_versions: &versions,
             cluster_version: Some(&self.cv),
             nodes: &self.nodes,
-            jobs: &self.jobs,
+            jobs: &states(&self.jobs),
             job_errors: &HashMap::new(),
             now: self.now,
         })
@@ -231,8 +241,11 @@ impl World {
                         job.metadata.name.as_deref().unwrap_or_default(),
                     );
                     if !self.jobs.contains_key(&key) {
-                        self.created.push((**job).clone());
-                        self.jobs.insert(key, Arc::new((**job).clone()));
+                        let typed: Job = serde_json::to_value(&**job)
+                            .and_then(serde_json::from_value)
+                            .unwrap_or_else(|e| panic!("a Job: {e}"));
+                        self.created.push(typed.clone());
+                        self.jobs.insert(key, Arc::new(typed));
                     }
                 }
                 _ => {}
@@ -537,7 +550,7 @@ fn run_plan(
         pool_versions: versions,
         cluster_version: Some(&w.cv),
         nodes: &w.nodes,
-        jobs: &w.jobs,
+        jobs: &states(&w.jobs),
         job_errors: &HashMap::new(),
         now: w.now,
     })

@@ -2,14 +2,13 @@
 //! deterministic name, labels, owner, deadline, TTL; the environment and
 //! the affinity that keeps it off the node come from [`crate::decide::jobs`]).
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
+use kube::api::DynamicObject;
 
 use crate::api::upgrade::*;
 use crate::decide::disrupt::{fnv, owner_ref};
+pub use crate::decide::jobs::JobState;
 use crate::decide::jobs::{self, MANAGED_BY, MANAGED_BY_LABEL};
-pub use crate::decide::jobs::{JobState, state};
 
 /// Which list a hook is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,38 +82,32 @@ pub fn check(plan: &UpgradePlan) -> Vec<String> {
                 .iter()
                 .enumerate()
                 .filter_map(move |(i, h)| {
-                    serde_json::from_value::<JobSpec>(h.job.clone())
-                        .err()
-                        .map(|e| {
-                            format!(
-                                "hooks.{}[{i}] ({}): job is not a batch/v1 JobSpec: {e}",
-                                stage.as_str(),
-                                h.name
-                            )
-                        })
+                    jobs::check(&h.job).err().map(|e| {
+                        format!(
+                            "hooks.{}[{i}] ({}): job is not a batch/v1 JobSpec: {e}",
+                            stage.as_str(),
+                            h.name
+                        )
+                    })
                 })
         })
         .collect()
 }
 
 /// The Job hook `index` of `stage` runs for one node.
-pub fn job_for(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> Option<Job> {
+pub fn job_for(
+    plan: &UpgradePlan,
+    stage: Stage,
+    index: usize,
+    a: &Attempt,
+) -> Option<DynamicObject> {
     let hook = stage.hooks(plan).get(index)?;
-    let mut spec: JobSpec = serde_json::from_value(hook.job.clone()).ok()?;
-    spec.active_deadline_seconds = Some(
-        spec.active_deadline_seconds
-            .map_or(hook.deadline_seconds, |d| d.min(hook.deadline_seconds)),
-    );
-    spec.ttl_seconds_after_finished = Some(hook.ttl_seconds_after_finished);
     let plan_name = plan.name_any();
     let env = [
         (ENV_NODE, a.node),
         (ENV_PLAN, plan_name.as_str()),
         (ENV_VERSION, a.version),
     ];
-    if let Some(pod) = spec.template.spec.as_mut() {
-        jobs::for_node(pod, &env, a.node);
-    }
     let labels = [
         (PLAN_LABEL, plan.name_any()),
         (NODE_LABEL, a.node.to_string()),
@@ -122,15 +115,17 @@ pub fn job_for(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> O
         (HOOK_LABEL, hook.name.clone()),
         (MANAGED_BY_LABEL, MANAGED_BY.to_string()),
     ];
-    Some(Job {
-        metadata: ObjectMeta {
-            name: Some(job_name(plan, stage, index, a)),
-            namespace: Some(hook.namespace.clone()),
-            labels: Some(labels.map(|(k, v)| (k.to_string(), v)).into()),
-            owner_references: Some(vec![owner_ref(plan, OWNER_KIND)]),
-            ..Default::default()
+    jobs::build(
+        &hook.job,
+        jobs::JobFor {
+            namespace: &hook.namespace,
+            name: job_name(plan, stage, index, a),
+            labels: labels.map(|(k, v)| (k.to_string(), v)).into(),
+            owner: Some(owner_ref(plan, OWNER_KIND)),
+            env: &env,
+            node: a.node,
+            deadline: Some(hook.deadline_seconds),
+            ttl: Some(hook.ttl_seconds_after_finished),
         },
-        spec: Some(spec),
-        status: None,
-    })
+    )
 }

@@ -176,7 +176,7 @@ impl<'a> Decision<'a> {
             );
             return self.fail(e, FAILED_HOOK, msg);
         };
-        let key = job_key(&hook.namespace, &job.name_any());
+        let key = crate::decide::jobs::key(&job);
         let phase = match stage {
             Stage::Before => UpgradePhase::PreHooks,
             Stage::After => UpgradePhase::PostHooks,
@@ -318,7 +318,7 @@ impl<'a> Decision<'a> {
         let key = e.job.clone().unwrap_or_default();
         let label = format!("{} hook {} (Job {key})", stage.as_str(), hook.name);
         let result = match self.s.jobs.get(&key) {
-            Some(job) => hooks::state(job),
+            Some(state) => state.clone(),
             None => {
                 if let Some(err) = self.s.job_errors.get(&key) {
                     JobState::Failed(format!("could not be created: {err}"))

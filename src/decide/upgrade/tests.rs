@@ -89,6 +89,16 @@ fn plan() -> UpgradePlan {
     p
 }
 
+/// The Jobs' states, as the cluster role's untyped store gives them.
+fn states(jobs: &HashMap<String, Arc<Job>>) -> HashMap<String, crate::decide::jobs::JobState> {
+    jobs.iter()
+        .map(|(k, j)| {
+            let v = serde_json::to_value(&**j).unwrap_or_default();
+            (k.clone(), crate::decide::jobs::state(&v))
+        })
+        .collect()
+}
+
 struct World {
     plan: UpgradePlan,
     nodes: Vec<Arc<Node>>,
@@ -121,7 +131,7 @@ impl World {
             plan: &self.plan,
             nodes: &self.nodes,
             maintenances: &self.nms,
-            jobs: &self.jobs,
+            jobs: &states(&self.jobs),
             job_errors: &self.job_errors,
             pods_on: &pods_on,
             now: self.now,
@@ -142,8 +152,11 @@ impl World {
                         job.metadata.name.as_deref().unwrap_or_default(),
                     );
                     if !self.jobs.contains_key(&key) {
-                        self.created.push((**job).clone());
-                        self.jobs.insert(key, Arc::new((**job).clone()));
+                        let typed: Job = serde_json::to_value(&**job)
+                            .and_then(serde_json::from_value)
+                            .unwrap_or_else(|e| panic!("a Job: {e}"));
+                        self.created.push(typed.clone());
+                        self.jobs.insert(key, Arc::new(typed));
                     }
                 }
                 Effect::CreateMaintenance { nm }
