@@ -37,8 +37,8 @@ test: cluster-up
 image: build-static
     image/oci-archive.sh {{static_bin}} target/image
 
-# Every benchmark: start-up and sizes, then the drain and a reboot wave on the local control plane.
-bench: bench-startup bench-drain bench-reboot
+# Every benchmark: start-up and sizes, then the drain, a reboot wave and an upgrade plan on the local control plane.
+bench: bench-startup bench-drain bench-reboot bench-upgrade
 
 # Sizes (binary, image archives) and start-up time of version and manifests; prints a table.
 bench-startup: image
@@ -54,6 +54,12 @@ bench-drain: build-static cluster-up
 # table, asserts nothing.
 bench-reboot: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench reboot
+
+# Upgrade benchmark (10 simulated hosts in 2 groups, maxUnavailable 2, a
+# 2 s before hook, 3 s upgrades): plan time against the ideal, per-node
+# overhead, requests per node, RSS; prints a table, asserts nothing.
+bench-upgrade: build-static cluster-up
+    NODEKEEPER_BIN={{static_bin}} cargo bench --bench upgrade
 
 # Live demo of node maintenance on the local control plane (leaves it running).
 demo:

@@ -32,7 +32,10 @@
 //!   ([`api::nodemaintenance`]: medik8s's exact shape, its constants and the
 //!   owner label and drain-option annotations features use;
 //!   [`api::reboot`]: `RebootPolicy` and the node annotations reboots read
-//!   and write), and [`api::common`] for the building blocks every feature
+//!   and write; [`api::upgrade`]: `UpgradePlan`, its node annotations and
+//!   Job labels; [`api::mutex`]: the node-upgrade mutex operator's three
+//!   kinds, served as a drop-in, and views of OpenShift's
+//!   MachineConfigPool and ClusterVersion), and [`api::common`] for the building blocks every feature
 //!   shares (node names, [`api::common::DrainOptions`] with its
 //!   [`api::common::Escalation`], and the API shapes of
 //!   [`api::common::Budget`], [`api::common::Window`], [`api::common::Gates`],
@@ -49,9 +52,16 @@
 //!   issue the reboot once per boot). [`decide::budget`] (every unavailable
 //!   node counts; topology and control-plane limits) and [`decide::window`]
 //!   (IANA zones, wrapping, DST, the next boundary) serve every feature.
-//!   `decide/mod.rs` holds the closed set of effects, outcomes and
-//!   [`decide::NodeMemory`]. Upgrades and replacement come as siblings of
-//!   `reboot.rs`.
+//!   [`decide::upgrade`]: the cluster role's admission and per-node stages
+//!   of an UpgradePlan (`stages.rs`), its hook Jobs (`hooks.rs`) and the
+//!   node role's half (`node.rs`: the upgrade command once per plan,
+//!   version and boot, then the reboot). [`decide::mutex`]: the mutex
+//!   operator's validation, node lists and run. What features share:
+//!   [`decide::disrupt`] (node facts admissions read, the NodeMaintenance a
+//!   feature takes a node with, orphans) and [`decide::jobs`] (env appended,
+//!   kept off the node, a Job's state). `decide/mod.rs` holds the closed
+//!   set of effects, outcomes and [`decide::NodeMemory`]. Replacement comes
+//!   as a sibling of `upgrade.rs`.
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`] (concurrent
 //!   evictions guarded by pod UID) and [`effects::lease`] (the medik8s node
@@ -66,6 +76,10 @@
 //!   mutation cache ([`service::fresh`]), the reconcile loop
 //!   ([`service::reconcile`]), reboots in the loop ([`service::reboots`]: the
 //!   cluster role's coalesced policy passes, the node role's host signals),
+//!   upgrades in the loop ([`service::upgrades`]: plans in the same pass,
+//!   the node role's upgrade command in the background), the mutex
+//!   operator's kinds ([`service::mutex`]: discovered at start, watched only
+//!   where served, unscoped cluster role only),
 //!   credentials, the HTTP/2 client and start-up checks
 //!   ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
 //!   progress) and `/readyz` ([`service::metrics`]).
@@ -118,12 +132,21 @@
 //! lease; for reboots, the RebootPolicy status (the admission record, written
 //! before a node is taken), the boot ID on the reboot's NodeMaintenance, and
 //! `nodekeeper.io/reboot-issued` on the node (the boot a reboot was issued
-//! in, written before the command runs).
+//! in, written before the command runs); for upgrades, the UpgradePlan
+//! status (admission, the hook Job started, recorded before it is created)
+//! and `nodekeeper.io/upgrade-issued` (plan, version and boot, written
+//! before the command runs); for the mutex operator's runs, the run
+//! config's `status.progress`.
 //!
 //! **Architecture invariant:** never a double reboot. A reboot is issued
 //! only while the node runs the boot recorded at admission and no reboot was
 //! issued in that boot; completion is a new boot ID and Ready, never
 //! assumed.
+//!
+//! **Architecture invariant:** nothing a feature starts runs twice for one
+//! step: hook and rule Jobs are named from the admission (owner, node,
+//! stage, version, generation), so a repeated create is a 409; an upgrade
+//! command runs at most once per plan, version and boot.
 //!
 //! **Architecture invariant:** the cluster role is the only writer of
 //! admissions, and each admission is written guarded by the policy's
@@ -167,6 +190,19 @@
 //! A pass also gives back the nodes of policies that are gone (their
 //! NodeMaintenances are owned by the Node too, so the garbage collector
 //! keeps them), after a GET confirms the owner is gone.
+//!
+//! **Upgrades across roles.** As reboots: the cluster role admits, runs
+//! hook Jobs (off the node) and verifies; the node agent runs the upgrade
+//! command on its host, in the background (a long upgrade must not stall
+//! the loop or trip `/healthz`), and records its result on the node.
+//! UpgradePlans are decided in the same coalesced pass as RebootPolicies:
+//! one writer of admissions at a time. A node that fails after its drain
+//! stays in maintenance; a spec change (new generation) retries it.
+//!
+//! **The mutex operator's flow** spans the cluster (ClusterVersion, pools),
+//! so only a cluster role without `--node-selector` runs it, and only when
+//! `nodekeeper crds --mutex` was applied; MachineConfigPool and
+//! ClusterVersion are watched only if served.
 //!
 //! **Surviving an API server restart.** Watches re-list with consistent
 //! reads and retry after 0.5 s doubling to 5 s, each on its own: their
@@ -223,6 +259,12 @@
 //!   the other N-1 slots keep rolling.
 //! - The reboot DaemonSet reaches the host with host PID and setns
 //!   (`host-exec`, three capabilities) rather than `privileged` and nsenter.
+//! - Upgrades run the command from the node agent on the host, not as a
+//!   privileged Job on the node (system-upgrade-controller): no image pull
+//!   before the network is up, and the once-per-boot record is the agent's.
+//!   Hook Jobs run *off* the node, as the mutex operator's do.
+//! - Every Job nodekeeper creates carries `app.kubernetes.io/managed-by:
+//!   nodekeeper`, the one label the cluster role watches Jobs by.
 
 pub mod api;
 pub mod cli;

@@ -72,9 +72,23 @@ pub fn serve(
     timeline: &Timeline,
     nodes: &[String],
     limit: Duration,
+    done: impl FnMut() -> bool,
+) {
+    serve_taking(fleet, timeline, nodes, limit, Duration::ZERO, done)
+}
+
+/// [`serve`] where each upgrade takes `upgrade` (each on its own thread,
+/// so machines upgrade at once as they would).
+pub fn serve_taking(
+    fleet: &Arc<Fleet>,
+    timeline: &Timeline,
+    nodes: &[String],
+    limit: Duration,
+    upgrade: Duration,
     mut done: impl FnMut() -> bool,
 ) {
     let start = Instant::now();
+    let mut threads = Vec::new();
     let mut served: BTreeMap<String, usize> = BTreeMap::new();
     loop {
         for n in nodes {
@@ -84,12 +98,24 @@ pub fn serve(
                 let version = ran[*seen].clone();
                 *seen += 1;
                 timeline.push(format!("command {n}"));
-                fleet.kill_agent(n);
-                block_on(report_version(&fleet.client, n, &version));
-                fleet.start_agent(n);
+                let (fleet, n) = (fleet.clone(), n.clone());
+                let work = move || {
+                    std::thread::sleep(upgrade);
+                    fleet.kill_agent(&n);
+                    block_on(report_version(&fleet.client, &n, &version));
+                    fleet.start_agent(&n);
+                };
+                if upgrade.is_zero() {
+                    work();
+                } else {
+                    threads.push(std::thread::spawn(work));
+                }
             }
         }
         if done() {
+            for t in threads {
+                t.join().expect("a simulated upgrade panicked");
+            }
             return;
         }
         if start.elapsed() >= limit {
