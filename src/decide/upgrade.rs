@@ -54,6 +54,8 @@ pub struct Snapshot<'a> {
     /// The pods bound to a node (for blocking-pod gates).
     pub pods_on: &'a dyn Fn(&str) -> Vec<Arc<Pod>>,
     pub now: Timestamp,
+    /// Every UpgradePlan (a node two plans select is the older one's).
+    pub plans: &'a [Arc<UpgradePlan>],
 }
 
 /// Machine-readable reasons of Waiting and Failed entries.
@@ -67,6 +69,7 @@ pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
 pub const WAIT_GATE: &str = "Gate";
 pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const WAIT_FAILURE: &str = "Failure";
+pub const WAIT_OTHER_PLAN: &str = "OtherPlan";
 pub const FAILED_HOOK: &str = "HookFailed";
 pub const FAILED_DRAIN: &str = "DrainFailed";
 pub const FAILED_COMMAND: &str = "CommandFailed";
@@ -117,6 +120,35 @@ pub fn orphans(maintenances: &[Arc<NodeMaintenance>], plans: &[Arc<UpgradePlan>]
         .map(|p| (p.name_any(), p.metadata.uid.clone()))
         .collect();
     disrupt::orphans(maintenances, OWNER_KIND, &live)
+}
+
+/// The plan that upgrades `node` when several select it: the oldest (then
+/// by name), as for RebootPolicies.
+pub fn governing<'a>(node: &Node, plans: &'a [Arc<UpgradePlan>]) -> Option<&'a Arc<UpgradePlan>> {
+    plans.iter().filter(|p| selects(p, node)).min_by(|a, b| {
+        let key = |p: &UpgradePlan| {
+            (
+                p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                p.name_any(),
+            )
+        };
+        key(a).cmp(&key(b))
+    })
+}
+
+/// Does `plan` select `node` (its selector, and a group when it has groups)?
+fn selects(plan: &UpgradePlan, node: &Node) -> bool {
+    let labels = node.labels();
+    plan.spec
+        .node_selector
+        .as_ref()
+        .is_none_or(|sel| selector_matches(sel, labels))
+        && (plan.spec.groups.is_empty()
+            || plan
+                .spec
+                .groups
+                .iter()
+                .any(|g| selector_matches(&g.node_selector, labels)))
 }
 
 /// What the schema could not check.
@@ -240,6 +272,22 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         if at_version(node, &p.spec.version_from, &p.spec.version) {
             let msg = format!("at version {}", p.spec.version);
             d.set(&n, UpgradePhase::Done, group_name(g), None, msg);
+            continue;
+        }
+        if let Some(other) = governing(node, s.plans).filter(|o| o.name_any() != name) {
+            // Two plans over one node would take turns upgrading it to
+            // their versions for ever: the older plan has it.
+            let msg = format!(
+                "also selected by the older UpgradePlan {}, which upgrades it",
+                other.name_any()
+            );
+            d.set(
+                &n,
+                UpgradePhase::Waiting,
+                group_name(g),
+                Some(WAIT_OTHER_PLAN),
+                msg,
+            );
             continue;
         }
         candidates.push((g, node));

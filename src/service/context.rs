@@ -44,7 +44,7 @@ pub struct Context {
     /// `namespace/name`, with why (the plan reports them as failures).
     pub job_errors: Mutex<HashMap<String, String>>,
     /// Unscoped cluster role, where the mutex CRDs are served: their stores.
-    pub mutex: Option<super::mutex::MutexStores>,
+    pub mutex: Option<super::stores::MutexStores>,
     /// Node role: the upgrade command running in the background, if any
     /// (its token), so a reconcile never starts a second one.
     pub upgrade_running: Mutex<Option<String>>,

@@ -18,6 +18,7 @@ use kube::{Api, Client, ResourceExt};
 use smol::stream::{Stream, StreamExt};
 
 use super::context::Context;
+pub use super::stores::MutexStores;
 use crate::api::mutex::*;
 use crate::decide::mutex::{self, RunSnapshot};
 use crate::decide::{Effect, Outcome, earliest};
@@ -55,17 +56,6 @@ pub async fn discover(client: &Client) -> Result<Discovery> {
         pools: served(client, &pool_resource()).await?,
         cluster_versions: served(client, &cluster_version_resource()).await?,
     })
-}
-
-/// The stores of the mutex flow. Every kind is watched untyped (one
-/// watcher instantiation for all five: each typed watcher costs the binary
-/// ~25 KiB) and read typed when a pass runs.
-pub struct MutexStores {
-    pub rules: Store<DynamicObject>,
-    pub targets: Store<DynamicObject>,
-    pub runs: Store<DynamicObject>,
-    pub pools: Option<Store<DynamicObject>>,
-    pub versions: Option<Store<DynamicObject>>,
 }
 
 /// The typed objects of an untyped store; one that does not parse is

@@ -62,9 +62,20 @@ pub struct Stores {
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
     pub jobs: Store<kube::api::DynamicObject>,
-    pub mutex: Option<super::mutex::MutexStores>,
+    pub mutex: Option<MutexStores>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
+}
+
+/// The stores of the mutex flow. Every kind is watched untyped (one
+/// watcher instantiation for all five: each typed watcher costs the binary
+/// ~25 KiB) and read typed when a pass runs.
+pub struct MutexStores {
+    pub rules: Store<kube::api::DynamicObject>,
+    pub targets: Store<kube::api::DynamicObject>,
+    pub runs: Store<kube::api::DynamicObject>,
+    pub pools: Option<Store<kube::api::DynamicObject>>,
+    pub versions: Option<Store<kube::api::DynamicObject>>,
 }
 
 /// Retry delays of a failed watch: 0.5 s doubling to 5 s, with ±50 %

@@ -27,14 +27,18 @@ pub async fn reconcile_plans(ctx: &Context) -> Result<Option<Duration>> {
     let plans = ctx.plans();
     for plan in &plans {
         if super::roles::handles_plan(&ctx.scope, plan) {
-            wake = earliest(wake, reconcile_plan(ctx, plan).await?);
+            wake = earliest(wake, reconcile_plan(ctx, plan, &plans).await?);
         }
     }
     give_back_orphans(ctx, &plans).await?;
     Ok(wake)
 }
 
-async fn reconcile_plan(ctx: &Context, plan: &UpgradePlan) -> Result<Option<Duration>> {
+async fn reconcile_plan(
+    ctx: &Context,
+    plan: &UpgradePlan,
+    plans: &[Arc<UpgradePlan>],
+) -> Result<Option<Duration>> {
     let now = Timestamp::now();
     let plan_fx = {
         let nodes = ctx.all_nodes();
@@ -50,6 +54,7 @@ async fn reconcile_plan(ctx: &Context, plan: &UpgradePlan) -> Result<Option<Dura
             job_errors: &job_errors,
             pods_on: &pods_on,
             now,
+            plans,
         })
     };
     let name = plan.name_any();

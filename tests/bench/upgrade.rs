@@ -219,6 +219,13 @@ fn main() {
             || back(n, start).is_some(),
         );
         cycles.push(back(n, start).map(|t| t - start).unwrap_or_default());
+        // One plan per node at a time: a node two plans select is the
+        // older plan's, so this one must go before the next.
+        block_on(async {
+            let _ = Api::<UpgradePlan>::all(env.client.clone())
+                .delete(&name, &Default::default())
+                .await;
+        });
     }
     cycles.sort();
     let cycle = cycles[cycles.len() / 2];

@@ -12,6 +12,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::json;
 
 use super::*;
+use crate::decide::Plan;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
 fn now() -> Timestamp {
     "2026-11-23T12:00:00Z".parse().unwrap_or_default()

@@ -135,6 +135,7 @@ impl World {
             job_errors: &self.job_errors,
             pods_on: &pods_on,
             now: self.now,
+            plans: &[Arc::new(self.plan.clone())],
         })
     }
 
@@ -708,4 +709,45 @@ fn job_names_are_stable_per_admission_and_fit_the_label_limit() {
     let b = hooks::Attempt { attempt: 2, ..a };
     assert_ne!(one, job_name(&p, Stage::Before, 0, &b));
     let _ = LabelSelector::default();
+}
+
+#[test]
+fn a_node_two_plans_select_is_the_older_plans() {
+    let mut older = plan();
+    older.spec.groups.clear();
+    older.metadata.name = Some("older".into());
+    older.metadata.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    let mut younger = older.clone();
+    younger.metadata.name = Some("younger".into());
+    younger.spec.version = "v3".into();
+    younger.metadata.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            now()
+                .checked_add(SignedDuration::from_secs(60))
+                .unwrap_or(now()),
+        ));
+    let plans = [Arc::new(older.clone()), Arc::new(younger.clone())];
+    let nodes = [Arc::new(node("a", "v1", false))];
+    let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+    let decide_for = |p: &UpgradePlan| {
+        decide(&Snapshot {
+            plan: p,
+            nodes: &nodes,
+            maintenances: &[],
+            jobs: &HashMap::new(),
+            job_errors: &HashMap::new(),
+            pods_on: &pods_on,
+            now: now(),
+            plans: &plans,
+        })
+    };
+    let status_of = |plan: Plan| match &plan.effects[0] {
+        Effect::WriteUpgradeStatus { status, .. } => status.nodes[0].clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(status_of(decide_for(&older)).phase, UpgradePhase::PreHooks);
+    let e = status_of(decide_for(&younger));
+    assert_eq!(e.reason.as_deref(), Some(WAIT_OTHER_PLAN));
+    assert!(e.message.unwrap_or_default().contains("older"));
 }
