@@ -153,6 +153,17 @@ fn nodes_take_turns_through_the_canary_pool_and_everything_is_restored() {
             s.progress.filter(|p| p.step == "Done")
         },
     ));
+    // The run is done once nodekeeper saw the pools restored; give the
+    // MCO's own poll a moment to see it too.
+    block_on(wait_for(
+        "the MCO to see the target pool unpaused",
+        Duration::from_secs(10),
+        || async {
+            let seen = mco.pools_seen.lock().unwrap().clone();
+            let last = seen.iter().rev().find(|s| s.0 == target_pool).map(|s| s.1);
+            (last == Some(false) && seen.iter().any(|s| s.0 == target_pool && s.1)).then_some(())
+        },
+    ));
     mco.stop();
     let context = format!(
         "progress: {done:?}\nmco: {:?}\ncluster role log:\n{}",
