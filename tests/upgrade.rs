@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
 use nodekeeper::api::upgrade::{UpgradePhase, UpgradePlan};
 use serde_json::json;
 use support::machines::{Fleet, Watcher, cluster_role, maintenances_on};
@@ -96,6 +96,18 @@ fn two_groups_upgrade_in_order_with_hooks_off_the_node_within_the_budget() {
     serve(&fleet, &timeline, &names, Duration::from_secs(180), || {
         all_done(&env.client, &plan, &names)
     });
+    // The plan says Done once the NodeMaintenance is deleted; the uncordon
+    // that follows reaches the timeline's own watch a moment later.
+    block_on(wait_for(
+        "every node seen back",
+        Duration::from_secs(30),
+        || async {
+            names
+                .iter()
+                .all(|n| timeline.last(&format!("up {n}")) > timeline.last(&format!("down {n}")))
+                .then_some(())
+        },
+    ));
     timeline.stop();
     let history = watcher.finish();
     let events = timeline.events();
@@ -157,29 +169,67 @@ fn two_groups_upgrade_in_order_with_hooks_off_the_node_within_the_budget() {
     }
 
     block_on(async {
-        // Hook pods ran off their node, with the template's env kept and
-        // ours appended.
+        // Every hook Job: the template's env kept and ours appended, kept
+        // off its node by affinity; the pods still there (a drain removes
+        // finished pods from the nodes it drains) ran elsewhere.
+        let all = jobs(&env.client, &plan).await;
+        assert_eq!(all.len(), 10, "one Job per node and stage");
+        for job in &all {
+            let pod = job
+                .spec
+                .clone()
+                .and_then(|s| s.template.spec)
+                .unwrap_or_default();
+            let env: Vec<(String, String)> = pod.containers[0]
+                .env
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| (e.name, e.value.unwrap_or_default()))
+                .collect();
+            let target = job
+                .labels()
+                .get("nodekeeper.io/upgrade-node")
+                .cloned()
+                .unwrap_or_default();
+            assert!(
+                env.contains(&("NODE_NAME".into(), target.clone())),
+                "{env:?}"
+            );
+            assert!(
+                env.contains(&("FROM_TEMPLATE".into(), "kept".into())),
+                "{env:?}"
+            );
+            assert!(
+                env.contains(&("NODEKEEPER_VERSION".into(), "v2".into())),
+                "{env:?}"
+            );
+            let affinity = serde_json::to_string(&pod.affinity).unwrap_or_default();
+            assert!(
+                affinity.contains("NotIn") && affinity.contains(&target),
+                "{affinity}"
+            );
+        }
         let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
         let list = pods
             .list(&ListParams::default().labels("batch.kubernetes.io/job-name"))
             .await
             .expect("hook pods");
-        assert_eq!(list.items.len(), 10, "one pod per hook Job");
         for pod in &list.items {
             let spec = pod.spec.clone().unwrap_or_default();
-            let env_of = |k: &str| {
-                spec.containers[0]
-                    .env
-                    .clone()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .find(|e| e.name == k)
-                    .and_then(|e| e.value)
-            };
-            let target = env_of("NODE_NAME").expect("NODE_NAME appended");
-            assert_ne!(spec.node_name.as_deref(), Some(target.as_str()));
-            assert_eq!(env_of("FROM_TEMPLATE").as_deref(), Some("kept"));
-            assert_eq!(env_of("NODEKEEPER_VERSION").as_deref(), Some("v2"));
+            let target = spec.containers[0]
+                .env
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .find(|e| e.name == "NODE_NAME")
+                .and_then(|e| e.value);
+            assert_ne!(
+                spec.node_name,
+                target,
+                "{}",
+                pod.metadata.name.clone().unwrap_or_default()
+            );
         }
         let nodes: Api<Node> = Api::all(env.client.clone());
         for n in &names {

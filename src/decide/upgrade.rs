@@ -294,9 +294,15 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     }
 
     // 2. The group being upgraded: the first with a node not finished.
+    // Done means given back too: its NodeMaintenance gone, which happens
+    // only after the agent uncordoned it (the finalizer goes last).
     let finished = |e: Option<&NodeUpgrade>| {
         e.is_some_and(|e| {
-            e.phase == UpgradePhase::Done
+            (e.phase == UpgradePhase::Done
+                && !s
+                    .maintenances
+                    .iter()
+                    .any(|m| m.spec.node_name == e.name && owned_by(m, OWNER_KIND, &name)))
                 || (e.phase == UpgradePhase::Failed && continue_on_failure)
         })
     };
