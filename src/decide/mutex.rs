@@ -15,7 +15,7 @@
 mod run;
 mod turns;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -25,9 +25,9 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::Effect;
-use super::jobs;
+use super::jobs::{self, JobState};
 use crate::api::mutex::*;
-pub use run::{DEFAULT_UPGRADE_TIMEOUT, RunSnapshot, run};
+pub use run::run;
 
 /// Which of the three kinds a status write is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,6 +242,74 @@ pub fn version_lt(a: &str, b: &str) -> bool {
             _ => false,
         },
     }
+}
+
+/// What a run decision reads.
+pub struct RunSnapshot<'a> {
+    pub run: &'a MutexRunConfig,
+    pub rules: &'a [Arc<MutexRule>],
+    pub targets: &'a [Arc<MutexTarget>],
+    /// `None`: no MachineConfigPool API.
+    pub pools: Option<&'a BTreeMap<String, PoolView>>,
+    /// The pools' resourceVersions (patches are guarded by them).
+    pub pool_versions: &'a BTreeMap<String, String>,
+    /// `None`: no ClusterVersion named `version` (or no such API).
+    pub cluster_version: Option<&'a ClusterVersionView>,
+    pub nodes: &'a [Arc<Node>],
+    /// Jobs by `namespace/name`.
+    /// Jobs' states by `namespace/name`.
+    pub jobs: &'a HashMap<String, JobState>,
+    pub job_errors: &'a HashMap<String, String>,
+    pub now: Timestamp,
+}
+
+/// The steps of a run, as `status.progress.step` spells them.
+pub(crate) const PREPARING: &str = "Preparing";
+pub(crate) const JOBS: &str = "Jobs";
+pub(crate) const UPGRADING: &str = "Upgrading";
+pub(crate) const CLEANUP: &str = "Cleanup";
+pub(crate) const FINISHING: &str = "Finishing";
+pub(crate) const DONE: &str = "Done";
+pub(crate) const FAILED: &str = "Failed";
+
+/// Seconds a released node may take to report the version by default: the
+/// original's 100 polls, 60 s apart.
+pub const DEFAULT_UPGRADE_TIMEOUT: i64 = 6000;
+
+pub(crate) struct Run<'a> {
+    pub(crate) s: &'a RunSnapshot<'a>,
+    pub(crate) conds: Vec<MutexCondition>,
+    pub(crate) effects: Vec<Effect>,
+    pub(crate) wake: Option<std::time::Duration>,
+}
+
+impl Run<'_> {
+    pub(crate) fn cond(&mut self, t: &str, ok: bool, reason: &str, msg: &str) {
+        set(&mut self.conds, self.s.now, t, ok, reason, msg);
+    }
+
+    pub(crate) fn event(&mut self, warning: bool, reason: &'static str, note: String) {
+        let r = self.s.run;
+        self.effects.push(Effect::Event {
+            object: k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some(format!("{GROUP}/v1alpha1")),
+                kind: Some("MutexRunConfig".into()),
+                name: r.metadata.name.clone(),
+                namespace: r.metadata.namespace.clone(),
+                uid: r.metadata.uid.clone(),
+                ..Default::default()
+            },
+            warning,
+            reason,
+            note,
+        });
+    }
+}
+
+/// The rules and targets a run config names, found and valid.
+pub(crate) struct Parts {
+    pub(crate) rules: Vec<Arc<MutexRule>>,
+    pub(crate) targets: Vec<Arc<MutexTarget>>,
 }
 
 #[cfg(test)]

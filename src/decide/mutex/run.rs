@@ -3,82 +3,20 @@
 //! pools paused, waiting nodes labelled per rule, selectors moved — level
 //! by level, each effect only where the world differs.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::json;
 
 use super::turns::{advance, expressions, finish, pool_patch};
-use super::{Kind, condition, no_pool_api, set, version_lt, write};
+use super::{
+    DONE, FAILED, FINISHING, JOBS, Kind, PREPARING, Parts, Run, RunSnapshot, condition,
+    no_pool_api, version_lt, write,
+};
 use crate::api::mutex::*;
-use crate::decide::jobs::JobState;
 use crate::decide::{Effect, Plan, Then};
-
-/// What a run decision reads.
-pub struct RunSnapshot<'a> {
-    pub run: &'a MutexRunConfig,
-    pub rules: &'a [Arc<MutexRule>],
-    pub targets: &'a [Arc<MutexTarget>],
-    /// `None`: no MachineConfigPool API.
-    pub pools: Option<&'a BTreeMap<String, PoolView>>,
-    /// The pools' resourceVersions (patches are guarded by them).
-    pub pool_versions: &'a BTreeMap<String, String>,
-    /// `None`: no ClusterVersion named `version` (or no such API).
-    pub cluster_version: Option<&'a ClusterVersionView>,
-    pub nodes: &'a [Arc<Node>],
-    /// Jobs by `namespace/name`.
-    /// Jobs' states by `namespace/name`.
-    pub jobs: &'a HashMap<String, JobState>,
-    pub job_errors: &'a HashMap<String, String>,
-    pub now: Timestamp,
-}
-
-/// The steps of a run, as `status.progress.step` spells them.
-pub(super) const PREPARING: &str = "Preparing";
-pub(super) const JOBS: &str = "Jobs";
-pub(super) const UPGRADING: &str = "Upgrading";
-pub(super) const CLEANUP: &str = "Cleanup";
-pub(super) const FINISHING: &str = "Finishing";
-pub(super) const DONE: &str = "Done";
-pub(super) const FAILED: &str = "Failed";
-
-/// Seconds a released node may take to report the version by default: the
-/// original's 100 polls, 60 s apart.
-pub const DEFAULT_UPGRADE_TIMEOUT: i64 = 6000;
-
-pub(super) struct Run<'a> {
-    pub(super) s: &'a RunSnapshot<'a>,
-    pub(super) conds: Vec<MutexCondition>,
-    pub(super) effects: Vec<Effect>,
-    pub(super) wake: Option<std::time::Duration>,
-}
-
-impl Run<'_> {
-    pub(super) fn cond(&mut self, t: &str, ok: bool, reason: &str, msg: &str) {
-        set(&mut self.conds, self.s.now, t, ok, reason, msg);
-    }
-
-    pub(super) fn event(&mut self, warning: bool, reason: &'static str, note: String) {
-        let r = self.s.run;
-        self.effects.push(Effect::Event {
-            object: k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some(format!("{GROUP}/v1alpha1")),
-                kind: Some("MutexRunConfig".into()),
-                name: r.metadata.name.clone(),
-                namespace: r.metadata.namespace.clone(),
-                uid: r.metadata.uid.clone(),
-                ..Default::default()
-            },
-            warning,
-            reason,
-            note,
-        });
-    }
-}
 
 /// One run config's next plan: its status first (guarded), then pool and
 /// node patches, Jobs and events.
@@ -107,12 +45,6 @@ pub fn run(s: &RunSnapshot) -> Plan {
         then: Then::Wait(run.wake),
         note: None,
     }
-}
-
-/// The rules and targets a run config names, found and valid.
-pub(super) struct Parts {
-    pub(super) rules: Vec<Arc<MutexRule>>,
-    pub(super) targets: Vec<Arc<MutexTarget>>,
 }
 
 fn validate(s: &RunSnapshot, ns: &str) -> Result<Parts, String> {

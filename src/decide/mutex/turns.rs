@@ -10,8 +10,10 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::json;
 
-use super::run::*;
-use super::version_lt;
+use super::{
+    CLEANUP, DEFAULT_UPGRADE_TIMEOUT, DONE, FAILED, FINISHING, JOBS, Parts, Run, RunSnapshot,
+    UPGRADING, version_lt,
+};
 use crate::api::mutex::*;
 use crate::api::upgrade::ENV_NODE;
 use crate::decide::Effect;
