@@ -1,5 +1,6 @@
 //! The operator's view and the reboot request: `status` (every node and
-//! what nodekeeper is doing to it — the first command to run) and
+//! what nodekeeper is doing to it: maintenance, reboot, upgrade — the first
+//! command to run) and
 //! `reboot-required NODE [--clear]`. They talk to the API server only.
 
 use std::io::{IsTerminal, Write};
@@ -20,11 +21,12 @@ use smol::stream::StreamExt;
 
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
+use crate::api::upgrade::UpgradePlan;
 use crate::decide::reboot::{self, node::governing};
 use crate::error::{Error, Result};
 use crate::service::connect;
 
-/// Show every node and what nodekeeper is doing to it: maintenance, reboot phase, since when, what it waits for.
+/// Show every node and what nodekeeper is doing to it: maintenance, reboot and upgrade phase, since when, what it waits for.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "status")]
 pub struct StatusArgs {
@@ -102,8 +104,14 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
     crate::service::require_crds(&client).await?;
     if !args.watch {
-        let (nodes, nms, policies) = list_all(&client).await?;
-        print!("{}", render(&nodes, &nms, &policies, Timestamp::now()));
+        let (nodes, nms, policies, plans) = list_all(&client).await?;
+        let world = World {
+            nodes: &nodes,
+            nms: &nms,
+            policies: &policies,
+            plans: &plans,
+        };
+        print!("{}", render(&world, Timestamp::now()));
         return Ok(ExitCode::SUCCESS);
     }
     watch(client).await
@@ -115,6 +123,7 @@ async fn list_all(
     Vec<Arc<Node>>,
     Vec<Arc<NodeMaintenance>>,
     Vec<Arc<RebootPolicy>>,
+    Vec<Arc<UpgradePlan>>,
 )> {
     let lp = ListParams::default();
     let nodes = Api::<Node>::all(client.clone())
@@ -129,10 +138,19 @@ async fn list_all(
         .list(&lp)
         .await
         .map_err(Error::kube("listing RebootPolicies"))?;
+    let plans = Api::<UpgradePlan>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(Error::kube("listing UpgradePlans"))?;
     fn arc<T>(v: Vec<T>) -> Vec<Arc<T>> {
         v.into_iter().map(Arc::new).collect()
     }
-    Ok((arc(nodes.items), arc(nms.items), arc(policies.items)))
+    Ok((
+        arc(nodes.items),
+        arc(nms.items),
+        arc(policies.items),
+        arc(plans.items),
+    ))
 }
 
 /// Re-draw on every change (at most every 200 ms), from watches.
@@ -140,6 +158,7 @@ async fn watch(client: Client) -> Result<ExitCode> {
     let (nodes, nw) = reflector::store::<Node>();
     let (nms, mw) = reflector::store::<NodeMaintenance>();
     let (policies, pw) = reflector::store::<RebootPolicy>();
+    let (plans, uw) = reflector::store::<UpgradePlan>();
     let cfg = || watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent);
     let n = watcher(Api::<Node>::all(client.clone()), cfg())
         .reflect(nw)
@@ -147,21 +166,29 @@ async fn watch(client: Client) -> Result<ExitCode> {
     let m = watcher(Api::<NodeMaintenance>::all(client.clone()), cfg())
         .reflect(mw)
         .map(|_| ());
-    let p = watcher(Api::<RebootPolicy>::all(client), cfg())
+    let p = watcher(Api::<RebootPolicy>::all(client.clone()), cfg())
         .reflect(pw)
         .map(|_| ());
-    let mut changes = std::pin::pin!(smol::stream::or(n, smol::stream::or(m, p)));
+    let u = watcher(Api::<UpgradePlan>::all(client), cfg())
+        .reflect(uw)
+        .map(|_| ());
+    let mut changes = std::pin::pin!(smol::stream::or(
+        smol::stream::or(n, m),
+        smol::stream::or(p, u)
+    ));
     let tty = std::io::stdout().is_terminal();
     let mut last = String::new();
     while changes.next().await.is_some() {
         // Let a burst of changes settle into one frame.
         crate::runtime::sleep(Duration::from_millis(200)).await;
-        let table = render(
-            &nodes.state(),
-            &nms.state(),
-            &policies.state(),
-            Timestamp::now(),
-        );
+        let (n, m, p, u) = (nodes.state(), nms.state(), policies.state(), plans.state());
+        let world = World {
+            nodes: &n,
+            nms: &m,
+            policies: &p,
+            plans: &u,
+        };
+        let table = render(&world, Timestamp::now());
         if table != last {
             let mut out = std::io::stdout().lock();
             if tty {
@@ -177,20 +204,26 @@ async fn watch(client: Client) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One line per node: readiness, cordon, its maintenance, its reboot, since
-/// when, and what it waits for.
-pub fn render(
-    nodes: &[Arc<Node>],
-    nms: &[Arc<NodeMaintenance>],
-    policies: &[Arc<RebootPolicy>],
-    now: Timestamp,
-) -> String {
+/// What the table is drawn from.
+pub struct World<'a> {
+    pub nodes: &'a [Arc<Node>],
+    pub nms: &'a [Arc<NodeMaintenance>],
+    pub policies: &'a [Arc<RebootPolicy>],
+    pub plans: &'a [Arc<UpgradePlan>],
+}
+
+/// One line per node: readiness, cordon, its maintenance, its reboot, its
+/// upgrade, since when, and what it waits for (the upgrade's, when it is
+/// admitted or nothing reboots the node).
+pub fn render(w: &World, now: Timestamp) -> String {
+    let (nodes, nms, policies) = (w.nodes, w.nms, w.policies);
     let mut rows = vec![[
         "NODE".to_string(),
         "READY".into(),
         "SCHEDULING".into(),
         "MAINTENANCE".into(),
         "REBOOT".into(),
+        "UPGRADE".into(),
         "SINCE".into(),
         "NOTE".into(),
     ]];
@@ -210,7 +243,7 @@ pub fn render(
         });
         let policy = governing(node, policies);
         let entry = policy.and_then(|p| p.entry(&name).map(|e| (p, e)));
-        let (reboot, since, mut note) = match entry {
+        let (reboot, mut since, mut note) = match entry {
             Some((p, e)) => (
                 format!("{}: {}", p.name_any(), e.phase.as_str()),
                 age(now, e.since.0),
@@ -227,6 +260,17 @@ pub fn render(
             ),
             None => ("-".into(), "-".into(), String::new()),
         };
+        let plan = crate::decide::upgrade::governing(node, w.plans);
+        let upgrade_entry = plan.and_then(|p| p.entry(&name).map(|e| (p, e)));
+        let upgrade = upgrade_entry.map_or("-".to_string(), |(p, e)| {
+            format!("{}: {}", p.name_any(), e.phase.as_str())
+        });
+        if let Some((_, e)) = upgrade_entry
+            && (e.phase.admitted() || entry.is_none())
+        {
+            since = age(now, e.since.0);
+            note = e.message.clone().unwrap_or_default();
+        }
         if note.is_empty()
             && let Some(err) = nm.and_then(|m| m.status.as_ref()?.last_error.clone())
         {
@@ -248,11 +292,12 @@ pub fn render(
             .into(),
             maintenance,
             reboot,
+            upgrade,
             since,
             note,
         ]);
     }
-    let mut widths = [0usize; 7];
+    let mut widths = [0usize; 8];
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -319,10 +364,14 @@ mod tests {
             }],
             ..Default::default()
         });
+        let (nodes, policies) = ([node("b", false), node("a", true)], [Arc::new(p)]);
         let table = render(
-            &[node("b", false), node("a", true)],
-            &[],
-            &[Arc::new(p)],
+            &World {
+                nodes: &nodes,
+                nms: &[],
+                policies: &policies,
+                plans: &[],
+            },
             now,
         );
         let lines: Vec<&str> = table.lines().collect();
@@ -334,8 +383,65 @@ mod tests {
             lines[2].contains("NotReady") && lines[2].contains(" - "),
             "{table}"
         );
-        let orphan = render(&[node("c", true)], &[], &[], now);
+        let orphan = render(
+            &World {
+                nodes: &[node("c", true)],
+                nms: &[],
+                policies: &[],
+                plans: &[],
+            },
+            now,
+        );
         assert!(orphan.contains("needed") && orphan.contains("no RebootPolicy selects"));
+    }
+
+    #[test]
+    fn an_admitted_upgrade_shows_its_phase_and_what_it_does() {
+        let now: Timestamp = "2026-11-23T12:00:00Z".parse().unwrap_or_default();
+        let node = Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let mut plan: UpgradePlan = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nodekeeper.io/v1alpha1", "kind": "UpgradePlan",
+            "metadata": {"name": "os"},
+            "spec": {"version": "v2", "strategy": {"command": ["up"]}}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        plan.status = Some(crate::api::upgrade::UpgradePlanStatus {
+            nodes: vec![crate::api::upgrade::NodeUpgrade {
+                name: "a".into(),
+                phase: crate::api::upgrade::UpgradePhase::PreHooks,
+                since: Time(now),
+                group: None,
+                version: Some("v2".into()),
+                attempt: Some(1),
+                boot_id_before: None,
+                hook: Some("backup".into()),
+                job: None,
+                message: Some("before hook backup: running Job ops/x".into()),
+                reason: None,
+            }],
+            ..Default::default()
+        });
+        let table = render(
+            &World {
+                nodes: &[node],
+                nms: &[],
+                policies: &[],
+                plans: &[Arc::new(plan)],
+            },
+            now,
+        );
+        let line = table.lines().nth(1).unwrap_or_default();
+        assert!(line.contains("os: PreHooks"), "{table}");
+        assert!(
+            line.ends_with("before hook backup: running Job ops/x"),
+            "{table}"
+        );
     }
 
     #[test]
