@@ -11,9 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use kube::{Resource, ResourceExt};
 
 use super::Effect;
+use super::budget::{self, Member};
 use super::drain::selector_matches;
 use super::maintenance::owner_of;
-use crate::api::common::{DrainSpec, Gates};
+use crate::api::common::{Budget, DrainSpec, Gates};
 use crate::api::nodemaintenance::{
     DRAIN_GRACE_ANNOTATION, DRAIN_ON_TIMEOUT_ANNOTATION, DRAIN_POD_SELECTOR_ANNOTATION,
     DRAIN_TIMEOUT_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec, OWNER_LABEL,
@@ -70,6 +71,58 @@ pub fn blocking_pod(gates: &Gates, pods: &[Arc<Pod>]) -> Option<String> {
             .find(|pod| selector_matches(&g.selector, pod.labels()))
             .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
     })
+}
+
+/// Machine-readable reasons for the waits every feature shares.
+pub const WAIT_WINDOW: &str = "Window";
+pub const WAIT_NOT_READY: &str = "NotReady";
+pub const WAIT_GATE: &str = "Gate";
+pub const WAIT_BLOCKING_POD: &str = "BlockingPod";
+pub const WAIT_BUDGET: &str = "Budget";
+
+/// The admission checks every feature ends with, in order: the window, the
+/// node's readiness, `requireReady`, blocking pods, the budget. `None`
+/// admits; otherwise the reason and the message (`what`: "reboot",
+/// "upgrade", for the window's message).
+pub struct Admission<'a> {
+    pub what: &'a str,
+    pub window_open: bool,
+    pub node: &'a Node,
+    pub gates: &'a Gates,
+    /// Selected nodes that are NotReady and not waiting for this feature.
+    pub others_not_ready: &'a [String],
+    pub pods: &'a [Arc<Pod>],
+    pub budget: &'a Budget,
+    pub members: &'a [Member<'a>],
+}
+
+pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
+    let n = a.node.name_any();
+    if !a.window_open {
+        Some((WAIT_WINDOW, format!("outside every {} window", a.what)))
+    } else if !ready(a.node) {
+        Some((WAIT_NOT_READY, "the node is NotReady".into()))
+    } else if a.gates.require_ready && !a.others_not_ready.is_empty() {
+        Some((
+            WAIT_GATE,
+            format!(
+                "requireReady: node {} is NotReady",
+                a.others_not_ready.join(", ")
+            ),
+        ))
+    } else if let Some(pod) = blocking_pod(a.gates, a.pods) {
+        Some((WAIT_BLOCKING_POD, format!("blocked by pod {pod}")))
+    } else {
+        let me = a
+            .members
+            .iter()
+            .find(|m| m.name == n)
+            .cloned()
+            .unwrap_or_default();
+        budget::admits(a.budget, a.members, &me)
+            .err()
+            .map(|why| (WAIT_BUDGET, why))
+    }
 }
 
 /// What the schema cannot check about a label selector: its operators.

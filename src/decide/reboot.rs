@@ -28,7 +28,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::budget::{self, Member};
+use super::budget::Member;
+use super::disrupt;
 use super::drain::selector_matches;
 use super::{Effect, Plan, Then, window};
 use crate::api::nodemaintenance::NodeMaintenance;
@@ -52,13 +53,9 @@ pub struct Snapshot<'a> {
 }
 
 /// Machine-readable reasons of Waiting and NotReturned entries.
-pub const WAIT_BUDGET: &str = "Budget";
-pub const WAIT_WINDOW: &str = "Window";
-pub const WAIT_BLOCKING_POD: &str = "BlockingPod";
-pub const WAIT_NOT_READY: &str = "NotReady";
+pub use disrupt::{WAIT_BLOCKING_POD, WAIT_BUDGET, WAIT_GATE, WAIT_NOT_READY, WAIT_WINDOW};
 pub const WAIT_PAUSED: &str = "Paused";
 pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
-pub const WAIT_GATE: &str = "Gate";
 pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const NOT_RETURNED: &str = "NotReturned";
 
@@ -227,29 +224,17 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 WAIT_NOT_READY,
                 "the node reports no boot ID, so a reboot could not be verified".into(),
             ))
-        } else if !window_open {
-            Some((WAIT_WINDOW, "outside every reboot window".into()))
-        } else if !ready(node) {
-            Some((WAIT_NOT_READY, "the node is NotReady".into()))
-        } else if p.spec.gates.require_ready && !others_not_ready.is_empty() {
-            Some((
-                WAIT_GATE,
-                format!(
-                    "requireReady: node {} is NotReady",
-                    others_not_ready.join(", ")
-                ),
-            ))
-        } else if let Some(pod) = blocking_pod(&p.spec.gates, &(s.pods_on)(&n)) {
-            Some((WAIT_BLOCKING_POD, format!("blocked by pod {pod}")))
         } else {
-            let me = members
-                .iter()
-                .find(|m| m.name == n)
-                .cloned()
-                .unwrap_or_default();
-            budget::admits(&p.spec.budget, &members, &me)
-                .err()
-                .map(|why| (WAIT_BUDGET, why))
+            disrupt::wait(&disrupt::Admission {
+                what: "reboot",
+                window_open,
+                node,
+                gates: &p.spec.gates,
+                others_not_ready: &others_not_ready,
+                pods: &(s.pods_on)(&n),
+                budget: &p.spec.budget,
+                members: &members,
+            })
         };
         match wait {
             Some((reason, msg)) => d.set(&n, RebootPhase::Waiting, None, Some(reason), msg),

@@ -55,14 +55,31 @@ pub async fn reconcile_policies(ctx: &Context) -> Result<Option<Duration>> {
     }
 }
 
-/// Delete the NodeMaintenances of policies that are gone. The stores of
-/// two kinds can disagree for a moment (a new policy's maintenance seen
-/// before the policy), so the API server has the last word: a GET of the
-/// owner, only for the rare candidate.
+/// Delete the NodeMaintenances of policies that are gone.
 async fn give_back_orphans(ctx: &Context, policies: &[Arc<RebootPolicy>]) -> Result<()> {
     let maintenances = ctx.all_maintenances();
-    let api: kube::Api<RebootPolicy> = kube::Api::all(ctx.effects.client.clone());
-    for effect in reboot::orphans(&maintenances, policies) {
+    let effects = reboot::orphans(&maintenances, policies);
+    give_back::<RebootPolicy>(ctx, &maintenances, effects).await
+}
+
+/// Perform the give-backs `effects` (NodeMaintenances whose `K` owner
+/// looked gone). The stores of two kinds can disagree for a moment (a new
+/// owner's maintenance seen before the owner), so the API server has the
+/// last word: a GET of the owner, only for the rare candidate.
+pub(super) async fn give_back<K>(
+    ctx: &Context,
+    maintenances: &[Arc<crate::api::nodemaintenance::NodeMaintenance>],
+    effects: Vec<Effect>,
+) -> Result<()>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let kind = K::kind(&());
+    let api: kube::Api<K> = kube::Api::all(ctx.effects.client.clone());
+    for effect in effects {
         let Effect::DeleteMaintenance { nm, .. } = &effect else {
             continue;
         };
@@ -72,7 +89,7 @@ async fn give_back_orphans(ctx: &Context, policies: &[Arc<RebootPolicy>]) -> Res
             .and_then(|m| {
                 m.owner_references()
                     .iter()
-                    .find(|o| o.kind == crate::api::reboot::OWNER_KIND)
+                    .find(|o| o.kind == kind)
                     .cloned()
             });
         if let Some(o) = &owner {
@@ -80,14 +97,14 @@ async fn give_back_orphans(ctx: &Context, policies: &[Arc<RebootPolicy>]) -> Res
                 .get_opt(&o.name)
                 .await
                 .map_err(crate::error::Error::kube(format!(
-                    "reading RebootPolicy {}",
+                    "reading {kind} {}",
                     o.name
                 )))?;
-            if live.is_some_and(|p| p.metadata.uid.as_deref() == Some(o.uid.as_str())) {
+            if live.is_some_and(|p| p.meta().uid.as_deref() == Some(o.uid.as_str())) {
                 continue;
             }
         }
-        log::info!("NodeMaintenance {nm}: its RebootPolicy is gone; giving the node back");
+        log::info!("NodeMaintenance {nm}: its {kind} is gone; giving the node back");
         ctx.effects.perform(&effect).await?;
     }
     Ok(())

@@ -84,41 +84,12 @@ async fn reconcile_plan(
     })
 }
 
-/// Delete the NodeMaintenances of plans that are gone, after a GET
-/// confirms the owner is gone (the stores of two kinds can disagree for a
-/// moment).
+/// Delete the NodeMaintenances of plans that are gone (see
+/// `reboots::give_back`).
 async fn give_back_orphans(ctx: &Context, plans: &[Arc<UpgradePlan>]) -> Result<()> {
     let maintenances = ctx.all_maintenances();
-    let api: kube::Api<UpgradePlan> = kube::Api::all(ctx.effects.client.clone());
-    for effect in upgrade::orphans(&maintenances, plans) {
-        let Effect::DeleteMaintenance { nm, .. } = &effect else {
-            continue;
-        };
-        let owner = maintenances
-            .iter()
-            .find(|m| &m.name_any() == nm)
-            .and_then(|m| {
-                m.owner_references()
-                    .iter()
-                    .find(|o| o.kind == crate::api::upgrade::OWNER_KIND)
-                    .cloned()
-            });
-        if let Some(o) = &owner {
-            let live = api
-                .get_opt(&o.name)
-                .await
-                .map_err(crate::error::Error::kube(format!(
-                    "reading UpgradePlan {}",
-                    o.name
-                )))?;
-            if live.is_some_and(|p| p.metadata.uid.as_deref() == Some(o.uid.as_str())) {
-                continue;
-            }
-        }
-        log::info!("NodeMaintenance {nm}: its UpgradePlan is gone; giving the node back");
-        ctx.effects.perform(&effect).await?;
-    }
-    Ok(())
+    let effects = upgrade::orphans(&maintenances, plans);
+    super::reboots::give_back::<UpgradePlan>(ctx, &maintenances, effects).await
 }
 
 /// Node role: run the own node's upgrade command (in the background) or

@@ -1,0 +1,215 @@
+//! Failures, deadlines and retries: hooks that fail, time out, vanish or
+//! are refused; upgrades that fail or never report; reboots that must show
+//! a new boot.
+
+use super::*;
+
+#[test]
+fn a_failed_before_hook_fails_the_node_untouched_and_pauses_the_plan_until_the_spec_changes() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.budget.max_unavailable =
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2);
+    let mut w = World::new(
+        p,
+        vec![
+            node("a", "v1", false),
+            node("b", "v1", false),
+            node("c", "v1", false),
+        ],
+    );
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::PreHooks);
+    assert_eq!(w.phase("b"), UpgradePhase::PreHooks);
+    w.finish_job("a", false);
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(e.phase, UpgradePhase::Failed);
+    assert_eq!(e.reason.as_deref(), Some(FAILED_HOOK));
+    let job = e.job.clone().unwrap_or_default();
+    assert!(
+        e.message.as_deref().unwrap_or_default().contains(&job),
+        "{e:?}"
+    );
+    assert!(
+        e.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("BackoffLimitExceeded")
+    );
+    assert!(
+        w.nms.is_empty(),
+        "a before hook runs before the node is touched"
+    );
+    // b, in flight, goes on; c is not admitted.
+    assert_eq!(w.phase("b"), UpgradePhase::PreHooks);
+    assert_eq!(w.entry("c").reason.as_deref(), Some(WAIT_FAILURE));
+    let paused = w
+        .plan
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    assert!(
+        paused
+            .iter()
+            .any(|c| c.type_ == "Paused" && c.status == "True" && c.reason == WAIT_FAILURE)
+    );
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed, "not retried by itself");
+
+    // A spec change (a new generation) retries it with new Job names.
+    w.plan.metadata.generation = Some(2);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::PreHooks);
+    assert_ne!(w.entry("a").job, Some(job));
+}
+
+#[test]
+fn continue_goes_on_past_a_failed_node_and_ignore_goes_on_past_a_failed_hook() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.on_failure = "Continue".into();
+    let mut w = World::new(p, vec![node("a", "v1", false), node("b", "v1", false)]);
+    w.step();
+    w.finish_job("a", false);
+    w.step();
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    assert_eq!(
+        w.phase("b"),
+        UpgradePhase::PreHooks,
+        "Continue: the next node"
+    );
+
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.before = vec![hook("notify", "Ignore")];
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.finish_job("a", false);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Draining);
+    assert!(w.events.contains(&"UpgradeHookFailed"));
+}
+
+#[test]
+fn a_hook_past_its_deadline_fails_and_a_vanished_job_is_created_again_under_its_name() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    let key = w.entry("a").job.unwrap_or_default();
+    // Recorded but not seen (a crash between status write and create, or a
+    // lagging watch): created again, same name.
+    w.jobs.clear();
+    let fx = w.step();
+    assert!(fx.iter().any(|e| matches!(e, Effect::CreateJob { job } if job_key("ops", job.metadata.name.as_deref().unwrap_or_default()) == key)));
+    w.later(300 + 59);
+    assert!(w.step().is_empty());
+    w.later(2);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    assert!(
+        w.entry("a")
+            .message
+            .unwrap_or_default()
+            .contains("past its deadline")
+    );
+}
+
+#[test]
+fn a_refused_job_fails_the_node_with_the_api_servers_reason() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    let key = w.entry("a").job.unwrap_or_default();
+    w.jobs.clear();
+    w.job_errors
+        .insert(key, "namespaces \"ops\" not found (404)".into());
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    assert!(
+        w.entry("a")
+            .message
+            .unwrap_or_default()
+            .contains("not found")
+    );
+}
+
+#[test]
+fn upgrade_failures_and_deadlines_keep_the_node_in_maintenance() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    let mut w = World::new(p.clone(), vec![node("a", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    w.upgrade_host("a", false);
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Failed, Some(FAILED_COMMAND))
+    );
+    assert!(e.message.unwrap_or_default().contains("disk full"));
+    assert_eq!(w.nms.len(), 1, "a half-upgraded node is not given back");
+
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    w.later(1799);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Upgrading);
+    w.later(1);
+    w.step();
+    assert_eq!(w.entry("a").reason.as_deref(), Some(FAILED_UPGRADE_TIMEOUT));
+    assert_eq!(w.nms.len(), 1);
+}
+
+#[test]
+fn with_a_reboot_the_version_alone_is_not_enough_a_new_boot_is() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    p.spec.strategy.reboot = true;
+    p.spec.strategy.reboot_command = vec!["reboot-now".into()];
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    w.upgrade_host("a", true);
+    w.step();
+    assert_eq!(
+        w.phase("a"),
+        UpgradePhase::Upgrading,
+        "same boot: not verified"
+    );
+    // The agent reboots once the command succeeded, once per boot.
+    let fx = w.agent("a");
+    assert!(
+        matches!(&fx[..], [Effect::PatchNode { .. }, Effect::RunHost { argv, .. }] if argv == &["reboot-now"])
+    );
+    w.edit_node("a", |n| {
+        n.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                crate::api::reboot::ISSUED_ANNOTATION.into(),
+                "boot-a-1".into(),
+            );
+    });
+    assert!(w.agent("a").is_empty());
+    w.edit_node("a", |n| {
+        if let Some(i) = n.status.as_mut().and_then(|s| s.node_info.as_mut()) {
+            i.boot_id = "boot-a-2".into();
+        }
+    });
+    assert!(w.agent("a").is_empty(), "a new boot runs nothing");
+    w.step();
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Done);
+}
