@@ -27,6 +27,7 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
             ),
             evictions_in_flight: nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
             exec: nodekeeper::effects::host::Exec::Direct,
+            provider: None,
         };
         let name = format!("{}-owned", env.id);
         let mut nm = NodeMaintenance::new(

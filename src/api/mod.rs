@@ -5,6 +5,7 @@
 //! refuses bad objects with a clear message.
 
 pub mod common;
+pub mod constellation;
 pub mod mutex;
 pub mod nodemaintenance;
 pub mod reboot;

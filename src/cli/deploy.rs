@@ -20,6 +20,11 @@ pub struct CrdsArgs {
     /// in its place
     #[argh(switch)]
     pub mutex: bool,
+    /// print Constellation's five node-operator CRDs (NodeVersion,
+    /// ScalingGroup, PendingNode, AutoscalingStrategy, JoiningNode)
+    /// instead, for node replacement
+    #[argh(switch)]
+    pub constellation: bool,
 }
 
 /// Print or write deployment artifacts (CRDs, RBAC, admission policy, DaemonSet, static pod, systemd unit, k3s folder, Talos extension, image recipe).

@@ -92,6 +92,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 "{}",
                 if args.mutex {
                     crate::api::mutex::CRDS_YAML
+                } else if args.constellation {
+                    crate::api::constellation::CRDS_YAML
                 } else {
                     crate::api::CRDS_YAML
                 }

@@ -46,6 +46,12 @@ pub struct RunArgs {
     /// evictions and deletions a drain keeps in flight at once (default 110 over HTTP/2, 32 over HTTP/1.1)
     #[argh(option)]
     pub evictions_in_flight: Option<usize>,
+    /// with --all-nodes: the cloud provider plugin for node replacement (NodeVersion); see README "Node replacement"
+    #[argh(option)]
+    pub provider_command: Option<PathBuf>,
+    /// seconds one provider call may take before it is killed (default 300)
+    #[argh(option, default = "300")]
+    pub provider_timeout: u64,
     /// where to serve /metrics, /healthz and /readyz: HOST:PORT, :PORT or off (default 127.0.0.1:9477)
     #[argh(
         option,
@@ -75,6 +81,8 @@ pub struct RunConfig {
     pub node_agents: bool,
     pub host_root: PathBuf,
     pub host_exec: crate::effects::host::Exec,
+    /// Cluster role: the provider plugin (`--provider-command`).
+    pub provider: Option<crate::effects::provider::Provider>,
 }
 
 impl RunConfig {
@@ -140,7 +148,24 @@ impl RunConfig {
                 "--evictions-in-flight must be between 1 and 1000".into(),
             ));
         }
+        if args.provider_command.is_some() && !args.all_nodes {
+            return Err(Error::Invalid(
+                "--provider-command only applies with --all-nodes (node replacement is the cluster role's)".into(),
+            ));
+        }
+        if args.provider_timeout == 0 {
+            return Err(Error::Invalid(
+                "--provider-timeout must be at least 1 second".into(),
+            ));
+        }
+        let provider = args
+            .provider_command
+            .map(|command| crate::effects::provider::Provider {
+                command,
+                timeout: std::time::Duration::from_secs(args.provider_timeout),
+            });
         Ok(RunConfig {
+            provider,
             transport: if args.http1_only {
                 crate::service::connect::Transport::Http1Only
             } else {

@@ -17,6 +17,7 @@ pub mod jobs;
 pub mod maintenance;
 pub mod mutex;
 pub mod reboot;
+pub mod replace;
 pub mod upgrade;
 pub mod window;
 
@@ -121,6 +122,46 @@ pub enum Effect {
     PatchPool { name: String, patch: Value },
     /// Create a hook Job (a 409 means it was created before: done).
     CreateJob { job: Box<kube::api::DynamicObject> },
+    /// Ask the provider plugin `verb` with `request`; `key` names the
+    /// write for its failure record (backoff, status message).
+    Provider {
+        key: String,
+        verb: &'static str,
+        request: Value,
+    },
+    /// Create one of Constellation's objects (or a Deployment); a 409 means
+    /// it was created before: done.
+    CreateObject {
+        kind: crate::api::constellation::Kind,
+        object: Value,
+    },
+    /// Patch one (merge patch, or a strategic merge patch if `strategic`:
+    /// built-in kinds only; of the status subresource if `status`). A merge patch carries its guard (the
+    /// resourceVersion) in its metadata.
+    PatchObject {
+        kind: crate::api::constellation::Kind,
+        namespace: Option<String>,
+        name: String,
+        patch: Value,
+        status: bool,
+        strategic: bool,
+    },
+    /// Replace a cluster-scoped object's whole status (server-side apply),
+    /// guarded by the resourceVersion decided on, if given.
+    WriteObjectStatus {
+        kind: crate::api::constellation::Kind,
+        name: String,
+        resource_version: Option<String>,
+        status: Value,
+    },
+    /// Delete one (only the object with this UID, if given; gone is done).
+    DeleteObject {
+        kind: crate::api::constellation::Kind,
+        name: String,
+        uid: Option<String>,
+    },
+    /// Delete a Node object (only the one with this UID; gone is done).
+    DeleteNode { name: String, uid: Option<String> },
     /// Publish an event (Warning if `warning`) about an object.
     Event {
         object: ObjectReference,
@@ -213,6 +254,17 @@ pub enum Outcome {
     /// The API server refused to create a Job (a bad template, a missing
     /// namespace): why, in one line. Retrying would not help.
     JobRefused(String),
+    /// The provider's answer.
+    ProviderAnswered(Value),
+    /// The provider failed: why, in one line.
+    ProviderFailed(String),
+    /// An object as the server stored our write (kind, name,
+    /// resourceVersion), so the next round can wait for the watch to show it.
+    ObjectWritten {
+        kind: crate::api::constellation::Kind,
+        name: String,
+        resource_version: Option<String>,
+    },
     /// A host action ran: whether it succeeded, and its (truncated)
     /// output or error.
     HostRan { ok: bool, output: String },

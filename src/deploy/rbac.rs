@@ -42,13 +42,14 @@ const MAINTENANCE: &str = "maintenance";
 const REBOOT: &str = "reboot";
 const UPGRADE: &str = "upgrade";
 const MUTEX: &str = "mutex";
+const REPLACE: &str = "replace";
 const BOTH: &[Identity] = &[Identity::Agent, Identity::Cluster];
 const CLUSTER: &[Identity] = &[Identity::Cluster];
 
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 22] = [
+pub const GRANTS: [Grant; 26] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -225,6 +226,38 @@ pub const GRANTS: [Grant; 22] = [
         verbs: &["get", "list", "watch"],
         why: "the desired version, and whether the cluster's own update completed",
     },
+    Grant {
+        feature: REPLACE,
+        identities: CLUSTER,
+        group: "update.edgeless.systems",
+        resource: "nodeversions,scalinggroups,pendingnodes,autoscalingstrategies,joiningnodes",
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+        why: "Constellation's APIs, when served (crds --constellation) and a provider is given: surge PendingNodes and discovered ScalingGroups are created and deleted, the surge-request annotation and a strategy's enabled flag patched",
+    },
+    Grant {
+        feature: REPLACE,
+        identities: CLUSTER,
+        group: "update.edgeless.systems",
+        resource: "nodeversions/status,scalinggroups/status,pendingnodes/status,autoscalingstrategies/status",
+        verbs: &["patch"],
+        why: "status as Constellation's operator writes it",
+    },
+    Grant {
+        feature: REPLACE,
+        identities: CLUSTER,
+        group: "",
+        resource: "nodes",
+        verbs: &["delete"],
+        why: "delete a replaced node once drained (its instance goes through the provider)",
+    },
+    Grant {
+        feature: REPLACE,
+        identities: CLUSTER,
+        group: "apps",
+        resource: "deployments",
+        verbs: &["get", "patch"],
+        why: "an AutoscalingStrategy's cluster-autoscaler Deployment: replicas 0 during a rollout, 1 after, and its command",
+    },
 ];
 
 pub(super) fn rules_comment(identity: Identity) -> String {
@@ -255,7 +288,7 @@ pub(super) fn rules(identity: Identity, leases: bool) -> Value {
         GRANTS
             .iter()
             .filter(|g| g.identities.contains(&identity) && (g.resource == "leases") == leases)
-            .map(|g| json!({"apiGroups": [g.group], "resources": [g.resource], "verbs": g.verbs}))
+            .map(|g| json!({"apiGroups": [g.group], "resources": g.resource.split(',').collect::<Vec<_>>(), "verbs": g.verbs}))
             .collect(),
     )
 }

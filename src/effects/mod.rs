@@ -9,6 +9,8 @@
 pub mod evict;
 pub mod host;
 pub mod lease;
+mod objects;
+pub mod provider;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -32,6 +34,8 @@ pub struct Interpreter {
     pub evictions_in_flight: usize,
     /// How host commands start (directly, or in the host's mount namespace).
     pub exec: host::Exec,
+    /// The cloud provider plugin (`run --provider-command`), if any.
+    pub provider: Option<provider::Provider>,
 }
 
 impl Interpreter {
@@ -118,6 +122,49 @@ impl Interpreter {
             ),
             Effect::CreateMaintenance { nm } => self.create_maintenance(nm).await,
             Effect::DeleteMaintenance { nm, uid } => self.delete_maintenance(nm, uid).await,
+            Effect::Provider { verb, request, .. } => match &self.provider {
+                Some(p) => Ok(match p.call(verb, request).await {
+                    Ok(v) => Outcome::ProviderAnswered(v),
+                    Err(e) => Outcome::ProviderFailed(e),
+                }),
+                None => Ok(Outcome::ProviderFailed(
+                    "no provider plugin: start nodekeeper with --provider-command".into(),
+                )),
+            },
+            Effect::CreateObject { kind, object } => {
+                objects::create(&self.client, *kind, object).await
+            }
+            Effect::PatchObject {
+                kind,
+                namespace,
+                name,
+                patch,
+                status,
+                strategic,
+            } => {
+                objects::patch(
+                    &self.client,
+                    *kind,
+                    namespace.as_deref(),
+                    name,
+                    patch,
+                    *status,
+                    *strategic,
+                )
+                .await
+            }
+            Effect::WriteObjectStatus {
+                kind,
+                name,
+                resource_version,
+                status,
+            } => objects::write_status(&self.client, *kind, name, resource_version, status).await,
+            Effect::DeleteObject { kind, name, uid } => {
+                objects::delete(&self.client, *kind, name, uid.as_deref()).await
+            }
+            Effect::DeleteNode { name, uid } => {
+                objects::delete_node(&self.client, name, uid.as_deref()).await
+            }
             Effect::Event {
                 object,
                 warning,

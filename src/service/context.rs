@@ -45,6 +45,8 @@ pub struct Context {
     pub job_errors: Mutex<HashMap<String, String>>,
     /// Unscoped cluster role, where the mutex CRDs are served: their stores.
     pub mutex: Option<super::stores::MutexStores>,
+    /// Cluster role with a provider, where Constellation's CRDs are served.
+    pub replace: Option<super::replace::Replace>,
     /// Node role: the upgrade command running in the background, if any
     /// (its token), so a reconcile never starts a second one.
     pub upgrade_running: Mutex<Option<String>>,
@@ -94,6 +96,7 @@ impl Context {
             jobs: stores.jobs,
             job_errors: Mutex::default(),
             mutex: stores.mutex,
+            replace: stores.replace,
             upgrade_running: Mutex::default(),
             synced: stores.synced,
             drain_timeout,

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod mutex;
 pub mod reboots;
 pub mod reconcile;
+pub mod replace;
 pub mod roles;
 pub mod stores;
 pub mod upgrades;
@@ -268,6 +269,13 @@ pub async fn run(
         );
     }
     let (mutex_stores, mutex_events) = mutex::start(&client, discovery, synced.mutex.clone());
+    // Constellation's APIs: any cluster role given a provider plugin.
+    let (replace_stores, replace_events) = if scope.sees_all_nodes() {
+        replace::start(&client, config.provider.is_some(), synced.replace.clone()).await?
+    } else {
+        synced.replace.open();
+        (None, Box::pin(smol::stream::pending()) as mutex::Trigger)
+    };
 
     // Watch errors stop at the watchers (each backs off on its own, see
     // stores::WatchBackoff): kube's Controller would otherwise put its own
@@ -288,6 +296,7 @@ pub async fn run(
             recorder,
             evictions_in_flight,
             exec: config.host_exec,
+            provider: config.provider.clone(),
         },
         scope.clone(),
         Stores {
@@ -298,6 +307,7 @@ pub async fn run(
             plans,
             jobs,
             mutex: mutex_stores,
+            replace: replace_stores,
             synced: synced.clone(),
             fresh,
         },
@@ -305,6 +315,8 @@ pub async fn run(
         config.node_agents,
         crate::effects::host::HostRoot(config.host_root.clone()),
     ));
+
+    replace::start_timer(&ctx);
 
     // /readyz turns green once every watch has listed once; the watchdog
     // behind /healthz starts counting now.
@@ -372,6 +384,12 @@ pub async fn run(
         .reconcile_on({
             let (scope, nodes) = (scope.clone(), nodes.clone());
             mutex_events.filter_map(move |_| {
+                roles::anchor(&scope, &nodes).map(|a| ObjectRef::<Node>::new(&a))
+            })
+        })
+        .reconcile_on({
+            let (scope, nodes) = (scope.clone(), nodes.clone());
+            replace_events.filter_map(move |_| {
                 roles::anchor(&scope, &nodes).map(|a| ObjectRef::<Node>::new(&a))
             })
         })

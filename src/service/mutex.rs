@@ -34,7 +34,7 @@ pub struct Discovery {
     pub cluster_versions: bool,
 }
 
-async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
+pub(super) async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
     match api.list(&kube::api::ListParams::default().limit(1)).await {
         Ok(_) => Ok(true),
@@ -60,7 +60,7 @@ pub async fn discover(client: &Client) -> Result<Discovery> {
 
 /// The typed objects of an untyped store; one that does not parse is
 /// logged and skipped (the API server's schema makes that rare).
-fn typed<K: serde::de::DeserializeOwned>(store: &Store<DynamicObject>) -> Vec<Arc<K>> {
+pub(super) fn typed<K: serde::de::DeserializeOwned>(store: &Store<DynamicObject>) -> Vec<Arc<K>> {
     store
         .state()
         .iter()
@@ -77,9 +77,9 @@ fn typed<K: serde::de::DeserializeOwned>(store: &Store<DynamicObject>) -> Vec<Ar
         .collect()
 }
 
-type Trigger = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
+pub(super) type Trigger = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
 
-fn watch_dynamic(
+pub(super) fn watch_dynamic(
     client: &Client,
     ar: &ApiResource,
     latch: Latch,

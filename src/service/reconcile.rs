@@ -58,7 +58,12 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
                 super::upgrades::reconcile_own_node(&ctx, &name).await?;
                 super::reboots::reconcile_own_node(&ctx, &name).await?
             }
-            Scope::AllNodes { .. } => super::reboots::reconcile_policies(&ctx).await?,
+            Scope::AllNodes { .. } => {
+                // Replacement runs on its own task (provider calls may be
+                // slow); any change the anchor sees kicks a pass.
+                super::replace::kick(&ctx);
+                super::reboots::reconcile_policies(&ctx).await?
+            }
         },
     );
     Ok(match wake {

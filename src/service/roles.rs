@@ -58,6 +58,14 @@ pub fn handles_plan(scope: &Scope, plan: &crate::api::upgrade::UpgradePlan) -> b
     handles_selector(scope, plan.spec.node_selector.as_ref())
 }
 
+/// [`handles_policy`] for a NodeVersion (by its nodekeeper selector).
+pub fn handles_node_version(
+    scope: &Scope,
+    selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+) -> bool {
+    handles_selector(scope, selector)
+}
+
 fn handles_selector(
     scope: &Scope,
     selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,

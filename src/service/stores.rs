@@ -31,6 +31,8 @@ pub struct Synced {
     pub jobs: Latch,
     /// The mutex operator's kinds (opened at once where not watched).
     pub mutex: Latch,
+    /// Constellation's kinds (opened at once where not watched).
+    pub replace: Latch,
 }
 
 impl Synced {
@@ -42,6 +44,7 @@ impl Synced {
         self.plans.wait().await;
         self.jobs.wait().await;
         self.mutex.wait().await;
+        self.replace.wait().await;
     }
 }
 
@@ -63,6 +66,7 @@ pub struct Stores {
     pub plans: Store<UpgradePlan>,
     pub jobs: Store<kube::api::DynamicObject>,
     pub mutex: Option<MutexStores>,
+    pub replace: Option<super::replace::Replace>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
 }

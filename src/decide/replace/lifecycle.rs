@@ -1,0 +1,341 @@
+//! The life of the kinds around a rollout, pure: PendingNodes (status from
+//! the provider, a join past its deadline turned into a leave, a leave
+//! driving the instance's deletion), ScalingGroups (their image follows
+//! the NodeVersion), AutoscalingStrategies (the autoscaler Deployment's
+//! replicas and command) and JoiningNodes (components stamped on the node).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use super::{Kind, Snapshot, backing_off, eq, following, plus, state};
+use crate::api::constellation::*;
+use crate::decide::{Effect, Plan, duration_until, set_condition};
+
+/// PendingNodes: write what the provider says, delete a leave that
+/// reached its goal, turn a join past its deadline into a leave, and ask
+/// the provider to delete a leaving instance (once, again past the
+/// deadline).
+pub fn pending(s: &Snapshot) -> Option<Plan> {
+    for p in s.pending {
+        let goal = p.spec.goal.as_deref().unwrap_or_default();
+        let node = p.spec.node_name.as_deref().unwrap_or_default();
+        let node_exists = s.nodes.iter().any(|n| n.name_any() == node);
+        let st = state(s, p);
+        let reached = match goal {
+            "Join" => node_exists && st.as_deref() == Some("Ready"),
+            "Leave" => st.as_deref() == Some("Terminated"),
+            _ => false,
+        };
+        let status = PendingNodeStatus {
+            csp_state: st.clone().or(Some("Unknown".into())),
+            reached_goal: reached,
+        };
+        if p.status.as_ref() != Some(&status) {
+            return Some(Plan::steps(vec![Effect::WriteObjectStatus {
+                kind: Kind::PendingNode,
+                name: p.name_any(),
+                resource_version: p.resource_version(),
+                status: serde_json::to_value(&status).unwrap_or_default(),
+            }]));
+        }
+        let past = p.spec.deadline.as_ref().is_some_and(|d| s.now >= d.0);
+        match goal {
+            "Leave" if reached => {
+                return Some(Plan::steps(vec![super::delete_pending(p)]));
+            }
+            "Join" if !reached && past => {
+                let pid = p.spec.provider_id.clone().unwrap_or_default();
+                return Some(
+                    Plan::steps(vec![
+                        Effect::PatchObject {
+                            kind: Kind::PendingNode,
+                            namespace: None,
+                            name: p.name_any(),
+                            patch: json!({
+                                "metadata": {
+                                    "annotations": { DELETE_ISSUED_ANNOTATION: s.now.to_string() },
+                                    "resourceVersion": p.resource_version(),
+                                },
+                                "spec": {
+                                    "goal": "Leave",
+                                    "deadline": plus(s.now, s.nv.spec.leave_timeout_seconds),
+                                },
+                            }),
+                            status: false,
+                            strategic: false,
+                        },
+                        Effect::Provider {
+                            key: format!("delete-node/{pid}"),
+                            verb: "delete-node",
+                            request: json!({ "providerID": pid }),
+                        },
+                        Effect::Event {
+                            object: nv_ref(s),
+                            warning: true,
+                            reason: "JoinTimeout",
+                            note: format!(
+                                "node {node} ({pid}) did not join within {} s: its instance is deleted and the rollout goes on",
+                                s.nv.spec.join_timeout_seconds
+                            ),
+                        },
+                    ])
+                    .warn(format!(
+                        "node {node} did not join by its deadline; deleting instance {pid}"
+                    )),
+                );
+            }
+            "Leave" if !node_exists => {
+                let pid = p.spec.provider_id.clone().unwrap_or_default();
+                let key = format!("delete-node/{pid}");
+                let issued = p
+                    .annotations()
+                    .get(DELETE_ISSUED_ANNOTATION)
+                    .and_then(|t| t.parse::<Timestamp>().ok());
+                let again =
+                    issued.is_some_and(|t| s.now >= plus(t, s.nv.spec.leave_timeout_seconds));
+                let terminating = st.as_deref() == Some("Terminating");
+                // A delete the provider refused is asked again after the
+                // backoff, not only at the deadline.
+                let refused = s.failures.contains_key(&key);
+                if (issued.is_none() && !terminating) || again || refused {
+                    if backing_off(s, &key).is_some() {
+                        continue;
+                    }
+                    let mut fx = vec![
+                        Effect::PatchObject {
+                            kind: Kind::PendingNode,
+                            namespace: None,
+                            name: p.name_any(),
+                            patch: json!({ "metadata": {
+                                "annotations": { DELETE_ISSUED_ANNOTATION: s.now.to_string() },
+                                "resourceVersion": p.resource_version(),
+                            }}),
+                            status: false,
+                            strategic: false,
+                        },
+                        Effect::Provider {
+                            key,
+                            verb: "delete-node",
+                            request: json!({ "providerID": pid }),
+                        },
+                    ];
+                    if again {
+                        fx.push(Effect::Event {
+                            object: nv_ref(s),
+                            warning: true,
+                            reason: "LeaveOverdue",
+                            note: format!(
+                                "instance {pid} of node {node} has not terminated within {} s; deletion asked again",
+                                s.nv.spec.leave_timeout_seconds
+                            ),
+                        });
+                    }
+                    return Some(Plan::steps(fx));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A leave past its deadline and not terminated.
+pub fn leave_overdue(s: &Snapshot, p: &PendingNode) -> bool {
+    p.spec.goal.as_deref() == Some("Leave")
+        && p.spec.deadline.as_ref().is_some_and(|d| s.now >= d.0)
+        && state(s, p).as_deref() != Some("Terminated")
+}
+
+fn nv_ref(s: &Snapshot) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(format!("{GROUP}/v1alpha1")),
+        kind: Some("NodeVersion".into()),
+        name: Some(s.nv.name_any()),
+        uid: s.nv.uid(),
+        ..Default::default()
+    }
+}
+
+/// ScalingGroups following the NodeVersion: status from the provider's
+/// answer, and the group's image set to the NodeVersion's when it differs.
+pub fn scaling_groups(s: &Snapshot) -> Option<Plan> {
+    let want = s.nv.spec.image.as_deref().filter(|i| !i.is_empty())?;
+    for g in following(s) {
+        let Some(id) = g.spec.group_id.as_deref() else {
+            continue;
+        };
+        let Some(Ok(current)) = s.facts.group_image.get(&id.to_lowercase()) else {
+            continue;
+        };
+        let same = eq(Some(current), Some(want));
+        let mut status = g.status.clone().unwrap_or_default();
+        status.image_reference = Some(current.clone());
+        if same {
+            set_condition(
+                &mut status.conditions,
+                s.now,
+                CONDITION_OUTDATED,
+                "False",
+                "ScalingGroupNodeImageUpToDate",
+                "Scaling group will use the latest image when creating new nodes",
+            );
+        } else {
+            set_condition(
+                &mut status.conditions,
+                s.now,
+                CONDITION_OUTDATED,
+                "True",
+                "ScalingGroupNodeImageOutOfDate",
+                "Scaling group will not use the latest image when creating new nodes",
+            );
+        }
+        if g.status.as_ref() != Some(&status) {
+            return Some(Plan::steps(vec![Effect::WriteObjectStatus {
+                kind: Kind::ScalingGroup,
+                name: g.name_any(),
+                resource_version: g.resource_version(),
+                status: serde_json::to_value(&status).unwrap_or_default(),
+            }]));
+        }
+        let key = format!("set-scaling-group-image/{}", id.to_lowercase());
+        if !same && backing_off(s, &key).is_none() {
+            return Some(
+                Plan::steps(vec![Effect::Provider {
+                    key,
+                    verb: "set-scaling-group-image",
+                    request: json!({ "groupId": id, "image": want }),
+                }])
+                .info(format!(
+                    "scaling group {}: image set to {want}",
+                    g.name_any()
+                )),
+            );
+        }
+    }
+    None
+}
+
+/// The cluster-autoscaler's command for a strategy and the groups:
+/// `./cluster-autoscaler`, then `--k=v` per extra argument and
+/// `--nodes=min:max:name` per autoscaled worker group, sorted.
+pub fn autoscaler_command(st: &AutoscalingStrategy, groups: &[Arc<ScalingGroup>]) -> Vec<String> {
+    let mut args: Vec<String> = st
+        .spec
+        .autoscaler_extra_args
+        .iter()
+        .map(|(k, v)| format!("--{k}={v}"))
+        .collect();
+    for g in groups {
+        if g.spec.autoscaling == Some(true) && g.spec.role.as_deref() != Some("ControlPlane") {
+            args.push(format!(
+                "--nodes={}:{}:{}",
+                g.spec.min.unwrap_or(0),
+                g.spec.max.unwrap_or(0),
+                g.spec.autoscaler_group_name.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    args.sort();
+    let mut cmd = vec!["./cluster-autoscaler".to_string()];
+    cmd.extend(args);
+    cmd
+}
+
+/// An AutoscalingStrategy against its Deployment (`None`: not there, so
+/// nothing to do): the status it should show, then the Deployment write
+/// that makes it run 1 replica (enabled) or 0 with the built command.
+pub fn strategy(
+    st: &AutoscalingStrategy,
+    groups: &[Arc<ScalingGroup>],
+    deployment: Option<&Value>,
+) -> Vec<Effect> {
+    let Some(d) = deployment else {
+        return Vec::new();
+    };
+    let replicas = d["spec"]["replicas"].as_i64();
+    let status = AutoscalingStrategyStatus {
+        enabled: replicas.unwrap_or(0) > 0,
+        replicas: replicas.unwrap_or(0) as i32,
+    };
+    let mut fx = Vec::new();
+    if st.status.as_ref() != Some(&status) {
+        fx.push(Effect::WriteObjectStatus {
+            kind: Kind::AutoscalingStrategy,
+            name: st.name_any(),
+            resource_version: None,
+            status: serde_json::to_value(&status).unwrap_or_default(),
+        });
+    }
+    let expected = if st.spec.enabled { 1 } else { 0 };
+    let command = autoscaler_command(st, groups);
+    let current = &d["spec"]["template"]["spec"]["containers"][0]["command"];
+    let has_container = d["spec"]["template"]["spec"]["containers"][0].is_object();
+    if replicas != Some(expected) || (has_container && *current != json!(command)) {
+        let mut spec = json!({ "replicas": expected });
+        if has_container {
+            // Strategic merge: the container is matched by name, the
+            // rest of the pod template stays.
+            let container = &d["spec"]["template"]["spec"]["containers"][0]["name"];
+            spec["template"] = json!({ "spec": { "containers": [
+                { "name": container, "command": command }
+            ]}});
+        }
+        fx.push(Effect::PatchObject {
+            kind: Kind::Deployment,
+            namespace: Some(st.spec.deployment_namespace.clone()),
+            name: st.spec.deployment_name.clone(),
+            patch: json!({ "spec": spec }),
+            status: false,
+            strategic: true,
+        });
+    }
+    fx
+}
+
+/// JoiningNodes: stamp the components on the node, then delete the
+/// JoiningNode; one whose node has not come by its deadline is deleted.
+/// Returns the effects and when to look again.
+pub fn joining_nodes(
+    joining: &[Arc<JoiningNode>],
+    node: &dyn Fn(&str) -> Option<Arc<Node>>,
+    now: Timestamp,
+) -> (Vec<Effect>, Option<Duration>) {
+    let mut fx = Vec::new();
+    let mut wake = None;
+    for j in joining {
+        let name = j.spec.name.as_deref().unwrap_or_default();
+        let components = j.spec.componentsreference.as_deref().unwrap_or_default();
+        let delete = Effect::DeleteObject {
+            kind: Kind::JoiningNode,
+            name: j.name_any(),
+            uid: j.uid(),
+        };
+        match node(name) {
+            Some(n) => {
+                if n.annotations()
+                    .get(COMPONENTS_ANNOTATION)
+                    .map(String::as_str)
+                    != Some(components)
+                {
+                    fx.push(Effect::PatchNode {
+                        node: name.to_string(),
+                        resource_version: n.resource_version(),
+                        patch: json!({ "metadata": { "annotations": { COMPONENTS_ANNOTATION: components } } }),
+                    });
+                }
+                fx.push(delete);
+            }
+            None => match &j.spec.deadline {
+                Some(d) if now >= d.0 => fx.push(delete),
+                Some(d) => wake = crate::decide::earliest(wake, Some(duration_until(now, d.0))),
+                None => {}
+            },
+        }
+    }
+    (fx, wake)
+}

@@ -1,0 +1,689 @@
+//! Rolling node replacement in the loop (cluster role, with
+//! `--provider-command`, where Constellation's CRDs are served). The five
+//! kinds are watched untyped (read typed per pass, as the mutex kinds),
+//! and every change kicks one replacement pass ([`kick`]).
+//!
+//! The pass runs on its own task, one at a time, apart from the policy
+//! pass: provider calls are processes that may take their whole timeout,
+//! and they must never hold up maintenance, reboots or upgrades. Within a
+//! pass, rounds go: ask the provider what the round needs (memoised where
+//! the answer cannot change), decide, perform, and wait for the watches to
+//! show our writes before the next round decides on them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+use serde_json::Value;
+
+use super::context::Context;
+use super::mutex::{Trigger, typed, watch_dynamic};
+use crate::api::constellation::*;
+use crate::decide::replace::{self, Facts, Failure};
+use crate::decide::{Effect, Outcome, Then, earliest};
+use crate::error::Result;
+use crate::runtime::Latch;
+
+/// Rounds per pass before it yields (a pass normally ends far sooner).
+const MAX_ROUNDS: usize = 64;
+/// How long a round waits for the watches to show our writes.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How long a scaling group's image answer is reused (it changes only by
+/// our own write, which forgets it, or by someone at the cloud).
+const GROUP_IMAGE_TTL: Duration = Duration::from_secs(60);
+/// How often the provider's scaling groups are listed (Constellation: 15 min).
+const LIST_GROUPS_EVERY: Duration = Duration::from_secs(15 * 60);
+
+/// The watched kinds.
+pub struct ReplaceStores {
+    pub versions: Store<DynamicObject>,
+    pub groups: Store<DynamicObject>,
+    pub pending: Store<DynamicObject>,
+    pub strategies: Store<DynamicObject>,
+    pub joining: Store<DynamicObject>,
+}
+
+/// What the replacement feature keeps between passes.
+pub struct Replace {
+    pub stores: ReplaceStores,
+    server_version: Option<String>,
+    dirty: AtomicBool,
+    running: AtomicBool,
+    wake: smol::channel::Sender<Duration>,
+    wake_rx: smol::channel::Receiver<Duration>,
+    failures: Mutex<BTreeMap<String, Failure>>,
+    /// Answers that cannot change (a node's group and image), by verb/id.
+    memo: Mutex<HashMap<String, Result<String, String>>>,
+    group_images: Mutex<HashMap<String, (Instant, Result<String, String>)>>,
+    /// Escalation events already published (`reason/object`).
+    published: Mutex<HashSet<String>>,
+    /// Per strategy: the resourceVersions it was last checked at (its own
+    /// and the groups'), so the Deployment is read only when they change.
+    strategy_checked: Mutex<HashMap<String, String>>,
+    groups_listed: Mutex<Option<Instant>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Start the feature if Constellation's CRDs are served: watches, and the
+/// stream of "something changed". Without `--provider-command` they are
+/// not watched and a line in the log says why.
+pub async fn start(
+    client: &Client,
+    provider: bool,
+    synced: Latch,
+) -> Result<(Option<Replace>, Trigger)> {
+    let nv = ApiResource::erase::<NodeVersion>(&());
+    let served = super::mutex::served(client, &nv).await?;
+    if !served || !provider {
+        if served {
+            log::info!(
+                "NodeVersions are served but no --provider-command was given: node replacement is off"
+            );
+        }
+        synced.open();
+        return Ok((None, Box::pin(smol::stream::pending())));
+    }
+    let server_version = client.apiserver_version().await.ok().map(|v| v.git_version);
+    log::info!("NodeVersions are served: rolling node replacement is on");
+    let latches: Vec<Latch> = (0..5).map(|_| Latch::default()).collect();
+    let kinds = [
+        Kind::NodeVersion,
+        Kind::ScalingGroup,
+        Kind::PendingNode,
+        Kind::AutoscalingStrategy,
+        Kind::JoiningNode,
+    ];
+    let mut stores = Vec::new();
+    let mut triggers: Vec<Trigger> = Vec::new();
+    for (k, l) in kinds.iter().zip(&latches) {
+        let (s, t) = watch_dynamic(client, &k.resource(), l.clone());
+        stores.push(s);
+        triggers.push(t);
+    }
+    crate::runtime::spawn(async move {
+        for l in &latches {
+            l.wait().await;
+        }
+        synced.open();
+    })
+    .detach();
+    let Ok([versions, groups, pending, strategies, joining]) =
+        <[Store<DynamicObject>; 5]>::try_from(stores)
+    else {
+        return Err(crate::error::Error::Invalid("replacement stores".into()));
+    };
+    let stores = ReplaceStores {
+        versions,
+        groups,
+        pending,
+        strategies,
+        joining,
+    };
+    let (wake, wake_rx) = smol::channel::bounded(16);
+    let merged = triggers
+        .into_iter()
+        .reduce(|a, b| Box::pin(smol::stream::or(a, b)))
+        .unwrap_or_else(|| Box::pin(smol::stream::pending()));
+    Ok((
+        Some(Replace {
+            stores,
+            server_version,
+            dirty: AtomicBool::new(false),
+            running: AtomicBool::new(false),
+            wake,
+            wake_rx,
+            failures: Mutex::default(),
+            memo: Mutex::default(),
+            group_images: Mutex::default(),
+            published: Mutex::default(),
+            strategy_checked: Mutex::default(),
+            groups_listed: Mutex::default(),
+        }),
+        merged,
+    ))
+}
+
+/// Ask for a replacement pass: runs one now on its own task, or, if one
+/// is running, one more after it.
+pub fn kick(ctx: &Arc<Context>) {
+    let Some(r) = &ctx.replace else { return };
+    r.dirty.store(true, Ordering::SeqCst);
+    if r.running.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let ctx = ctx.clone();
+    crate::runtime::spawn(async move {
+        let Some(r) = &ctx.replace else { return };
+        loop {
+            while r.dirty.swap(false, Ordering::SeqCst) {
+                let wake = match pass(&ctx, r).await {
+                    Ok(w) => w,
+                    Err(e) => {
+                        log::warn!("node replacement: {e} (retrying in 5 s)");
+                        Some(Duration::from_secs(5))
+                    }
+                };
+                if let Some(d) = wake {
+                    let _ = r.wake.try_send(d);
+                }
+            }
+            r.running.store(false, Ordering::SeqCst);
+            // A kick between our last look and the store above found the
+            // pass running and left: run again for it.
+            if !r.dirty.load(Ordering::SeqCst) || r.running.swap(true, Ordering::SeqCst) {
+                return;
+            }
+        }
+    })
+    .detach();
+}
+
+/// The one timer of the feature: kicks a pass when the earliest wake-up
+/// asked for is due.
+pub fn start_timer(ctx: &Arc<Context>) {
+    let Some(r) = &ctx.replace else { return };
+    let rx = r.wake_rx.clone();
+    let ctx = ctx.clone();
+    crate::runtime::spawn(async move {
+        let mut due: Option<Instant> = None;
+        loop {
+            let recv = async { rx.recv().await.ok().map(Some) };
+            let fire = async {
+                match due {
+                    Some(t) => {
+                        smol::Timer::at(t).await;
+                        Some(None)
+                    }
+                    None => smol::future::pending().await,
+                }
+            };
+            match smol::future::or(recv, fire).await {
+                None => return,
+                Some(Some(d)) => {
+                    let t = Instant::now() + d;
+                    due = Some(due.map_or(t, |u| u.min(t)));
+                }
+                Some(None) => {
+                    due = None;
+                    kick(&ctx);
+                }
+            }
+        }
+    })
+    .detach();
+}
+
+/// What a round wrote, so the next one waits for the watches to show it.
+#[derive(Default)]
+struct Expect {
+    written: Vec<(Kind, String, Option<String>)>,
+    gone: Vec<(Option<Kind>, String)>,
+}
+
+fn store_of(r: &Replace, kind: Kind) -> Option<&Store<DynamicObject>> {
+    Some(match kind {
+        Kind::NodeVersion => &r.stores.versions,
+        Kind::ScalingGroup => &r.stores.groups,
+        Kind::PendingNode => &r.stores.pending,
+        Kind::AutoscalingStrategy => &r.stores.strategies,
+        Kind::JoiningNode => &r.stores.joining,
+        Kind::Deployment => return None,
+    })
+}
+
+fn find(store: &Store<DynamicObject>, name: &str) -> Option<Arc<DynamicObject>> {
+    store.state().into_iter().find(|o| o.name_any() == name)
+}
+
+/// Wait (bounded) until the stores show what the last round wrote.
+async fn settle(ctx: &Context, r: &Replace, e: &Expect) {
+    let start = Instant::now();
+    loop {
+        let shown = e.written.iter().all(|(k, name, rv)| {
+            // A different resourceVersion than ours would be someone's
+            // later write; the bound covers that rare case.
+            store_of(r, *k).is_none_or(|store| {
+                find(store, name).is_some_and(|o| rv.is_none() || o.resource_version() == *rv)
+            })
+        }) && e.gone.iter().all(|(k, name)| match k {
+            Some(k) => store_of(r, *k).is_none_or(|s| find(s, name).is_none()),
+            None => ctx.node(name).is_none(),
+        });
+        if shown || start.elapsed() > SETTLE {
+            return;
+        }
+        crate::runtime::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One replacement pass: rounds until nothing is left to do now.
+async fn pass(ctx: &Context, r: &Replace) -> Result<Option<Duration>> {
+    list_groups(ctx, r).await;
+    let mut expect = Expect::default();
+    let mut wake = None;
+    for _ in 0..MAX_ROUNDS {
+        settle(ctx, r, &expect).await;
+        expect = Expect::default();
+        let now = Timestamp::now();
+        let acted_joining = joining(ctx, r, now, &mut expect, &mut wake).await?;
+        let acted_strategies = strategies(ctx, r, &mut expect).await?;
+        let (acted, w) = versions(ctx, r, now, &mut expect).await?;
+        if !(acted || acted_joining || acted_strategies) {
+            return Ok(earliest(wake, w));
+        }
+        wake = None;
+    }
+    Ok(Some(Duration::from_millis(100)))
+}
+
+/// Each NodeVersion this role handles, oldest first; a node belongs to the
+/// oldest NodeVersion selecting it, so two never fight over one.
+async fn versions(
+    ctx: &Context,
+    r: &Replace,
+    now: Timestamp,
+    expect: &mut Expect,
+) -> Result<(bool, Option<Duration>)> {
+    let mut nvs: Vec<Arc<NodeVersion>> = typed(&r.stores.versions);
+    nvs.sort_by_key(|v| {
+        (
+            v.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            v.name_any(),
+        )
+    });
+    let all_nodes = ctx.all_nodes();
+    let mut taken: HashSet<String> = HashSet::new();
+    let pending: Vec<Arc<PendingNode>> = typed(&r.stores.pending);
+    let groups: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
+    let strategies: Vec<Arc<AutoscalingStrategy>> = typed(&r.stores.strategies);
+    let maintenances = ctx.all_maintenances();
+    let mut wake = None;
+    for nv in &nvs {
+        let selector = nv.spec.node_selector.as_ref();
+        if !super::roles::handles_node_version(&ctx.scope, selector) {
+            continue;
+        }
+        let nodes: Vec<Arc<Node>> = all_nodes
+            .iter()
+            .filter(|n| !taken.contains(&n.name_any()))
+            .filter(|n| {
+                selector.is_none_or(|s| crate::decide::drain::selector_matches(s, n.labels()))
+            })
+            .cloned()
+            .collect();
+        taken.extend(nodes.iter().map(|n| n.name_any()));
+        let owned: Vec<Arc<PendingNode>> = pending
+            .iter()
+            .filter(|p| {
+                p.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == nv.uid().as_ref())
+            })
+            .cloned()
+            .collect();
+        let failures = lock(&r.failures).clone();
+        let mut snap = replace::Snapshot {
+            nv,
+            nodes: &nodes,
+            pending: &owned,
+            groups: &groups,
+            strategies: &strategies,
+            maintenances: &maintenances,
+            facts: &Facts::default(),
+            failures: &failures,
+            server_version: r.server_version.as_deref(),
+            now,
+        };
+        let facts = ask(ctx, r, replace::questions(&snap)).await;
+        snap.facts = &facts;
+        let plan = replace::decide(&snap);
+        if let Some((level, line)) = &plan.note {
+            log::log!(*level, "NodeVersion {}: {line}", nv.name_any());
+        }
+        let acted = perform(ctx, r, &snap, &plan.effects, expect).await?;
+        match plan.then {
+            Then::Again if acted => return Ok((true, None)),
+            Then::Again => wake = earliest(wake, Some(Duration::from_millis(200))),
+            Then::Wait(d) => wake = earliest(wake, d),
+        }
+    }
+    Ok((false, wake))
+}
+
+/// Ask the provider what a round needs, reusing what cannot have changed.
+async fn ask(ctx: &Context, r: &Replace, questions: Vec<(&'static str, Value)>) -> Facts {
+    let mut facts = Facts::default();
+    for (verb, request) in questions {
+        let id = request["providerID"]
+            .as_str()
+            .or(request["groupId"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let memo_key = format!("{verb}/{id}");
+        let cached = match verb {
+            "scaling-group-id" | "node-image" => lock(&r.memo).get(&memo_key).cloned(),
+            "get-scaling-group-image" => lock(&r.group_images)
+                .get(&id.to_lowercase())
+                .filter(|(at, _)| at.elapsed() < GROUP_IMAGE_TTL)
+                .map(|(_, a)| a.clone()),
+            _ => None,
+        };
+        let answer = match cached {
+            Some(a) => a,
+            None => {
+                let key = match verb {
+                    "scaling-group-id" => "groupId",
+                    "node-image" | "get-scaling-group-image" => "image",
+                    _ => "state",
+                };
+                let a = match ctx
+                    .effects
+                    .perform(&Effect::Provider {
+                        key: memo_key.clone(),
+                        verb,
+                        request,
+                    })
+                    .await
+                {
+                    Ok(Outcome::ProviderAnswered(v)) => {
+                        crate::effects::provider::field(&v, verb, key).map(str::to_string)
+                    }
+                    Ok(Outcome::ProviderFailed(e)) => Err(e),
+                    Ok(_) => Err(format!("provider {verb}: no answer")),
+                    Err(e) => Err(e.to_string()),
+                };
+                if let Err(e) = &a {
+                    log::warn!("{e}");
+                }
+                match verb {
+                    // Errors are not memoised: the next round asks again.
+                    "scaling-group-id" | "node-image" if a.is_ok() => {
+                        lock(&r.memo).insert(memo_key, a.clone());
+                    }
+                    "get-scaling-group-image" => {
+                        lock(&r.group_images)
+                            .insert(id.to_lowercase(), (Instant::now(), a.clone()));
+                    }
+                    _ => {}
+                }
+                a
+            }
+        };
+        let map = match verb {
+            "scaling-group-id" => &mut facts.group_of,
+            "node-image" => &mut facts.image_of,
+            "get-scaling-group-image" => {
+                facts.group_image.insert(id.to_lowercase(), answer);
+                continue;
+            }
+            _ => &mut facts.state_of,
+        };
+        map.insert(id, answer);
+    }
+    facts
+}
+
+/// Perform a round's effects in order; a provider failure ends the batch
+/// (what follows depended on it) and is recorded for status and backoff.
+/// Returns whether anything was written.
+async fn perform(
+    ctx: &Context,
+    r: &Replace,
+    snap: &replace::Snapshot<'_>,
+    effects: &[Effect],
+    expect: &mut Expect,
+) -> Result<bool> {
+    let mut acted = false;
+    for effect in effects {
+        if let Effect::Event { object, reason, .. } = effect {
+            let key = format!("{reason}/{}", object.name.as_deref().unwrap_or_default());
+            if !lock(&r.published).insert(key) {
+                continue;
+            }
+        }
+        log::debug!("replace: {}", crate::effects::describe(effect));
+        let outcome = ctx.effects.perform(effect).await?;
+        ctx.remember(&outcome);
+        acted |= !matches!(effect, Effect::Event { .. });
+        match (effect, &outcome) {
+            (
+                _,
+                Outcome::ObjectWritten {
+                    kind,
+                    name,
+                    resource_version,
+                },
+            ) => {
+                expect
+                    .written
+                    .push((*kind, name.clone(), resource_version.clone()));
+            }
+            (Effect::DeleteObject { kind, name, .. }, _) => {
+                expect.gone.push((Some(*kind), name.clone()))
+            }
+            (Effect::DeleteNode { name, .. }, _) => expect.gone.push((None, name.clone())),
+            _ => {}
+        }
+        let Effect::Provider { key, verb, request } = effect else {
+            continue;
+        };
+        match outcome {
+            Outcome::ProviderFailed(message) => {
+                log::warn!("node replacement: {message}");
+                lock(&r.failures).insert(
+                    key.clone(),
+                    Failure {
+                        message,
+                        at: Timestamp::now(),
+                    },
+                );
+                return Ok(true);
+            }
+            Outcome::ProviderAnswered(answer) => {
+                lock(&r.failures).remove(key);
+                if *verb == "set-scaling-group-image" {
+                    let id = request["groupId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_lowercase();
+                    lock(&r.group_images).remove(&id);
+                }
+                if *verb == "create-node" {
+                    let id = request["requestId"].as_str().unwrap_or_default();
+                    let group = request["groupId"].as_str().unwrap_or_default();
+                    match replace::joining(snap, id, group, &answer) {
+                        Ok(pn) => {
+                            log::info!(
+                                "NodeVersion {}: surge node {} created in group {group}",
+                                snap.nv.name_any(),
+                                pn["metadata"]["name"].as_str().unwrap_or_default()
+                            );
+                            let o = ctx
+                                .effects
+                                .perform(&Effect::CreateObject {
+                                    kind: Kind::PendingNode,
+                                    object: pn,
+                                })
+                                .await?;
+                            if let Outcome::ObjectWritten {
+                                kind,
+                                name,
+                                resource_version,
+                            } = o
+                            {
+                                expect.written.push((kind, name, resource_version));
+                            }
+                        }
+                        Err(message) => {
+                            lock(&r.failures).insert(
+                                key.clone(),
+                                Failure {
+                                    message,
+                                    at: Timestamp::now(),
+                                },
+                            );
+                            return Ok(true);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(acted)
+}
+
+/// JoiningNodes for the nodes this role sees.
+async fn joining(
+    ctx: &Context,
+    r: &Replace,
+    now: Timestamp,
+    expect: &mut Expect,
+    wake: &mut Option<Duration>,
+) -> Result<bool> {
+    let all: Vec<Arc<JoiningNode>> = typed(&r.stores.joining);
+    // A scoped role leaves other nodes' JoiningNodes (and their deadlines)
+    // to the role that sees them.
+    let mine: Vec<Arc<JoiningNode>> = all
+        .into_iter()
+        .filter(|j| {
+            !matches!(
+                ctx.scope,
+                super::roles::Scope::AllNodes { selector: Some(_) }
+            ) || j
+                .spec
+                .name
+                .as_deref()
+                .is_some_and(|n| ctx.node(n).is_some())
+        })
+        .collect();
+    let (effects, w) = replace::lifecycle_joining(&mine, &|n| ctx.node(n), now);
+    *wake = earliest(*wake, w);
+    for e in &effects {
+        let outcome = ctx.effects.perform(e).await?;
+        ctx.remember(&outcome);
+        if let Effect::DeleteObject { kind, name, .. } = e {
+            log::info!(
+                "JoiningNode {name}: components stamped on its node (or its deadline passed); deleted"
+            );
+            expect.gone.push((Some(*kind), name.clone()));
+        }
+    }
+    Ok(!effects.is_empty())
+}
+
+/// AutoscalingStrategies: read the Deployment when the strategy or the
+/// groups changed since the last look, and bring it in line.
+async fn strategies(ctx: &Context, r: &Replace, expect: &mut Expect) -> Result<bool> {
+    let strategies: Vec<Arc<AutoscalingStrategy>> = typed(&r.stores.strategies);
+    if strategies.is_empty() {
+        return Ok(false);
+    }
+    let groups: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
+    let groups_rv: String = groups
+        .iter()
+        .map(|g| g.resource_version().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut acted = false;
+    for st in &strategies {
+        let seen = format!("{}/{groups_rv}", st.resource_version().unwrap_or_default());
+        if lock(&r.strategy_checked).get(&st.name_any()) == Some(&seen) {
+            continue;
+        }
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            ctx.effects.client.clone(),
+            &st.spec.deployment_namespace,
+            &Kind::Deployment.resource(),
+        );
+        let deployment =
+            api.get_opt(&st.spec.deployment_name)
+                .await
+                .map_err(crate::error::Error::kube(format!(
+                    "reading Deployment {}/{}",
+                    st.spec.deployment_namespace, st.spec.deployment_name
+                )))?;
+        let value = deployment.map(|d| serde_json::to_value(d).unwrap_or_default());
+        let effects = replace::strategy(st, &groups, value.as_ref());
+        if effects.is_empty() {
+            lock(&r.strategy_checked).insert(st.name_any(), seen);
+            continue;
+        }
+        for e in &effects {
+            if let Effect::PatchObject { name, .. } = e {
+                log::info!(
+                    "AutoscalingStrategy {}: Deployment {name} to {} replica(s)",
+                    st.name_any(),
+                    if st.spec.enabled { 1 } else { 0 }
+                );
+            }
+            let outcome = ctx.effects.perform(e).await?;
+            if let (
+                Effect::WriteObjectStatus { .. },
+                Outcome::ObjectWritten {
+                    kind,
+                    name,
+                    resource_version,
+                },
+            ) = (e, &outcome)
+            {
+                expect
+                    .written
+                    .push((*kind, name.clone(), resource_version.clone()));
+            }
+        }
+        acted = true;
+    }
+    Ok(acted)
+}
+
+/// Create a ScalingGroup for each group the provider lists that has none
+/// (at start, then every 15 minutes), and delete the ones nodekeeper
+/// created whose group is gone. A ScalingGroup someone else created is
+/// never deleted (Constellation deletes every undiscovered one).
+async fn list_groups(ctx: &Context, r: &Replace) {
+    {
+        let mut last = lock(&r.groups_listed);
+        if last.is_some_and(|t| t.elapsed() < LIST_GROUPS_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+    }
+    let _ = r.wake.try_send(LIST_GROUPS_EVERY);
+    let answer = match ctx
+        .effects
+        .perform(&Effect::Provider {
+            key: "list-scaling-groups".into(),
+            verb: "list-scaling-groups",
+            request: serde_json::json!({}),
+        })
+        .await
+    {
+        Ok(Outcome::ProviderAnswered(v)) => v,
+        Ok(Outcome::ProviderFailed(e)) => {
+            log::warn!("node replacement: {e}");
+            return;
+        }
+        _ => return,
+    };
+    let existing: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
+    let nv_name = typed::<NodeVersion>(&r.stores.versions)
+        .first()
+        .map(|v| v.name_any())
+        .unwrap_or_else(|| NODE_VERSION_NAME.to_string());
+    let effects = replace::discovered_groups(&answer, &existing, &nv_name);
+    for e in effects {
+        if let Err(err) = ctx.effects.perform(&e).await {
+            log::warn!("node replacement: scaling groups: {err}");
+        }
+    }
+}
