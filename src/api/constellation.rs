@@ -61,6 +61,7 @@ fn default_drain() -> i64 {
 }
 
 /// The image and Kubernetes components every node should run.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "update.edgeless.systems",
@@ -171,6 +172,7 @@ pub struct NodeVersionStatus {
 }
 
 /// A cloud scaling group, and the image it creates nodes with.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "update.edgeless.systems",
@@ -224,6 +226,7 @@ pub struct ScalingGroupStatus {
 }
 
 /// An instance joining the cluster or leaving it.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "update.edgeless.systems",
@@ -272,6 +275,7 @@ pub struct PendingNodeStatus {
 }
 
 /// The cluster-autoscaler Deployment, scaled to 0 during a rollout.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "update.edgeless.systems",
@@ -307,6 +311,7 @@ pub struct AutoscalingStrategyStatus {
 }
 
 /// A joining node's Kubernetes components, stamped on its Node.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "update.edgeless.systems",

@@ -442,6 +442,19 @@ pub fn decide(s: &Snapshot) -> Plan {
     }
     let mut events = overdue_events(s, &c);
 
+    // Surge requests already recorded as PendingNodes leave the
+    // annotation first: pairing deletes the PendingNode, and a request
+    // whose record is gone would be asked again.
+    let requests = surge_requests(s.nv);
+    let open: Vec<(String, String)> = requests
+        .iter()
+        .filter(|(id, _)| !s.pending.iter().any(|p| request_of(p) == Some(id.as_str())))
+        .cloned()
+        .collect();
+    if open.len() != requests.len() {
+        return Plan::steps(vec![write_requests(s.nv, &open)]);
+    }
+
     // 4. The autoscaler is off while anything is being replaced.
     let done = c.all_up_to_date(s.pending.len()) && surge_requests(s.nv).is_empty();
     let toggles: Vec<Effect> = s
@@ -793,17 +806,9 @@ enum Step {
 /// first and alone while any control plane is outdated, then by name.
 fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
     let requests = surge_requests(s.nv);
-    for (id, group) in &requests {
-        if let Some(p) = s
-            .pending
-            .iter()
-            .find(|p| request_of(p) == Some(id.as_str()))
-        {
-            // Recorded: drop it from the annotation.
-            let _ = p;
-            let rest: Vec<_> = requests.iter().filter(|(i, _)| i != id).cloned().collect();
-            return Step::Act(vec![write_requests(s.nv, &rest)]);
-        }
+    // (Requests already recorded as PendingNodes were dropped earlier in
+    // the round.)
+    if let Some((id, group)) = requests.first() {
         let key = format!("create-node/{group}");
         if let Some(d) = backing_off(s, &key) {
             return Step::Wait(Some(d));
@@ -827,14 +832,16 @@ fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
             *needed.entry(g).or_default() += 1;
         }
     }
-    for p in s
+    // Joining PendingNodes and requests not yet recorded as one each
+    // cover one outdated node.
+    let joining = s
         .pending
         .iter()
         .filter(|p| p.spec.goal.as_deref() == Some("Join"))
-    {
-        if let Some(g) = &p.spec.group_id
-            && let Some(n) = needed.get_mut(&g.to_lowercase())
-        {
+        .filter_map(|p| p.spec.group_id.clone());
+    let asked = requests.iter().map(|(_, g)| g.clone());
+    for g in joining.chain(asked) {
+        if let Some(n) = needed.get_mut(&g.to_lowercase()) {
             *n = n.saturating_sub(1);
         }
     }

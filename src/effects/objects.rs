@@ -78,12 +78,16 @@ pub async fn write_status(
     status: &Value,
 ) -> Result<Outcome> {
     let ar = kind.resource();
-    let body = json!({
+    let mut body = json!({
         "apiVersion": ar.api_version,
         "kind": ar.kind,
-        "metadata": { "name": name, "resourceVersion": resource_version },
+        "metadata": { "name": name },
         "status": status,
     });
+    // An apply with a null resourceVersion is refused; none means unguarded.
+    if let Some(rv) = resource_version {
+        body["metadata"]["resourceVersion"] = json!(rv);
+    }
     match api(client, kind, None)
         .patch_status(
             name,

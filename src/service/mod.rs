@@ -270,7 +270,7 @@ pub async fn run(
     }
     let (mutex_stores, mutex_events) = mutex::start(&client, discovery, synced.mutex.clone());
     // Constellation's APIs: any cluster role given a provider plugin.
-    let (replace_stores, replace_events) = if scope.sees_all_nodes() {
+    let (replace_stores, replace_events) = if matches!(scope, Scope::AllNodes { .. }) {
         replace::start(&client, config.provider.is_some(), synced.replace.clone()).await?
     } else {
         synced.replace.open();

@@ -100,7 +100,7 @@ fn summarize(node: &Node) -> String {
 /// resourceVersion, so of many agents exactly one succeeds. A failing check
 /// backs off per object, with jitter, and never fails the own node's
 /// reconcile: one bad object must not make every agent poll.
-async fn reconcile_foreign(ctx: &Context) -> Option<Duration> {
+pub(super) async fn reconcile_foreign(ctx: &Context) -> Option<Duration> {
     let now = Timestamp::now();
     let mut wake = None;
     let mut targets: Vec<String> = ctx

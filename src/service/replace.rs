@@ -49,6 +49,9 @@ pub struct ReplaceStores {
     pub joining: Store<DynamicObject>,
 }
 
+/// A provider answer and when it was given.
+type Answer = (Instant, Result<String, String>);
+
 /// What the replacement feature keeps between passes.
 pub struct Replace {
     pub stores: ReplaceStores,
@@ -60,7 +63,7 @@ pub struct Replace {
     failures: Mutex<BTreeMap<String, Failure>>,
     /// Answers that cannot change (a node's group and image), by verb/id.
     memo: Mutex<HashMap<String, Result<String, String>>>,
-    group_images: Mutex<HashMap<String, (Instant, Result<String, String>)>>,
+    group_images: Mutex<HashMap<String, Answer>>,
     /// Escalation events already published (`reason/object`).
     published: Mutex<HashSet<String>>,
     /// Per strategy: the resourceVersions it was last checked at (its own
@@ -278,6 +281,18 @@ async fn pass(ctx: &Context, r: &Replace) -> Result<Option<Duration>> {
         let acted_strategies = strategies(ctx, r, &mut expect).await?;
         let (acted, w) = versions(ctx, r, now, &mut expect).await?;
         if !(acted || acted_joining || acted_strategies) {
+            // A replaced node's maintenance, deleted after its Node, is
+            // finished here: its deletion event may have mapped to the Node
+            // while the store still had it, and nothing else would look
+            // before the next heartbeat.
+            let orphaned = ctx.all_maintenances().iter().any(|m| {
+                crate::decide::maintenance::owner_of(m) == Some("NodeVersion")
+                    && ctx.node(&m.spec.node_name).is_none()
+                    && crate::decide::foreign::needs_attention(m)
+            });
+            if orphaned {
+                wake = earliest(wake, super::reconcile::reconcile_foreign(ctx).await);
+            }
             return Ok(earliest(wake, w));
         }
         wake = None;

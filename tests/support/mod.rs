@@ -12,6 +12,7 @@
 
 pub mod machines;
 pub mod openshift;
+pub mod replace;
 pub mod upgrades;
 
 use std::path::{Path, PathBuf};
@@ -160,20 +161,23 @@ impl TestEnv {
 
     /// Wait until kwok reports the node Ready.
     pub async fn wait_node_ready(&self, name: &str) {
+        self.wait_node_ready_within(name, Duration::from_secs(30))
+            .await
+    }
+
+    /// [`TestEnv::wait_node_ready`] with another bound (the node may not
+    /// exist yet).
+    pub async fn wait_node_ready_within(&self, name: &str, limit: Duration) {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        wait_for(
-            &format!("node {name} Ready"),
-            Duration::from_secs(30),
-            || async {
-                let n = nodes.get_opt(name).await.ok().flatten()?;
-                let ready = n
-                    .status?
-                    .conditions?
-                    .into_iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                ready.then_some(())
-            },
-        )
+        wait_for(&format!("node {name} Ready"), limit, || async {
+            let n = nodes.get_opt(name).await.ok().flatten()?;
+            let ready = n
+                .status?
+                .conditions?
+                .into_iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then_some(())
+        })
         .await;
     }
 

@@ -267,7 +267,7 @@ pub fn strategy(
         fx.push(Effect::WriteObjectStatus {
             kind: Kind::AutoscalingStrategy,
             name: st.name_any(),
-            resource_version: None,
+            resource_version: st.resource_version(),
             status: serde_json::to_value(&status).unwrap_or_default(),
         });
     }

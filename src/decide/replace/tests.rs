@@ -778,3 +778,41 @@ fn joining_nodes_stamp_components_then_go() {
     assert!(matches!(&fx[1], Effect::DeleteObject { name, .. } if name == "n1"));
     assert!(matches!(&fx[2], Effect::DeleteObject { name, .. } if name == "n2"));
 }
+
+#[test]
+fn a_recorded_pending_node_carries_its_request() {
+    let w = World::new("img-2", 1);
+    let s = w.snap();
+    let pn = joining(
+        &s,
+        "r1",
+        "g",
+        &json!({ "nodeName": "n", "providerID": "kwok://n" }),
+    )
+    .unwrap();
+    let dynamic: kube::api::DynamicObject = serde_json::from_value(pn).unwrap();
+    let typed: PendingNode =
+        serde_json::from_value(serde_json::to_value(&dynamic).unwrap()).unwrap();
+    assert_eq!(request_of(&typed), Some("r1"));
+}
+
+#[test]
+fn a_recorded_request_is_dropped_before_its_pending_node_pairs() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![
+        node("old", "g", "img-1", &[]),
+        node("new", "g", "img-2", &[]),
+    ];
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    let mut p = (*pending("new", "g", "Join", "Ready")).clone();
+    p.metadata.annotations = Some([(REQUEST_LABEL.to_string(), "c2".to_string())].into());
+    w.pending = vec![Arc::new(p)];
+    w.nv.metadata.annotations =
+        Some([(SURGE_REQUESTS_ANNOTATION.to_string(), "c2=g".to_string())].into());
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert!(
+        matches!(&plan.effects[0], Effect::PatchObject { kind: Kind::NodeVersion, patch, .. } if patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION].is_null()),
+        "{plan:?}"
+    );
+}

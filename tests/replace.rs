@@ -1,0 +1,621 @@
+//! Rolling node replacement (Constellation's NodeVersion) on the real
+//! control plane, with a simulated cloud (tests/kwok-provider) behind the
+//! provider protocol. Surge, budget and "once" claims come from an
+//! independent watcher and the cloud's own call log, never from the
+//! NodeVersion's status. The tests take turns: AutoscalingStrategies are
+//! cluster-wide, as in Constellation.
+
+mod support;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use nodekeeper::api::constellation::*;
+use nodekeeper::api::nodemaintenance::NodeMaintenance;
+use serde_json::{Value, json};
+use support::machines::cluster_role;
+use support::replace::*;
+use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds, kubectl, wait_for};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+struct Rollout {
+    env: TestEnv,
+    cloud: Cloud,
+    agent: Option<Agent>,
+    /// The nodes before the image change, per group.
+    before: Vec<String>,
+}
+
+fn apply(obj: Value) {
+    let out = kubectl(&["apply", "-f", "-"], Some(&obj.to_string()));
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn group_id(env: &TestEnv, g: &str) -> String {
+    format!("{}-{g}", env.id)
+}
+
+/// A cluster of `counts` nodes per group (`cp` is the control-plane group)
+/// on image img-1, a NodeVersion governing them, an autoscaler Deployment
+/// with its AutoscalingStrategy, and the cluster role with the provider.
+async fn rollout(name: &str, counts: &[(&str, usize)], surge: i32, components: bool) -> Rollout {
+    install_crds();
+    install_constellation_crds();
+    let env = TestEnv::new(name).await;
+    let groups: Vec<Value> = counts
+        .iter()
+        .map(|(g, _)| {
+            json!({
+                "groupId": group_id(&env, g),
+                "name": group_id(&env, g),
+                "role": if *g == "cp" { "ControlPlane" } else { "Worker" },
+                "image": "img-1",
+            })
+        })
+        .collect();
+    let mut cloud = Cloud::new(&env, json!(groups), 1.0);
+    if components {
+        cloud.set("components", json!("k8s-components-1"));
+    }
+    for (g, _) in counts {
+        apply(json!({
+            "apiVersion": "update.edgeless.systems/v1alpha1",
+            "kind": "ScalingGroup",
+            "metadata": { "name": group_id(&env, g), "labels": { GROUP_LABEL: env.id } },
+            "spec": {
+                "nodeImage": env.id,
+                "groupId": group_id(&env, g),
+                "autoscalerGroupName": group_id(&env, g),
+                "nodeGroupName": group_id(&env, g),
+                "autoscaling": *g != "cp",
+                "min": 1,
+                "max": 10,
+                "role": if *g == "cp" { "ControlPlane" } else { "Worker" },
+            }
+        }));
+    }
+    let mut before = Vec::new();
+    for (g, n) in counts {
+        before.extend(cloud.boot(&env, &group_id(&env, g), *n).await);
+    }
+    // Labels a heir must inherit, and a reserved one it must not.
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    for n in &before {
+        nodes
+            .patch(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": {
+                    "team": format!("blue-{n}"),
+                    "topology.kubernetes.io/zone": "z1",
+                }}})),
+            )
+            .await
+            .expect("labelling a node");
+    }
+    let mut nv = json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1",
+        "kind": "NodeVersion",
+        "metadata": { "name": env.id, "labels": { GROUP_LABEL: env.id } },
+        "spec": {
+            "image": "img-1",
+            "imageVersion": "v1",
+            "maxSurge": surge,
+            "joinTimeoutSeconds": 10,
+            "leaveTimeoutSeconds": 30,
+            "nodeSelector": { "matchLabels": { GROUP_LABEL: env.id } },
+        }
+    });
+    if components {
+        nv["spec"]["kubernetesComponentsReference"] = json!("k8s-components-1");
+    }
+    apply(nv);
+    // The autoscaler: its pods never schedule (no node matches).
+    let mut dep = env.deployment("autoscaler", 1);
+    if let Some(spec) = dep.spec.template.spec.as_mut() {
+        spec.node_selector =
+            Some([("nodekeeper.test/nowhere".to_string(), "true".to_string())].into());
+    }
+    Api::<Deployment>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &dep)
+        .await
+        .expect("creating the autoscaler Deployment");
+    apply(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1",
+        "kind": "AutoscalingStrategy",
+        "metadata": { "name": env.id, "labels": { GROUP_LABEL: env.id } },
+        "spec": {
+            "enabled": true,
+            "deploymentName": "autoscaler",
+            "deploymentNamespace": env.ns,
+            "autoscalerExtraArgs": { "logtostderr": "true" },
+        }
+    }));
+    let agent = start_agent(&env, &cloud);
+    let total: usize = counts.iter().map(|(_, n)| n).sum();
+    let done = smol::future::or(
+        async {
+            wait_nv(
+                &env.client,
+                &env.id,
+                "every node up to date",
+                Duration::from_secs(60),
+                |v| {
+                    up_to_date(v)
+                        && v["status"]["upToDate"].as_array().map(|a| a.len()) == Some(total)
+                },
+            )
+            .await;
+            true
+        },
+        async {
+            nodekeeper::runtime::sleep(Duration::from_secs(55)).await;
+            false
+        },
+    )
+    .await;
+    if !done {
+        let out = kubectl(&["get", "nodeversion", &env.id, "-o", "yaml"], None);
+        panic!(
+            "the NodeVersion never said every node is up to date:\n{}\nagent log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            agent.log_text()
+        );
+    }
+    Rollout {
+        env,
+        cloud,
+        agent: Some(agent),
+        before,
+    }
+}
+
+fn start_agent(env: &TestEnv, cloud: &Cloud) -> Agent {
+    let cmd = cloud.command.display().to_string();
+    cluster_role(
+        env,
+        &["--provider-command", &cmd, "--provider-timeout", "3"],
+    )
+}
+
+fn up_to_date(v: &Value) -> bool {
+    let c = &v["status"]["conditions"];
+    c.as_array().map(|a| a.len()) == Some(1)
+        && c[0]["type"] == "Outdated"
+        && c[0]["status"] == "False"
+        && c[0]["message"] == "Node version of every node is up to date"
+}
+
+async fn set_image(client: &Client, name: &str, image: &str) {
+    let api: Api<kube::api::DynamicObject> =
+        Api::all_with(client.clone(), &Kind::NodeVersion.resource());
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "image": image } })),
+    )
+    .await
+    .expect("changing the image");
+}
+
+/// Wait until every node of the group is new, on `image`, and the
+/// NodeVersion says so; returns the new nodes.
+async fn wait_replaced(r: &Rollout, image: &str, total: usize) -> Vec<Node> {
+    let client = &r.env.client;
+    let log = || r.agent.as_ref().map(|a| a.log_text()).unwrap_or_default();
+    let result = smol::future::or(
+        async {
+            wait_nv(client, &r.env.id, "the rollout to finish", LIMIT, |v| {
+                let fresh = v["status"]["upToDate"].as_array().is_some_and(|a| {
+                    a.len() == total && a.iter().all(|n| !r.before.iter().any(|b| n["name"] == *b))
+                });
+                up_to_date(v) && fresh
+            })
+            .await;
+            Some(())
+        },
+        async {
+            nodekeeper::runtime::sleep(LIMIT - Duration::from_secs(5)).await;
+            None
+        },
+    )
+    .await;
+    assert!(
+        result.is_some(),
+        "rollout did not finish; agent log:\n{}",
+        log()
+    );
+    let nodes = group_nodes(client, &r.env).await;
+    assert_eq!(
+        nodes.len(),
+        total,
+        "nodes: {:?}",
+        nodes.iter().map(|n| n.name_any()).collect::<Vec<_>>()
+    );
+    for n in &nodes {
+        assert!(
+            !r.before.contains(&n.name_any()),
+            "{} was not replaced",
+            n.name_any()
+        );
+        assert_eq!(
+            n.annotations().get(IMAGE_ANNOTATION).map(String::as_str),
+            Some(image),
+            "{}",
+            n.name_any()
+        );
+        assert!(
+            !n.annotations().contains_key(DONOR_ANNOTATION)
+                && !n.annotations().contains_key(HEIR_ANNOTATION),
+            "{} still paired",
+            n.name_any()
+        );
+    }
+    nodes
+}
+
+impl Drop for Rollout {
+    fn drop(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+        let (client, env) = (self.env.client.clone(), &self.env);
+        block_on(clean_up(&client, env));
+    }
+}
+
+#[test]
+fn an_image_change_replaces_every_worker_one_at_a_time_with_surge_1() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let r = rollout("rp-one", &[("workers", 4)], 1, true).await;
+        let client = r.env.client.clone();
+        let watch = ReplaceWatcher::start(client.clone(), &r.env, "autoscaler");
+        set_image(&client, &r.env.id, "img-2").await;
+        let nodes = wait_replaced(&r, "img-2", 4).await;
+        // The autoscaler comes back once the rollout is done.
+        let deps: Api<Deployment> = Api::namespaced(client.clone(), &r.env.ns);
+        wait_for("the autoscaler back at 1 replica", LIMIT, || async {
+            let d = deps.get("autoscaler").await.ok()?;
+            (d.spec.replicas == Some(1)).then_some(())
+        })
+        .await;
+        let seen = watch.finish();
+        let log = r.agent.as_ref().map(|a| a.log_text()).unwrap_or_default();
+        // Surge 1: never more than one extra node, never more than one
+        // node cordoned, and capacity never below the four nodes.
+        assert!(seen.max_nodes <= 5, "{seen:?}\n{log}");
+        assert!(seen.max_cordoned <= 1, "{seen:?}");
+        assert!(seen.min_available >= 4, "{seen:?}");
+        // Every donor drained through a NodeMaintenance, deleted once,
+        // and no maintenance left behind.
+        for old in &r.before {
+            assert_eq!(seen.deleted.get(old), Some(&1), "{old}: {seen:?}");
+            assert!(
+                seen.maintenances
+                    .get(old)
+                    .is_some_and(|rs| rs.contains(nodekeeper::decide::replace::REASON)),
+                "{old} was not drained through a NodeMaintenance: {seen:?}"
+            );
+        }
+        let nms = Api::<NodeMaintenance>::all(client.clone());
+        wait_for(
+            "no maintenance left behind",
+            Duration::from_secs(10),
+            || async {
+                let l = nms.list(&Default::default()).await.ok()?;
+                (!l.items.iter().any(|m| r.before.contains(&m.spec.node_name))).then_some(())
+            },
+        )
+        .await;
+        // Each old instance deleted at the cloud exactly once; exactly four
+        // surge instances created.
+        for old in &r.before {
+            let pid = format!("kwok://{old}");
+            let n = r
+                .cloud
+                .calls_of("delete-node")
+                .iter()
+                .filter(|c| c["providerID"] == pid)
+                .count();
+            assert_eq!(n, 1, "delete-node calls for {pid}");
+        }
+        let state = r.cloud.state();
+        assert_eq!(
+            state["instances"].as_object().map(|o| o.len()),
+            Some(8),
+            "{state}"
+        );
+        // Labels carried over, the reserved one not; components stamped
+        // through the JoiningNodes.
+        let mut teams: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| n.labels().get("team").cloned())
+            .collect();
+        teams.sort();
+        let mut want: Vec<String> = r.before.iter().map(|b| format!("blue-{b}")).collect();
+        want.sort();
+        assert_eq!(teams, want);
+        for n in &nodes {
+            assert!(
+                !n.labels().contains_key("topology.kubernetes.io/zone"),
+                "{}",
+                n.name_any()
+            );
+            assert_eq!(
+                n.annotations()
+                    .get(COMPONENTS_ANNOTATION)
+                    .map(String::as_str),
+                Some("k8s-components-1")
+            );
+        }
+        // The autoscaler was paused during the rollout and its command built.
+        assert_eq!(seen.replicas.first(), Some(&1), "{:?}", seen.replicas);
+        assert!(
+            seen.replicas.contains(&0),
+            "never paused: {:?}",
+            seen.replicas
+        );
+        let d = deps.get("autoscaler").await.expect("autoscaler");
+        let cmd = d
+            .spec
+            .template
+            .spec
+            .map(|s| s.containers[0].command.clone().unwrap_or_default());
+        // (Every autoscaled worker group of the cluster is in it, as in
+        // Constellation: ours among them.)
+        let cmd = cmd.unwrap_or_default();
+        assert_eq!(cmd[..2], ["./cluster-autoscaler", "--logtostderr=true"]);
+        assert!(
+            cmd.contains(&format!("--nodes=1:10:{}", group_id(&r.env, "workers"))),
+            "{cmd:?}"
+        );
+        assert!(cmd[1..].is_sorted(), "{cmd:?}");
+        // The scaling group follows the image at the cloud and in status.
+        assert_eq!(state["images"][group_id(&r.env, "workers")], "img-2");
+        let sg: Api<kube::api::DynamicObject> =
+            Api::all_with(client.clone(), &Kind::ScalingGroup.resource());
+        let g = sg
+            .get(&group_id(&r.env, "workers"))
+            .await
+            .expect("scaling group");
+        assert_eq!(g.data["status"]["imageReference"], "img-2");
+        assert_eq!(
+            g.data["status"]["conditions"][0]["reason"],
+            "ScalingGroupNodeImageUpToDate"
+        );
+    });
+}
+
+#[test]
+fn surge_2_replaces_the_control_plane_first_and_survives_a_node_that_never_joins() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let mut r = rollout("rp-two", &[("cp", 1), ("workers", 4)], 2, false).await;
+        r.cloud.set("neverJoin", json!(1));
+        let client = r.env.client.clone();
+        let watch = ReplaceWatcher::start(client.clone(), &r.env, "autoscaler");
+        set_image(&client, &r.env.id, "img-2").await;
+        let nodes = wait_replaced(&r, "img-2", 5).await;
+        let seen = watch.finish();
+        let log = r.agent.as_ref().map(|a| a.log_text()).unwrap_or_default();
+        assert!(seen.max_nodes <= 7, "{seen:?}");
+        assert!(
+            seen.max_nodes == 7,
+            "surge 2 never had two extra nodes: {seen:?}\n{log}"
+        );
+        assert!(seen.max_cordoned <= 2, "{seen:?}");
+        assert!(seen.min_available >= 5, "{seen:?}");
+        // The first surge instance never joined: deleted at the cloud, its
+        // PendingNode went Leave and away, and the rollout went on.
+        let creates = r.cloud.calls_of("create-node");
+        let state = r.cloud.state();
+        let never: Vec<String> = state["instances"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, i)| i["never"] == true)
+            .map(|(pid, _)| pid.clone())
+            .collect();
+        assert_eq!(never.len(), 1, "{state}");
+        assert!(
+            r.cloud
+                .calls_of("delete-node")
+                .iter()
+                .any(|c| c["providerID"] == never[0])
+        );
+        let pending: Api<kube::api::DynamicObject> =
+            Api::all_with(client.clone(), &Kind::PendingNode.resource());
+        let left = pending
+            .list(&Default::default())
+            .await
+            .expect("pending")
+            .items;
+        assert!(
+            !left
+                .iter()
+                .any(|p| p.data["spec"]["providerID"] == never[0]),
+            "the PendingNode of the instance that never joined is still there"
+        );
+        // Control plane first: no worker instance was asked for before the
+        // control plane's donor left the cloud; and etcd was asked to let
+        // the old member go.
+        let cp = group_id(&r.env, "cp");
+        let calls = r.cloud.calls();
+        let cp_old = r
+            .before
+            .iter()
+            .find(|b| b.contains("-cp-"))
+            .expect("a cp node");
+        let cp_deleted = calls
+            .iter()
+            .position(|(v, c)| v == "delete-node" && c["providerID"] == format!("kwok://{cp_old}"))
+            .expect("the control plane's instance was deleted");
+        let first_worker = calls
+            .iter()
+            .position(|(v, c)| {
+                v == "create-node"
+                    && c["groupId"] != cp
+                    && !c["requestId"].as_str().unwrap_or("").starts_with("init-")
+            })
+            .expect("worker surge");
+        assert!(
+            cp_deleted < first_worker,
+            "workers before the control plane: {calls:?}"
+        );
+        assert!(
+            calls
+                .iter()
+                .any(|(v, c)| v == "remove-etcd-member" && c["nodeName"] == *cp_old),
+            "{calls:?}"
+        );
+        let new_cp: Vec<&Node> = nodes
+            .iter()
+            .filter(|n| n.labels().contains_key(CONTROL_PLANE_LABEL))
+            .collect();
+        assert_eq!(new_cp.len(), 1);
+        assert!(creates.len() >= 5 + 6, "{creates:?}");
+        for old in &r.before {
+            assert_eq!(seen.deleted.get(old), Some(&1), "{old}: {seen:?}");
+        }
+    });
+}
+
+#[test]
+fn the_coordinator_killed_mid_rollout_converges_without_an_extra_node_or_a_second_delete() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let mut r = rollout("rp-kill", &[("workers", 3)], 1, false).await;
+        let client = r.env.client.clone();
+        let watch = ReplaceWatcher::start(client.clone(), &r.env, "autoscaler");
+        set_image(&client, &r.env.id, "img-2").await;
+        // Kill it right after it asked the cloud for the first surge node,
+        // and again while the first donor is drained.
+        let cloud = &r.cloud;
+        wait_for("the first surge request", LIMIT, || async {
+            cloud
+                .calls_of("create-node")
+                .iter()
+                .any(|c| !c["requestId"].as_str().unwrap_or("").starts_with("init-"))
+                .then_some(())
+        })
+        .await;
+        r.agent.as_mut().expect("agent").kill();
+        r.agent = Some(start_agent(&r.env, &r.cloud));
+        let nms: Api<NodeMaintenance> = Api::all(client.clone());
+        let before = r.before.clone();
+        wait_for("a donor's NodeMaintenance", LIMIT, || async {
+            let l = nms.list(&Default::default()).await.ok()?;
+            l.items
+                .iter()
+                .any(|m| before.contains(&m.spec.node_name))
+                .then_some(())
+        })
+        .await;
+        r.agent.as_mut().expect("agent").kill();
+        r.agent = Some(start_agent(&r.env, &r.cloud));
+        wait_replaced(&r, "img-2", 3).await;
+        let seen = watch.finish();
+        assert!(seen.max_nodes <= 4, "{seen:?}");
+        assert!(seen.max_cordoned <= 1, "{seen:?}");
+        // Exactly three surge instances: a repeated ask reused its id.
+        let state = r.cloud.state();
+        assert_eq!(
+            state["instances"].as_object().map(|o| o.len()),
+            Some(6),
+            "{state}"
+        );
+        for old in &r.before {
+            assert_eq!(seen.deleted.get(old), Some(&1), "{old}: {seen:?}");
+            let pid = format!("kwok://{old}");
+            let n = r
+                .cloud
+                .calls_of("delete-node")
+                .iter()
+                .filter(|c| c["providerID"] == pid)
+                .count();
+            assert_eq!(n, 1, "delete-node calls for {pid}");
+        }
+    });
+}
+
+#[test]
+fn provider_errors_surface_in_status_and_never_hold_up_maintenance() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let mut r = rollout("rp-err", &[("workers", 1)], 1, false).await;
+        let client = r.env.client.clone();
+        r.cloud.set(
+            "fail",
+            json!({ "create-node": "simulated: quota exceeded" }),
+        );
+        set_image(&client, &r.env.id, "img-2").await;
+        wait_nv(
+            &client,
+            &r.env.id,
+            "the provider's error in status",
+            LIMIT,
+            |v| {
+                v["status"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("simulated: quota exceeded"))
+                    && v["status"]["conditions"][0]["status"] == "True"
+            },
+        )
+        .await;
+        // A hanging provider is cut off at its timeout and said so.
+        r.cloud.set("fail", json!({}));
+        r.cloud.set("hang", json!(["create-node"]));
+        wait_nv(
+            &client,
+            &r.env.id,
+            "the provider's timeout in status",
+            LIMIT,
+            |v| {
+                v["status"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("no answer within 3 s"))
+            },
+        )
+        .await;
+        // Meanwhile maintenance goes on: a NodeMaintenance cordons at once.
+        let node = r.before[0].clone();
+        let nm = format!("{}-nm", r.env.id);
+        apply(json!({
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": { "name": nm },
+            "spec": { "nodeName": node, "reason": "test" },
+        }));
+        let nodes: Api<Node> = Api::all(client.clone());
+        wait_for(
+            "the node cordoned while the provider hangs",
+            Duration::from_secs(30),
+            || async {
+                let n = nodes.get(&node).await.ok()?;
+                (n.spec?.unschedulable == Some(true)).then_some(())
+            },
+        )
+        .await;
+        let _ = kubectl(&["delete", "nodemaintenance", &nm, "--wait=true"], None);
+        // Healed, the rollout finishes.
+        r.cloud.set("hang", json!([]));
+        wait_replaced(&r, "img-2", 1).await;
+        let v = wait_nv(&client, &r.env.id, "the message cleared", LIMIT, |v| {
+            v["status"]["message"].is_null()
+        })
+        .await;
+        assert!(up_to_date(&v));
+    });
+}
