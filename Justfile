@@ -37,8 +37,8 @@ test: cluster-up
 image: build-static
     image/oci-archive.sh {{static_bin}} target/image
 
-# Every benchmark: start-up and sizes, then the drain, a reboot wave and an upgrade plan on the local control plane.
-bench: bench-startup bench-drain bench-reboot bench-upgrade
+# Every benchmark: start-up and sizes, then the drain, a reboot wave, an upgrade plan and a node replacement on the local control plane.
+bench: bench-startup bench-drain bench-reboot bench-upgrade bench-replace
 
 # Sizes (binary, image archives) and start-up time of version and manifests; prints a table.
 bench-startup: image
@@ -60,6 +60,12 @@ bench-reboot: build-static cluster-up
 # overhead, requests per node, RSS; prints a table, asserts nothing.
 bench-upgrade: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench upgrade
+
+# Replacement benchmark (10 nodes behind the simulated cloud, 2 s join
+# delay): rollout time against the ideal for maxSurge 1 and 3, requests
+# per replaced node, RSS; prints a table, asserts nothing.
+bench-replace: build-static cluster-up
+    NODEKEEPER_BIN={{static_bin}} cargo bench --bench replace
 
 # Live demo of node maintenance on the local control plane (leaves it running).
 demo:

@@ -35,7 +35,9 @@
 //!   and write; [`api::upgrade`]: `UpgradePlan`, its node annotations and
 //!   Job labels; [`api::mutex`]: the node-upgrade mutex operator's three
 //!   kinds, served as a drop-in, and views of OpenShift's
-//!   MachineConfigPool and ClusterVersion), and [`api::common`] for the building blocks every feature
+//!   MachineConfigPool and ClusterVersion; [`api::constellation`]:
+//!   Constellation's five node-operator kinds, their node annotations, and
+//!   the `Kind` effects name them by), and [`api::common`] for the building blocks every feature
 //!   shares (node names, [`api::common::DrainOptions`] with its
 //!   [`api::common::Escalation`], and the API shapes of
 //!   [`api::common::Budget`], [`api::common::Window`], [`api::common::Gates`],
@@ -60,16 +62,21 @@
 //!   [`decide::disrupt`] (node facts admissions read, the NodeMaintenance a
 //!   feature takes a node with, orphans) and [`decide::jobs`] (env appended,
 //!   kept off the node, a Job's state). `decide/mod.rs` holds the closed
-//!   set of effects, outcomes and [`decide::NodeMemory`]. Replacement comes
-//!   as a sibling of `upgrade.rs`.
+//!   set of effects, outcomes and [`decide::NodeMemory`].
+//!   [`decide::replace`]: rolling replacement (Constellation's classification,
+//!   surge with recorded request ids, pairing, label inheritance, the donor
+//!   taken through a NodeMaintenance and deleted through a Leave
+//!   PendingNode), with the other kinds' lifecycles in `lifecycle.rs`;
+//!   provider answers come in as `Facts`, asked for by `questions`.
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`] (concurrent
 //!   evictions guarded by pod UID) and [`effects::lease`] (the medik8s node
 //!   lease, leader election) and [`effects::host`], the only module that
 //!   touches the machine: argv commands with a timeout (directly, or in PID
 //!   1's mount namespace through `nodekeeper host-exec`), the sentinel file
-//!   and command. The replacement provider plugin will be
-//!   `effects/provider.rs`.
+//!   and command. [`effects::provider`] runs the provider plugin (one JSON
+//!   request, one answer, a timeout, every failure one line); `objects.rs`
+//!   writes Constellation's kinds and the autoscaler Deployment untyped.
 //! - `service/`: wiring the loop ([`service::run`]): watchers and stores
 //!   ([`service::stores`]), roles and the anchor node ([`service::roles`]),
 //!   shared state and memory with its pruning ([`service::context`]), the
@@ -79,7 +86,11 @@
 //!   upgrades in the loop ([`service::upgrades`]: plans in the same pass,
 //!   the node role's upgrade command in the background), the mutex
 //!   operator's kinds ([`service::mutex`]: discovered at start, watched only
-//!   where served, unscoped cluster role only),
+//!   where served, unscoped cluster role only), node replacement
+//!   ([`service::replace`]: any cluster role with `--provider-command`
+//!   where the CRDs are served; its pass runs on its own task, kicked by
+//!   every anchor reconcile and its own timer, so a slow provider never
+//!   holds up the loop; rounds wait for the watches to show their writes),
 //!   credentials, the HTTP/2 client and start-up checks
 //!   ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
 //!   progress) and `/readyz` ([`service::metrics`]).
@@ -136,7 +147,11 @@
 //! status (admission, the hook Job started, recorded before it is created)
 //! and `nodekeeper.io/upgrade-issued` (plan, version and boot, written
 //! before the command runs); for the mutex operator's runs, the run
-//! config's `status.progress`.
+//! config's `status.progress`; for replacement, the node annotations
+//! (group, image, heir, donor, obsolete), the NodeVersion's
+//! `nodekeeper.io/surge-requests` (written before the provider is asked),
+//! PendingNodes (a Join per surge node, a Leave per instance to delete, with
+//! `nodekeeper.io/delete-issued`) and the NodeVersion-owned maintenances.
 //!
 //! **Architecture invariant:** never a double reboot. A reboot is issued
 //! only while the node runs the boot recorded at admission and no reboot was

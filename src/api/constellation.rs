@@ -355,6 +355,18 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The kind's name, for logs and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::NodeVersion => "NodeVersion",
+            Kind::ScalingGroup => "ScalingGroup",
+            Kind::PendingNode => "PendingNode",
+            Kind::AutoscalingStrategy => "AutoscalingStrategy",
+            Kind::JoiningNode => "JoiningNode",
+            Kind::Deployment => "Deployment",
+        }
+    }
+
     pub fn resource(self) -> kube::api::ApiResource {
         use kube::api::ApiResource;
         match self {

@@ -456,6 +456,56 @@ pub fn describe(effect: &Effect) -> String {
         Effect::PatchNode { node, patch, .. } => {
             format!("PatchNode {{ node: {node:?}, patch: {patch} }}")
         }
-        other => format!("{other:?}"),
+        Effect::WriteStatus { nm, .. } => format!("WriteStatus {{ nm: {nm} }}"),
+        Effect::SetFinalizers { nm, finalizers, .. } => {
+            format!(
+                "SetFinalizers {{ nm: {nm}, finalizers: {} }}",
+                finalizers.join(",")
+            )
+        }
+        Effect::TakeLease { node, .. } => format!("TakeLease {{ node: {node} }}"),
+        Effect::ReleaseLease { node } => format!("ReleaseLease {{ node: {node} }}"),
+        Effect::CreateMaintenance { nm } => format!(
+            "CreateMaintenance {{ {} for node {} }}",
+            nm.metadata.name.as_deref().unwrap_or_default(),
+            nm.spec.node_name
+        ),
+        Effect::DeleteMaintenance { nm, .. } => format!("DeleteMaintenance {{ {nm} }}"),
+        Effect::RunHost { node, argv, .. } => {
+            format!("RunHost {{ node: {node}, argv: {} }}", argv.join(" "))
+        }
+        Effect::WriteMutexStatus {
+            name, namespace, ..
+        } => {
+            format!("WriteMutexStatus {{ {namespace}/{name} }}")
+        }
+        Effect::PatchPool { name, patch } => format!("PatchPool {{ {name}: {patch} }}"),
+        Effect::Provider { verb, request, .. } => format!("Provider {{ {verb} {request} }}"),
+        Effect::CreateObject { kind, object } => {
+            format!("CreateObject {{ {}: {object} }}", kind.name())
+        }
+        Effect::PatchObject {
+            kind, name, patch, ..
+        } => {
+            format!("PatchObject {{ {} {name}: {patch} }}", kind.name())
+        }
+        Effect::WriteObjectStatus {
+            kind, name, status, ..
+        } => {
+            format!("WriteObjectStatus {{ {} {name}: {status} }}", kind.name())
+        }
+        Effect::DeleteObject { kind, name, .. } => {
+            format!("DeleteObject {{ {} {name} }}", kind.name())
+        }
+        Effect::DeleteNode { name, .. } => format!("DeleteNode {{ {name} }}"),
+        Effect::Event {
+            reason,
+            note,
+            object,
+            ..
+        } => format!(
+            "Event {{ {reason} on {}: {note} }}",
+            object.name.as_deref().unwrap_or_default()
+        ),
     }
 }

@@ -35,14 +35,14 @@ pub async fn create(client: &Client, kind: Kind, object: &Value) -> Result<Outco
         .to_string();
     let ns = object["metadata"]["namespace"].as_str();
     let obj: DynamicObject = serde_json::from_value(object.clone())
-        .map_err(|e| Error::Invalid(format!("{kind:?} {name}: {e}")))?;
+        .map_err(|e| Error::Invalid(format!("{} {name}: {e}", kind.name())))?;
     match api(client, kind, ns)
         .create(&PostParams::default(), &obj)
         .await
     {
         Ok(o) => Ok(written(kind, &o)),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Done),
-        Err(e) => Err(Error::kube(format!("creating {kind:?} {name}"))(e)),
+        Err(e) => Err(Error::kube(format!("creating {} {name}", kind.name()))(e)),
     }
 }
 
@@ -66,7 +66,7 @@ pub async fn patch(
         Ok(o) => Ok(written(kind, &o)),
         // Gone: nothing left to patch; the next round sees it gone.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Done),
-        Err(e) => Err(Error::kube(format!("patching {kind:?} {name}"))(e)),
+        Err(e) => Err(Error::kube(format!("patching {} {name}", kind.name()))(e)),
     }
 }
 
@@ -98,7 +98,10 @@ pub async fn write_status(
     {
         Ok(o) => Ok(written(kind, &o)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Done),
-        Err(e) => Err(Error::kube(format!("writing status of {kind:?} {name}"))(e)),
+        Err(e) => Err(Error::kube(format!(
+            "writing status of {} {name}",
+            kind.name()
+        ))(e)),
     }
 }
 
@@ -116,7 +119,7 @@ pub async fn delete(client: &Client, kind: Kind, name: &str, uid: Option<&str>) 
     match api(client, kind, None).delete(name, &only(uid)).await {
         Ok(_) => Ok(Outcome::Done),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Outcome::Done),
-        Err(e) => Err(Error::kube(format!("deleting {kind:?} {name}"))(e)),
+        Err(e) => Err(Error::kube(format!("deleting {} {name}", kind.name()))(e)),
     }
 }
 
