@@ -98,8 +98,17 @@ pub fn questions(s: &Snapshot) -> Vec<(&'static str, Value)> {
             q.push(("node-image", json!({ "providerID": pid })));
         }
     }
+    // A PendingNode's state matters once its node joined (Join: is it a
+    // mint) or is gone (Leave: has the instance terminated); asking before
+    // that would only spend provider calls.
     for p in s.pending {
-        if let Some(pid) = &p.spec.provider_id {
+        let Some(pid) = &p.spec.provider_id else {
+            continue;
+        };
+        let node = p.spec.node_name.as_deref().unwrap_or_default();
+        let exists = s.nodes.iter().any(|n| n.name_any() == node);
+        let join = p.spec.goal.as_deref() == Some("Join");
+        if join == exists {
             q.push(("node-state", json!({ "providerID": pid })));
         }
     }
@@ -808,16 +817,25 @@ fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
     let requests = surge_requests(s.nv);
     // (Requests already recorded as PendingNodes were dropped earlier in
     // the round.)
-    if let Some((id, group)) = requests.first() {
+    // Every open request is asked in one round (a failure ends the batch).
+    let mut asks = Vec::new();
+    let mut wait = None;
+    for (id, group) in &requests {
         let key = format!("create-node/{group}");
-        if let Some(d) = backing_off(s, &key) {
-            return Step::Wait(Some(d));
+        match backing_off(s, &key) {
+            Some(d) => wait = super::earliest(wait, Some(d)),
+            None => asks.push(Effect::Provider {
+                key,
+                verb: "create-node",
+                request: json!({ "groupId": group, "requestId": id }),
+            }),
         }
-        return Step::Act(vec![Effect::Provider {
-            key,
-            verb: "create-node",
-            request: json!({ "groupId": group, "requestId": id }),
-        }]);
+    }
+    if !asks.is_empty() {
+        return Step::Act(asks);
+    }
+    if wait.is_some() {
+        return Step::Wait(wait);
     }
     if budget == 0 || c.outdated.is_empty() {
         return Step::Idle;
@@ -858,6 +876,9 @@ fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
         .filter(|g| !cp || g.spec.role.as_deref() == Some("ControlPlane"))
         .collect();
     groups.sort_by_key(|g| (g.spec.role.as_deref() != Some("ControlPlane"), g.name_any()));
+    // As many requests as the budget allows, recorded in one write.
+    let mut all = requests.clone();
+    let mut left = budget;
     for g in groups {
         let id = g.spec.group_id.clone().unwrap_or_default();
         let current = g
@@ -869,19 +890,35 @@ fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
             continue;
         }
         if let Some(d) = backing_off(s, &format!("create-node/{id}")) {
-            return Step::Wait(Some(d));
+            wait = super::earliest(wait, Some(d));
+            continue;
         }
-        let request = format!(
-            "{:012x}",
-            super::disrupt::fnv(
-                format!("{}/{id}/{}", s.nv.uid().unwrap_or_default(), s.now).as_bytes()
-            ) & 0xffff_ffff_ffff
-        );
-        let mut all = requests.clone();
-        all.push((request, id));
+        let want = needed
+            .get(&id.to_lowercase())
+            .copied()
+            .unwrap_or(0)
+            .min(left);
+        for i in 0..want {
+            let request = format!(
+                "{:012x}",
+                super::disrupt::fnv(
+                    format!("{}/{id}/{}/{i}", s.nv.uid().unwrap_or_default(), s.now).as_bytes()
+                ) & 0xffff_ffff_ffff
+            );
+            all.push((request, id.clone()));
+        }
+        left -= want;
+        if left == 0 {
+            break;
+        }
+    }
+    if all.len() > requests.len() {
         return Step::Act(vec![write_requests(s.nv, &all)]);
     }
-    Step::Idle
+    match wait {
+        Some(d) => Step::Wait(Some(d)),
+        None => Step::Idle,
+    }
 }
 
 /// The PendingNode a create-node answer is recorded as.

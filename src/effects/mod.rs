@@ -456,7 +456,6 @@ pub fn describe(effect: &Effect) -> String {
         Effect::PatchNode { node, patch, .. } => {
             format!("PatchNode {{ node: {node:?}, patch: {patch} }}")
         }
-        Effect::WriteStatus { nm, .. } => format!("WriteStatus {{ nm: {nm} }}"),
         Effect::SetFinalizers { nm, finalizers, .. } => {
             format!(
                 "SetFinalizers {{ nm: {nm}, finalizers: {} }}",

@@ -374,75 +374,83 @@ async fn versions(
     Ok((false, wake))
 }
 
+/// Provider questions asked at once: a cloud API answers in hundreds of
+/// milliseconds, and a round with several joining nodes should not wait
+/// for each in turn.
+const ASK_IN_PARALLEL: usize = 8;
+
 /// Ask the provider what a round needs, reusing what cannot have changed.
 async fn ask(ctx: &Context, r: &Replace, questions: Vec<(&'static str, Value)>) -> Facts {
     let mut facts = Facts::default();
+    let mut fresh: Vec<(&'static str, String, Value)> = Vec::new();
+    let mut answers: Vec<(&'static str, String, Result<String, String>)> = Vec::new();
     for (verb, request) in questions {
         let id = request["providerID"]
             .as_str()
             .or(request["groupId"].as_str())
             .unwrap_or_default()
             .to_string();
-        let memo_key = format!("{verb}/{id}");
         let cached = match verb {
-            "scaling-group-id" | "node-image" => lock(&r.memo).get(&memo_key).cloned(),
+            "scaling-group-id" | "node-image" => {
+                lock(&r.memo).get(&format!("{verb}/{id}")).cloned()
+            }
             "get-scaling-group-image" => lock(&r.group_images)
                 .get(&id.to_lowercase())
                 .filter(|(at, _)| at.elapsed() < GROUP_IMAGE_TTL)
                 .map(|(_, a)| a.clone()),
             _ => None,
         };
-        let answer = match cached {
-            Some(a) => a,
-            None => {
-                let key = match verb {
-                    "scaling-group-id" => "groupId",
-                    "node-image" | "get-scaling-group-image" => "image",
-                    _ => "state",
-                };
-                let a = match ctx
-                    .effects
-                    .perform(&Effect::Provider {
-                        key: memo_key.clone(),
-                        verb,
-                        request,
-                    })
-                    .await
-                {
-                    Ok(Outcome::ProviderAnswered(v)) => {
-                        crate::effects::provider::field(&v, verb, key).map(str::to_string)
+        match cached {
+            Some(a) => answers.push((verb, id, a)),
+            None => fresh.push((verb, id, request)),
+        }
+    }
+    for chunk in fresh.chunks(ASK_IN_PARALLEL) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|(verb, _, request)| {
+                let (provider, verb, request) =
+                    (ctx.effects.provider.clone(), *verb, request.clone());
+                crate::runtime::spawn(async move {
+                    match provider {
+                        Some(p) => p.call(verb, &request).await,
+                        None => Err("no provider plugin".to_string()),
                     }
-                    Ok(Outcome::ProviderFailed(e)) => Err(e),
-                    Ok(_) => Err(format!("provider {verb}: no answer")),
-                    Err(e) => Err(e.to_string()),
-                };
-                if let Err(e) = &a {
-                    log::warn!("{e}");
-                }
-                match verb {
-                    // Errors are not memoised: the next round asks again.
-                    "scaling-group-id" | "node-image" if a.is_ok() => {
-                        lock(&r.memo).insert(memo_key, a.clone());
-                    }
-                    "get-scaling-group-image" => {
-                        lock(&r.group_images)
-                            .insert(id.to_lowercase(), (Instant::now(), a.clone()));
-                    }
-                    _ => {}
-                }
-                a
+                })
+            })
+            .collect();
+        for ((verb, id, _), task) in chunk.iter().zip(tasks) {
+            let key = match *verb {
+                "scaling-group-id" => "groupId",
+                "node-image" | "get-scaling-group-image" => "image",
+                _ => "state",
+            };
+            let a = task
+                .await
+                .and_then(|v| crate::effects::provider::field(&v, verb, key).map(str::to_string));
+            if let Err(e) = &a {
+                log::warn!("{e}");
             }
-        };
-        let map = match verb {
-            "scaling-group-id" => &mut facts.group_of,
-            "node-image" => &mut facts.image_of,
-            "get-scaling-group-image" => {
-                facts.group_image.insert(id.to_lowercase(), answer);
-                continue;
+            match *verb {
+                // Errors are not memoised: the next round asks again.
+                "scaling-group-id" | "node-image" if a.is_ok() => {
+                    lock(&r.memo).insert(format!("{verb}/{id}"), a.clone());
+                }
+                "get-scaling-group-image" => {
+                    lock(&r.group_images).insert(id.to_lowercase(), (Instant::now(), a.clone()));
+                }
+                _ => {}
             }
-            _ => &mut facts.state_of,
+            answers.push((verb, id.clone(), a));
+        }
+    }
+    for (verb, id, answer) in answers {
+        match verb {
+            "scaling-group-id" => facts.group_of.insert(id, answer),
+            "node-image" => facts.image_of.insert(id, answer),
+            "get-scaling-group-image" => facts.group_image.insert(id.to_lowercase(), answer),
+            _ => facts.state_of.insert(id, answer),
         };
-        map.insert(id, answer);
     }
     facts
 }

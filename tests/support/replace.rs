@@ -78,13 +78,23 @@ impl Cloud {
         std::fs::create_dir_all(&dir).expect("creating the cloud's state dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kwok-provider");
         let command = dir.join("provider");
+        // The interpreter itself, not a version manager's shim: a shim's
+        // start-up would be most of every call's time.
+        let python = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "python3".into());
         std::fs::write(
             &command,
             format!(
-                "#!/bin/sh\nKWOK_PROVIDER_STATE='{}' KUBECTL='{}' KUBECONFIG='{}' exec python3 '{}' \"$@\"\n",
+                "#!/bin/sh\nKWOK_PROVIDER_STATE='{}' KUBECTL='{}' KUBECONFIG='{}' exec '{}' '{}' \"$@\"\n",
                 dir.display(),
                 bin_dir().join("kubectl").display(),
                 cluster().display(),
+                python,
                 script.display()
             ),
         )
@@ -175,10 +185,11 @@ impl Cloud {
     /// and wait until their nodes are Ready; returns their names.
     pub async fn boot(&self, env: &TestEnv, group: &str, n: usize) -> Vec<String> {
         let mut names = Vec::new();
+        let batch = super::rand_u64();
         for i in 0..n {
             let a = self.call(
                 "create-node",
-                json!({ "groupId": group, "requestId": format!("init-{group}-{i}") }),
+                json!({ "groupId": group, "requestId": format!("init-{group}-{batch:x}-{i}") }),
             );
             names.push(a["nodeName"].as_str().expect("nodeName").to_string());
         }
