@@ -449,7 +449,7 @@ pub fn decide(s: &Snapshot) -> Plan {
             status: serde_json::to_value(&status).unwrap_or_default(),
         }]);
     }
-    let mut events = overdue_events(s, &c);
+    let events = overdue_events(s, &c);
 
     // Surge requests already recorded as PendingNodes leave the
     // annotation first: pairing deletes the PendingNode, and a request
@@ -562,7 +562,6 @@ pub fn decide(s: &Snapshot) -> Plan {
             Retire::Gone => {}
         }
     }
-    events.retain(|_| true);
     Plan::wait(wake).with(events)
 }
 
@@ -950,8 +949,7 @@ fn message(s: &Snapshot, c: &Classes) -> (Option<String>, Option<Duration>) {
     for (n, why) in &c.invalid {
         parts.push(format!("node {}: {why}", n.name_any()));
     }
-    for (key, f) in s.failures {
-        let _ = key;
+    for f in s.failures.values() {
         parts.push(f.message.clone());
     }
     let mut wake = None;
