@@ -8,6 +8,7 @@ pub mod common;
 pub mod constellation;
 pub mod mutex;
 pub mod nodemaintenance;
+pub mod pod;
 pub mod reboot;
 pub mod upgrade;
 

@@ -6,8 +6,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::api::pod::Pod;
 use argh::FromArgs;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};

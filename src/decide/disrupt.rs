@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use crate::api::pod::Pod;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 

@@ -25,7 +25,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use crate::api::pod::Pod;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::api::pod::Pod;
 use kube::api::{DeleteParams, EvictParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
@@ -56,7 +56,7 @@ pub async fn drain_pods(
 }
 
 async fn remove(client: &Client, pod: &Pod, fate: &Fate, grace_period: Option<i64>) -> Outcome {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
@@ -67,8 +67,14 @@ async fn remove(client: &Client, pod: &Pod, fate: &Fate, grace_period: Option<i6
         ..Default::default()
     };
     let res = match fate {
-        Fate::Delete(_) => api.delete(&name, &dp).await.map(|_| ()),
-        _ => api
+        // The answer (the pod, now terminating) is read as our slim type.
+        Fate::Delete(_) => Api::<Pod>::namespaced(client.clone(), &ns)
+            .delete(&name, &dp)
+            .await
+            .map(|_| ()),
+        // `evict` is kube's method on the full pod type's API; it answers a
+        // Status, so no full pod is ever deserialized.
+        _ => Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns)
             .evict(
                 &name,
                 &EvictParams {

@@ -8,7 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use crate::api::pod::Pod;
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -210,12 +211,13 @@ impl Context {
             .collect()
     }
 
+    /// The pods bound to `node`. A scan under the store's read lock that
+    /// clones only the matches: the cluster role's store holds every pod in
+    /// the cluster, and cloning all of them per reconcile cost more than
+    /// the scan.
     pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
         self.pods
-            .state()
-            .into_iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .collect()
+            .state_filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
     }
 
     /// What we remember of `node`, without attempts for pods that are gone.

@@ -153,10 +153,7 @@ pub fn inc(c: &AtomicU64) {
 }
 
 /// Count a drain's answers: accepted evictions and deletions, refusals.
-pub fn count_removals(
-    pods: &[(std::sync::Arc<k8s_openapi::api::core::v1::Pod>, Fate)],
-    removals: &[Removal],
-) {
+pub fn count_removals(pods: &[(std::sync::Arc<crate::api::pod::Pod>, Fate)], removals: &[Removal]) {
     for ((_, fate), removal) in pods.iter().zip(removals) {
         match (fate, removal) {
             (Fate::Delete(_), Removal::Accepted) => inc(&COUNTERS.deletions),
@@ -165,6 +162,22 @@ pub fn count_removals(
             (_, Removal::Gone) => {}
         }
     }
+}
+
+/// The stores whose sizes `/metrics` reports (`nodekeeper_watched_objects`):
+/// what this process holds in memory, which is most of its footprint in a
+/// big cluster. Registered once the watches are built.
+pub struct Watched {
+    pub nodes: Store<k8s_openapi::api::core::v1::Node>,
+    pub pods: Store<crate::api::pod::Pod>,
+    pub jobs: Store<kube::api::DynamicObject>,
+}
+
+static WATCHED: std::sync::OnceLock<Watched> = std::sync::OnceLock::new();
+
+/// Report these stores' sizes from now on.
+pub fn watch_sizes(stores: Watched) {
+    let _ = WATCHED.set(stores);
 }
 
 /// Called once every store has its first full list.
@@ -360,6 +373,26 @@ fn render((nms, policies): &Stores) -> String {
         "gauge",
         "NodeMaintenance objects this agent sees, by phase.",
         &phases,
+    );
+    let mut watched = vec![
+        ("{kind=\"nodemaintenances\"}".to_string(), nms.len() as u64),
+        (
+            "{kind=\"rebootpolicies\"}".to_string(),
+            policies.len() as u64,
+        ),
+    ];
+    if let Some(w) = WATCHED.get() {
+        watched.extend([
+            ("{kind=\"nodes\"}".to_string(), w.nodes.len() as u64),
+            ("{kind=\"pods\"}".to_string(), w.pods.len() as u64),
+            ("{kind=\"jobs\"}".to_string(), w.jobs.len() as u64),
+        ]);
+    }
+    metric(
+        "nodekeeper_watched_objects",
+        "gauge",
+        "Objects held in this process's watch caches, by kind (most of its memory in a big cluster).",
+        &watched,
     );
     let per_policy = |f: fn(&crate::api::reboot::RebootPolicyStatus) -> i32| -> Vec<(String, u64)> {
         policies

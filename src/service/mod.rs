@@ -24,7 +24,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use crate::api::pod::Pod;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::ApiResource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -42,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::runtime::Latch;
 use context::Context;
 use roles::{Scope, map_maintenance};
-use stores::{Fresh, Stores, Synced, observe, slim_job, slim_pod};
+use stores::{Fresh, Stores, Synced, observe, slim_job, slim_node, slim_pod};
 
 /// Run the service until `shutdown` resolves (or leadership is lost).
 pub async fn run(
@@ -164,6 +165,7 @@ pub async fn run(
         let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
         watcher(Api::<Node>::all(client.clone()), node_wc)
             .backoff(stores::WatchBackoff::default())
+            .modify(slim_node)
             .reflect(node_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
             .touched_objects()
@@ -173,7 +175,8 @@ pub async fn run(
         let latch = synced.pods.clone();
         watcher(Api::<Pod>::all(client.clone()), pod_wc)
             .backoff(stores::WatchBackoff::default())
-            // Only what the drain needs; the rest of a pod is dead weight in RAM.
+            // `api::pod::Pod` reads only what the drain needs; this drops
+            // the metadata it never reads.
             .modify(slim_pod)
             .reflect(pod_writer)
             .inspect(move |ev| observe(ev, &latch, |_| {}))
@@ -316,6 +319,11 @@ pub async fn run(
         crate::effects::host::HostRoot(config.host_root.clone()),
     ));
 
+    metrics::watch_sizes(metrics::Watched {
+        nodes: ctx.nodes.clone(),
+        pods: ctx.pods.clone(),
+        jobs: ctx.jobs.clone(),
+    });
     replace::start_timer(&ctx);
 
     // /readyz turns green once every watch has listed once; the watchdog

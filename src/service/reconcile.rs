@@ -186,7 +186,10 @@ async fn reconcile_node(
             None
         };
         let nms = ctx.maintenances_for(node_name);
-        let pods = if node_known {
+        // Pods matter only to a maintenance (its drain and status); every
+        // pod event of every node reconciles that node, and in the cluster
+        // role finding a node's pods is a scan of the whole cluster's.
+        let pods = if node_known && !nms.is_empty() {
             ctx.pods_on(node_name)
         } else {
             Vec::new()

@@ -8,12 +8,13 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Volume};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
 use super::fresh::FreshCache;
 use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::pod::Pod;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
 use crate::runtime::Latch;
@@ -151,39 +152,35 @@ pub fn observe<K: kube::Resource>(
     }
 }
 
-/// Drop what the drain never reads (managed fields, container specs, status
-/// details) before the pod enters the store: with 110 pods per node this is
-/// most of the agent's memory.
+/// Drop the metadata the drain never reads before the pod enters the store
+/// (the spec and status are already only what [`Pod`] declares): managed
+/// fields are most of a pod's metadata, and an annotation map, even an
+/// emptied one, costs a B-tree node.
 pub fn slim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(ann) = pod.metadata.annotations.as_mut() {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    meta.creation_timestamp = None;
+    if let Some(ann) = meta.annotations.as_mut() {
         ann.retain(|k, _| k == crate::decide::drain::MIRROR_ANNOTATION);
     }
-    if let Some(spec) = pod.spec.as_mut() {
-        let keep = PodSpec {
-            node_name: spec.node_name.take(),
-            termination_grace_period_seconds: spec.termination_grace_period_seconds,
-            priority: spec.priority,
-            priority_class_name: spec.priority_class_name.take(),
-            volumes: spec.volumes.take().map(|vs| {
-                vs.into_iter()
-                    .filter(|v| v.empty_dir.is_some())
-                    .map(|v| Volume {
-                        name: v.name,
-                        empty_dir: v.empty_dir,
-                        ..Default::default()
-                    })
-                    .collect()
-            }),
-            ..Default::default()
-        };
-        *spec = keep;
+    if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
+        meta.annotations = None;
     }
-    if let Some(status) = pod.status.as_mut() {
-        *status = PodStatus {
-            phase: status.phase.take(),
-            ..Default::default()
-        };
+}
+
+/// Drop what no decision reads from a Node before it enters the store: its
+/// managed fields (every status writer — kubelet, node controller, us —
+/// leaves an entry) and the lists a real kubelet reports at length (images
+/// on the node, volumes). Nodes are only ever written by merge patch, never
+/// replaced from this copy, so nothing dropped here can be lost.
+pub fn slim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
     }
 }
 

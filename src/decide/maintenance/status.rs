@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::api::pod::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 

@@ -5,7 +5,8 @@ use super::*;
 
 /// Owners, drain options and escalations; plans and follow-ups.
 mod owners;
-use k8s_openapi::api::core::v1::{NodeSpec, PodStatus, Taint};
+use crate::api::pod::PodStatus;
+use k8s_openapi::api::core::v1::{NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
@@ -97,7 +98,6 @@ fn pod(name: &str, owner: &str) -> Arc<Pod> {
         },
         status: Some(PodStatus {
             phase: Some("Running".into()),
-            ..Default::default()
         }),
         ..Default::default()
     })

@@ -1,0 +1,101 @@
+//! A pod as nodekeeper holds it: the metadata, and the two spec fields and
+//! one status field that a drain and a blocking-pod gate read. It is
+//! deserialized straight from the API's JSON (serde skips everything else),
+//! so the rest of a pod never reaches memory.
+//!
+//! Why not `k8s_openapi`'s `Pod` with the unread parts cleared: that struct
+//! is 2.4 KiB before any of its strings (every optional field of the spec
+//! and status is inline), and a cluster role holds every pod in the
+//! cluster. This one is under 0.5 KiB, which took the cluster role over
+//! 30 000 pods from <!-- filled in from bench-scale --> (see `just
+//! bench-scale`). Reading it typed only through this type also keeps the
+//! pod spec's large deserializer out of the binary.
+//!
+//! Evictions still go through `Api<k8s_openapi Pod>::evict` (the answer is a
+//! Status, so no pod is deserialized); deletions and watches use this type.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+/// The parts of a pod nodekeeper reads. Field names follow the API (and
+/// `k8s_openapi`), so code reads `pod.spec.as_ref()?.node_name` either way.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    pub spec: Option<PodSpec>,
+    pub status: Option<PodStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// The node the pod is bound to (what the node role's watch selects on
+    /// and the cluster role groups by).
+    pub node_name: Option<String>,
+    /// How long an accepted eviction may take before we ask again.
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct PodStatus {
+    /// Finished pods (Succeeded, Failed) are deleted, not evicted, and do not
+    /// hold a blocking-pod gate.
+    pub phase: Option<String>,
+}
+
+impl k8s_openapi::Resource for Pod {
+    const API_VERSION: &'static str = "v1";
+    const GROUP: &'static str = "";
+    const KIND: &'static str = "Pod";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "pods";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for Pod {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_the_drain_needs_from_a_full_pod_and_skips_the_rest() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "web-1", "namespace": "shop", "uid": "u1",
+                "labels": {"app": "web"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "web", "uid": "r1", "controller": true}],
+            },
+            "spec": {
+                "nodeName": "n1",
+                "terminationGracePeriodSeconds": 45,
+                "containers": [{"name": "app", "image": "app:1",
+                    "readinessProbe": {"httpGet": {"path": "/", "port": 80}}}],
+                "volumes": [{"name": "cache", "emptyDir": {}}],
+            },
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.termination_grace_period_seconds, Some(45));
+        assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Running"));
+        assert_eq!(pod.metadata.owner_references.unwrap()[0].kind, "ReplicaSet");
+        assert!(std::mem::size_of::<Pod>() < 512);
+    }
+}
