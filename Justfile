@@ -67,6 +67,13 @@ bench-upgrade: build-static cluster-up
 bench-replace: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench replace
 
+# Scale benchmark (1000 kwok nodes, 30 000 pods): the cluster role's memory
+# per store, start-to-ready and cordon latency in that cluster; then 100
+# node agents: idle API requests, memory per agent, 100 maintenances at
+# once. Prints a table, asserts nothing; takes several minutes.
+bench-scale: build-static cluster-up
+    NODEKEEPER_BIN={{static_bin}} cargo bench --bench scale
+
 # Live demo of node maintenance on the local control plane (leaves it running).
 demo:
     tests/demo.sh

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Agent, TestEnv, block_on, run_cli, wait_for};
+use support::{Agent, TestEnv, block_on, free_port, http_get, run_cli, wait_for};
 
 #[test]
 fn run_sees_its_node_and_exits_zero_on_sigterm() {
@@ -141,25 +141,6 @@ fn missing_crds_are_named_with_the_install_hint() {
         err.to_string(),
         "CRDs not installed: absents.nodekeeper.invalid (install them with: nodekeeper crds | kubectl apply -f -)"
     );
-}
-
-/// One HTTP GET on loopback; (status line, body), or None if nothing answers.
-fn http_get(port: u16, path: &str) -> Option<(String, String)> {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut text = String::new();
-    conn.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.lines().next()?.to_string(), body.to_string()))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// `--metrics-address` serves liveness, readiness once the watches have

@@ -1,0 +1,905 @@
+//! `just bench-scale`: nodekeeper in a big cluster. A benchmark, not a test:
+//! it prints tables and asserts nothing about time or memory.
+//!
+//! Set-up, on the local control plane: 1000 kwok nodes and 30 pods on each
+//! (30 000 pods in 10 namespaces, realistic specs: probes, env, resources,
+//! a config map and an emptyDir), created straight onto their nodes over
+//! one HTTP/2 connection, 200 requests in flight. kwok runs them.
+//!
+//! **Cluster role** (`run --all-nodes`, the static binary, the audited bench
+//! identity): started on the empty cluster, so the resident memory it adds
+//! as the nodes and then the pods arrive is what those stores cost; then
+//! restarted on the full cluster (start to `/readyz`, requests, memory);
+//! then one NodeMaintenance at a time (cordon latency and drain of the
+//! node's 30 pods, 3 rounds).
+//!
+//! **Node role**: 100 agents, one process each, on the first 100 nodes:
+//! start to all ready, API requests over an idle minute (from the API
+//! server's audit log, which records only the bench identity), memory per
+//! agent, and the time for every node to be cordoned and drained when 100
+//! NodeMaintenances appear at once.
+//!
+//! Sizes: `NODEKEEPER_SCALE_NODES` (1000), `NODEKEEPER_SCALE_PODS` (per
+//! node, 30), `NODEKEEPER_SCALE_AGENTS` (100), `NODEKEEPER_SCALE_IDLE`
+//! (seconds of the idle windows, 60).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use nodekeeper::service::connect::{Transport, connect_with};
+use smol::stream::StreamExt;
+use support::{Agent, GROUP_LABEL, block_on, free_port, http_get, install_crds, rss_kib, wait_for};
+
+const NAMESPACES: usize = 10;
+const CREATE_IN_FLIGHT: usize = 200;
+const CORDON_ROUNDS: usize = 3;
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let bin = std::env::var("NODEKEEPER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_nodekeeper")));
+    let nodes_n = setting("NODEKEEPER_SCALE_NODES", 1000);
+    let pods_per_node = setting("NODEKEEPER_SCALE_PODS", 30);
+    let agents_n =
+        setting("NODEKEEPER_SCALE_AGENTS", 100).min(nodes_n.saturating_sub(CORDON_ROUNDS));
+    let idle = Duration::from_secs(setting("NODEKEEPER_SCALE_IDLE", 60) as u64);
+    let kubeconfig = support::cluster().to_path_buf();
+    let bench_kubeconfig = kubeconfig.with_file_name("kubeconfig-bench");
+    let audit = kubeconfig.with_file_name("logs").join("audit.log");
+    install_crds();
+    block_on(async move {
+        let client = connect_with(Some(&kubeconfig), Transport::Http2)
+            .await
+            .expect("connecting to the test cluster");
+        let id = format!("scale-{}", std::process::id() % 100_000);
+        let mut out = Report::default();
+        out.line(format!(
+            "{nodes_n} nodes × {pods_per_node} pods; {agents_n} node agents; binary {}",
+            bin.display()
+        ));
+        create_namespace(&client, &id).await;
+        let namespaces: Vec<String> = (0..NAMESPACES).map(|i| format!("{id}-ns{i}")).collect();
+        for ns in &namespaces {
+            create_namespace(&client, ns).await;
+        }
+        let node_names: Vec<String> = (0..nodes_n).map(|i| format!("{id}-n{i:04}")).collect();
+        let cleanup = Cleanup {
+            client: client.clone(),
+            id: id.clone(),
+            namespaces: namespaces.iter().cloned().chain([id.clone()]).collect(),
+        };
+
+        // The cluster role, started on the empty cluster.
+        let selector = format!("{GROUP_LABEL}={id}");
+        let cluster_args = |port: u16| -> Vec<String> {
+            [
+                "run",
+                "--all-nodes",
+                "--node-selector",
+                &selector,
+                "--leader-namespace",
+                &id,
+                "--metrics-address",
+                &format!("127.0.0.1:{port}"),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        let port = free_port();
+        let args = cluster_args(port);
+        let mut role = start(&bin, &bench_kubeconfig, &args);
+        wait_ready(&[port], Duration::from_secs(60)).await;
+        let base = rss_kib(role.child.id(), "VmRSS");
+        println!("cluster role ready on the empty cluster: RSS {}", kib(base));
+
+        // 1000 nodes.
+        let t = Instant::now();
+        concurrently(node_names.clone(), CREATE_IN_FLIGHT, |name| {
+            let (client, id) = (client.clone(), id.clone());
+            async move { create_node(&client, &id, &name).await }
+        })
+        .await;
+        let created = t.elapsed();
+        wait_for(
+            &format!("{nodes_n} nodes Ready"),
+            Duration::from_secs(600),
+            || async { (ready_nodes(&client, &selector).await >= nodes_n).then_some(()) },
+        )
+        .await;
+        let ready = t.elapsed();
+        wait_watched(port, "nodes", nodes_n).await;
+        let with_nodes = rss_kib(role.child.id(), "VmRSS");
+        out.setup(format!(
+            "{nodes_n} nodes: created in {:.1} s, all Ready after {:.1} s",
+            created.as_secs_f64(),
+            ready.as_secs_f64()
+        ));
+
+        // 30 pods on every node.
+        let cpu_before = cpu_seconds(role.child.id());
+        let t = Instant::now();
+        let pods: Vec<(String, String, String)> = node_names
+            .iter()
+            .enumerate()
+            .flat_map(|(i, node)| {
+                let namespaces = &namespaces;
+                (0..pods_per_node).map(move |p| {
+                    let ns = namespaces[(i * pods_per_node + p) % NAMESPACES].clone();
+                    (ns, format!("{node}-p{p:02}"), node.clone())
+                })
+            })
+            .collect();
+        let total_pods = pods.len();
+        concurrently(pods, CREATE_IN_FLIGHT, |(ns, name, node)| {
+            let (client, id) = (client.clone(), id.clone());
+            async move { create_pod(&client, &id, &ns, &name, &node).await }
+        })
+        .await;
+        let created = t.elapsed();
+        let pod_selector = format!("nodekeeper.test/scale={id}");
+        wait_for(
+            &format!("{total_pods} pods Running"),
+            Duration::from_secs(1200),
+            || async {
+                let waiting = Api::<Pod>::all(client.clone())
+                    .list(
+                        &ListParams::default()
+                            .labels(&pod_selector)
+                            .fields("status.phase!=Running")
+                            .limit(1),
+                    )
+                    .await
+                    .ok()?;
+                waiting.items.is_empty().then_some(())
+            },
+        )
+        .await;
+        let running = t.elapsed();
+        wait_watched(port, "pods", total_pods).await;
+        let with_pods = rss_kib(role.child.id(), "VmRSS");
+        let churn_cpu = cpu_seconds(role.child.id()) - cpu_before;
+        out.setup(format!(
+            "{total_pods} pods: created in {:.1} s, all Running after {:.1} s",
+            created.as_secs_f64(),
+            running.as_secs_f64()
+        ));
+        let node_cost = with_nodes.saturating_sub(base);
+        let pod_cost = with_pods.saturating_sub(with_nodes);
+        out.row("cluster role: RSS on the empty cluster", kib(base));
+        out.row(
+            &format!("cluster role: + {nodes_n} nodes (node store)"),
+            format!(
+                "+{} ({:.1} KiB per node)",
+                kib(node_cost),
+                node_cost as f64 / nodes_n as f64
+            ),
+        );
+        out.row(
+            &format!("cluster role: + {total_pods} pods (pod store)"),
+            format!(
+                "+{} ({:.0} bytes per pod)",
+                kib(pod_cost),
+                pod_cost as f64 * 1024.0 / total_pods as f64
+            ),
+        );
+        out.row(
+            "cluster role: CPU while the pods were created and started",
+            format!("{churn_cpu:.1} s over {:.0} s", running.as_secs_f64()),
+        );
+        let (requests, cpu) = idle_window(&audit, role.child.id(), idle).await;
+        out.row(
+            &format!("cluster role: API requests in {} idle s", idle.as_secs()),
+            requests_text(&requests),
+        );
+        out.row(
+            "cluster role: CPU at idle",
+            format!("{:.1} % of a core", cpu * 100.0 / idle.as_secs_f64()),
+        );
+        out.row(
+            "cluster role: peak RSS while the cluster grew",
+            kib(rss_kib(role.child.id(), "VmHWM")),
+        );
+
+        // A restart on the full cluster.
+        stop(&mut role);
+        let audit_start = audit_len(&audit);
+        let port = free_port();
+        let t = Instant::now();
+        let mut role = start(&bin, &bench_kubeconfig, &cluster_args(port));
+        wait_ready(&[port], Duration::from_secs(300)).await;
+        let start_to_ready = t.elapsed();
+        let requests = audit_verbs_since(&audit, audit_start);
+        out.row(
+            "cluster role: start to ready on the full cluster",
+            format!(
+                "{:.2} s, {}",
+                start_to_ready.as_secs_f64(),
+                requests_text(&requests)
+            ),
+        );
+        out.row(
+            "cluster role: RSS when ready / peak while listing",
+            format!(
+                "{} / {}",
+                kib(rss_kib(role.child.id(), "VmRSS")),
+                kib(rss_kib(role.child.id(), "VmHWM"))
+            ),
+        );
+
+        // One maintenance at a time, on nodes the node agents will not own.
+        let mut cordons = Vec::new();
+        let mut drains = Vec::new();
+        for round in 0..CORDON_ROUNDS {
+            let node = &node_names[nodes_n - 1 - round];
+            let (cordon, drained) = maintain(&client, &format!("{id}-c{round}"), node).await;
+            println!(
+                "  cluster role, round {}: cordon {:.1} ms, {pods_per_node} pods drained {:.0} ms",
+                round + 1,
+                ms(cordon),
+                ms(drained)
+            );
+            cordons.push(ms(cordon));
+            drains.push(ms(drained));
+            undo(&client, &format!("{id}-c{round}"), node).await;
+        }
+        out.row(
+            &format!("cluster role: one NodeMaintenance, cordon (median of {CORDON_ROUNDS})"),
+            format!("{:.1} ms", median(cordons)),
+        );
+        out.row(
+            &format!("cluster role: one NodeMaintenance, {pods_per_node} pods drained"),
+            format!("{:.0} ms", median(drains)),
+        );
+        out.row(
+            "cluster role: peak RSS after restart and maintenances",
+            kib(rss_kib(role.child.id(), "VmHWM")),
+        );
+        stop(&mut role);
+
+        // 100 node agents.
+        let owned: Vec<String> = node_names[..agents_n].to_vec();
+        let ports = free_ports(owned.len());
+        let t = Instant::now();
+        let mut agents: Vec<Agent> = owned
+            .iter()
+            .zip(&ports)
+            .map(|(node, port)| {
+                let addr = format!("127.0.0.1:{port}");
+                start(
+                    &bin,
+                    &bench_kubeconfig,
+                    &["run", "--node", node, "--metrics-address", &addr].map(String::from),
+                )
+            })
+            .collect();
+        wait_ready(&ports, Duration::from_secs(300)).await;
+        for a in agents.iter_mut() {
+            if let Ok(Some(status)) = a.child.try_wait() {
+                panic!("a node agent exited ({status}):\n{}", a.log_text());
+            }
+        }
+        out.row(
+            &format!("node role: {agents_n} agents, start to all ready"),
+            format!("{:.2} s", t.elapsed().as_secs_f64()),
+        );
+        let pids: Vec<u32> = agents.iter().map(|a| a.child.id()).collect();
+        let audit_start = audit_len(&audit);
+        let cpu_start: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
+        let idle_start = Instant::now();
+        nodekeeper::runtime::sleep(idle).await; // the measurement window itself
+        let window = idle_start.elapsed();
+        let requests = audit_verbs_since(&audit, audit_start);
+        let cpu: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu_start;
+        let total: usize = requests.values().sum();
+        out.row(
+            &format!(
+                "node role: API requests in {} idle s, all {agents_n} agents",
+                idle.as_secs()
+            ),
+            format!(
+                "{} ({:.3} per second)",
+                requests_text(&requests),
+                total as f64 / window.as_secs_f64()
+            ),
+        );
+        out.row(
+            "node role: CPU at idle, all agents",
+            format!("{:.2} % of a core", cpu * 100.0 / window.as_secs_f64()),
+        );
+        let mut rss: Vec<f64> = pids.iter().map(|p| rss_kib(*p, "VmRSS") as f64).collect();
+        rss.sort_by(|a, b| a.total_cmp(b));
+        out.row(
+            "node role: RSS per agent at idle, median / max",
+            format!(
+                "{} / {}",
+                kib(median(rss.clone()) as u64),
+                kib(*rss.last().unwrap_or(&0.0) as u64)
+            ),
+        );
+
+        // 100 NodeMaintenances at once.
+        let audit_start = audit_len(&audit);
+        let (cordoned, drained) = maintain_all(&client, &id, &owned, &selector).await;
+        let requests = audit_verbs_since(&audit, audit_start);
+        out.row(
+            &format!("node role: {agents_n} NodeMaintenances at once, cordoned p50 / p95 / all"),
+            percentiles(&cordoned),
+        );
+        out.row(
+            &format!(
+                "node role: {agents_n} NodeMaintenances at once, drained ({pods_per_node} pods each) p50 / p95 / all"
+            ),
+            percentiles(&drained),
+        );
+        out.row(
+            "node role: API requests for those maintenances",
+            format!(
+                "{} ({:.1} per node)",
+                requests_text(&requests),
+                requests.values().sum::<usize>() as f64 / agents_n as f64
+            ),
+        );
+        let peak = pids.iter().map(|p| rss_kib(*p, "VmHWM")).max().unwrap_or(0);
+        out.row("node role: peak RSS of any agent", kib(peak));
+        for a in agents.iter_mut() {
+            a.kill();
+        }
+        drop(agents);
+        out.print();
+        cleanup.run(&node_names).await;
+    });
+}
+
+/// Tables printed at the end, in the order measured.
+#[derive(Default)]
+struct Report {
+    lines: Vec<String>,
+    setup: Vec<String>,
+    rows: Vec<(String, String)>,
+}
+
+impl Report {
+    fn line(&mut self, s: String) {
+        println!("{s}");
+        self.lines.push(s);
+    }
+    fn setup(&mut self, s: String) {
+        println!("set-up: {s}");
+        self.setup.push(s);
+    }
+    fn row(&mut self, what: &str, value: impl Into<String>) {
+        let value = value.into();
+        println!("{what}: {value}");
+        self.rows.push((what.to_string(), value));
+    }
+    fn print(&self) {
+        println!();
+        println!("scale benchmark");
+        for l in &self.lines {
+            println!("{l}");
+        }
+        for s in &self.setup {
+            println!("set-up: {s}");
+        }
+        println!(
+            "targets: cluster role ≤ 100 MiB; node role idle requests 0 (watches only), RSS ≤ 10 MiB"
+        );
+        println!("| measure | result |");
+        println!("|---|---|");
+        for (what, value) in &self.rows {
+            println!("| {what} | {value} |");
+        }
+    }
+}
+
+fn kib(k: u64) -> String {
+    format!("{:.1} MiB", k as f64 / 1024.0)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn percentiles(v: &[Duration]) -> String {
+    let mut ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    ms.sort_by(|a, b| a.total_cmp(b));
+    if ms.is_empty() {
+        return "none".into();
+    }
+    let at = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
+    format!("{:.0} / {:.0} / {:.0} ms", at(0.5), at(0.95), at(1.0))
+}
+
+/// `n` distinct free ports: all bound at once, so none is handed out twice
+/// (one at a time, the kernel may give the same port again).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("a bound address").port())
+        .collect()
+}
+
+fn start(bin: &Path, kubeconfig: &Path, args: &[String]) -> Agent {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Agent::start_with(bin, kubeconfig, "nodekeeper=warn", &args)
+}
+
+/// SIGTERM and wait, so the leader lease is released for the next start.
+fn stop(agent: &mut Agent) {
+    agent.signal("TERM");
+    agent.wait_exit(Duration::from_secs(30));
+}
+
+async fn wait_ready(ports: &[u16], limit: Duration) {
+    wait_for("/readyz to answer 200", limit, || async {
+        ports
+            .iter()
+            .all(|p| http_get(*p, "/readyz").is_some_and(|(s, _)| s.contains(" 200 ")))
+            .then_some(())
+    })
+    .await;
+}
+
+/// Wait until the agent's store of `kind` holds at least `n` objects.
+async fn wait_watched(port: u16, kind: &str, n: usize) {
+    let prefix = format!("nodekeeper_watched_objects{{kind=\"{kind}\"}} ");
+    wait_for(
+        &format!("the agent to hold {n} {kind}"),
+        Duration::from_secs(300),
+        || async {
+            let (_, body) = http_get(port, "/metrics")?;
+            let held: usize = body
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())?;
+            (held >= n).then_some(())
+        },
+    )
+    .await;
+}
+
+/// User plus system CPU seconds of a process (clock ticks of 1/100 s).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces) start at "state".
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn audit_len(audit: &Path) -> u64 {
+    std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Distinct requests by verb in the audit log since byte offset `from`.
+fn audit_verbs_since(audit: &Path, from: u64) -> BTreeMap<String, usize> {
+    let text = std::fs::read(audit).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
+    let mut seen: HashMap<String, String> = HashMap::new();
+    for v in tail
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        if let (Some(id), Some(verb)) = (v["auditID"].as_str(), v["verb"].as_str()) {
+            seen.insert(id.to_string(), verb.to_string());
+        }
+    }
+    let mut by_verb = BTreeMap::new();
+    for verb in seen.into_values() {
+        *by_verb.entry(verb).or_insert(0) += 1;
+    }
+    by_verb
+}
+
+fn requests_text(by_verb: &BTreeMap<String, usize>) -> String {
+    let total: usize = by_verb.values().sum();
+    if total == 0 {
+        return "0 requests".into();
+    }
+    let parts: Vec<String> = by_verb.iter().map(|(v, n)| format!("{n} {v}")).collect();
+    format!("{total} requests ({})", parts.join(", "))
+}
+
+/// Requests and CPU seconds of one process over an idle window.
+async fn idle_window(audit: &Path, pid: u32, window: Duration) -> (BTreeMap<String, usize>, f64) {
+    let from = audit_len(audit);
+    let cpu = cpu_seconds(pid);
+    nodekeeper::runtime::sleep(window).await; // the measurement window itself
+    (audit_verbs_since(audit, from), cpu_seconds(pid) - cpu)
+}
+
+/// Run `make(item)` for every item, `in_flight` at a time.
+async fn concurrently<T, F, Fut>(items: Vec<T>, in_flight: usize, make: F)
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(smol::lock::Semaphore::new(in_flight));
+    let mut tasks = Vec::with_capacity(items.len());
+    for item in items {
+        let permit = permits.acquire_arc().await;
+        let fut = make(item);
+        tasks.push(nodekeeper::runtime::spawn(async move {
+            fut.await;
+            drop(permit);
+        }));
+    }
+    for t in tasks {
+        t.await;
+    }
+}
+
+async fn create_namespace(client: &Client, name: &str) {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("creating a namespace");
+}
+
+async fn create_node(client: &Client, id: &str, name: &str) {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "m5.xlarge",
+                "topology.kubernetes.io/zone": "zone-a",
+                GROUP_LABEL: id,
+            },
+        },
+    }))
+    .expect("a node object");
+    // Retried: 1000 creates at once may meet a busy API server.
+    for attempt in 0.. {
+        match Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => return,
+            Err(e) if attempt < 5 => {
+                eprintln!("creating node {name}: {e} (retrying)");
+                nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("creating node {name}: {e}"),
+        }
+    }
+}
+
+/// A pod as a Deployment would make it (labels, probes, env, resources, a
+/// config map and an emptyDir), bound to `node` directly: the scheduler is
+/// not what this benchmark measures, and binding 30 000 pods through it
+/// would take most of the run.
+async fn create_pod(client: &Client, id: &str, ns: &str, name: &str, node: &str) {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {
+                "app.kubernetes.io/name": "app",
+                "app.kubernetes.io/instance": ns,
+                "pod-template-hash": "5d8f7c9b4",
+                "nodekeeper.test/scale": id,
+            },
+            "annotations": {
+                "kubectl.kubernetes.io/restartedAt": "2026-11-01T00:00:00Z",
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "8080",
+            },
+        },
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "app",
+                "image": "registry.invalid/team/app:1.24.3",
+                "args": ["--listen=:8080", "--log-level=info", "--config=/etc/app/config.yaml"],
+                "env": [
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "LOG_FORMAT", "value": "json"},
+                ],
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 20},
+                "volumeMounts": [
+                    {"name": "config", "mountPath": "/etc/app"},
+                    {"name": "cache", "mountPath": "/cache"},
+                ],
+            }],
+            "volumes": [
+                {"name": "config", "configMap": {"name": "app-config"}},
+                {"name": "cache", "emptyDir": {}},
+            ],
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            ],
+        },
+    }))
+    .expect("a pod object");
+    for attempt in 0.. {
+        match Api::<Pod>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &pod)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => return,
+            Err(e) if attempt < 5 => {
+                eprintln!("creating pod {ns}/{name}: {e} (retrying)");
+                nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("creating pod {ns}/{name}: {e}"),
+        }
+    }
+}
+
+async fn ready_nodes(client: &Client, selector: &str) -> usize {
+    let Ok(list) = Api::<Node>::all(client.clone())
+        .list(&ListParams::default().labels(selector))
+        .await
+    else {
+        return 0;
+    };
+    list.items
+        .iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count()
+}
+
+fn maintenance(name: &str, node: &str) -> NodeMaintenance {
+    NodeMaintenance::new(
+        name,
+        NodeMaintenanceSpec {
+            node_name: node.into(),
+            reason: Some("bench-scale".into()),
+        },
+    )
+}
+
+async fn init_done<K, S>(events: &mut S)
+where
+    S: smol::stream::Stream<Item = Result<Event<K>, watcher::Error>> + Unpin,
+{
+    while let Some(ev) = events.next().await {
+        if matches!(ev, Ok(Event::InitDone)) {
+            return;
+        }
+    }
+}
+
+/// One NodeMaintenance: (create to cordoned, create to Succeeded), each
+/// seen by a watch opened before the create.
+async fn maintain(client: &Client, name: &str, node: &str) -> (Duration, Duration) {
+    let nms: Api<NodeMaintenance> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut node_events = Box::pin(watcher::watcher(
+        nodes,
+        watcher::Config::default().fields(&format!("metadata.name={node}")),
+    ));
+    let mut nm_events = Box::pin(watcher::watcher(
+        nms.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    ));
+    init_done(&mut node_events).await;
+    init_done(&mut nm_events).await;
+    let start = Instant::now();
+    nms.create(&PostParams::default(), &maintenance(name, node))
+        .await
+        .expect("creating a NodeMaintenance");
+    let cordon = async {
+        while let Some(ev) = node_events.next().await {
+            if let Ok(Event::Apply(n)) = ev
+                && n.spec.and_then(|s| s.unschedulable) == Some(true)
+            {
+                return start.elapsed();
+            }
+        }
+        panic!("the node watch ended");
+    };
+    let drained = async {
+        while let Some(ev) = nm_events.next().await {
+            if let Ok(Event::Apply(m)) = ev
+                && m.phase() == Some(Phase::Succeeded)
+            {
+                return start.elapsed();
+            }
+        }
+        panic!("the NodeMaintenance watch ended");
+    };
+    let limit = async {
+        nodekeeper::runtime::sleep(Duration::from_secs(120)).await;
+        panic!("NodeMaintenance {name} not cordoned and Succeeded within 120 s");
+    };
+    smol::future::or(smol::future::zip(cordon, drained), limit).await
+}
+
+/// Delete a maintenance and wait until its node is schedulable again.
+async fn undo(client: &Client, name: &str, node: &str) {
+    let nms: Api<NodeMaintenance> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    nms.delete(name, &DeleteParams::default())
+        .await
+        .expect("deleting a NodeMaintenance");
+    wait_for(
+        "the maintenance removed and its node uncordoned",
+        Duration::from_secs(60),
+        || async {
+            let gone = nms.get_opt(name).await.ok()?.is_none();
+            let n = nodes.get(node).await.ok()?;
+            (gone && n.spec.and_then(|s| s.unschedulable) != Some(true)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A NodeMaintenance for every node in `owned`, all created at once: per
+/// node, (create to cordoned, create to Succeeded), seen by watches opened
+/// before the first create.
+async fn maintain_all(
+    client: &Client,
+    id: &str,
+    owned: &[String],
+    selector: &str,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let nms: Api<NodeMaintenance> = Api::all(client.clone());
+    let mut node_events = Box::pin(watcher::watcher(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().labels(selector),
+    ));
+    let mut nm_events = Box::pin(watcher::watcher(nms.clone(), watcher::Config::default()));
+    init_done(&mut node_events).await;
+    init_done(&mut nm_events).await;
+    let wanted: std::collections::HashSet<String> = owned.iter().cloned().collect();
+    let name_of = |node: &str| format!("{id}-m-{node}");
+    let start = Instant::now();
+    concurrently(owned.to_vec(), CREATE_IN_FLIGHT, |node| {
+        let (nms, name) = (nms.clone(), name_of(&node));
+        async move {
+            nms.create(&PostParams::default(), &maintenance(&name, &node))
+                .await
+                .expect("creating a NodeMaintenance");
+        }
+    })
+    .await;
+    let cordon = async {
+        let mut at = HashMap::new();
+        while let Some(ev) = node_events.next().await {
+            if let Ok(Event::Apply(n)) = ev
+                && wanted.contains(&n.name_any())
+                && n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+            {
+                at.entry(n.name_any()).or_insert_with(|| start.elapsed());
+                if at.len() == wanted.len() {
+                    return at.into_values().collect::<Vec<_>>();
+                }
+            }
+        }
+        panic!("the node watch ended");
+    };
+    let drained = async {
+        let mut at = HashMap::new();
+        while let Some(ev) = nm_events.next().await {
+            if let Ok(Event::Apply(m)) = ev
+                && wanted.contains(&m.spec.node_name)
+                && m.phase() == Some(Phase::Succeeded)
+            {
+                at.entry(m.name_any()).or_insert_with(|| start.elapsed());
+                if at.len() == wanted.len() {
+                    return at.into_values().collect::<Vec<_>>();
+                }
+            }
+        }
+        panic!("the NodeMaintenance watch ended");
+    };
+    let limit = async {
+        nodekeeper::runtime::sleep(Duration::from_secs(300)).await;
+        panic!(
+            "{} NodeMaintenances not all cordoned and Succeeded within 300 s",
+            owned.len()
+        );
+    };
+    smol::future::or(smol::future::zip(cordon, drained), limit).await
+}
+
+/// What the benchmark made, deleted at the end. A run that fails half-way
+/// leaves it behind; `just cluster-down` drops the cluster's whole state.
+struct Cleanup {
+    client: Client,
+    id: String,
+    namespaces: Vec<String>,
+}
+
+impl Cleanup {
+    async fn run(&self, nodes: &[String]) {
+        let nms: Api<NodeMaintenance> = Api::all(self.client.clone());
+        if let Ok(list) = nms.list(&ListParams::default()).await {
+            for m in list.items {
+                if m.name_any().starts_with(&self.id) {
+                    let _ = nms.delete(&m.name_any(), &DeleteParams::default()).await;
+                }
+            }
+        }
+        for ns in &self.namespaces {
+            let _ = Api::<Namespace>::all(self.client.clone())
+                .delete(ns, &DeleteParams::background())
+                .await;
+        }
+        concurrently(nodes.to_vec(), CREATE_IN_FLIGHT, |n| {
+            let client = self.client.clone();
+            async move {
+                let _ = Api::<Node>::all(client)
+                    .delete(&n, &DeleteParams::background())
+                    .await;
+            }
+        })
+        .await;
+        println!("cleaning up: waiting for the namespaces to go");
+        let client = self.client.clone();
+        wait_for(
+            "the benchmark's namespaces deleted",
+            Duration::from_secs(900),
+            || async {
+                for ns in &self.namespaces {
+                    if Api::<Namespace>::all(client.clone())
+                        .get_opt(ns)
+                        .await
+                        .ok()?
+                        .is_some()
+                    {
+                        return None;
+                    }
+                }
+                Some(())
+            },
+        )
+        .await;
+    }
+}
