@@ -30,7 +30,7 @@ mod status;
 
 pub use plan::{LEASE_RETRY, after, plan};
 pub use status::set_condition;
-use status::{initial_status, progress_status, same_status};
+use status::{initial_status, progress_hold, progress_status, same_status};
 
 #[cfg(test)]
 use super::drain::backoff;
@@ -398,21 +398,30 @@ pub fn decide(s: &Snapshot) -> Step {
             ),
         };
     }
-    if !same_status(p.status.as_ref(), &status) {
-        return Step::WriteStatus {
-            nm: name,
-            status: Box::new(status),
-            announce,
-        };
-    }
+    let hold = if same_status(p.status.as_ref(), &status) {
+        None
+    } else {
+        match progress_hold(p.status.as_ref(), &status, s.now) {
+            Some(until) => Some(until),
+            None => {
+                return Step::WriteStatus {
+                    nm: name,
+                    status: Box::new(status),
+                    announce,
+                };
+            }
+        }
+    };
 
-    // Wake for the next retry or lease renewal; pod events wake us earlier.
+    // Wake for the next retry or lease renewal, or to write the progress
+    // held back; pod events wake us earlier.
     let mut wake: Vec<Timestamp> = fates
         .iter()
         .filter(|(_, f)| f.is_pending())
         .filter_map(|(pod, _)| attempt(s, pod).and_then(|a| a.retry_at))
         .collect();
     wake.extend(s.lease_renew_at);
+    wake.extend(hold);
     // A drain timeout has to be noticed even if no pod event arrives.
     if let Some(deadline) = drain_deadline(p, opts.timeout)
         && deadline > s.now

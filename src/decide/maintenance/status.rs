@@ -179,6 +179,41 @@ pub fn set_condition(
     )
 }
 
+/// During a drain, a status change that only moves progress (pods gone; the
+/// phase, lastError and every condition's status and reason unchanged)
+/// waits until this long after the last write. Each pod's deletion is an
+/// event that reconciles the node, so without this a 110-pod drain could
+/// write its status once per pod; with it, at most twice a second. Errors,
+/// transitions and the final Succeeded are written at once.
+pub const PROGRESS_WRITE_EVERY: Duration = Duration::from_millis(500);
+
+/// When a progress-only change may be written, if not now.
+pub(super) fn progress_hold(
+    old: Option<&NodeMaintenanceStatus>,
+    new: &NodeMaintenanceStatus,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let old = old?;
+    let next = old
+        .last_update
+        .as_ref()?
+        .0
+        .checked_add(k8s_openapi::jiff::SignedDuration::try_from(PROGRESS_WRITE_EVERY).ok()?)
+        .ok()?;
+    let reasons = |st: &NodeMaintenanceStatus| -> Vec<(String, String, String)> {
+        st.conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect()
+    };
+    let progress_only = old.phase == Some(Phase::Running)
+        && new.phase == old.phase
+        && new.last_error == old.last_error
+        && reasons(new) == reasons(old);
+    (progress_only && next > now).then_some(next)
+}
+
 /// Equal but for `lastUpdate`, which we stamp on every write.
 pub(super) fn same_status(
     old: Option<&NodeMaintenanceStatus>,

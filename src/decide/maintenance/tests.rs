@@ -311,6 +311,63 @@ fn drain_timeout_is_announced_once() {
 }
 
 #[test]
+fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
+    let at = |ms: i64| {
+        ts(10)
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
+            .unwrap()
+    };
+    let mut w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    w.pods = vec![
+        pod("a", "ReplicaSet"),
+        pod("b", "ReplicaSet"),
+        pod("c", "ReplicaSet"),
+    ];
+    for uid in ["uid-a", "uid-b", "uid-c"] {
+        let accepted = Attempt {
+            retry_at: Some(ts(60)),
+            ..Default::default()
+        };
+        w.attempts.insert(uid.into(), accepted);
+    }
+    w.nms[0].status.as_mut().unwrap().eviction_pods = Some(3);
+    let Step::WriteStatus { status, .. } = w.decide() else {
+        panic!("got {:?}", w.decide())
+    };
+    let mut written = *status;
+    written.last_update = Some(Time(at(0)));
+    w.nms[0].status = Some(written);
+
+    // One pod gone 100 ms after that write: held until 500 ms after it.
+    w.pods.pop();
+    w.now = at(100);
+    assert_eq!(w.decide(), Step::Wait(Some(Duration::from_millis(400))));
+    w.now = at(500);
+    let Step::WriteStatus { status, .. } = w.decide() else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(status.drain_progress, Some(33));
+
+    // The rest gone right after: Succeeded is written at once.
+    let mut written = *status;
+    written.last_update = Some(Time(at(500)));
+    w.nms[0].status = Some(written);
+    w.pods.clear();
+    w.now = at(510);
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(status.phase, Some(Phase::Succeeded));
+    assert_eq!(announce, Some(Announce::Succeeded));
+}
+
+#[test]
 fn empty_node_succeeds_with_full_progress() {
     let w = World::new(
         Some(maintained("m", false)),
