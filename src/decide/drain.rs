@@ -115,7 +115,7 @@ pub fn record(
 }
 
 /// Annotation the kubelet puts on mirror pods of static pods.
-pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub use crate::api::pod::MIRROR_ANNOTATION;
 
 /// Decide one pod's fate. Order as kubectl's filters: deleted, DaemonSet,
 /// mirror, then local storage (allowed) and unreplicated (forced).

@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::runtime::Latch;
 use context::Context;
 use roles::{Scope, map_maintenance};
-use stores::{Fresh, Stores, Synced, observe, slim_job, slim_node, slim_pod};
+use stores::{Fresh, Stores, Synced, observe, slim_job, slim_node};
 
 /// Run the service until `shutdown` resolves (or leadership is lost).
 pub async fn run(
@@ -175,9 +175,7 @@ pub async fn run(
         let latch = synced.pods.clone();
         watcher(Api::<Pod>::all(client.clone()), pod_wc)
             .backoff(stores::WatchBackoff::default())
-            // `api::pod::Pod` reads only what the drain needs; this drops
-            // the metadata it never reads.
-            .modify(slim_pod)
+            // No `modify`: `api::pod::Pod` reads only what the drain needs.
             .reflect(pod_writer)
             .inspect(move |ev| observe(ev, &latch, |_| {}))
             .touched_objects()

@@ -152,24 +152,6 @@ pub fn observe<K: kube::Resource>(
     }
 }
 
-/// Drop the metadata the drain never reads before the pod enters the store
-/// (the spec and status are already only what [`Pod`] declares): managed
-/// fields are most of a pod's metadata, and an annotation map, even an
-/// emptied one, costs a B-tree node.
-pub fn slim_pod(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.finalizers = None;
-    meta.generate_name = None;
-    meta.creation_timestamp = None;
-    if let Some(ann) = meta.annotations.as_mut() {
-        ann.retain(|k, _| k == crate::decide::drain::MIRROR_ANNOTATION);
-    }
-    if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
-        meta.annotations = None;
-    }
-}
-
 /// Drop what no decision reads from a Node before it enters the store: its
 /// managed fields (every status writer — kubelet, node controller, us —
 /// leaves an entry) and the lists a real kubelet reports at length (images
