@@ -220,7 +220,7 @@ fn main() {
 
         // A restart on the full cluster.
         stop(&mut role);
-        let audit_start = audit_len(&audit);
+        let audit_start = mark(&audit);
         let port = free_port();
         let t = Instant::now();
         let mut role = start(&bin, &bench_kubeconfig, &cluster_args(port));
@@ -301,7 +301,7 @@ fn main() {
             format!("{:.2} s", t.elapsed().as_secs_f64()),
         );
         let pids: Vec<u32> = agents.iter().map(|a| a.child.id()).collect();
-        let audit_start = audit_len(&audit);
+        let audit_start = mark(&audit);
         let cpu_start: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
         let idle_start = Instant::now();
         nodekeeper::runtime::sleep(idle).await; // the measurement window itself
@@ -336,7 +336,7 @@ fn main() {
         );
 
         // 100 NodeMaintenances at once.
-        let audit_start = audit_len(&audit);
+        let audit_start = mark(&audit);
         let (cordoned, drained) = maintain_all(&client, &id, &owned, &selector).await;
         let requests = audit_verbs_since(&audit, audit_start);
         out.row(
@@ -501,14 +501,36 @@ fn audit_len(audit: &Path) -> u64 {
     std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0)
 }
 
-/// Distinct requests by verb in the audit log since byte offset `from`.
-fn audit_verbs_since(audit: &Path, from: u64) -> BTreeMap<String, usize> {
+/// A place in the audit log: its length and the time then.
+#[derive(Clone, Copy)]
+struct Mark {
+    offset: u64,
+    at: k8s_openapi::jiff::Timestamp,
+}
+
+fn mark(audit: &Path) -> Mark {
+    Mark {
+        offset: audit_len(audit),
+        at: k8s_openapi::jiff::Timestamp::now(),
+    }
+}
+
+/// Distinct requests by verb that reached the API server since `from`. A
+/// watch that started before (and ends within, at the server's 290 s
+/// timeout) is not counted; its successor is.
+fn audit_verbs_since(audit: &Path, from: Mark) -> BTreeMap<String, usize> {
     let text = std::fs::read(audit).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
+    let tail = String::from_utf8_lossy(&text[(from.offset as usize).min(text.len())..]).to_string();
     let mut seen: HashMap<String, String> = HashMap::new();
     for v in tail
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|t| t >= from.at)
+        })
     {
         if let (Some(id), Some(verb)) = (v["auditID"].as_str(), v["verb"].as_str()) {
             seen.insert(id.to_string(), verb.to_string());
@@ -532,7 +554,7 @@ fn requests_text(by_verb: &BTreeMap<String, usize>) -> String {
 
 /// Requests and CPU seconds of one process over an idle window.
 async fn idle_window(audit: &Path, pid: u32, window: Duration) -> (BTreeMap<String, usize>, f64) {
-    let from = audit_len(audit);
+    let from = mark(audit);
     let cpu = cpu_seconds(pid);
     nodekeeper::runtime::sleep(window).await; // the measurement window itself
     (audit_verbs_since(audit, from), cpu_seconds(pid) - cpu)
