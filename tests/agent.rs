@@ -169,6 +169,11 @@ fn run_serves_health_readiness_and_metrics() {
     assert!(status.contains(" 200 "), "{status}");
     assert!(body.contains("nodekeeper_build_info{version=\""), "{body}");
     assert!(body.contains("nodekeeper_ready 1"), "{body}");
+    // The node role's caches hold its own node only.
+    assert!(
+        body.contains("nodekeeper_watched_objects{kind=\"nodes\"} 1\n"),
+        "{body}"
+    );
     let reconciles = body
         .lines()
         .find_map(|l| l.strip_prefix("nodekeeper_reconciles_total "))
