@@ -32,13 +32,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
 use nodekeeper::service::connect::{Transport, connect_with};
 use smol::stream::StreamExt;
-use support::{Agent, GROUP_LABEL, block_on, free_port, http_get, install_crds, rss_kib, wait_for};
+use support::{
+    Agent, GROUP_LABEL, block_on, create_namespace, free_port, http_get, install_crds, rss_kib,
+    wait_for,
+};
 
 const NAMESPACES: usize = 10;
 const CREATE_IN_FLIGHT: usize = 200;
@@ -579,20 +582,6 @@ where
     for t in tasks {
         t.await;
     }
-}
-
-async fn create_namespace(client: &Client, name: &str) {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("creating a namespace");
 }
 
 async fn create_node(client: &Client, id: &str, name: &str) {
