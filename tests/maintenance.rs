@@ -238,12 +238,22 @@ fn deployment_pods_are_evicted_and_recreated_on_other_nodes() {
 
         let node = w.node(&a).await;
         assert!(unschedulable(&node), "cordoned");
-        let keys = taint_keys(&node);
-        assert!(
-            keys.contains(&UNSCHEDULABLE_TAINT.to_string())
-                && keys.contains(&DRAIN_TAINT.to_string()),
-            "{keys:?}"
-        );
+        // NMO's taints exactly, as its own tests compare them: key and
+        // effect, nothing else (no timeAdded, no value).
+        let taints = serde_json::to_value(
+            node.spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        )
+        .expect("taints serialize");
+        for key in [UNSCHEDULABLE_TAINT, DRAIN_TAINT] {
+            let exact = serde_json::json!({"key": key, "effect": "NoSchedule"});
+            assert!(
+                taints.as_array().is_some_and(|ts| ts.contains(&exact)),
+                "node {a} carries {exact} exactly: {taints}"
+            );
+        }
         assert_eq!(
             label(&node, EXCLUDE_REMEDIATION_LABEL).as_deref(),
             Some("true")

@@ -215,11 +215,17 @@ fn is_unschedulable(node: &Node) -> bool {
         .unwrap_or(false)
 }
 
+/// Does the node carry this maintenance taint in NMO's exact shape? One
+/// with a `timeAdded` (ours, from versions before the shape was exact) is
+/// recognised as ours but does not conform: the next patch rewrites it.
 fn has_taint(node: &Node, key: &str) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == key && t.effect == "NoSchedule"))
+        .is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t.key == key && t.effect == "NoSchedule" && t.time_added.is_none())
+        })
 }
 
 /// Does the node carry everything maintenance `nm` puts on it?

@@ -102,7 +102,13 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
             let Some(n) = s.node else {
                 return Plan::wait(None);
             };
+            // NMO's exact taints: key and effect, no value, no timeAdded
+            // (tools compare `{key, effect}` exactly). Ours from earlier
+            // versions, which carried timeAdded, are rewritten the same way.
             let mut taints = taints_of(n);
+            for t in taints.iter_mut().filter(|t| is_maintenance_taint(t)) {
+                t.time_added = None;
+            }
             for key in [UNSCHEDULABLE_TAINT, DRAIN_TAINT] {
                 if !taints
                     .iter()
@@ -111,7 +117,7 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                     taints.push(Taint {
                         key: key.into(),
                         effect: "NoSchedule".into(),
-                        time_added: Some(Time(s.now)),
+                        time_added: None,
                         value: None,
                     });
                 }
@@ -322,6 +328,11 @@ fn event(
         reason,
         note,
     }
+}
+
+/// One of the two NoSchedule taints a maintenance puts on its node.
+pub(super) fn is_maintenance_taint(t: &Taint) -> bool {
+    (t.key == UNSCHEDULABLE_TAINT || t.key == DRAIN_TAINT) && t.effect == "NoSchedule"
 }
 
 fn taints_of(node: &Node) -> Vec<Taint> {

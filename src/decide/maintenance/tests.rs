@@ -209,6 +209,53 @@ fn schedulable_node_is_cordoned_and_remembered_as_ours() {
     );
 }
 
+/// NMO's taints exactly: `{key, effect}`, no value, no timeAdded; tools
+/// compare them as such.
+#[test]
+fn taints_are_written_in_nmos_exact_shape() {
+    let w = World::new(Some(node()), vec![nm("m", 0, Some(Phase::Running))]);
+    let step = w.decide();
+    let plan = plan(&w.snapshot(), step);
+    let [Effect::PatchNode { patch, .. }] = plan.effects.as_slice() else {
+        panic!("expected one node patch, got {:?}", plan.effects)
+    };
+    assert_eq!(
+        patch["spec"]["taints"],
+        serde_json::json!([
+            {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"},
+            {"key": DRAIN_TAINT, "effect": "NoSchedule"},
+        ])
+    );
+}
+
+/// A node tainted by an earlier version (with timeAdded) is still ours: it
+/// does not conform, and the patch rewrites the taints in NMO's shape
+/// without adding a second one.
+#[test]
+fn our_older_taints_with_time_added_are_rewritten() {
+    let mut n = maintained("m", false);
+    if let Some(ts_) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+        for t in ts_.iter_mut() {
+            t.time_added = Some(Time(ts(1)));
+        }
+    }
+    assert!(!node_conforms(&n, "m"));
+    let w = World::new(Some(n), vec![nm("m", 0, Some(Phase::Running))]);
+    let step = w.decide();
+    assert!(matches!(step, Step::ApplyToNode { .. }), "{step:?}");
+    let plan = plan(&w.snapshot(), step);
+    let [Effect::PatchNode { patch, .. }] = plan.effects.as_slice() else {
+        panic!("expected one node patch, got {:?}", plan.effects)
+    };
+    assert_eq!(
+        patch["spec"]["taints"],
+        serde_json::json!([
+            {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"},
+            {"key": DRAIN_TAINT, "effect": "NoSchedule"},
+        ])
+    );
+}
+
 #[test]
 fn admin_cordoned_node_is_not_claimed_as_ours() {
     let mut n = node();
