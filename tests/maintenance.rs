@@ -596,6 +596,56 @@ fn deleting_mid_drain_removes_taints_label_and_cordon() {
     })
 }
 
+/// Regression: a NodeMaintenance deleted as the agent got SIGTERM was
+/// finished 31 times (31 "removed" log lines, a RemovedMaintenance event
+/// with series count 31). Removing the last finalizer deletes the object,
+/// and the server answers with the version it deleted, which still lists
+/// the finalizer; with its watch stopped by the shutdown, the agent kept
+/// seeing that version and finished again. Three rounds, each: delete,
+/// SIGTERM at once, clean exit; a new agent finishes what the old one
+/// left; exactly one RemovedMaintenance and one "removed" line per object.
+#[test]
+fn delete_and_sigterm_together_finish_exactly_once() {
+    block_on(async {
+        let w = world("finishonce", &["a"]).await;
+        w.deploy("web", 2).await;
+        let a = w.nodes[0].clone();
+        for round in 0..3 {
+            let mut agent = Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]);
+            let name = w.nm_name(&format!("m{round}"));
+            w.maintain(&name, &a).await;
+            w.wait_phase(&name, Phase::Succeeded).await;
+            w.nms()
+                .delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete nm");
+            agent.signal("TERM");
+            let status = agent.wait_exit(Duration::from_secs(20));
+            assert!(status.success(), "round {round}: exit {status}");
+            let mut logs = agent.log_text();
+            if w.nms().get_opt(&name).await.ok().flatten().is_some() {
+                // The shutdown came first: the next agent finishes it.
+                let next = Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]);
+                wait_for("NodeMaintenance gone", LONG, || async {
+                    w.nms().get_opt(&name).await.ok()?.is_none().then_some(())
+                })
+                .await;
+                expect_events(&w.env, &name, "RemovedMaintenance", 1).await;
+                logs.push_str(&next.log_text());
+            } else {
+                expect_events(&w.env, &name, "RemovedMaintenance", 1).await;
+            }
+            let removed = logs
+                .matches(&format!("NodeMaintenance {name}: removed"))
+                .count();
+            assert_eq!(
+                removed, 1,
+                "round {round}: finished {removed} times:\n{logs}"
+            );
+        }
+    })
+}
+
 #[test]
 fn agent_killed_mid_drain_converges_after_restart() {
     block_on(async {

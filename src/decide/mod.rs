@@ -242,6 +242,14 @@ pub enum Outcome {
     NodeWritten(Box<k8s_openapi::api::core::v1::Node>),
     /// The NodeMaintenance as the server stored our write.
     MaintenanceWritten(Box<NodeMaintenance>),
+    /// Our finalizer was the last: the NodeMaintenance is deleted. Every
+    /// version up to this resourceVersion is gone, whatever the watch still
+    /// shows (the server answers such a write with the version it deleted,
+    /// finalizer included).
+    MaintenanceGone {
+        name: String,
+        resource_version: Option<String>,
+    },
     /// The lease is ours until then.
     LeaseHeld { until: Timestamp },
     /// Someone else holds the lease.

@@ -362,9 +362,25 @@ impl Interpreter {
             )
             .await
         {
+            // The last finalizer of a deleting object: the server deleted
+            // it and answered with the version it deleted, which still
+            // lists the finalizer. Remembering that as "written" would have
+            // us finish it again until the watch said it was gone (never,
+            // during a shutdown).
+            Ok(updated)
+                if finalizers.is_empty() && updated.metadata.deletion_timestamp.is_some() =>
+            {
+                Ok(Outcome::MaintenanceGone {
+                    name: nm.to_string(),
+                    resource_version: updated.metadata.resource_version,
+                })
+            }
             Ok(updated) => Ok(Outcome::MaintenanceWritten(Box::new(updated))),
             // Finalizer already gone and the object with it.
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Done),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::MaintenanceGone {
+                name: nm.to_string(),
+                resource_version: resource_version.clone(),
+            }),
             Err(e) => Err(Error::kube(format!("updating NodeMaintenance {nm}"))(e)),
         }
     }

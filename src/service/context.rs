@@ -256,6 +256,13 @@ impl Context {
         match outcome {
             Outcome::NodeWritten(n) => self.fresh.nodes.remember((**n).clone()),
             Outcome::MaintenanceWritten(m) => self.fresh.maintenances.remember((**m).clone()),
+            Outcome::MaintenanceGone {
+                name,
+                resource_version,
+            } => self
+                .fresh
+                .maintenances
+                .bury(name, resource_version.as_deref()),
             Outcome::PolicyWritten(p) => self.fresh.policies.remember((**p).clone()),
             Outcome::UpgradePlanWritten(p) => self.fresh.plans.remember((**p).clone()),
             _ => {}

@@ -14,15 +14,20 @@ use std::sync::{Arc, Mutex};
 
 use kube::{Resource, ResourceExt};
 
-/// Newer-than-the-store copies of objects we wrote, by name.
+/// Newer-than-the-store copies of objects we wrote, by name, and the
+/// objects our writes deleted.
 pub struct FreshCache<K> {
     written: Mutex<HashMap<String, Arc<K>>>,
+    /// Objects we deleted (by removing their last finalizer), with the
+    /// resourceVersion they had: a stored copy no newer than that is gone.
+    buried: Mutex<HashMap<String, u64>>,
 }
 
 impl<K> Default for FreshCache<K> {
     fn default() -> Self {
         FreshCache {
             written: Mutex::default(),
+            buried: Mutex::default(),
         }
     }
 }
@@ -41,6 +46,20 @@ impl<K: Resource> FreshCache<K> {
         self.written.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn buried(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.buried.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Our write deleted object `name`, last seen at `resource_version`
+    /// (unknown: any version the store may still hold).
+    pub fn bury(&self, name: &str, resource_version: Option<&str>) {
+        let at = resource_version
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u64::MAX);
+        self.map().remove(name);
+        self.buried().insert(name.to_string(), at);
+    }
+
     /// Keep the server's answer to one of our writes.
     pub fn remember(&self, obj: K) {
         let name = obj.name_any();
@@ -51,11 +70,23 @@ impl<K: Resource> FreshCache<K> {
     /// Absent from the store means deleted: the cached copy is dropped, not
     /// returned. A cached copy the store has caught up with is dropped too.
     pub fn fresher(&self, name: &str, stored: Option<Arc<K>>) -> Option<Arc<K>> {
-        let mut map = self.map();
         let Some(stored) = stored else {
-            map.remove(name);
+            self.map().remove(name);
+            self.buried().remove(name);
             return None;
         };
+        {
+            let mut buried = self.buried();
+            match buried.get(name) {
+                Some(&at) if rv(stored.meta()) <= at => return None,
+                // A newer object of the same name: not the one we deleted.
+                Some(_) => {
+                    buried.remove(name);
+                }
+                None => {}
+            }
+        }
+        let mut map = self.map();
         match map.get(name) {
             Some(ours) if rv(ours.meta()) > rv(stored.meta()) => Some(ours.clone()),
             Some(_) => {
@@ -69,16 +100,19 @@ impl<K: Resource> FreshCache<K> {
     /// The object was deleted (the watch said so).
     pub fn forget(&self, name: &str) {
         self.map().remove(name);
+        self.buried().remove(name);
     }
 
     /// Drop every entry whose object `exists` no longer reports (deletions
     /// the watch missed while it relisted).
     pub fn retain(&self, exists: impl Fn(&str) -> bool) {
         self.map().retain(|name, _| exists(name));
+        self.buried().retain(|name, _| exists(name));
     }
 
+    /// Entries held: written copies and buried names.
     pub fn len(&self) -> usize {
-        self.map().len()
+        self.map().len() + self.buried().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -128,6 +162,30 @@ mod tests {
         cache.remember(node("7"));
         assert_eq!(version(cache.fresher("n", None)), None);
         assert!(cache.is_empty());
+    }
+
+    /// Removing the last finalizer deletes the object; the server's answer
+    /// (and the stalled watch) still show the deleted version, which must
+    /// read as gone. A newer object of the same name is someone else's.
+    #[test]
+    fn an_object_our_write_deleted_stays_gone_until_a_newer_one_appears() {
+        let cache: FreshCache<Node> = FreshCache::default();
+        cache.remember(node("6"));
+        cache.bury("n", Some("7"));
+        assert_eq!(version(cache.fresher("n", Some(Arc::new(node("5"))))), None);
+        assert_eq!(version(cache.fresher("n", Some(Arc::new(node("7"))))), None);
+        assert_eq!(
+            version(cache.fresher("n", Some(Arc::new(node("12"))))),
+            Some("12".into())
+        );
+        assert!(cache.is_empty(), "the newer object ends the burial");
+        cache.bury("n", None);
+        assert_eq!(
+            version(cache.fresher("n", Some(Arc::new(node("99"))))),
+            None
+        );
+        assert_eq!(version(cache.fresher("n", None)), None);
+        assert!(cache.is_empty(), "the store's deletion ends it too");
     }
 
     #[test]
