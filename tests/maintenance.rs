@@ -754,6 +754,63 @@ fn duplicate_maintenance_fails_and_leaves_the_first_alone() {
     })
 }
 
+/// Two NodeMaintenances for one node created back to back (the same
+/// second): the one the API server stored first wins, though its name sorts
+/// last. Three rounds with the agent running (watch order), one with the
+/// agent started after both exist (a list, numbered by resourceVersion).
+/// Regression: the name that sorted first won, 3 of 3 probes.
+#[test]
+fn same_second_maintenances_the_first_stored_wins() {
+    block_on(async {
+        let w = world("samesec", &["a"]).await;
+        let a = w.nodes[0].clone();
+        for round in 0..4 {
+            let running = round < 3;
+            let agent = running.then(|| Agent::start(&["run", "--node", &a]));
+            if let Some(agent) = &agent {
+                wait_for("the agent to see its node", LONG, || async {
+                    agent
+                        .log_text()
+                        .contains(&format!("node {a}: ready="))
+                        .then_some(())
+                })
+                .await;
+            }
+            let first = w.nm_name(&format!("z{round}"));
+            let second = w.nm_name(&format!("a{round}"));
+            let f = w.maintain(&first, &a).await;
+            let s = w.maintain(&second, &a).await;
+            let agent = agent.unwrap_or_else(|| Agent::start(&["run", "--node", &a]));
+            let lost = w.wait_phase(&second, Phase::Failed).await;
+            assert_eq!(
+                lost.status.and_then(|s| s.last_error).unwrap_or_default(),
+                format!("invalid nodeName, a NodeMaintenance for node {a} already exists"),
+                "round {round}"
+            );
+            w.wait_phase(&first, Phase::Succeeded).await;
+            // Both are now decided; undo before the next round.
+            for name in [&second, &first] {
+                w.nms()
+                    .delete(name, &DeleteParams::default())
+                    .await
+                    .expect("delete nm");
+            }
+            for name in [&second, &first] {
+                wait_for("NodeMaintenance gone", LONG, || async {
+                    w.nms().get_opt(name).await.ok()?.is_none().then_some(())
+                })
+                .await;
+            }
+            drop(agent);
+            eprintln!(
+                "round {round}: created {:?} and {:?}",
+                f.metadata.creation_timestamp.map(|t| t.0.to_string()),
+                s.metadata.creation_timestamp.map(|t| t.0.to_string())
+            );
+        }
+    })
+}
+
 #[test]
 fn node_name_cannot_be_changed() {
     block_on(async {

@@ -43,7 +43,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub struct Snapshot<'a> {
     pub node_name: &'a str,
     pub node: Option<&'a Node>,
-    /// Every NodeMaintenance whose `spec.nodeName` is this node.
+    /// Every NodeMaintenance whose `spec.nodeName` is this node, in the
+    /// order the API server stored them (the service knows it from the
+    /// watch; `creationTimestamp` has whole seconds only).
     pub maintenances: Vec<&'a NodeMaintenance>,
     /// Pods bound to this node.
     pub pods: &'a [Arc<Pod>],
@@ -187,15 +189,13 @@ pub fn invalid_name_message(node: &str) -> String {
     )
 }
 
-/// Oldest first, then by name: the order in which NMO's webhook would have
-/// admitted them.
+/// Oldest first; within one second, in the order given (the order the API
+/// server stored them), never by name: the order in which NMO's webhook
+/// would have admitted them.
 fn ordered<'a>(nms: &[&'a NodeMaintenance]) -> Vec<&'a NodeMaintenance> {
     let mut v = nms.to_vec();
-    v.sort_by(|a, b| {
-        let ta = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        let tb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        ta.cmp(&tb).then_with(|| a.name_any().cmp(&b.name_any()))
-    });
+    // A stable sort: ties keep their given order.
+    v.sort_by_key(|m| m.metadata.creation_timestamp.as_ref().map(|t| t.0));
     v
 }
 
@@ -272,10 +272,15 @@ pub fn decide(s: &Snapshot) -> Step {
         .copied()
         .filter(|m| !m.is_deleting() && m.phase() != Some(Phase::Failed))
         .collect();
+    // The claim recorded first outranks arrival: the one on the node, then
+    // one that began, then one that got our finalizer (the first write of
+    // a claim), then the first stored. A begun maintenance never loses to a
+    // later object, whatever their names or timestamps.
     let primary = live
         .iter()
         .find(|m| applied == Some(m.name_any().as_str()))
         .or_else(|| live.iter().find(|m| m.phase().is_some()))
+        .or_else(|| live.iter().find(|m| m.has_finalizer()))
         .or_else(|| live.first())
         .copied();
     // An administrator's maintenance preempts one a feature holds the node

@@ -66,6 +66,7 @@ pub struct Context {
     pub policy_pass: smol::lock::Mutex<()>,
     pub policies_dirty: std::sync::atomic::AtomicBool,
     fresh: Arc<Fresh>,
+    arrivals: Arc<super::stores::Arrivals>,
     memory: Mutex<HashMap<String, NodeMemory>>,
     /// The last summary logged per node, so the log shows changes only.
     seen: Mutex<HashMap<String, String>>,
@@ -107,6 +108,7 @@ impl Context {
             policy_pass: smol::lock::Mutex::new(()),
             policies_dirty: std::sync::atomic::AtomicBool::new(false),
             fresh: stores.fresh,
+            arrivals: stores.arrivals,
             memory: Mutex::default(),
             seen: Mutex::default(),
             foreign_checked: Mutex::default(),
@@ -127,15 +129,26 @@ impl Context {
             .fresher(name, self.nodes.get(&ObjectRef::new(name)))
     }
 
-    /// Every NodeMaintenance for `node`, each in its newest known version.
+    /// Every NodeMaintenance for `node`, each in its newest known version,
+    /// in the order the API server stored them: by creation time, and
+    /// within one second by the order the watch delivered them.
     pub fn maintenances_for(&self, node: &str) -> Vec<Arc<NodeMaintenance>> {
-        self.maintenances
+        let mut nms: Vec<Arc<NodeMaintenance>> = self
+            .maintenances
             .state()
             .into_iter()
             .filter(|m| m.spec.node_name == node)
             .filter_map(|m| self.fresh.maintenances.fresher(&m.name_any(), Some(m)))
             .filter(|m| !(m.is_deleting() && m.finalizers().is_empty()))
-            .collect()
+            .collect();
+        nms.sort_by_cached_key(|m| {
+            (
+                m.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                self.arrivals.of(m.metadata.uid.as_deref()),
+                m.name_any(),
+            )
+        });
+        nms
     }
 
     /// Every RebootPolicy, each in its newest known version.
@@ -301,6 +314,13 @@ impl Context {
         lock(&self.foreign_checked).retain(|n, _| nm_exists(n));
         self.fresh.nodes.retain(node_exists);
         self.fresh.maintenances.retain(nm_exists);
+        let uids: HashSet<String> = self
+            .maintenances
+            .state()
+            .iter()
+            .filter_map(|m| m.metadata.uid.clone())
+            .collect();
+        self.arrivals.retain(|uid| uids.contains(uid));
         let policy_exists = |n: &str| self.policies.get(&ObjectRef::new(n)).is_some();
         self.fresh.policies.retain(policy_exists);
         let plan_exists = |n: &str| self.plans.get(&ObjectRef::new(n)).is_some();

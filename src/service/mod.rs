@@ -161,6 +161,7 @@ pub async fn run(
     let (nodes, node_writer) = reflector::store::<Node>();
     let (pods, pod_writer) = reflector::store::<Pod>();
     let fresh = Arc::new(Fresh::default());
+    let arrivals = Arc::new(stores::Arrivals::default());
     let node_events = {
         let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
         watcher(Api::<Node>::all(client.clone()), node_wc)
@@ -182,9 +183,10 @@ pub async fn run(
             .filter(|r| watch_ok(r, "pods"))
     };
     let nm_events = {
-        let (latch, fresh) = (synced.maintenances.clone(), fresh.clone());
+        let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
         watcher(Api::<NodeMaintenance>::all(client.clone()), watch_config())
             .backoff(stores::WatchBackoff::default())
+            .inspect(move |ev| order.note(ev))
             .reflect(nm_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
             .touched_objects()
@@ -311,6 +313,7 @@ pub async fn run(
             replace: replace_stores,
             synced: synced.clone(),
             fresh,
+            arrivals,
         },
         config.drain_timeout,
         config.node_agents,

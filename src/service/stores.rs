@@ -58,6 +58,93 @@ pub struct Fresh {
     pub plans: FreshCache<UpgradePlan>,
 }
 
+/// The order in which the NodeMaintenance watch first delivered each
+/// object (by UID): the order the API server stored them, finer than
+/// `creationTimestamp`'s whole seconds. Two maintenances for one node
+/// created in the same second are told apart by it: the first stored wins.
+/// A list (at start, or a relist) delivers objects in name order, so new
+/// ones in a list are numbered by resourceVersion instead: an object not
+/// written since its creation still has its creation's revision, and one
+/// that was written has normally recorded its claim (finalizer, status),
+/// which outranks arrival anyway.
+#[derive(Default)]
+pub struct Arrivals {
+    seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    next: std::sync::atomic::AtomicU64,
+    /// New objects of the list in progress: (resourceVersion, UID).
+    listing: std::sync::Mutex<Vec<(u64, String)>>,
+}
+
+impl Arrivals {
+    fn seen(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Note an event on its way to the store (before it, so that no
+    /// reconcile sees an object whose arrival is unknown).
+    pub fn note<K: kube::Resource>(&self, ev: &Result<watcher::Event<K>, watcher::Error>) {
+        let rv = |o: &K| -> u64 {
+            o.meta()
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u64::MAX)
+        };
+        match ev {
+            Ok(watcher::Event::Apply(o)) => {
+                if let Some(uid) = o.meta().uid.as_deref() {
+                    let mut seen = self.seen();
+                    if !seen.contains_key(uid) {
+                        seen.insert(uid.to_string(), self.take());
+                    }
+                }
+            }
+            Ok(watcher::Event::Init) => self.listing().clear(),
+            Ok(watcher::Event::InitApply(o)) => {
+                if let Some(uid) = o.meta().uid.as_deref()
+                    && !self.seen().contains_key(uid)
+                {
+                    self.listing().push((rv(o), uid.to_string()));
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let mut listed = std::mem::take(&mut *self.listing());
+                listed.sort();
+                let mut seen = self.seen();
+                for (_, uid) in listed {
+                    let n = self.take();
+                    seen.entry(uid).or_insert(n);
+                }
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                if let Some(uid) = o.meta().uid.as_deref() {
+                    self.seen().remove(uid);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn take(&self) -> u64 {
+        self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn listing(&self) -> std::sync::MutexGuard<'_, Vec<(u64, String)>> {
+        self.listing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When `uid` arrived; unknown ones sort last.
+    pub fn of(&self, uid: Option<&str>) -> u64 {
+        uid.and_then(|u| self.seen().get(u).copied())
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Forget objects that are gone (deletions missed while relisting).
+    pub fn retain(&self, exists: impl Fn(&str) -> bool) {
+        self.seen().retain(|uid, _| exists(uid));
+    }
+}
+
 /// The reflector stores the loop decides from.
 pub struct Stores {
     pub nodes: Store<Node>,
@@ -70,6 +157,7 @@ pub struct Stores {
     pub replace: Option<super::replace::Replace>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
+    pub arrivals: Arc<Arrivals>,
 }
 
 /// The stores of the mutex flow. Every kind is watched untyped (one
@@ -198,5 +286,63 @@ mod tests {
             b.next()
                 .is_some_and(|d| d <= std::time::Duration::from_millis(750))
         );
+    }
+}
+
+#[cfg(test)]
+mod arrival_tests {
+    use super::*;
+    use crate::api::nodemaintenance::NodeMaintenanceSpec;
+    use watcher::Event;
+
+    fn nm(uid: &str, rv: &str) -> Result<NodeMaintenance, watcher::Error> {
+        let mut m = NodeMaintenance::new(
+            uid,
+            NodeMaintenanceSpec {
+                node_name: "n".into(),
+                reason: None,
+            },
+        );
+        m.metadata.uid = Some(uid.into());
+        m.metadata.resource_version = Some(rv.into());
+        Ok(m)
+    }
+
+    fn feed(a: &Arrivals, ev: Event<NodeMaintenance>) {
+        a.note(&Ok(ev));
+    }
+
+    #[test]
+    fn watch_events_are_numbered_as_delivered_and_lists_by_resource_version() {
+        let a = Arrivals::default();
+        // Delivered "z" then "b": z first, whatever the names.
+        for uid in ["z", "b"] {
+            if let Ok(m) = nm(uid, "1") {
+                feed(&a, Event::Apply(m));
+            }
+        }
+        assert!(a.of(Some("z")) < a.of(Some("b")));
+        // A later update does not renumber.
+        if let Ok(m) = nm("z", "50") {
+            feed(&a, Event::Apply(m));
+        }
+        assert!(a.of(Some("z")) < a.of(Some("b")));
+        // A relist delivers by name; new objects go by resourceVersion.
+        feed(&a, Event::Init);
+        for (uid, rv) in [("c", "9"), ("d", "7"), ("z", "50")] {
+            if let Ok(m) = nm(uid, rv) {
+                feed(&a, Event::InitApply(m));
+            }
+        }
+        assert_eq!(a.of(Some("d")), u64::MAX, "unknown until the list is done");
+        feed(&a, Event::InitDone);
+        assert!(a.of(Some("b")) < a.of(Some("d")));
+        assert!(a.of(Some("d")) < a.of(Some("c")));
+        if let Ok(m) = nm("b", "60") {
+            feed(&a, Event::Delete(m));
+        }
+        assert_eq!(a.of(Some("b")), u64::MAX);
+        a.retain(|uid| uid != "c");
+        assert_eq!(a.of(Some("c")), u64::MAX);
     }
 }

@@ -460,6 +460,43 @@ fn second_maintenance_for_a_node_fails_as_duplicate() {
     );
 }
 
+fn duplicate(name: &str) -> Step {
+    Step::Fail {
+        nm: name.into(),
+        reason: REASON_DUPLICATE,
+        message: duplicate_message(NODE),
+    }
+}
+
+/// Same second, neither claimed: the one stored first (given first) wins,
+/// whatever the names ("b" before "a" here).
+#[test]
+fn same_second_the_first_stored_wins_not_the_first_name() {
+    let w = World::new(Some(node()), vec![nm("b", 0, None), nm("a", 0, None)]);
+    assert_eq!(w.decide(), duplicate("a"));
+}
+
+/// A recorded claim outranks arrival: the one that got our finalizer first
+/// keeps the node even if the other arrived before it.
+#[test]
+fn a_claimed_maintenance_outranks_an_unclaimed_one_of_the_same_second() {
+    let mut claimed = nm("b", 0, None);
+    claimed.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let w = World::new(Some(node()), vec![nm("a", 0, None), claimed]);
+    assert_eq!(w.decide(), duplicate("a"));
+}
+
+/// A maintenance that began never loses, not even to one with an earlier
+/// timestamp (a clock step, an object restored from a backup).
+#[test]
+fn a_begun_maintenance_never_loses_to_a_newcomer() {
+    let w = World::new(
+        Some(maintained("late", false)),
+        vec![nm("early", 0, None), nm("late", 5, Some(Phase::Running))],
+    );
+    assert_eq!(w.decide(), duplicate("early"));
+}
+
 #[test]
 fn deleting_a_duplicate_does_not_undo_the_first() {
     let dup = deleting(nm("second", 5, Some(Phase::Failed)));
