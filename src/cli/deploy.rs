@@ -58,6 +58,9 @@ pub struct ManifestsArgs {
     /// deployment: node agents run beside it, so it only admits (the k3s folder always does)
     #[argh(switch)]
     pub node_agents: bool,
+    /// static-pod, systemd, deployment: serve the NodeMaintenance webhook (apply the webhook or webhook-service target too)
+    #[argh(switch)]
+    pub admission: bool,
 }
 
 impl ManifestsArgs {
@@ -71,6 +74,7 @@ impl ManifestsArgs {
             metrics_address: self.metrics_address.clone(),
             reboot: self.reboot,
             node_agents: self.node_agents,
+            admission: self.admission,
         }
     }
 }

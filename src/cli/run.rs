@@ -58,6 +58,15 @@ pub struct RunArgs {
         default = "crate::service::metrics::DEFAULT_ADDRESS.to_string()"
     )]
     pub metrics_address: String,
+    /// serve the validating webhook for NodeMaintenance (NMO's refusals at create time) on HOST:PORT or :PORT, with a certificate nodekeeper generates; see README "Admission"
+    #[argh(option)]
+    pub admission_address: Option<String>,
+    /// with --admission-address, for a webhook reached through a Service (the Deployment): NAMESPACE/NAME, whose DNS names the certificate then carries
+    #[argh(option)]
+    pub admission_service: Option<String>,
+    /// with --admission-address: admit maintenance of a control-plane node even when it would leave fewer than a quorum of the control plane Ready and schedulable
+    #[argh(switch)]
+    pub admission_skip_quorum_check: bool,
 }
 
 /// The validated form of `run`'s flags.
@@ -83,6 +92,8 @@ pub struct RunConfig {
     pub host_exec: crate::effects::host::Exec,
     /// Cluster role: the provider plugin (`--provider-command`).
     pub provider: Option<crate::effects::provider::Provider>,
+    /// The validating webhook (`--admission-address`), if served.
+    pub admission: Option<crate::service::admission::Config>,
 }
 
 impl RunConfig {
@@ -158,6 +169,22 @@ impl RunConfig {
                 "--provider-timeout must be at least 1 second".into(),
             ));
         }
+        let admission = match &args.admission_address {
+            None => {
+                if args.admission_service.is_some() || args.admission_skip_quorum_check {
+                    return Err(Error::Invalid(
+                        "--admission-service and --admission-skip-quorum-check only apply with --admission-address".into(),
+                    ));
+                }
+                None
+            }
+            Some(a) => Some(crate::service::admission::Config::parse(
+                a,
+                args.admission_service.as_deref(),
+                !args.admission_skip_quorum_check,
+                identity.clone(),
+            )?),
+        };
         let provider = args
             .provider_command
             .map(|command| crate::effects::provider::Provider {
@@ -165,6 +192,7 @@ impl RunConfig {
                 timeout: std::time::Duration::from_secs(args.provider_timeout),
             });
         Ok(RunConfig {
+            admission,
             provider,
             transport: if args.http1_only {
                 crate::service::connect::Transport::Http1Only

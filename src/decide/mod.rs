@@ -9,6 +9,7 @@
 //! reads a clock: time comes in with the snapshot, so every rule here is a
 //! unit test away.
 
+pub mod admission;
 pub mod budget;
 pub mod disrupt;
 pub mod drain;

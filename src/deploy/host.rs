@@ -24,7 +24,7 @@ Environment=KUBECONFIG={kubeconfig}
 Environment=RUST_LOG={rust_log}
 Environment=NODEKEEPER_ARGS=
 EnvironmentFile=-/etc/nodekeeper/nodekeeper.env
-ExecStart=/usr/local/bin/nodekeeper run --metrics-address {metrics} $NODEKEEPER_ARGS
+ExecStart=/usr/local/bin/nodekeeper run --metrics-address {metrics}{admission} $NODEKEEPER_ARGS
 # Start-up errors (API server not up yet, node not registered yet) exit
 # non-zero with one line in the journal; systemd retries.
 Restart=always
@@ -58,6 +58,11 @@ WantedBy=multi-user.target
         kubeconfig = o.kubeconfig,
         rust_log = o.rust_log(),
         metrics = o.host_metrics(),
+        admission = if o.admission {
+            format!(" {}", super::webhook::loopback_args().join(" "))
+        } else {
+            String::new()
+        },
         capabilities = if o.reboot {
             "# Root to read a root-owned 0600 kubeconfig; with --reboot, CAP_SYS_ADMIN so\n\
              # that systemd accepts `systemctl reboot` from this unit (its D-Bus\n\

@@ -17,11 +17,13 @@ mod host;
 mod rbac;
 #[cfg(test)]
 mod tests;
+mod webhook;
 mod workloads;
 
 use host::*;
 use rbac::*;
 pub use rbac::{GRANTS, Grant, Identity, admission, rbac};
+pub use webhook::webhook;
 use workloads::*;
 pub use workloads::{daemonset, deployment};
 
@@ -65,6 +67,10 @@ pub struct Options {
     /// it admits and leaves draining and rebooting to them. Always so in
     /// the k3s folder, which has the DaemonSet.
     pub node_agents: bool,
+    /// Serve the NodeMaintenance webhook (`--admission-address`): on
+    /// loopback in the static pod and the systemd unit, through a Service
+    /// in the Deployment. Its configuration is the `webhook` target.
+    pub admission: bool,
 }
 
 impl Default for Options {
@@ -77,6 +83,7 @@ impl Default for Options {
             metrics_address: None,
             reboot: false,
             node_agents: false,
+            admission: false,
         }
     }
 }
@@ -163,7 +170,7 @@ pub struct File {
 
 /// Every target, what it is for, and where its checked-in copy lives
 /// (relative to the repository root; `None`: not checked in).
-pub const TARGETS: [(&str, &str, Option<&str>); 10] = [
+pub const TARGETS: [(&str, &str, Option<&str>); 12] = [
     ("crds", "the CustomResourceDefinitions", None),
     (
         "rbac",
@@ -206,6 +213,16 @@ pub const TARGETS: [(&str, &str, Option<&str>); 10] = [
         "a FROM-scratch image recipe",
         Some("image"),
     ),
+    (
+        "webhook",
+        "the opt-in NodeMaintenance webhook, called on loopback (static pod, systemd: run them with --admission)",
+        None,
+    ),
+    (
+        "webhook-service",
+        "the opt-in NodeMaintenance webhook, called through a Service (deployment --admission)",
+        None,
+    ),
 ];
 
 /// Render one target's files.
@@ -229,6 +246,11 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
             } else {
                 ""
             }
+        )));
+    }
+    if o.admission && !["static-pod", "systemd", "deployment"].contains(&target) {
+        return Err(Error::Invalid(format!(
+            "--admission applies to the modes that serve the webhook (static-pod, systemd, deployment), not {target}; the webhook's configuration is the webhook or webhook-service target"
         )));
     }
     let file = |path: &str, what: &str, body: String| File {
@@ -347,6 +369,13 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
                 yaml(&[talos_service_config(o)]),
             ),
         ],
+        "webhook" | "webhook-service" => vec![file(
+            &format!("{target}.yaml"),
+            "The opt-in NodeMaintenance webhook (NMO's refusals at create time). nodekeeper\n\
+             # fills in the caBundle itself; failurePolicy Ignore: if no nodekeeper answers,\n\
+             # the object is admitted and a bad one fails in status. See README, Admission.",
+            yaml(&webhook(o, target == "webhook-service")),
+        )],
         "containerfile" => vec![file(
             "Containerfile",
             "A FROM-scratch image holding only the static binary and CA certificates.\n\

@@ -24,6 +24,7 @@ fn options_flow_into_the_manifests() {
         metrics_address: Some("127.0.0.1:9999".into()),
         reboot: false,
         node_agents: false,
+        admission: false,
     };
     let text: String = ["k3s", "static-pod", "systemd", "deployment"]
         .iter()
@@ -161,5 +162,55 @@ fn only_reboot_profiles_get_host_pid_and_capabilities() {
     assert_eq!(k3s.matches("hostPID: true").count(), 1, "{k3s}");
     for t in ["talos", "containerfile", "deployment", "crds"] {
         assert!(render(t, &o).is_err(), "{t} refuses --reboot");
+    }
+}
+
+/// `--admission` serves the webhook where a mode can: loopback for the
+/// static pod and systemd (the configuration's URL), a Service for the
+/// Deployment, whose DNS name the certificate then carries.
+#[test]
+fn admission_flows_into_the_serving_modes_and_nowhere_else() {
+    let o = Options {
+        admission: true,
+        ..Options::default()
+    };
+    let text = |t: &str| -> String {
+        render(t, &o)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| f.content)
+            .collect()
+    };
+    assert!(
+        text("static-pod").contains("- \"--admission-address\"\n        - \"127.0.0.1:9443\""),
+        "{}",
+        text("static-pod")
+    );
+    assert!(text("systemd").contains("run --metrics-address 127.0.0.1:9477 --admission-address 127.0.0.1:9443 $NODEKEEPER_ARGS"), "{}", text("systemd"));
+    let deployment = text("deployment");
+    assert!(
+        deployment
+            .contains("- \"--admission-service\"\n            - nodekeeper/nodekeeper-admission"),
+        "{deployment}"
+    );
+    assert!(deployment.contains("containerPort: 9443"), "{deployment}");
+    for t in ["daemonset", "k3s", "webhook"] {
+        let err = render(t, &o)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--admission applies to"), "{t}: {err}");
+    }
+    let plain = Options::default();
+    let service = render("webhook-service", &plain).unwrap_or_default();
+    let yaml: String = service.into_iter().map(|f| f.content).collect();
+    for want in [
+        "kind: Service",
+        "name: nodekeeper-admission",
+        "path: \"/validate-nodemaintenance\"",
+        "failurePolicy: Ignore",
+        "resourceNames:",
+    ] {
+        assert!(yaml.contains(want), "{want}: {yaml}");
     }
 }

@@ -160,6 +160,18 @@ pub fn deployment(o: &Options) -> Vec<Value> {
     } else {
         &["run", "--all-nodes"]
     };
+    let mut cluster_container = pod_container(o, PodMode::Deployment, cluster_args, false);
+    if o.admission {
+        if let Some(args) = cluster_container["args"].as_array_mut() {
+            args.extend(super::webhook::service_args(o).into_iter().map(Value::from));
+        }
+        let port =
+            json!({"name": "admission", "containerPort": crate::service::admission::DEFAULT_PORT});
+        match cluster_container["ports"].as_array_mut() {
+            Some(ports) => ports.push(port),
+            None => cluster_container["ports"] = json!([port]),
+        }
+    }
     docs.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
     "metadata": {"name": "nodekeeper-cluster", "namespace": o.namespace, "labels": sel},
     "spec": {
@@ -172,11 +184,28 @@ pub fn deployment(o: &Options) -> Vec<Value> {
           "priorityClassName": "system-cluster-critical",
           // The standby waits for the Lease and never becomes ready, so
           // only liveness is probed.
-          "containers": [pod_container(o, PodMode::Deployment, cluster_args, false)]
+          "containers": [cluster_container]
         }
       }
     }}));
     docs
+}
+
+fn static_args(o: &Options, metrics: &str) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "run",
+        "--kubeconfig",
+        &o.kubeconfig,
+        "--metrics-address",
+        metrics,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if o.admission {
+        args.extend(super::webhook::loopback_args());
+    }
+    args
 }
 
 /// A static pod: host network (it runs before any CNI), a kubeconfig from
@@ -189,7 +218,7 @@ pub(super) fn static_pod(o: &Options) -> Value {
         .unwrap_or_else(|| "/".into());
     let mut c = json!({
       "name": "nodekeeper", "image": o.image, "imagePullPolicy": "IfNotPresent",
-      "args": ["run", "--kubeconfig", o.kubeconfig, "--metrics-address", metrics],
+      "args": static_args(o, &metrics),
       "env": [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "RUST_LOG", "value": o.rust_log()}

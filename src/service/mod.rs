@@ -8,6 +8,7 @@
 //! selectors); the cluster role (`--all-nodes`) watches everything and runs
 //! only while it holds the leader lease ([`roles`]).
 
+pub mod admission;
 pub mod connect;
 pub mod context;
 pub mod fresh;
@@ -98,6 +99,11 @@ pub async fn run(
     let (policies, policy_writer) = reflector::store::<RebootPolicy>();
     if let Some(addr) = config.metrics_address {
         metrics::serve(addr, nms.clone(), policies.clone()).await?;
+    }
+    // The webhook reads the API server, not our stores: a standby replica
+    // and an agent still listing answer as well.
+    if let Some(admission) = config.admission.clone() {
+        admission::serve(admission, client.clone()).await?;
     }
 
     // One latch for "stop now": SIGTERM, or a lost leader lease. The wait

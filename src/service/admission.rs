@@ -1,0 +1,637 @@
+//! The opt-in validating webhook for NodeMaintenance (`run
+//! --admission-address`): NMO's refusals at create time, without NMO's
+//! certificate pain. nodekeeper generates its own CA and serving
+//! certificate at start (in memory: nothing to mount, nothing to leak),
+//! writes the CA into its own ValidatingWebhookConfiguration's caBundle
+//! (the only object it may modify for this), and replaces both after two
+//! thirds of their life.
+//!
+//! Every serving instance (one per control-plane node for the static pod
+//! and host service, whose configuration points at
+//! `https://127.0.0.1:PORT`) shares that caBundle: each replaces only its
+//! own CA, and expired ones of others go ([`admission::merge_bundle`]).
+//! The decisions are in `decide::admission`; this module is the TLS
+//! server, the reads a review needs, and the caBundle writer. It needs no
+//! store and no leadership, so a standby replica and a starting agent
+//! answer as well.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use smol::io::{AsyncReadExt, AsyncWriteExt};
+use smol::net::TcpListener;
+use smol::stream::StreamExt;
+
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::decide::admission::{self, OWNERS_ANNOTATION, Owned};
+use crate::error::{Error, Result};
+
+/// The ValidatingWebhookConfiguration nodekeeper writes the caBundle of
+/// (`nodekeeper manifests --for webhook` creates it).
+pub const CONFIGURATION: &str = "nodekeeper";
+/// The webhook's name inside it (what `kubectl` names in a refusal).
+pub const WEBHOOK: &str = "nodemaintenance.nodekeeper.io";
+/// The path the API server posts AdmissionReviews to.
+pub const PATH: &str = "/validate-nodemaintenance";
+/// The default port (`--admission-address :9443`).
+pub const DEFAULT_PORT: u16 = 9443;
+/// After publishing a new CA, how long the API servers get to load it
+/// before we serve with the certificate it signed.
+const PROPAGATION: Duration = Duration::from_secs(60);
+/// Bounds on one request.
+const MAX_HEAD: usize = 16 * 1024;
+const MAX_BODY: usize = 3 * 1024 * 1024;
+const IDLE: Duration = Duration::from_secs(90);
+
+/// `run --admission-*`, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub address: SocketAddr,
+    /// `--admission-service`: (namespace, name).
+    pub service: Option<(String, String)>,
+    pub quorum_check: bool,
+    /// Who we are in the caBundle's owner list.
+    pub identity: String,
+}
+
+impl Config {
+    pub fn parse(
+        address: &str,
+        service: Option<&str>,
+        quorum_check: bool,
+        identity: String,
+    ) -> Result<Config> {
+        let full = if address.starts_with(':') {
+            format!("0.0.0.0{address}")
+        } else {
+            address.to_string()
+        };
+        let address = full.parse().map_err(|_| {
+            Error::Invalid(format!(
+                "--admission-address {address:?} is not HOST:PORT or :PORT (e.g. 127.0.0.1:{DEFAULT_PORT})"
+            ))
+        })?;
+        let service = match service {
+            None => None,
+            Some(s) => match s.split_once('/') {
+                Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                    Some((ns.to_string(), name.to_string()))
+                }
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "--admission-service {s:?} is not NAMESPACE/NAME"
+                    )));
+                }
+            },
+        };
+        Ok(Config {
+            address,
+            service,
+            quorum_check,
+            identity,
+        })
+    }
+
+    /// The names the serving certificate carries: loopback (URL
+    /// configurations) and the Service's DNS names, if any.
+    fn names(&self) -> Vec<String> {
+        let mut names = vec!["localhost".to_string()];
+        if let Some((ns, name)) = &self.service {
+            names.push(format!("{name}.{ns}.svc"));
+            names.push(format!("{name}.{ns}.svc.cluster.local"));
+        }
+        names
+    }
+}
+
+/// A CA and the serving certificate it signed.
+struct Issued {
+    ca_pem: String,
+    owned: Owned,
+    tls: Arc<rustls::ServerConfig>,
+    not_before: Timestamp,
+    not_after: Timestamp,
+}
+
+fn sha256_hex(s: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn to_time(t: Timestamp) -> Result<time::OffsetDateTime> {
+    time::OffsetDateTime::from_unix_timestamp(t.as_second())
+        .map_err(|e| Error::Invalid(format!("certificate validity {t}: {e}")))
+}
+
+/// Generate a CA (ECDSA P-256, path length 0) and a serving certificate
+/// for loopback and `config`'s names, valid from a minute ago (clock skew
+/// between API server and us) for [`admission::CERT_LIFETIME`].
+fn issue(config: &Config, now: Timestamp) -> Result<Issued> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose, SanType,
+    };
+    let fail = |what: &str| {
+        let what = what.to_string();
+        move |e: rcgen::Error| Error::Invalid(format!("admission certificate: {what}: {e}"))
+    };
+    let not_before = now
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(60))
+        .unwrap_or(now);
+    let not_after = now
+        .checked_add(admission::CERT_LIFETIME)
+        .map_err(|e| Error::Invalid(format!("certificate validity: {e}")))?;
+
+    let ca_key = KeyPair::generate().map_err(fail("generating the CA key"))?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(fail("CA parameters"))?;
+    ca.distinguished_name.push(
+        DnType::CommonName,
+        format!("nodekeeper admission CA ({})", config.identity),
+    );
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.not_before = to_time(not_before)?;
+    ca.not_after = to_time(not_after)?;
+    let ca_cert = ca.self_signed(&ca_key).map_err(fail("signing the CA"))?;
+    let issuer = Issuer::new(ca, ca_key);
+
+    let key = KeyPair::generate().map_err(fail("generating the serving key"))?;
+    let mut leaf = CertificateParams::new(config.names()).map_err(fail("serving names"))?;
+    leaf.distinguished_name
+        .push(DnType::CommonName, "nodekeeper admission");
+    leaf.subject_alt_names
+        .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
+    leaf.subject_alt_names
+        .push(SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()));
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.not_before = to_time(not_before)?;
+    leaf.not_after = to_time(not_after)?;
+    let cert = leaf
+        .signed_by(&key, &issuer)
+        .map_err(fail("signing the serving certificate"))?;
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| {
+            b.with_no_client_auth().with_single_cert(
+                vec![cert.der().clone(), ca_cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+        })
+        .map_err(|e| Error::Invalid(format!("admission TLS configuration: {e}")))?;
+    // HTTP/1.1 only: our server speaks nothing else.
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let ca_pem = ca_cert.pem();
+    Ok(Issued {
+        owned: Owned {
+            identity: config.identity.clone(),
+            sha256: sha256_hex(&format!("{}\n", ca_pem.trim())),
+            not_after,
+        },
+        ca_pem,
+        tls: Arc::new(tls),
+        not_before,
+        not_after,
+    })
+}
+
+/// What the server and the caBundle writer share.
+struct State {
+    config: Config,
+    client: Client,
+    /// The TLS configuration new connections get.
+    serving: Mutex<Arc<rustls::ServerConfig>>,
+    /// Our CAs for the caBundle, newest first.
+    mine: Mutex<Vec<(String, Owned)>>,
+    /// Wakes the caBundle writer when `mine` changed.
+    kick: smol::channel::Sender<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Bind now (a taken port is a start-up error), then serve, keep the
+/// caBundle and rotate in the background for the life of the process.
+pub async fn serve(config: Config, client: Client) -> Result<SocketAddr> {
+    let issued = issue(&config, Timestamp::now())?;
+    let listener = TcpListener::bind(config.address)
+        .await
+        .map_err(Error::io(format!(
+            "binding the admission address {}",
+            config.address
+        )))?;
+    let bound = listener
+        .local_addr()
+        .map_err(Error::io("reading the admission address"))?;
+    log::info!(
+        "admission: serving the NodeMaintenance webhook on https://{bound}{PATH} (CA valid until {})",
+        issued.not_after
+    );
+    let (kick, kicked) = smol::channel::bounded(1);
+    let state = Arc::new(State {
+        config,
+        client,
+        serving: Mutex::new(issued.tls.clone()),
+        mine: Mutex::new(vec![(issued.ca_pem.clone(), issued.owned.clone())]),
+        kick,
+    });
+    crate::runtime::spawn(accept(listener, state.clone())).detach();
+    crate::runtime::spawn(publish(state.clone(), kicked)).detach();
+    crate::runtime::spawn(rotate(state, issued.not_before, issued.not_after)).detach();
+    Ok(bound)
+}
+
+async fn accept(listener: TcpListener, state: Arc<State>) {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, peer)) => {
+                let state = state.clone();
+                crate::runtime::spawn(async move {
+                    let tls = lock(&state.serving).clone();
+                    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+                    let handshake = crate::runtime::timeout(
+                        Duration::from_secs(10),
+                        acceptor.accept(async_compat::Compat::new(tcp)),
+                    )
+                    .await;
+                    match handshake {
+                        Ok(Ok(conn)) => {
+                            if let Err(e) =
+                                connection(async_compat::Compat::new(conn), &state).await
+                            {
+                                log::debug!("admission: connection from {peer}: {e}");
+                            }
+                        }
+                        Ok(Err(e)) => log::debug!("admission: TLS handshake with {peer}: {e}"),
+                        Err(()) => log::debug!("admission: TLS handshake with {peer} timed out"),
+                    }
+                })
+                .detach();
+            }
+            Err(e) => {
+                log::warn!("admission: accept failed: {e}");
+                crate::runtime::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// One HTTP/1.1 connection: requests in turn (the API server keeps it
+/// alive), each answered with a Content-Length.
+async fn connection<S>(mut conn: S, state: &State) -> std::io::Result<()>
+where
+    S: smol::io::AsyncRead + smol::io::AsyncWrite + Unpin,
+{
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 8192];
+    loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if buf.len() > MAX_HEAD {
+                return respond(
+                    &mut conn,
+                    "431 Request Header Fields Too Large",
+                    "text/plain",
+                    b"",
+                )
+                .await;
+            }
+            match crate::runtime::timeout(IDLE, conn.read(&mut chunk)).await {
+                Ok(Ok(0)) | Err(()) => return Ok(()),
+                Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                Ok(Err(e)) => return Err(e),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        let mut lines = head.lines();
+        let mut words = lines.next().unwrap_or("").split_whitespace();
+        let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let mut length = 0usize;
+        let mut close = false;
+        for line in lines {
+            if let Some((k, v)) = line.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+                if k == "content-length" {
+                    length = v.parse().unwrap_or(usize::MAX);
+                } else if k == "connection" && v.eq_ignore_ascii_case("close") {
+                    close = true;
+                } else if k == "transfer-encoding" {
+                    // The API server always sends a length; anything else
+                    // we cannot frame.
+                    return respond(&mut conn, "411 Length Required", "text/plain", b"").await;
+                }
+            }
+        }
+        if length > MAX_BODY {
+            return respond(&mut conn, "413 Payload Too Large", "text/plain", b"").await;
+        }
+        while buf.len() < head_end + length {
+            match crate::runtime::timeout(IDLE, conn.read(&mut chunk)).await {
+                Ok(Ok(0)) | Err(()) => return Ok(()),
+                Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                Ok(Err(e)) => return Err(e),
+            }
+        }
+        let body: Vec<u8> = buf.drain(..head_end + length).skip(head_end).collect();
+        let path = path.split('?').next().unwrap_or("");
+        if method == "POST" && path == PATH {
+            let answer = review(state, &body).await;
+            respond(
+                &mut conn,
+                "200 OK",
+                "application/json",
+                answer.to_string().as_bytes(),
+            )
+            .await?;
+        } else {
+            respond(
+                &mut conn,
+                "404 Not Found",
+                "text/plain",
+                format!("not found; POST {PATH}\n").as_bytes(),
+            )
+            .await?;
+        }
+        if close {
+            return Ok(());
+        }
+    }
+}
+
+async fn respond<S>(conn: &mut S, status: &str, kind: &str, body: &[u8]) -> std::io::Result<()>
+where
+    S: smol::io::AsyncWrite + Unpin,
+{
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await?;
+    conn.write_all(body).await?;
+    conn.flush().await
+}
+
+/// Answer one AdmissionReview. Anything we cannot read or look up is
+/// allowed with a warning: the status path still fails a bad object, and a
+/// webhook that refuses on its own errors would block every maintenance.
+async fn review(state: &State, body: &[u8]) -> Value {
+    let review: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let request = &review["request"];
+    let uid = request["uid"].clone();
+    let api_version = review["apiVersion"]
+        .as_str()
+        .unwrap_or("admission.k8s.io/v1")
+        .to_string();
+    let verdict = if request["operation"] != "CREATE" {
+        Ok(Ok(()))
+    } else {
+        match serde_json::from_value::<NodeMaintenance>(request["object"].clone()) {
+            Ok(nm) => decide(state, &nm).await,
+            Err(e) => Err(format!("cannot read the NodeMaintenance: {e}")),
+        }
+    };
+    let response = match verdict {
+        Ok(Ok(())) => json!({"uid": uid, "allowed": true}),
+        Ok(Err(message)) => {
+            log::info!(
+                "admission: refused NodeMaintenance {}: {message}",
+                request["name"].as_str().unwrap_or("?")
+            );
+            json!({"uid": uid, "allowed": false,
+                   "status": {"code": 403, "reason": "Forbidden", "message": message}})
+        }
+        Err(why) => {
+            log::warn!("admission: allowed without checking: {why}");
+            json!({"uid": uid, "allowed": true,
+                   "warnings": [format!("nodekeeper admitted this without its checks ({why}); a bad object fails in status")]})
+        }
+    };
+    json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response})
+}
+
+/// Gather what the decision reads, fresh from the API server (creates are
+/// rare; a consistent read beats a store that may lag by the object just
+/// created before this one). `Err`: a read failed.
+async fn decide(
+    state: &State,
+    nm: &NodeMaintenance,
+) -> std::result::Result<std::result::Result<(), String>, String> {
+    let client = &state.client;
+    let node_name = &nm.spec.node_name;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = if crate::api::common::is_node_name(node_name) {
+        nodes
+            .get_opt(node_name)
+            .await
+            .map_err(|e| format!("reading node {node_name}: {}", crate::error::kube_cause(&e)))?
+    } else {
+        None
+    };
+    let existing: Vec<Arc<NodeMaintenance>> = Api::<NodeMaintenance>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing NodeMaintenances: {}", crate::error::kube_cause(&e)))?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let control_plane = match &node {
+        Some(n) if state.config.quorum_check && admission::is_control_plane(n) => {
+            nodes
+                .list(&ListParams::default().labels(admission::CONTROL_PLANE_LABEL))
+                .await
+                .map_err(|e| {
+                    format!(
+                        "listing control-plane nodes: {}",
+                        crate::error::kube_cause(&e)
+                    )
+                })?
+                .items
+        }
+        _ => Vec::new(),
+    };
+    Ok(admission::review(&admission::Request {
+        nm,
+        node: node.as_ref(),
+        control_plane: &control_plane,
+        existing: &existing,
+        quorum_check: state.config.quorum_check,
+    }))
+}
+
+/// Keep our CA in the configuration's caBundle: on every change of the
+/// object (ours, another instance's, an `apply` that reset it) and when
+/// our CAs change. Level-triggered: each pass compares and writes only a
+/// difference, guarded by the resourceVersion it read.
+async fn publish(state: Arc<State>, kicked: smol::channel::Receiver<()>) {
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(state.client.clone());
+    let watch = watcher(
+        api.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={CONFIGURATION}")),
+    );
+    enum Wake {
+        Seen(Option<Box<ValidatingWebhookConfiguration>>),
+        Kicked,
+        Listed,
+    }
+    let events = watch.filter_map(|ev| match ev {
+        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+            Some(Wake::Seen(Some(Box::new(o))))
+        }
+        Ok(watcher::Event::Delete(_)) => Some(Wake::Seen(None)),
+        Ok(watcher::Event::InitDone) => Some(Wake::Listed),
+        Ok(watcher::Event::Init) => None,
+        Err(e) => {
+            log::debug!(
+                "admission: watch of ValidatingWebhookConfiguration {CONFIGURATION}: {e} (retrying)"
+            );
+            None
+        }
+    });
+    let kicks = kicked.map(|_| Wake::Kicked);
+    let mut wakes = Box::pin(smol::stream::race(events, kicks));
+    let mut last: Option<Box<ValidatingWebhookConfiguration>> = None;
+    let mut warned = false;
+    while let Some(wake) = wakes.next().await {
+        match wake {
+            Wake::Seen(o) => last = o,
+            Wake::Kicked => {}
+            Wake::Listed => {
+                if last.is_none() && !warned {
+                    warned = true;
+                    log::warn!(
+                        "admission: ValidatingWebhookConfiguration {CONFIGURATION} does not exist, so no API server calls this webhook; create it with `nodekeeper manifests --for webhook` (NodeMaintenances are checked in status meanwhile)"
+                    );
+                }
+                continue;
+            }
+        }
+        let Some(current) = &last else { continue };
+        let mine = lock(&state.mine).clone();
+        match desired(current, &mine, &state.config.identity, Timestamp::now()) {
+            None => {}
+            Some(patch) => match api
+                .patch(
+                    CONFIGURATION,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(o) => {
+                    log::info!("admission: caBundle of {CONFIGURATION} carries our CA");
+                    last = Some(Box::new(o));
+                }
+                // Someone wrote first: the watch brings their version.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => {
+                    log::warn!(
+                        "admission: cannot write the caBundle of ValidatingWebhookConfiguration {CONFIGURATION}: {} (retrying in 10 s)",
+                        crate::error::kube_cause(&e)
+                    );
+                    let kick = state.kick.clone();
+                    crate::runtime::spawn(async move {
+                        crate::runtime::sleep(Duration::from_secs(10)).await;
+                        let _ = kick.try_send(());
+                    })
+                    .detach();
+                }
+            },
+        }
+    }
+}
+
+/// The merge patch that puts `mine` into every webhook's caBundle of
+/// `current`, or `None` if it already is so.
+fn desired(
+    current: &ValidatingWebhookConfiguration,
+    mine: &[(String, Owned)],
+    me: &str,
+    now: Timestamp,
+) -> Option<Value> {
+    let owners: Vec<Owned> = current
+        .annotations()
+        .get(OWNERS_ANNOTATION)
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default();
+    let webhooks = current.webhooks.clone().unwrap_or_default();
+    let mut changed = false;
+    let mut out = Vec::new();
+    let mut kept = owners.clone();
+    for mut w in webhooks {
+        let bundle = w
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| String::from_utf8_lossy(&b.0).to_string())
+            .unwrap_or_default();
+        let (merged, k) = admission::merge_bundle(&bundle, &owners, me, mine, now, sha256_hex);
+        if merged != bundle {
+            changed = true;
+            w.client_config.ca_bundle = Some(k8s_openapi::ByteString(merged.into_bytes()));
+        }
+        kept = k;
+        out.push(w);
+    }
+    let kept_json = serde_json::to_string(&kept).unwrap_or_default();
+    if !changed && kept == owners {
+        return None;
+    }
+    Some(json!({
+        "metadata": {
+            "resourceVersion": current.resource_version(),
+            "annotations": {OWNERS_ANNOTATION: kept_json},
+        },
+        "webhooks": out,
+    }))
+}
+
+/// Replace CA and certificate after two thirds of their life: publish the
+/// new CA beside the old, give the API servers [`PROPAGATION`] to load it,
+/// serve with the new certificate, then drop the old CA.
+async fn rotate(state: Arc<State>, mut not_before: Timestamp, mut not_after: Timestamp) {
+    loop {
+        let at = admission::rotate_at(not_before, not_after);
+        let wait = crate::decide::duration_until(Timestamp::now(), at);
+        crate::runtime::sleep(wait).await;
+        let issued = match issue(&state.config, Timestamp::now()) {
+            Ok(i) => i,
+            Err(e) => {
+                log::warn!("admission: {e}; retrying in 10 minutes");
+                crate::runtime::sleep(Duration::from_secs(600)).await;
+                continue;
+            }
+        };
+        {
+            let mut mine = lock(&state.mine);
+            mine.insert(0, (issued.ca_pem.clone(), issued.owned.clone()));
+            mine.truncate(2);
+        }
+        let _ = state.kick.try_send(());
+        crate::runtime::sleep(PROPAGATION).await;
+        *lock(&state.serving) = issued.tls.clone();
+        lock(&state.mine).truncate(1);
+        let _ = state.kick.try_send(());
+        log::info!(
+            "admission: rotated the webhook's CA and certificate (valid until {})",
+            issued.not_after
+        );
+        (not_before, not_after) = (issued.not_before, issued.not_after);
+    }
+}
