@@ -49,6 +49,11 @@ bench-startup: image
 bench-drain: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench drain
 
+# 100 drains in one pair of agents: each agent's RSS before its drains, and
+# the growth per drain; prints a curve. ~10 min.
+bench-drain-soak: build-static cluster-up
+    NODEKEEPER_BIN={{static_bin}} NODEKEEPER_DRAIN_SOAK=100 cargo bench --bench drain
+
 # Reboot wave benchmark (20 simulated machines, maxUnavailable 4): wave time
 # against the ideal, admission latency, requests per reboot, RSS; prints a
 # table, asserts nothing.

@@ -16,6 +16,10 @@
 //! drains the other node, where the pods were recreated. Each setting in
 //! [`CONFIGS`] (HTTP/1.1 or HTTP/2, evictions in flight) gets its own pair of
 //! agents and its own row.
+//!
+//! `NODEKEEPER_DRAIN_SOAK=N` (`just bench-drain-soak`: 100) instead runs N
+//! drains with one pair of agents (HTTP/2, 110 in flight) and prints each
+//! agent's RSS before its drains: whether memory stays bounded over many.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -78,9 +82,19 @@ fn main() {
         let client = env.client.clone();
         let namespaces = make_workload(&mut env, &nodes[0]).await;
 
+        let soak: Option<usize> = std::env::var("NODEKEEPER_DRAIN_SOAK")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let configs: Vec<(&str, &[&str])> = match soak {
+            Some(_) => vec![CONFIGS[3]],
+            None => CONFIGS.to_vec(),
+        };
+        let runs = soak.unwrap_or(RUNS);
+        // Per agent, its RSS before each of its drains (KiB).
+        let mut curve: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
         let mut results = Vec::new();
         let mut run = 0;
-        for (label, extra) in CONFIGS {
+        for (label, extra) in configs {
             println!("{label}:");
             let mut agents: Vec<Child> = nodes
                 .iter()
@@ -100,8 +114,9 @@ fn main() {
             nodekeeper::runtime::sleep(Duration::from_secs(3)).await;
             let idle_rss = rss_kib(agents[0].id(), "VmRSS");
             let mut rows = Vec::new();
-            for _ in 0..RUNS {
+            for _ in 0..runs {
                 let node = nodes[run % 2].clone();
+                curve[run % 2].push(rss_kib(agents[run % 2].id(), "VmRSS"));
                 let other = nodes[(run + 1) % 2].clone();
                 wait_for(
                     "110 running pods on the node to drain",
@@ -149,7 +164,10 @@ fn main() {
                 peak_rss,
             });
         }
-        print_table(&results, &bin);
+        print_table(&results, &bin, runs);
+        if soak.is_some() {
+            print_curve(&curve);
+        }
         drop(env);
     });
 }
@@ -313,15 +331,65 @@ where
     }
 }
 
+/// Each agent's RSS before its 1st, 2nd, … drain, at a few checkpoints,
+/// and the growth per drain after the first (least squares).
+fn print_curve(curve: &[Vec<u64>; 2]) {
+    println!();
+    println!("RSS of each agent before its n-th drain (MiB):");
+    println!("| drain n | agent A | agent B |");
+    println!("|---------|---------|---------|");
+    let len = curve[0].len().max(curve[1].len());
+    for n in [1, 2, 3, 5, 10, 15, 20, 30, 40, 50] {
+        if n <= len {
+            let at = |c: &Vec<u64>| {
+                c.get(n - 1)
+                    .map(|k| format!("{:>7.2}", *k as f64 / 1024.0))
+                    .unwrap_or_else(|| "      –".into())
+            };
+            println!("| {n:>7} | {} | {} |", at(&curve[0]), at(&curve[1]));
+        }
+    }
+    if len > 0 {
+        let last = |c: &Vec<u64>| {
+            c.last()
+                .map(|k| format!("{:>7.2}", *k as f64 / 1024.0))
+                .unwrap_or_default()
+        };
+        println!("| {len:>7} | {} | {} |", last(&curve[0]), last(&curve[1]));
+    }
+    for (i, c) in curve.iter().enumerate() {
+        // From the second drain on: the first one warms caches and pools.
+        let pts: Vec<(f64, f64)> = c
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(x, y)| (x as f64, *y as f64))
+            .collect();
+        if pts.len() >= 3 {
+            let n = pts.len() as f64;
+            let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+            let (mx, my) = (sx / n, sy / n);
+            let cov: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+            let var: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+            println!(
+                "agent {}: {:+.1} KiB per drain after the first ({} drains)",
+                ["A", "B"][i],
+                cov / var,
+                c.len()
+            );
+        }
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
-fn print_table(results: &[Measured], bin: &std::path::Path) {
+fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
     println!();
     println!(
-        "drain benchmark: 110 evictable pods (10 Deployments, {NAMESPACES} namespaces), median of {RUNS} runs per setting"
+        "drain benchmark: 110 evictable pods (10 Deployments, {NAMESPACES} namespaces), median of {runs} runs per setting"
     );
     println!("binary: {}", bin.display());
     println!("targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms, RSS ≤ 10 MiB");
