@@ -69,6 +69,8 @@
 //!   taken through a NodeMaintenance and deleted through a Leave
 //!   PendingNode), with the other kinds' lifecycles in `lifecycle.rs`;
 //!   provider answers come in as `Facts`, asked for by `questions`.
+//!   [`decide::admission`]: the opt-in webhook's refusals (NMO's, plus the
+//!   control-plane quorum), the caBundle instances share, rotation time.
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`] (concurrent
 //!   evictions guarded by pod UID) and [`effects::lease`] (the medik8s node
@@ -81,7 +83,10 @@
 //! - `service/`: wiring the loop ([`service::run`]): watchers and stores
 //!   ([`service::stores`]), roles and the anchor node ([`service::roles`]),
 //!   shared state and memory with its pruning ([`service::context`]), the
-//!   mutation cache ([`service::fresh`]), the reconcile loop
+//!   mutation cache ([`service::fresh`]: our writes, and the objects our
+//!   writes deleted, until the watch agrees), the order NodeMaintenances
+//!   arrived in ([`service::stores::Arrivals`]: same-second ties go to the
+//!   first stored), the reconcile loop
 //!   ([`service::reconcile`]), reboots in the loop ([`service::reboots`]: the
 //!   cluster role's coalesced policy passes, the node role's host signals),
 //!   upgrades in the loop ([`service::upgrades`]: plans in the same pass,
@@ -94,7 +99,11 @@
 //!   holds up the loop; rounds wait for the watches to show their writes),
 //!   credentials, the HTTP/2 client and start-up checks
 //!   ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
-//!   progress) and `/readyz` ([`service::metrics`]).
+//!   progress) and `/readyz` ([`service::metrics`]). Beside the loop, like
+//!   metrics: the opt-in NodeMaintenance webhook ([`service::admission`]:
+//!   TLS with a CA it generates, its reads straight from the API server, the
+//!   caBundle of its own configuration kept by a watch of that one object),
+//!   independent of stores and leadership so every replica answers.
 //! - `cli/`: raw flags → validated configs per command family
 //!   ([`cli::run`], [`cli::status`]: `status [--watch]`, `reboot-required`;
 //!   [`cli::maintenance`]: `maintain --wait` progress, `unmaintain`, `drain
@@ -106,7 +115,9 @@
 //!   a reason per verb, the own-node admission policy), `workloads.rs`
 //!   (DaemonSet, Deployment, static pod, each with its security profile, and
 //!   the `--reboot` profile: host PID and three capabilities),
-//!   `host.rs` (systemd, Talos, Containerfile). `k3s-manifests/` and
+//!   `host.rs` (systemd, Talos, Containerfile), `webhook.rs` (the opt-in
+//!   webhook's configuration by loopback URL or Service, and its one
+//!   named-object permission). `k3s-manifests/` and
 //!   `image/` hold its output; a test fails when they drift.
 //! - [`runtime`] (smol executors inside `Compat`, signals, [`runtime::Latch`]),
 //!   [`error`] (the one error enum, one line each), [`yaml`], [`logging`].
@@ -122,7 +133,9 @@
 //!
 //! **Architecture invariant:** only [`effects`] writes to the API server on
 //! the loop's behalf, and every write carries its guard (resourceVersion or
-//! UID). The interpreter holds no policy. Status is written by server-side
+//! UID). The interpreter holds no policy. (The webhook's caBundle write is
+//! not the loop's: it lives with the server in [`service::admission`], also
+//! guarded by resourceVersion.) Status is written by server-side
 //! apply with one field manager, [`effects::FIELD_MANAGER`]; keys the new
 //! status drops are sent null, so a key another writer set cannot make the
 //! loop rewrite the same status forever.
