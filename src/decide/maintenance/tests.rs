@@ -214,18 +214,25 @@ fn schedulable_node_is_cordoned_and_remembered_as_ours() {
 #[test]
 fn taints_are_written_in_nmos_exact_shape() {
     let w = World::new(Some(node()), vec![nm("m", 0, Some(Phase::Running))]);
+    assert_eq!(patched_taints(&w), nmo_taints());
+}
+
+/// The taints the decided step's node patch writes.
+fn patched_taints(w: &World) -> serde_json::Value {
     let step = w.decide();
+    assert!(matches!(step, Step::ApplyToNode { .. }), "{step:?}");
     let plan = plan(&w.snapshot(), step);
     let [Effect::PatchNode { patch, .. }] = plan.effects.as_slice() else {
         panic!("expected one node patch, got {:?}", plan.effects)
     };
-    assert_eq!(
-        patch["spec"]["taints"],
-        serde_json::json!([
-            {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"},
-            {"key": DRAIN_TAINT, "effect": "NoSchedule"},
-        ])
-    );
+    patch["spec"]["taints"].clone()
+}
+
+fn nmo_taints() -> serde_json::Value {
+    serde_json::json!([
+        {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"},
+        {"key": DRAIN_TAINT, "effect": "NoSchedule"},
+    ])
 }
 
 /// A node tainted by an earlier version (with timeAdded) is still ours: it
@@ -241,19 +248,7 @@ fn our_older_taints_with_time_added_are_rewritten() {
     }
     assert!(!node_conforms(&n, "m"));
     let w = World::new(Some(n), vec![nm("m", 0, Some(Phase::Running))]);
-    let step = w.decide();
-    assert!(matches!(step, Step::ApplyToNode { .. }), "{step:?}");
-    let plan = plan(&w.snapshot(), step);
-    let [Effect::PatchNode { patch, .. }] = plan.effects.as_slice() else {
-        panic!("expected one node patch, got {:?}", plan.effects)
-    };
-    assert_eq!(
-        patch["spec"]["taints"],
-        serde_json::json!([
-            {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"},
-            {"key": DRAIN_TAINT, "effect": "NoSchedule"},
-        ])
-    );
+    assert_eq!(patched_taints(&w), nmo_taints());
 }
 
 #[test]
