@@ -4,7 +4,6 @@
 
 mod support;
 
-use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, OWNER_LABEL};
 use nodekeeper::decide::{Effect, Outcome};
@@ -18,12 +17,10 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
         let env = TestEnv::new("effects").await;
         let effects = Interpreter {
             client: env.client.clone(),
-            recorder: Recorder::new(
+            events: nodekeeper::effects::events::Events::new(
                 env.client.clone(),
-                Reporter {
-                    controller: "nodekeeper-test".into(),
-                    instance: None,
-                },
+                "nodekeeper-test",
+                None,
             ),
             evictions_in_flight: nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
             exec: nodekeeper::effects::host::Exec::Direct,
@@ -73,4 +70,64 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
         // Again, once it is gone: harmless.
         assert!(matches!(effects.perform(&delete).await, Ok(Outcome::Done)));
     })
+}
+
+/// Events as `kubectl describe` reads them: a repeat on a newer version of
+/// the same object counts on the first Event's series; another note is
+/// another Event.
+#[test]
+fn a_repeated_event_is_one_event_with_a_series_count() {
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
+    use kube::api::ListParams;
+    block_on(async {
+        let env = TestEnv::new("events").await;
+        let events =
+            nodekeeper::effects::events::Events::new(env.client.clone(), "nodekeeper-test", None);
+        let uid = format!("{}-uid", env.id);
+        let mut object = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            namespace: Some(env.ns.clone()),
+            name: Some("subject".into()),
+            uid: Some(uid.clone()),
+            resource_version: Some("1".into()),
+            ..Default::default()
+        };
+        for rv in ["1", "2", "3"] {
+            object.resource_version = Some(rv.into());
+            events
+                .publish(&object, false, "Tested", "the same note")
+                .await
+                .expect("publishing a repeat");
+        }
+        events
+            .publish(&object, true, "Tested", "another note")
+            .await
+            .expect("publishing another note");
+        let api: Api<CoreEvent> = Api::namespaced(env.client.clone(), &env.ns);
+        let lp = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
+        let mut seen: Vec<(String, String, usize)> = api
+            .list(&lp)
+            .await
+            .expect("listing events")
+            .items
+            .into_iter()
+            .map(|e| {
+                let count = support::event_count(&e);
+                (
+                    e.type_.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                    count,
+                )
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                ("Normal".into(), "the same note".into(), 3),
+                ("Warning".into(), "another note".into(), 1),
+            ]
+        );
+    });
 }

@@ -194,7 +194,7 @@ async fn events_for(env: &TestEnv, name: &str, reason: &str) -> usize {
     evs.items
         .iter()
         .filter(|e| e.reason.as_deref() == Some(reason))
-        .map(|e| e.count.unwrap_or(1).max(1) as usize)
+        .map(support::event_count)
         .sum()
 }
 

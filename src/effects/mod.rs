@@ -6,6 +6,7 @@
 //! [`evict`] sends a drain's evictions and deletions; [`lease`] holds the
 //! medik8s node lease and the cluster role's leader lease.
 
+pub mod events;
 pub mod evict;
 pub mod host;
 pub mod lease;
@@ -14,7 +15,6 @@ pub mod provider;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource};
 use serde_json::json;
 
@@ -26,10 +26,10 @@ use crate::error::{Error, Result};
 /// fields are ours and a field we stop sending is removed.
 pub const FIELD_MANAGER: &str = "nodekeeper";
 
-/// What performs effects: the client, and the recorder events go through.
+/// What performs effects: the client, and the writer Events go through.
 pub struct Interpreter {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: events::Events,
     /// Evictions and deletions a drain keeps in flight at once.
     pub evictions_in_flight: usize,
     /// How host commands start (directly, or in the host's mount namespace).
@@ -425,18 +425,7 @@ impl Interpreter {
         reason: &str,
         note: &str,
     ) {
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(note.into()),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, object).await {
+        if let Err(e) = self.events.publish(object, warning, reason, note).await {
             log::warn!(
                 "publishing event {reason}: {}",
                 crate::error::kube_cause(&e)

@@ -29,7 +29,6 @@ use crate::api::pod::Pod;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::ApiResource;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -292,17 +291,11 @@ pub async fn run(
     // watch would hold back the events of all the others.
     let controller = Controller::for_stream(node_events, nodes.clone())
         .trigger_backoff(stores::WatchBackoff::default());
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "nodekeeper".into(),
-            instance: Some(identity),
-        },
-    );
+    let events = crate::effects::events::Events::new(client.clone(), "nodekeeper", Some(identity));
     let ctx = Arc::new(Context::new(
         Interpreter {
             client: client.clone(),
-            recorder,
+            events,
             evictions_in_flight,
             exec: config.host_exec,
             provider: config.provider.clone(),

@@ -339,7 +339,8 @@ fn print_curve(curve: &[Vec<u64>; 2]) {
     println!("| drain n | agent A | agent B |");
     println!("|---------|---------|---------|");
     let len = curve[0].len().max(curve[1].len());
-    for n in [1, 2, 3, 5, 10, 15, 20, 30, 40, 50] {
+    const CHECKPOINTS: [usize; 13] = [1, 2, 3, 5, 10, 15, 20, 30, 40, 50, 75, 100, 150];
+    for n in CHECKPOINTS {
         if n <= len {
             let at = |c: &Vec<u64>| {
                 c.get(n - 1)
@@ -349,7 +350,7 @@ fn print_curve(curve: &[Vec<u64>; 2]) {
             println!("| {n:>7} | {} | {} |", at(&curve[0]), at(&curve[1]));
         }
     }
-    if len > 0 {
+    if len > 0 && !CHECKPOINTS.contains(&len) {
         let last = |c: &Vec<u64>| {
             c.last()
                 .map(|k| format!("{:>7.2}", *k as f64 / 1024.0))

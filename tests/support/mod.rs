@@ -618,3 +618,11 @@ pub fn rss_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// How many times an Event was seen, as `kubectl describe` shows it: an
+/// events.k8s.io series counts in `series.count`, which the core view does
+/// not fold into `count`.
+pub fn event_count(e: &k8s_openapi::api::core::v1::Event) -> usize {
+    let series = e.series.as_ref().and_then(|s| s.count);
+    series.or(e.count).unwrap_or(1).max(1) as usize
+}
