@@ -586,3 +586,60 @@ fn host_kubeconfig_names_what_is_missing_in_one_line() {
         "{err}"
     );
 }
+
+/// `host-kubeconfig --out FILE`: the file is private to its owner (0600),
+/// or shared with one group (0640, the static pod's 65532), replaced whole;
+/// `--group` without `--out` is refused in one line; an agent reads it.
+#[test]
+fn host_kubeconfig_writes_a_private_file_for_the_agent_user() {
+    use std::os::unix::fs::MetadataExt;
+    install_agent_identity();
+    let admin = support::cluster().to_string_lossy().to_string();
+    let env = [("KUBECONFIG", admin.as_str())];
+    let mut test_env = block_on(TestEnv::new("hostkcout"));
+    let node = block_on(test_env.add_node("a"));
+    let dir = std::env::temp_dir().join(format!("nk-hostkc-{:x}", support::rand_u64()));
+    let file = dir.join("etc").join("kubeconfig");
+    let file_arg = file.to_string_lossy().to_string();
+
+    let (status, out, err) = run_cli(&["host-kubeconfig", &node, "--group", "65532"], &env);
+    assert!(!status.success() && out.is_empty());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--group needs --out"), "{err}");
+
+    let (status, out, err) = run_cli(&["host-kubeconfig", &node, "--out", &file_arg], &env);
+    assert!(status.success() && out.is_empty(), "{err}");
+    assert!(err.contains("mode 0600"), "{err}");
+    let meta = std::fs::metadata(&file).expect("written");
+    assert_eq!(meta.mode() & 0o777, 0o600);
+
+    let (status, _, err) = run_cli(
+        &[
+            "host-kubeconfig",
+            &node,
+            "--out",
+            &file_arg,
+            "--group",
+            "65532",
+        ],
+        &env,
+    );
+    assert!(status.success(), "{err}");
+    let meta = std::fs::metadata(&file).expect("written");
+    assert_eq!((meta.mode() & 0o777, meta.gid()), (0o640, 65532), "{err}");
+    let leftovers = std::fs::read_dir(file.parent().expect("parent"))
+        .expect("listing")
+        .count();
+    assert_eq!(
+        leftovers, 1,
+        "a temporary file was left beside the kubeconfig"
+    );
+
+    // The file works: the token in it reads the cluster.
+    let (status, _, err) = run_cli(&["status", "--kubeconfig", &file_arg], &[]);
+    assert!(
+        status.success(),
+        "status with the written kubeconfig: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

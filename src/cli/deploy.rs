@@ -95,6 +95,58 @@ pub struct HostKubeconfigArgs {
     /// kubeconfig with the right to create tokens (default: $KUBECONFIG, ~/.kube/config)
     #[argh(option)]
     pub kubeconfig: Option<PathBuf>,
+    /// write the kubeconfig to this file (mode 0600, replaced atomically)
+    /// instead of printing it
+    #[argh(option)]
+    pub out: Option<PathBuf>,
+    /// with --out: this group may read the file too (mode 0640): the
+    /// static pod's user is 65532:65532, the image's, not the file's owner
+    #[argh(option)]
+    pub group: Option<u32>,
+}
+
+/// Write `text` to `path` readable by its owner (whoever runs this) and, if
+/// given, one group: a temporary file beside it, created 0600, given to the
+/// group and widened to 0640 only then, renamed over the old one, so the
+/// agent never reads a half-written file and nobody else ever can.
+fn write_private(path: &std::path::Path, text: &str, group: Option<u32>) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let shown = path.display();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(Error::io(format!("creating {}", tmp.display())))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(Error::io(format!("writing {}", tmp.display())))?;
+        if let Some(gid) = group {
+            use std::os::unix::fs::PermissionsExt;
+            std::os::unix::fs::fchown(&file, None, Some(gid))
+                .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(0o640)))
+                .map_err(Error::io(format!("letting group {gid} read {shown}")))?;
+        }
+        std::fs::rename(&tmp, path).map_err(Error::io(format!("replacing {shown}")))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// `host-kubeconfig NODE`: mint a token of the node agent's ServiceAccount
@@ -107,6 +159,11 @@ pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
     };
     use k8s_openapi::api::core::v1::ServiceAccount;
 
+    if args.group.is_some() && args.out.is_none() {
+        return Err(Error::Invalid(
+            "--group needs --out: a printed kubeconfig has no file to share".into(),
+        ));
+    }
     let raw = match &args.kubeconfig {
         Some(p) => kube::config::Kubeconfig::read_from(p),
         None => kube::config::Kubeconfig::read(),
@@ -183,15 +240,11 @@ pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
     let status = issued.status.ok_or_else(|| {
         Error::Invalid("the API server returned a token request without a token".into())
     })?;
-    eprintln!(
-        "token for {}/{account} bound to node {} expires {}; put this at the host's --kubeconfig path (e.g. /etc/nodekeeper/kubeconfig, mode 0600)",
-        args.namespace,
-        args.node,
-        status
-            .expiration_timestamp
-            .map(|t| t.0.to_string())
-            .unwrap_or_else(|| "at an unknown time".into())
-    );
+    let expires = status
+        .expiration_timestamp
+        .map(|t| t.0.to_string())
+        .unwrap_or_else(|| "at an unknown time".into());
+    let whose = format!("{}/{account} bound to node {}", args.namespace, args.node);
     let user = format!("nodekeeper-{}", args.node);
     let doc = serde_json::json!({
         "apiVersion": "v1",
@@ -201,6 +254,57 @@ pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
         "contexts": [{"name": "nodekeeper", "context": {"cluster": "cluster", "user": user}}],
         "current-context": "nodekeeper"
     });
-    print!("{}", crate::yaml::documents(&[doc]));
+    let text = crate::yaml::documents(&[doc]);
+    match &args.out {
+        Some(path) => {
+            write_private(path, &text, args.group)?;
+            let mode = args
+                .group
+                .map_or_else(|| "mode 0600".into(), |g| format!("mode 0640, group {g}"));
+            eprintln!(
+                "wrote {} ({mode}): token for {whose}, expires {expires}",
+                path.display()
+            );
+        }
+        None => {
+            eprintln!(
+                "token for {whose} expires {expires}; put this at the host's --kubeconfig path (e.g. /etc/nodekeeper/kubeconfig), readable by the agent's user only (--out FILE writes it so; add --group 65532 for the static pod)"
+            );
+            print!("{text}");
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_private_file_is_0600_or_0640_for_one_group_replaced_whole_with_no_temporary_left() {
+        let dir = std::env::temp_dir().join(format!("nk-private-{}", std::process::id()));
+        let path = dir.join("sub").join("kubeconfig");
+        write_private(&path, "first", None).expect("first write");
+        assert_eq!(
+            std::fs::metadata(&path).map(|m| m.mode() & 0o777).ok(),
+            Some(0o600)
+        );
+        // A group this process is in (its own), so the test needs no root.
+        let gid = std::fs::metadata(&path).map(|m| m.gid()).expect("written");
+        write_private(&path, "second", Some(gid)).expect("second write");
+        let meta = std::fs::metadata(&path).expect("written");
+        assert_eq!((meta.mode() & 0o777, meta.gid()), (0o640, gid));
+        assert_eq!(
+            std::fs::read_to_string(&path).ok().as_deref(),
+            Some("second")
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.join("sub"))
+            .expect("listing")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

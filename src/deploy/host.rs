@@ -142,14 +142,16 @@ pub(super) fn talos_service_config(o: &Options) -> Value {
 }
 
 pub(super) fn containerfile() -> String {
-    "\
+    format!(
+        "\
 FROM scratch
 COPY nodekeeper /nodekeeper
 COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
-USER 65532:65532
+USER {user}:{user}
 ENTRYPOINT [\"/nodekeeper\"]
 CMD [\"run\"]
-"
-    .into()
+",
+        user = super::IMAGE_USER
+    )
 }

@@ -38,6 +38,9 @@ pub const AGENT_ACCOUNT: &str = "nodekeeper-agent";
 pub const CLUSTER_ACCOUNT: &str = "nodekeeper-cluster";
 /// The admission policy (and its binding) confining node agents.
 pub const OWN_NODE_POLICY: &str = "nodekeeper-own-node";
+/// The image's user and group (the distroless `nonroot` numbers): every
+/// pod runs as it, and a static pod's host kubeconfig is readable by it.
+pub const IMAGE_USER: u32 = 65532;
 /// The port `/metrics`, `/healthz` and `/readyz` are served on.
 pub const METRICS_PORT: u16 = 9477;
 /// The user-info extra key the API server fills from a token bound to a pod
@@ -335,8 +338,9 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
             &format!(
                 "nodekeeper as a static pod: copy into the kubelet's staticPodPath\n\
                  # (/etc/kubernetes/manifests, or /var/lib/rancher/k3s/agent/pod-manifests on k3s).\n\
-                 # Needs a kubeconfig at {} on the host (see README, Deploy).",
-                o.kubeconfig
+                 # Needs a kubeconfig at {kc} on the host that group {IMAGE_USER} can read:
+                 #   nodekeeper host-kubeconfig NODE --out {kc} --group {IMAGE_USER}",
+                kc = o.kubeconfig
             ),
             yaml(&[static_pod(o)]),
         )],

@@ -37,21 +37,17 @@ pub(super) enum PodMode {
 
 impl PodMode {
     /// The container's securityContext: no capabilities, no escalation,
-    /// nothing writable, the runtime's seccomp profile; non-root where the
-    /// credentials allow it.
+    /// nothing writable, the runtime's seccomp profile, the image's non-root
+    /// user.
     pub(super) fn security(self) -> Value {
         let mut sc = json!({"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
                             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}});
-        match self {
-            PodMode::DaemonSet | PodMode::Deployment => {
-                sc["runAsNonRoot"] = json!(true);
-                sc["runAsUser"] = json!(65532);
-                sc["runAsGroup"] = json!(65532);
-            }
-            // Root only so a root-owned 0600 kubeconfig on the host stays
-            // readable; still no capabilities.
-            PodMode::StaticPod => {}
-        }
+        // Every mode runs as the image's user. The static pod reads its
+        // kubeconfig from the host as group 65532: `host-kubeconfig --out
+        // FILE --group 65532` writes it root-owned, mode 0640.
+        sc["runAsNonRoot"] = json!(true);
+        sc["runAsUser"] = json!(IMAGE_USER);
+        sc["runAsGroup"] = json!(IMAGE_USER);
         sc
     }
 }
@@ -68,11 +64,12 @@ impl PodMode {
 pub(super) fn reboot_profile(pod: &mut Value, container: &mut Value) {
     pod["hostPID"] = json!(true);
     let sc = &mut container["securityContext"];
-    if let Some(m) = sc.as_object_mut() {
-        m.remove("runAsNonRoot");
-        m.remove("runAsUser");
-        m.remove("runAsGroup");
-    }
+    // Root, said outright: the image's USER is 65532, and capabilities added
+    // to a non-root container are not effective under every runtime. The
+    // group stays the image's, so a static pod's 0640 kubeconfig is readable
+    // either way.
+    sc["runAsNonRoot"] = json!(false);
+    sc["runAsUser"] = json!(0);
     sc["capabilities"] = json!({"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]});
     sc["appArmorProfile"] = json!({"type": "Unconfined"});
     if let Some(args) = container["args"].as_array_mut() {

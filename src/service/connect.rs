@@ -33,15 +33,46 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client> {
     connect_with(kubeconfig, Transport::Http2).await
 }
 
+/// For a kubeconfig that exists but cannot be read: who owns it, its mode,
+/// and who we are, which is all it takes to see the mismatch.
+fn access_hint(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return String::new();
+    };
+    if std::fs::File::open(path).is_ok() {
+        return String::new();
+    }
+    let me = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let field = |name: &str| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.split_whitespace().next().map(str::to_string))
+            };
+            Some(format!("{}:{}", field("Uid:")?, field("Gid:")?))
+        })
+        .unwrap_or_else(|| "?".into());
+    format!(
+        " (the file is {}:{} mode {:04o}, this process runs as {me}; for the static pod: host-kubeconfig NODE --out FILE --group {})",
+        meta.uid(),
+        meta.gid(),
+        meta.mode() & 0o7777,
+        crate::deploy::IMAGE_USER
+    )
+}
+
 /// [`connect`] with a chosen transport.
 pub async fn connect_with(kubeconfig: Option<&Path>, transport: Transport) -> Result<Client> {
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|e| {
                 Error::NoCredentials(format!(
-                    "cannot read kubeconfig {}: {}",
+                    "cannot read kubeconfig {}: {}{}",
                     path.display(),
-                    first_line(&e.to_string())
+                    first_line(&e.to_string()),
+                    access_hint(path)
                 ))
             })?;
             Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
