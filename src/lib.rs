@@ -74,7 +74,9 @@
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`] (concurrent
 //!   evictions guarded by pod UID) and [`effects::lease`] (the medik8s node
-//!   lease, leader election) and [`effects::host`], the only module that
+//!   lease, leader election), [`effects::events`] (Events for `kubectl
+//!   describe`, repeats counted as a series, at most 128 remembered) and
+//!   [`effects::host`], the only module that
 //!   touches the machine: argv commands with a timeout (directly, or in PID
 //!   1's mount namespace through `nodekeeper host-exec`), the sentinel file
 //!   and command. [`effects::provider`] runs the provider plugin (one JSON
