@@ -3,6 +3,8 @@
 # + kube-scheduler + kwok (simulated kubelets), on loopback only.
 #
 #   cluster.sh build    build (or find in the cache) the binaries, print their folder
+#   cluster.sh build-kubelet  build (or find in the cache) a kubelet of the same
+#                       release for real nodes (tests/realnode/node.sh), print its folder
 #   cluster.sh up       build if needed, start everything, wait until it serves
 #   cluster.sh down     stop everything and remove the cluster's state
 #   cluster.sh status   exit 0 when a cluster is up and answering
@@ -28,6 +30,9 @@ ETCD_VERSION=v3.7.0 # what k8s.io/kubernetes $K8S_VERSION requires
 cache_root=${NODEKEEPER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekeeper}
 # Bump the recipe suffix when the way binaries are built changes.
 bin_key="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_etcd-${ETCD_VERSION}_r2"
+# The kubelet has a cache folder of its own, so adding it did not rebuild the
+# control plane's; bump its suffix when the way it is built changes.
+kubelet_key="kubelet-${K8S_VERSION}_r1"
 cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
 port=${NODEKEEPER_CLUSTER_PORT:-16443}
 etcd_port=${NODEKEEPER_ETCD_PORT:-16379}
@@ -73,12 +78,8 @@ cmd_build() {
   log "building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION into $dir (first run on this machine; later runs reuse it)"
   # Stamp the release as Kubernetes' own build does (hack/lib/version.sh), so
   # /version and kubectl report v1.37.1 rather than v0.0.0-master.
-  local minor=${K8S_VERSION#v1.}
-  minor=${minor%%.*}
-  local stamp="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    stamp+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-  done
+  local stamp
+  stamp=$(version_stamp)
   (cd "$here/k8s" && go build -mod=readonly -trimpath -ldflags="$stamp" -o "$dir/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -93,6 +94,44 @@ cmd_build() {
   write_kwok_config "$dir/kwok.yaml" "$kwok_src"
   touch "$dir/.complete"
   log "built in $((SECONDS - start)) s"
+  echo "$dir"
+}
+
+version_stamp() {
+  local minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  local stamp="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    stamp+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  echo "$stamp"
+}
+
+# The kubelet of the same release, for real nodes beside the kwok ones.
+# NODEKEEPER_KUBELET_BIN names a folder holding a ready `kubelet` instead.
+cmd_build_kubelet() {
+  local dir
+  if [[ -n ${NODEKEEPER_KUBELET_BIN:-} ]]; then
+    dir=$NODEKEEPER_KUBELET_BIN
+    [[ -x $dir/kubelet ]] || die "NODEKEEPER_KUBELET_BIN=$dir has no executable 'kubelet'"
+    echo "$dir"
+    return
+  fi
+  dir=$cache_root/bin/$kubelet_key
+  if [[ -f $dir/.complete ]]; then
+    echo "$dir"
+    return
+  fi
+  command -v go >/dev/null || die "Go is needed to build the kubelet (or set NODEKEEPER_KUBELET_BIN)"
+  go_env
+  mkdir -p "$dir"
+  local start=$SECONDS stamp
+  stamp=$(version_stamp)
+  log "building the kubelet $K8S_VERSION into $dir (first run on this machine; later runs reuse it)"
+  (cd "$here/k8s" && go build -mod=readonly -trimpath -ldflags="$stamp" -o "$dir/" \
+    k8s.io/kubernetes/cmd/kubelet) || die "building the kubelet failed (see the go output above)"
+  touch "$dir/.complete"
+  log "kubelet built in $((SECONDS - start)) s"
   echo "$dir"
 }
 
@@ -349,11 +388,12 @@ cmd_down() {
 
 case ${1:-} in
   build) cmd_build ;;
+  build-kubelet) cmd_build_kubelet ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   logs) cmd_logs ;;
   kubeconfig) kubeconfig ;;
   restart-apiserver) cmd_restart_apiserver ;;
-  *) die "usage: $0 build|up|down|status|logs|kubeconfig|restart-apiserver" ;;
+  *) die "usage: $0 build|build-kubelet|up|down|status|logs|kubeconfig|restart-apiserver" ;;
 esac
