@@ -24,12 +24,14 @@ lint:
     cargo fmt --check
     cargo clippy --all-targets -- -D warnings
 
-# All tests: unit tests and integration tests on the local control plane,
-# which is started for the run and stopped after it.
-test: cluster-up
+# All tests: unit tests and integration tests on the local control plane and
+# one real node (kubelet + containerd, tests/realnode/node.sh), started for
+# the run and stopped after it. The real node runs the static binary's image.
+test: build-static cluster-up
     #!/usr/bin/env bash
     set -euo pipefail
-    trap 'tests/controlplane/cluster.sh down' EXIT
+    trap 'tests/realnode/node.sh down; tests/controlplane/cluster.sh down' EXIT
+    export NODEKEEPER_IMAGE_BIN="$PWD/{{static_bin}}"
     cargo test
 
 # OCI image archives without a container daemon (agent image and Talos
