@@ -565,7 +565,8 @@ fn a_maintenance_drains_real_containers_with_their_grace_period() {
 /// Transitions of a Node's `spec.unschedulable`, seen by a watch of the
 /// test's own: (to cordoned, to uncordoned).
 struct CordonWatch {
-    counts: std::sync::Arc<Mutex<(usize, usize)>>,
+    /// (to cordoned, to uncordoned, the initial state seen)
+    counts: std::sync::Arc<Mutex<(usize, usize, bool)>>,
     task: Option<smol::Task<()>>,
 }
 
@@ -575,7 +576,7 @@ impl CordonWatch {
     fn start(env: &TestEnv, node: &str) -> CordonWatch {
         use kube::runtime::watcher::{self, Event};
         use smol::stream::StreamExt;
-        let counts = std::sync::Arc::new(Mutex::new((0, 0)));
+        let counts = std::sync::Arc::new(Mutex::new((0, 0, false)));
         let api: Api<Node> = Api::all(env.client.clone());
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let seen = counts.clone();
@@ -595,16 +596,25 @@ impl CordonWatch {
                     _ => {}
                 }
                 last = Some(now);
+                c.2 = true;
             }
         }));
-        CordonWatch {
+        let watch = CordonWatch {
             counts,
             task: Some(task),
-        }
+        };
+        // Changes before the watch's first list would go unseen.
+        wait_host(
+            "the cordon watch's first look",
+            Duration::from_secs(30),
+            || watch.counts.lock().map(|c| c.2).unwrap_or(false),
+        );
+        watch
     }
 
     fn counts(&self) -> (usize, usize) {
-        *self.counts.lock().unwrap_or_else(|p| p.into_inner())
+        let c = *self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        (c.0, c.1)
     }
 }
 
@@ -692,15 +702,21 @@ fn the_static_pod_agent_survives_runtime_and_kubelet_restarts_without_repeating_
         .status();
     let after = agent_pid(Some(before));
     assert_ne!(after, before);
+    // Two finished reconciles of the new agent: its first pass over the
+    // maintenance it found has run, so a step it would repeat has been.
     wait_host(
-        "/healthz from the restarted agent",
+        "two reconciles by the restarted agent",
         Duration::from_secs(60),
-        healthy,
+        || {
+            support::http_get(9477, "/metrics").is_some_and(|(_, body)| {
+                body.lines()
+                    .find_map(|l| l.strip_prefix("nodekeeper_reconciles_total "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .is_some_and(|n| n >= 2.0)
+            })
+        },
     );
     succeeded();
-    // Give a restarted agent that would repeat a step the time to do so,
-    // bounded by what we wait for next: its first reconcile is logged as
-    // readiness, which /healthz only reports after the first pass.
     assert_eq!(
         watch.counts(),
         (1, 0),
