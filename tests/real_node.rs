@@ -192,6 +192,25 @@ fn wait_node_empty(env: &TestEnv, node: &str) {
     ));
 }
 
+/// A real-node test's start: the node to itself, the CRDs and the agent's
+/// RBAC and admission policy installed, the node up and free of earlier
+/// tests' pods, a namespace of its own.
+fn on_real_node(
+    name: &str,
+) -> (
+    std::sync::MutexGuard<'static, ()>,
+    &'static RealNode,
+    TestEnv,
+) {
+    let one = exclusive();
+    install_crds();
+    install_agent_identity();
+    let node = real_node();
+    let env = block_on(TestEnv::new(name));
+    wait_node_empty(&env, &node.name);
+    (one, node, env)
+}
+
 /// Removes the static pod manifest and the host kubeconfig when dropped, so
 /// a failing test leaves no agent behind.
 struct StaticPodCleanup<'a>(&'a RealNode);
@@ -245,12 +264,7 @@ fn healthy() -> bool {
 /// NodeMaintenance. Removing the manifest stops it.
 #[test]
 fn the_readme_static_pod_recipe_runs_before_any_cni_and_reconciles_its_node() {
-    let _one = exclusive();
-    install_crds();
-    install_agent_identity();
-    let node = real_node();
-    let env = block_on(TestEnv::new("realsp"));
-    wait_node_empty(&env, &node.name);
+    let (_one, node, env) = on_real_node("realsp");
 
     let cni = NoCni::new(node);
     block_on(wait_for(
@@ -420,11 +434,7 @@ fn linger_marks(file: &Path) -> (Option<u64>, Option<u64>) {
 fn a_maintenance_drains_real_containers_with_their_grace_period() {
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
     const LINGER_SECS: u64 = 4;
-    let _one = exclusive();
-    install_crds();
-    let node = real_node();
-    let env = block_on(TestEnv::new("realdrain"));
-    wait_node_empty(&env, &node.name);
+    let (_one, node, env) = on_real_node("realdrain");
     let out = std::env::temp_dir().join(format!("nk-linger-{}", env.id));
     std::fs::create_dir_all(&out).expect("the linger folder");
     // The pause image's user (65535) writes its marks here.
@@ -649,12 +659,7 @@ async fn events_about(env: &TestEnv, name: &str, reason: &str) -> usize {
 /// SucceedMaintenance; then the maintenance ends with one uncordon.
 #[test]
 fn the_static_pod_agent_survives_runtime_and_kubelet_restarts_without_repeating_a_step() {
-    let _one = exclusive();
-    install_crds();
-    install_agent_identity();
-    let node = real_node();
-    let env = block_on(TestEnv::new("realrestart"));
-    wait_node_empty(&env, &node.name);
+    let (_one, node, env) = on_real_node("realrestart");
     let _cleanup = StaticPodCleanup(node);
     let pid = run_static_pod_recipe(node);
     wait_host(
