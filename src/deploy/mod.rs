@@ -295,14 +295,18 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
             ),
             yaml(&deployment(o)),
         )],
+        // Numbered in dependency order (the CRDs, then the namespaces with
+        // the RBAC, then what lives in them): `kubectl apply -f DIR` applies a
+        // folder's files in lexical order and stops an object whose namespace
+        // does not exist yet. k3s retries, kubectl does not.
         "k3s" => vec![
             file(
-                "nodekeeper-crds.yaml",
+                "00-nodekeeper-crds.yaml",
                 "nodekeeper for k3s: copy this folder into /var/lib/rancher/k3s/server/manifests/",
                 crate::api::CRDS_YAML.into(),
             ),
             file(
-                "nodekeeper-rbac.yaml",
+                "01-nodekeeper-rbac.yaml",
                 &format!(
                     "nodekeeper for k3s: the node agent identity.\n{}",
                     rules_comment(Identity::Agent)
@@ -310,17 +314,17 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
                 yaml(&rbac(o)),
             ),
             file(
-                "nodekeeper-admission.yaml",
+                "02-nodekeeper-admission.yaml",
                 "nodekeeper for k3s: confines each node agent to its own Node",
                 yaml(&admission(o)),
             ),
             file(
-                "nodekeeper-daemonset.yaml",
+                "03-nodekeeper-daemonset.yaml",
                 "nodekeeper for k3s: the node agent on every node",
                 yaml(&[daemonset(o)]),
             ),
             file(
-                "nodekeeper-cluster.yaml",
+                "04-nodekeeper-cluster.yaml",
                 &format!(
                     "nodekeeper for k3s: the cluster role, which admits reboots within budgets
                      # (the node agents drain and reboot).

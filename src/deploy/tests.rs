@@ -214,3 +214,50 @@ fn admission_flows_into_the_serving_modes_and_nowhere_else() {
         assert!(yaml.contains(want), "{want}: {yaml}");
     }
 }
+
+/// `kubectl apply -f k3s-manifests/` applies the files in lexical order, so
+/// that order must create what later files need: the CRDs first, and every
+/// namespace before any object in it.
+#[test]
+fn k3s_files_sort_in_the_order_they_must_be_applied() {
+    let o = Options::default();
+    let files = render("k3s", &o).unwrap_or_default();
+    let mut sorted: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    sorted.sort_unstable();
+    let listed: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(sorted, listed, "file names must sort in the listed order");
+    assert!(
+        files[0].content.contains("kind: CustomResourceDefinition"),
+        "the CRDs come first: {}",
+        files[0].path
+    );
+    let in_namespace = format!("namespace: {}", o.namespace);
+    let created = files
+        .iter()
+        .position(|f| f.content.contains("kind: Namespace"))
+        .unwrap_or(usize::MAX);
+    for (i, f) in files.iter().enumerate() {
+        if f.content.contains(&in_namespace) {
+            assert!(
+                created <= i,
+                "{} has objects in {} before a file creates it",
+                f.path,
+                o.namespace
+            );
+        }
+    }
+    let rbac = &files[created];
+    let namespace_doc = rbac
+        .content
+        .split("\n---\n")
+        .position(|d| d.contains("kind: Namespace"));
+    let first_namespaced = rbac
+        .content
+        .split("\n---\n")
+        .position(|d| d.contains(&in_namespace) && !d.contains("kind: Namespace"));
+    assert!(
+        namespace_doc < first_namespaced || first_namespaced.is_none(),
+        "{}: the Namespace must precede the objects in it",
+        rbac.path
+    );
+}
