@@ -18,8 +18,8 @@ use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Pha
 use nodekeeper::deploy::{AGENT_ACCOUNT, Options, TARGETS, render};
 use serde_json::json;
 use support::{
-    Agent, TestEnv, block_on, client_from, host_kubeconfig, install_agent_identity, install_crds,
-    kubectl, run_cli, wait_for,
+    Agent, TestEnv, block_on, client_from, client_with_token, host_kubeconfig,
+    install_agent_identity, install_crds, kubectl, run_cli, wait_for,
 };
 
 const NAMESPACE: &str = "nodekeeper";
@@ -184,9 +184,14 @@ fn the_daemonset_runs_one_agent_on_every_node_even_cordoned_and_tainted() {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
                 "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
                                       "values": [a.clone(), b.clone()]}]}]}}});
+        // The pods' service account, as the rbac target makes it in the
+        // agents' namespace: the API server refuses a pod whose account is
+        // missing.
+        let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                             "metadata": {"name": AGENT_ACCOUNT, "namespace": env.ns}});
         let out = kubectl(
             &["apply", "-f", "-"],
-            Some(&nodekeeper::yaml::documents(&[ds])),
+            Some(&nodekeeper::yaml::documents(&[account, ds])),
         );
         assert!(
             out.status.success(),
@@ -377,25 +382,6 @@ async fn agent_pod(client: &Client, name: &str, node: &str) {
         .expect("creating an agent pod");
 }
 
-/// A kubeconfig for the test cluster with `token` as the credential.
-fn kubeconfig_with_token(token: &str) -> std::path::PathBuf {
-    let admin = std::fs::read_to_string(support::cluster()).expect("kubeconfig");
-    let text: String = admin
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("token:") {
-                format!("    token: {token}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let path = std::env::temp_dir().join(format!("nk-token-kubeconfig-{:x}", support::rand_u64()));
-    std::fs::write(&path, text).expect("write kubeconfig");
-    path
-}
-
 fn token(args: &[&str]) -> String {
     let mut all = vec![
         "create",
@@ -437,17 +423,17 @@ fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
         let (pod_a, pod_b) = (format!("{}-agent-a", env.id), format!("{}-agent-b", env.id));
         agent_pod(&env.client, &pod_a, &a).await;
         agent_pod(&env.client, &pod_b, &b).await;
-        let as_a = client_from(&kubeconfig_with_token(&token(&[
+        let as_a = client_with_token(&token(&[
             "--bound-object-kind=Pod",
             &format!("--bound-object-name={pod_a}"),
-        ])))
+        ]))
         .await;
-        let as_b = client_from(&kubeconfig_with_token(&token(&[
+        let as_b = client_with_token(&token(&[
             "--bound-object-kind=Pod",
             &format!("--bound-object-name={pod_b}"),
-        ])))
+        ]))
         .await;
-        let unbound = client_from(&kubeconfig_with_token(&token(&[]))).await;
+        let unbound = client_with_token(&token(&[])).await;
 
         let cordon = json!({"spec": {"unschedulable": true},
                             "metadata": {"annotations": {"nodekeeper.io/cordoned-by-maintenance": "t"}}});

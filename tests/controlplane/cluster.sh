@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The local test control plane: etcd + kube-apiserver + kube-controller-manager
-# + kube-scheduler + kwok (simulated kubelets), on loopback only.
+# + kube-scheduler + kwok (simulated kubelets). Everything listens on loopback
+# except the API server, which also serves on this machine's address so that
+# pods on real nodes reach it through the `kubernetes` Service (see
+# detect_advertise_address). Admission is the API server's default set, so
+# pods get service-account tokens as in any cluster.
 #
 #   cluster.sh build    build (or find in the cache) the binaries, print their folder
-#   cluster.sh build-kubelet  build (or find in the cache) a kubelet of the same
-#                       release for real nodes (tests/realnode/node.sh), print its folder
+#   cluster.sh build-kubelet  build (or find in the cache) a kubelet and a
+#                       kube-proxy of the same release for real nodes
+#                       (tests/realnode/node.sh), print their folder
 #   cluster.sh up       build if needed, start everything, wait until it serves
 #   cluster.sh down     stop everything and remove the cluster's state
 #   cluster.sh status   exit 0 when a cluster is up and answering
@@ -30,11 +35,14 @@ ETCD_VERSION=v3.7.0 # what k8s.io/kubernetes $K8S_VERSION requires
 cache_root=${NODEKEEPER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekeeper}
 # Bump the recipe suffix when the way binaries are built changes.
 bin_key="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_etcd-${ETCD_VERSION}_r2"
-# The kubelet has a cache folder of its own, so adding it did not rebuild the
-# control plane's; bump its suffix when the way it is built changes.
-kubelet_key="kubelet-${K8S_VERSION}_r1"
+# The real nodes' kubelet and kube-proxy have a cache folder of their own, so
+# adding them did not rebuild the control plane's; bump its suffix when what
+# it holds or the way it is built changes (r2: kube-proxy).
+kubelet_key="kubelet-${K8S_VERSION}_r2"
 cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
 port=${NODEKEEPER_CLUSTER_PORT:-16443}
+service_cidr=10.96.0.0/16
+service_ip=10.96.0.1 # the `kubernetes` Service's ClusterIP: the range's first address
 etcd_port=${NODEKEEPER_ETCD_PORT:-16379}
 
 log() { echo "cluster: $*" >&2; }
@@ -107,13 +115,16 @@ version_stamp() {
   echo "$stamp"
 }
 
-# The kubelet of the same release, for real nodes beside the kwok ones.
-# NODEKEEPER_KUBELET_BIN names a folder holding a ready `kubelet` instead.
+# The kubelet and kube-proxy of the same release, for real nodes beside the
+# kwok ones. NODEKEEPER_KUBELET_BIN names a folder holding a ready `kubelet`
+# and `kube-proxy` instead.
 cmd_build_kubelet() {
   local dir
   if [[ -n ${NODEKEEPER_KUBELET_BIN:-} ]]; then
     dir=$NODEKEEPER_KUBELET_BIN
-    [[ -x $dir/kubelet ]] || die "NODEKEEPER_KUBELET_BIN=$dir has no executable 'kubelet'"
+    for c in kubelet kube-proxy; do
+      [[ -x $dir/$c ]] || die "NODEKEEPER_KUBELET_BIN=$dir has no executable '$c'"
+    done
     echo "$dir"
     return
   fi
@@ -127,11 +138,12 @@ cmd_build_kubelet() {
   mkdir -p "$dir"
   local start=$SECONDS stamp
   stamp=$(version_stamp)
-  log "building the kubelet $K8S_VERSION into $dir (first run on this machine; later runs reuse it)"
+  log "building the kubelet and kube-proxy $K8S_VERSION into $dir (first run on this machine; later runs reuse it)"
   (cd "$here/k8s" && go build -mod=readonly -trimpath -ldflags="$stamp" -o "$dir/" \
-    k8s.io/kubernetes/cmd/kubelet) || die "building the kubelet failed (see the go output above)"
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) ||
+    die "building the kubelet and kube-proxy failed (see the go output above)"
   touch "$dir/.complete"
-  log "kubelet built in $((SECONDS - start)) s"
+  log "kubelet and kube-proxy built in $((SECONDS - start)) s"
   echo "$dir"
 }
 
@@ -172,6 +184,29 @@ running() {
   done
 }
 
+# The address the API server advertises: the endpoint of the `kubernetes`
+# Service, to which kube-proxy on a real node (tests/realnode) sends what a
+# pod addresses to the Service, as in any cluster. It must not be loopback
+# (the API server refuses such an endpoint, and the kernel drops what a pod's
+# packet would become), so it is this machine's primary IPv4 address, and
+# the API server listens on every address (token and certificate
+# authentication as on loopback; the cluster is throwaway). Without such an
+# address the Service gets no endpoints: everything else works, pods off the
+# host network cannot reach the API server.
+detect_advertise_address() {
+  local ipcmd="" addr="" c
+  for c in "$(command -v ip || true)" /usr/sbin/ip /sbin/ip; do
+    [[ -n $c && -x $c ]] && { ipcmd=$c; break; }
+  done
+  [[ -n $ipcmd ]] && addr=$("$ipcmd" -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p' | head -n1)
+  if [[ -z $addr || $addr == 127.* ]]; then
+    log "warning: no non-loopback IPv4 address with a route: the kubernetes Service gets no endpoints (pods off the host network cannot reach the API server)"
+    addr=127.0.0.1
+  fi
+  echo "$addr" >"$cluster_dir/advertise-address"
+}
+advertise_address() { cat "$cluster_dir/advertise-address"; }
+
 cmd_status() {
   if running && healthy; then
     echo "up: KUBECONFIG=$(kubeconfig)"
@@ -189,7 +224,13 @@ gen_pki() {
     -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
     -keyout "$p/apiserver.key" -out "$p/apiserver.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' >"$p/ext.cnf"
+  # Clients reach the API server on loopback (kubeconfigs), at the advertised
+  # address, and from pods at the `kubernetes` Service's ClusterIP (the
+  # first address of --service-cluster-ip-range), which kube-proxy on the real
+  # nodes translates to the advertised address.
+  local san="IP:127.0.0.1,IP:$service_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  [[ $(advertise_address) == 127.0.0.1 ]] || san+=",IP:$(advertise_address)"
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" >"$p/ext.cnf"
   openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
     -days 3650 -extfile "$p/ext.cnf" -out "$p/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
@@ -286,6 +327,7 @@ cmd_up() {
   cmd_down >/dev/null 2>&1 || true
   mkdir -p "$cluster_dir/logs"
   : >"$cluster_dir/logs/.started"
+  detect_advertise_address
   gen_pki
   write_kubeconfig
   local p=$cluster_dir/pki kc=$cluster_dir/kubeconfig
@@ -337,19 +379,22 @@ cmd_up() {
 # kube-apiserver, also restarted alone by `restart-apiserver` (tests that
 # prove convergence across an API server restart).
 start_apiserver() {
-  local bins=$1 p=$cluster_dir/pki
+  local bins=$1 p=$cluster_dir/pki addr bind=0.0.0.0 reconciler=lease
+  addr=$(advertise_address)
+  # See detect_advertise_address. On loopback only, the Service has no
+  # endpoints (an endpoint may not be a loopback address).
+  [[ $addr != 127.0.0.1 ]] || { bind=127.0.0.1; reconciler=none; }
   start kube-apiserver "$bins/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
+    --bind-address="$bind" --advertise-address="$addr" --secure-port="$port" \
+    --endpoint-reconciler-type="$reconciler" \
     --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
     --client-ca-file="$p/ca.crt" --token-auth-file="$p/tokens.csv" \
     --authorization-mode=RBAC \
     --service-account-issuer=https://kubernetes.default.svc \
     --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
-    --service-cluster-ip-range=10.96.0.0/16 \
+    --service-cluster-ip-range="$service_cidr" \
     --allow-privileged=true \
-    --disable-admission-plugins=ServiceAccount \
-    --endpoint-reconciler-type=none \
     --audit-policy-file="$p/audit-policy.yaml" --audit-log-path="$cluster_dir/logs/audit.log" \
     --audit-log-mode=blocking
 }

@@ -46,8 +46,15 @@
 # use ctr. `down` kills everything at once (SIGKILL): no graceful pod stop.
 #
 # Pod network: Debian's bridge + host-local CNI plugins, bridge nkbr<i>,
-# 10.88.<i>.0/24, no masquerade, no portmap (hostPort unsupported: it needs
-# iptables). Host-network pods need none of it.
+# 10.88.<i>.0/24, no masquerade, no portmap (hostPort unsupported). Host-network
+# pods need none of it.
+#
+# Services: one kube-proxy (nftables mode) for the whole machine, as node
+# real-0. Every real node shares the host's network namespace, where
+# kube-proxy's rules apply to all of them; a second kube-proxy would fight
+# the first over the same tables. A pod reaches the API server as in any
+# cluster: the `kubernetes` Service's ClusterIP, translated to the address
+# the API server advertises (tests/controlplane/cluster.sh).
 #
 # The nodes carry the label nodekeeper.test/real-node=true and, unless
 # NODEKEEPER_REALNODE_TAINT is set to empty, the taint
@@ -59,7 +66,8 @@
 # Outside its folder, a node changes (and `down` restores or removes): the
 # sysctls vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
 # kernel.panic_on_oops, kernel.keys.root_maxkeys/root_maxbytes (kubelet) and
-# net.ipv4.ip_forward (CNI bridge), the cgroups /nodekeeper-real-*, bridges
+# net.ipv4.ip_forward (CNI bridge), kube-proxy's nftables tables
+# `ip kube-proxy` and `ip6 kube-proxy`, the cgroups /nodekeeper-real-*, bridges
 # nkbr*, network namespaces /run/netns/cni-*, /var/lib/cni, /var/log/containers,
 # /var/lib/kubelet (device-plugins), /run/containerd/s (shim sockets), and
 # the Nodes (and pods bound to them) in the API.
@@ -303,18 +311,19 @@ cmd_cni() {
   ((found)) || die "no real node named $only is up"
 }
 
-# A client certificate signed by the cluster CA, and the kubeconfig using it.
-write_node_credentials() {
-  local i=$1 d name p=$cluster_dir/pki server
-  d=$(node_dir "$i")
-  name=$(node_name "$i")
-  mkdir -p "$d/pki" "$d/certs"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$d/pki/node.key" 2>/dev/null
-  openssl req -new -key "$d/pki/node.key" -subj "/O=system:nodes/CN=system:node:$name" -out "$d/pki/node.csr" 2>/dev/null
+# A client certificate signed by the cluster CA for USER (in GROUP, when
+# given), and DIR/kubeconfig using it.
+write_client_kubeconfig() {
+  local d=$1 user=$2 group=${3:-} p=$cluster_dir/pki server subject
+  subject="/CN=$user"
+  [[ -z $group ]] || subject="/O=$group$subject"
+  mkdir -p "$d/pki"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$d/pki/client.key" 2>/dev/null
+  openssl req -new -key "$d/pki/client.key" -subj "$subject" -out "$d/pki/client.csr" 2>/dev/null
   printf 'keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >"$d/pki/ext.cnf"
-  openssl x509 -req -in "$d/pki/node.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" \
-    -set_serial "0x$(openssl rand -hex 12)" -days 30 -extfile "$d/pki/ext.cnf" -out "$d/pki/node.crt" 2>/dev/null ||
-    die "cannot sign $name's client certificate with $p/ca.key"
+  openssl x509 -req -in "$d/pki/client.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" \
+    -set_serial "0x$(openssl rand -hex 12)" -days 30 -extfile "$d/pki/ext.cnf" -out "$d/pki/client.crt" 2>/dev/null ||
+    die "cannot sign $user's client certificate with $p/ca.key"
   server=$(sed -n 's/^ *server: *//p' "$cluster_dir/kubeconfig" | head -n1)
   cat >"$d/kubeconfig" <<EOF
 apiVersion: v1
@@ -325,16 +334,24 @@ clusters:
     server: $server
     certificate-authority-data: $(base64 -w0 <"$p/ca.crt")
 users:
-- name: system:node:$name
+- name: $user
   user:
-    client-certificate-data: $(base64 -w0 <"$d/pki/node.crt")
-    client-key-data: $(base64 -w0 <"$d/pki/node.key")
+    client-certificate-data: $(base64 -w0 <"$d/pki/client.crt")
+    client-key-data: $(base64 -w0 <"$d/pki/client.key")
 contexts:
 - name: nodekeeper-test
-  context: {cluster: nodekeeper-test, user: "system:node:$name"}
+  context: {cluster: nodekeeper-test, user: "$user"}
 current-context: nodekeeper-test
 EOF
   chmod 600 "$d/kubeconfig"
+}
+
+# The kubelet's credentials: system:node:<name> in group system:nodes.
+write_node_credentials() {
+  local d
+  d=$(node_dir "$1")
+  mkdir -p "$d/certs"
+  write_client_kubeconfig "$d" "system:node:$(node_name "$1")" system:nodes
 }
 
 write_kubelet_config() {
@@ -418,6 +435,32 @@ start_kubelet() {
     --hostname-override="$(node_name "$i")" --node-labels="$label=true" --v=2
 }
 
+# kube-proxy: one for the machine (see the header), as node real-0, in
+# nftables mode. The conntrack sysctls are left as they are (0 = leave as-is):
+# the host is shared. Health and metrics on loopback, on free ports.
+proxy_dir() { echo "$dir/kube-proxy"; }
+
+start_kube_proxy() {
+  local d
+  d=$(proxy_dir)
+  start_bg "$d/kube-proxy.pid" "$d/kube-proxy.log" "$(cat "$dir/kube-proxy-bin")" \
+    --kubeconfig="$d/kubeconfig" --hostname-override="$(node_name 0)" --proxy-mode=nftables \
+    --cluster-cidr=10.88.0.0/16 --conntrack-max-per-core=0 \
+    --conntrack-tcp-timeout-established=0s --conntrack-tcp-timeout-close-wait=0s \
+    --healthz-bind-address="127.0.0.1:$(cat "$d/healthz-port")" \
+    --metrics-bind-address="127.0.0.1:$(cat "$d/metrics-port")" --v=2
+}
+
+kube_proxy_healthy() {
+  curl -sf --max-time 2 "http://127.0.0.1:$(cat "$(proxy_dir)/healthz-port")/healthz" >/dev/null 2>&1
+}
+
+# kube-proxy's tables, when another kube-proxy (not ours) has made them.
+foreign_proxy_tables() {
+  [[ -d $(proxy_dir) ]] && return 1
+  nft list table ip kube-proxy >/dev/null 2>&1 || nft list table ip6 kube-proxy >/dev/null 2>&1
+}
+
 kubelet_healthy() {
   curl -sf --max-time 2 "http://127.0.0.1:$(cat "$(node_dir "$1")/healthz-port")/healthz" >/dev/null 2>&1
 }
@@ -466,7 +509,7 @@ cmd_up() {
   cluster_up || die "the control plane is not up: run tests/controlplane/cluster.sh up first"
   [[ -f $cluster_dir/pki/ca.key ]] || die "no cluster CA key at $cluster_dir/pki/ca.key"
   local c
-  for c in containerd containerd-shim-runc-v2 runc ctr openssl ss; do
+  for c in containerd containerd-shim-runc-v2 runc ctr openssl ss nft; do
     command -v "$c" >/dev/null || die "'$c' is missing: run tests/install-prereqs"
   done
   cni_bin >/dev/null || die "no CNI plugins under $cache_root/cni-*: run tests/install-prereqs"
@@ -484,10 +527,13 @@ cmd_up() {
     cmd_down
   fi
 
-  local start=$SECONDS kubelet_bin pause_archive
-  kubelet_bin=$("$cluster_sh" build-kubelet)/kubelet
+  local start=$SECONDS kubelet_bin node_bins pause_archive
+  node_bins=$("$cluster_sh" build-kubelet)
+  kubelet_bin=$node_bins/kubelet
   pause_archive=$("$here/pause-image.sh")
   [[ -x $kubelet_bin ]] || die "no kubelet at $kubelet_bin"
+  [[ -x $node_bins/kube-proxy ]] || die "no kube-proxy at $node_bins/kube-proxy"
+  ! foreign_proxy_tables || die "this machine already has kube-proxy's nftables tables (another kube-proxy runs here?): nft list tables"
   local i
   for i in $(seq 0 $((n - 1))); do
     if ip -4 route show | grep -q "^10\.88\.$i\."; then
@@ -499,6 +545,7 @@ cmd_up() {
   save_host_state
   echo "$n" >"$dir/count"
   echo "$kubelet_bin" >"$dir/kubelet-bin"
+  echo "$node_bins/kube-proxy" >"$dir/kube-proxy-bin"
 
   # RBAC only in the test API server (no Node authorizer): nodes get the
   # system:node role through their group.
@@ -547,11 +594,30 @@ EOF
     wait_until "$ready_timeout" node_ready_or_dead "$i" || true
     node_ready "$i" || fail_up "node $(node_name "$i") is not Ready within ${ready_timeout}s"
   done
+
+  # kube-proxy as system:kube-proxy, which the API server's default
+  # ClusterRoleBinding system:node-proxier authorises. Healthy means it has
+  # written its rules once.
+  d=$(proxy_dir)
+  mkdir -p "$d"
+  write_client_kubeconfig "$d" system:kube-proxy
+  free_port 10256
+  echo "$port" >"$d/healthz-port"
+  free_port 10249
+  echo "$port" >"$d/metrics-port"
+  start_kube_proxy
+  wait_until 30 kube_proxy_ready_or_dead || fail_up "kube-proxy is not healthy within 30 s"
   write_env "$kubelet_bin"
   up_ok=1
   trap - EXIT
   log "up: $n node(s) Ready in $((SECONDS - start)) s"
   cmd_env
+}
+
+kube_proxy_ready_or_dead() {
+  kube_proxy_healthy && return 0
+  alive "$(proxy_dir)/kube-proxy.pid" || fail_up "kube-proxy exited"
+  return 1
 }
 
 node_ready_or_dead() {
@@ -568,6 +634,7 @@ all_up() {
     d=$(node_dir "$i")
     alive "$d/kubelet.pid" && alive "$d/containerd.pid" && node_ready "$i" || return 1
   done
+  alive "$(proxy_dir)/kube-proxy.pid" && kube_proxy_healthy
 }
 
 # ---------------------------------------------------------------------- env
@@ -587,6 +654,7 @@ write_env() {
     echo "NODEKEEPER_REALNODE_LABEL='$label=true'"
     echo "NODEKEEPER_REALNODE_TAINT='$taint'"
     echo "NODEKEEPER_REALNODE_KUBECONFIG='$cluster_dir/kubeconfig'"
+    echo "NODEKEEPER_REALNODE_KUBE_PROXY_LOG='$(proxy_dir)/kube-proxy.log'"
     echo "# node 0, for tests that use one node"
     echo "NODEKEEPER_REALNODE_NAME='$(node_name 0)'"
     echo "NODEKEEPER_REALNODE_CONTAINERD_SOCKET='$(sock 0)'"
@@ -635,20 +703,30 @@ cmd_status() {
     echo "$(node_name "$i"): $r, kubelet $k, containerd $c ($(sock "$i"))"
     [[ $r == Ready && $k != dead && $c != dead ]] || ok=1
   done
+  if alive "$(proxy_dir)/kube-proxy.pid" && kube_proxy_healthy; then
+    echo "kube-proxy: healthy, pid $(cat "$(proxy_dir)/kube-proxy.pid")"
+  else
+    echo "kube-proxy: not healthy"
+    ok=1
+  fi
   return $ok
 }
 
 cmd_logs() {
-  local d
+  local d f
   for d in "$dir"/real-*; do
     [[ -d $d ]] || continue
-    local f
     for f in containerd kubelet; do
       [[ -f $d/$f.log ]] || continue
       echo "----- $(basename "$d") $f (last 25 lines of $d/$f.log) -----" >&2
       tail -n 25 "$d/$f.log" >&2
     done
   done
+  f=$(proxy_dir)/kube-proxy.log
+  if [[ -f $f ]]; then
+    echo "----- kube-proxy (last 25 lines of $f) -----" >&2
+    tail -n 25 "$f" >&2
+  fi
 }
 
 cmd_import() {
@@ -722,8 +800,8 @@ cmd_rm_manifest() {
 
 # ---------------------------------------------------------------------- down
 
-# Processes of ours: the kubelets, containerds, shims and runc whose command
-# line names our folder (never matched by name alone).
+# Processes of ours: the kubelets, containerds, shims, runc and kube-proxy
+# whose command line names our folder (never matched by name alone).
 our_pids() {
   local f p exe
   # shellcheck disable=SC2013 # /proc paths hold no spaces
@@ -731,7 +809,7 @@ our_pids() {
     p=${f%/cmdline}
     exe=$(readlink "$p/exe" 2>/dev/null) || continue
     case ${exe##*/} in
-      kubelet | containerd | containerd-shim-runc-v2 | containerd-shim | runc) echo "${p#/proc/}" ;;
+      kubelet | containerd | containerd-shim-runc-v2 | containerd-shim | runc | kube-proxy) echo "${p#/proc/}" ;;
     esac
   done
   return 0
@@ -832,6 +910,13 @@ cmd_down() {
       umount /run/netns 2>/dev/null || true
       rmdir /run/netns 2>/dev/null || true
     fi
+  fi
+  # kube-proxy's tables (it is dead by now), when it was ours.
+  if [[ -d $(proxy_dir) ]] && command -v nft >/dev/null; then
+    local family
+    for family in ip ip6; do
+      nft list table "$family" kube-proxy >/dev/null 2>&1 && { nft delete table "$family" kube-proxy || log "warning: could not delete nftables table $family kube-proxy"; }
+    done
   fi
   local br
   for br in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep '^nkbr[0-9]*$' || true); do

@@ -68,6 +68,28 @@ pub async fn client() -> Client {
     client_from(cluster()).await
 }
 
+/// A kube client for the test cluster that authenticates with `token` (a
+/// service account's) instead of the admin's.
+pub async fn client_with_token(token: &str) -> Client {
+    let admin = std::fs::read_to_string(cluster()).expect("kubeconfig");
+    let text: String = admin
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("token:") {
+                format!("    token: {token}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = std::env::temp_dir().join(format!("nk-token-kubeconfig-{:x}", rand_u64()));
+    std::fs::write(&path, text).expect("write kubeconfig");
+    let client = client_from(&path).await;
+    let _ = std::fs::remove_file(&path);
+    client
+}
+
 /// A kube client for the test cluster from any kubeconfig (another identity's).
 pub async fn client_from(kubeconfig: &Path) -> Client {
     let kc = Kubeconfig::read_from(kubeconfig).expect("reading a kubeconfig");

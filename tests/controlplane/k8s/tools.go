@@ -10,5 +10,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	_ "k8s.io/kubernetes/cmd/kube-proxy/app"
 	_ "k8s.io/kubernetes/cmd/kubelet/app"
 )
