@@ -1,8 +1,10 @@
-//! nodekeeper on a real node: a real kubelet v1.37.1 with containerd and
-//! runc (`tests/realnode/node.sh`), where kwok cannot show the truth —
-//! whether the static pod starts before any CNI, under the manifests'
-//! security context, with the credentials the README's recipe writes; and
-//! whether a drain really stops containers, honouring their grace period.
+//! nodekeeper on a real node: a real kubelet v1.37.1 with containerd, runc
+//! and kube-proxy (`tests/realnode/node.sh`), where kwok cannot show the
+//! truth — whether the static pod starts before any CNI, and the DaemonSet's
+//! pod on the pod network through the `kubernetes` Service, each under the
+//! manifests' security context, with the credentials the README's recipes
+//! give them; and whether a drain really stops containers, honouring their
+//! grace period.
 //!
 //! Every claim is checked on the host (processes, /proc) or in the API by
 //! the test itself, never from nodekeeper's status.
@@ -23,20 +25,21 @@ use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Pha
 use realnode::{RealNode, exclusive, processes_with, real_node, wait_host};
 use support::{TestEnv, block_on, install_agent_identity, install_crds, wait_for};
 
-/// The README's static-pod recipe, as a list of command lines, comments
-/// dropped: the `sh` block under "### Static pod".
-fn readme_static_pod_recipe() -> Vec<String> {
+/// A README recipe, as a list of command lines, comments dropped: the first
+/// `sh` block under the heading `### {heading}`.
+fn readme_recipe(heading: &str) -> Vec<String> {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("README.md");
     let section = readme
-        .split("\n### Static pod\n")
+        .split(&format!("\n### {heading}\n"))
         .nth(1)
-        .expect("README has a '### Static pod' section");
+        .unwrap_or_else(|| panic!("README has no '### {heading}' section"));
     let block = section
-        .split("```sh\n")
-        .nth(1)
+        .split("\n### ")
+        .next()
+        .and_then(|s| s.split("```sh\n").nth(1))
         .and_then(|b| b.split("\n```").next())
-        .expect("the static pod section has an sh block");
+        .unwrap_or_else(|| panic!("the README's '{heading}' section has no sh block"));
     block
         .lines()
         .map(|l| l.split(" #").next().unwrap_or(l).trim().to_string())
@@ -57,6 +60,8 @@ fn localise(line: &str, node: &RealNode, archive: &Path) -> String {
         let w = match w {
             "ctr" if i == 0 => ctr.clone(),
             "nodekeeper" if i == 0 => bin.clone(),
+            "kubectl" if i == 0 => support::bin_dir().join("kubectl").display().to_string(),
+            "k3s-manifests/" => format!("{repo}/k3s-manifests/"),
             "worker-1" => node.name.clone(),
             "/etc/kubernetes/manifests/" => format!("{}/", node.manifests.display()),
             "image/static-pod.yaml" => format!("{repo}/image/static-pod.yaml"),
@@ -227,7 +232,7 @@ impl Drop for StaticPodCleanup<'_> {
 /// agent's host PID once its process runs.
 fn run_static_pod_recipe(node: &RealNode) -> u32 {
     let archive = realnode::image_archive();
-    let recipe = readme_static_pod_recipe();
+    let recipe = readme_recipe("Static pod");
     assert_eq!(recipe.len(), 3, "the recipe changed shape: {recipe:?}");
     for line in &recipe {
         sh(&localise(line, node, archive));
@@ -250,6 +255,32 @@ fn agent_pid(not: Option<u32>) -> u32 {
         },
     );
     found.unwrap_or_default()
+}
+
+/// The manifests' security context, as the real runtime applied it to the
+/// process `pid`: user and group 65532, no capabilities (none in effect, an
+/// empty bounding set), no privilege escalation, the RuntimeDefault seccomp
+/// filter, a read-only root file system.
+fn assert_confined(pid: u32, what: &str) {
+    let proc = |field| realnode::proc_status(pid, field).unwrap_or_default();
+    let first = |v: String| v.split_whitespace().next().unwrap_or_default().to_string();
+    assert_eq!(first(proc("Uid")), "65532", "{what}: user");
+    assert_eq!(first(proc("Gid")), "65532", "{what}: group");
+    assert_eq!(proc("CapEff"), "0000000000000000", "{what}: capabilities");
+    assert_eq!(proc("CapBnd"), "0000000000000000", "{what}: bounding set");
+    assert_eq!(proc("NoNewPrivs"), "1", "{what}: no privilege escalation");
+    assert_eq!(proc("Seccomp"), "2", "{what}: a seccomp filter");
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    let root = mountinfo
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .unwrap_or_default();
+    assert!(
+        root.split_whitespace()
+            .nth(5)
+            .is_some_and(|o| o.split(',').any(|x| x == "ro")),
+        "{what}: the root file system is read-only: {root}"
+    );
 }
 
 fn healthy() -> bool {
@@ -278,29 +309,7 @@ fn the_readme_static_pod_recipe_runs_before_any_cni_and_reconciles_its_node() {
 
     let _cleanup = StaticPodCleanup(node);
     let pid = run_static_pod_recipe(node);
-    let proc = |field| realnode::proc_status(pid, field).unwrap_or_default();
-    let first = |v: String| v.split_whitespace().next().unwrap_or_default().to_string();
-    assert_eq!(first(proc("Uid")), "65532", "the agent's user");
-    assert_eq!(first(proc("Gid")), "65532", "the agent's group");
-    assert_eq!(proc("CapEff"), "0000000000000000", "capabilities in effect");
-    assert_eq!(
-        proc("CapBnd"),
-        "0000000000000000",
-        "capability bounding set"
-    );
-    assert_eq!(proc("NoNewPrivs"), "1", "no privilege escalation");
-    assert_eq!(proc("Seccomp"), "2", "a seccomp filter (RuntimeDefault)");
-    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
-    let root = mountinfo
-        .lines()
-        .find(|l| l.split_whitespace().nth(4) == Some("/"))
-        .unwrap_or_default();
-    assert!(
-        root.split_whitespace()
-            .nth(5)
-            .is_some_and(|o| o.split(',').any(|x| x == "ro")),
-        "the root file system is read-only: {root}"
-    );
+    assert_confined(pid, "the static pod's agent");
 
     // Health on the host's loopback (host network, before any CNI).
     wait_host(
@@ -742,4 +751,181 @@ fn the_static_pod_agent_survives_runtime_and_kubelet_restarts_without_repeating_
         "(cordons, uncordons) over the whole maintenance"
     );
     assert_eq!(block_on(events_about(&env, &name, "RemovedMaintenance")), 1);
+}
+
+/// The namespace of the k3s manifests' objects.
+const K3S_NAMESPACE: &str = "nodekeeper";
+
+/// Deletes what the README's DaemonSet recipe started, when dropped: the
+/// DaemonSet and the cluster role's Deployment, waiting (foreground) until
+/// their pods are gone, then until the agent's process is. The cluster-wide
+/// objects stay: other tests install the same ones.
+struct DaemonSetCleanup;
+
+impl Drop for DaemonSetCleanup {
+    fn drop(&mut self) {
+        let _ = support::kubectl(
+            &[
+                "delete",
+                "-n",
+                K3S_NAMESPACE,
+                "daemonset/nodekeeper",
+                "deployment/nodekeeper-cluster",
+                "--ignore-not-found",
+                "--cascade=foreground",
+                "--wait=true",
+                "--timeout=90s",
+            ],
+            None,
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !daemonset_agents().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Host PIDs of DaemonSet agents (`run --metrics-address :9477`; the static
+/// pod's listens on 127.0.0.1:9477).
+fn daemonset_agents() -> Vec<u32> {
+    processes_with(&["/nodekeeper", "run", "--metrics-address :9477"])
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The README's DaemonSet recipe (preload the image, `kubectl apply -f
+/// k3s-manifests/`), run as written: the DaemonSet's pod on the real node
+/// runs on the pod network, under the manifest's security context; it
+/// reaches the API server through the `kubernetes` Service (kube-proxy) with
+/// the token the kubelet mounted; the kubelet's probe of /readyz on the pod's
+/// address makes it Ready; it cordons and uncordons its own node for a
+/// NodeMaintenance, which the own-node admission policy allows, while the
+/// policy refuses its token on any other node.
+#[test]
+fn the_readme_daemonset_recipe_runs_an_agent_on_the_pod_network_confined_to_its_node() {
+    let (_one, node, mut env) = on_real_node("realds");
+    let other = block_on(env.add_node("other"));
+    let archive = realnode::image_archive();
+    let _cleanup = DaemonSetCleanup;
+    let recipe = readme_recipe("DaemonSet with kubectl");
+    assert_eq!(recipe.len(), 2, "the recipe changed shape: {recipe:?}");
+    for line in &recipe {
+        sh(&localise(line, node, archive));
+    }
+
+    // The agent's pod on the real node, Ready by the kubelet's probe.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), K3S_NAMESPACE);
+    let on_node = kube::api::ListParams::default()
+        .labels("app.kubernetes.io/name=nodekeeper")
+        .fields(&format!("spec.nodeName={}", node.name));
+    let pod = block_on(wait_for(
+        "the DaemonSet's agent pod Ready on the real node",
+        Duration::from_secs(90),
+        || async {
+            let list = pods.list(&on_node).await.ok()?;
+            list.items.into_iter().find(|p| {
+                pod_ready(p)
+                    && p.owner_references()
+                        .iter()
+                        .any(|o| o.kind == "DaemonSet" && o.name == "nodekeeper")
+            })
+        },
+    ));
+    let spec = pod.spec.clone().unwrap_or_default();
+    assert_ne!(spec.host_network, Some(true), "the agent pod's network");
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default();
+    assert!(
+        ip.starts_with("10.88."),
+        "the agent pod has an address on the node's pod network, not {ip:?}"
+    );
+
+    let mut pid = 0;
+    wait_host(
+        "the DaemonSet agent's process",
+        Duration::from_secs(30),
+        || {
+            let agents = daemonset_agents();
+            pid = agents.first().copied().unwrap_or_default();
+            agents.len() == 1
+        },
+    );
+    assert_confined(pid, "the DaemonSet's agent");
+    let netns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).ok();
+    assert_ne!(
+        netns(&pid.to_string()),
+        netns("self"),
+        "the agent runs in a network namespace of its own"
+    );
+    // It talks to the API server at the Service's ClusterIP (kube-proxy's
+    // rules), the address the kubelet gave it.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        environ
+            .split('\0')
+            .any(|v| v == "KUBERNETES_SERVICE_HOST=10.96.0.1"),
+        "the agent's environment names the kubernetes Service: {environ:?}"
+    );
+
+    // It reconciles its own node: cordon, drain (its own pod stays), uncordon.
+    let nm = Maintenance::create(&env, &node.name, "ds");
+    block_on(wait_for(
+        "the real node cordoned by the DaemonSet's agent",
+        Duration::from_secs(30),
+        || async { unschedulable(&env, &node.name).await.filter(|u| *u) },
+    ));
+    nm.wait_phase(Phase::Succeeded, Duration::from_secs(30));
+    let still = block_on(pods.get(&pod.name_any())).expect("the agent pod after the drain");
+    assert!(
+        still.metadata.deletion_timestamp.is_none() && pod_ready(&still),
+        "the agent's own pod stays through its node's drain"
+    );
+    nm.end();
+    block_on(wait_for(
+        "the real node uncordoned",
+        Duration::from_secs(30),
+        || async { unschedulable(&env, &node.name).await.filter(|u| !*u) },
+    ));
+
+    // The token the kubelet mounted is bound to this node: the admission
+    // policy refuses it on another.
+    let token = std::fs::read_to_string(format!(
+        "/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ))
+    .expect("the agent's service account token, read through its root");
+    let as_agent = block_on(support::client_with_token(token.trim()));
+    let nodes: Api<Node> = Api::all(as_agent);
+    let refused = block_on(nodes.patch(
+        &other,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+    ));
+    match refused {
+        Err(kube::Error::Api(e)) => assert!(
+            e.code == 403
+                && e.message.contains(&format!(
+                    "agent of node {} may not modify node {other}",
+                    node.name
+                )),
+            "refused for the wrong reason: {e:?}"
+        ),
+        result => panic!("the agent's token cordoned another node: {result:?}"),
+    }
+    assert_eq!(
+        block_on(unschedulable(&env, &other)),
+        Some(false),
+        "the other node is untouched"
+    );
 }
