@@ -120,13 +120,19 @@
 //!   `host.rs` (systemd, Talos, Containerfile), `webhook.rs` (the opt-in
 //!   webhook's configuration by loopback URL or Service, and its one
 //!   named-object permission). `k3s-manifests/` and
-//!   `image/` hold its output; a test fails when they drift.
+//!   `image/` hold its output; a test fails when they drift. The k3s files
+//!   are numbered in the order they must apply (`kubectl apply -f` takes a
+//!   folder's files in lexical order).
 //! - [`runtime`] (smol executors inside `Compat`, signals, [`runtime::Latch`]),
 //!   [`error`] (the one error enum, one line each), [`yaml`], [`logging`].
 //! - `tests/`: integration tests against a real control plane (etcd,
 //!   kube-apiserver, kube-controller-manager, kube-scheduler, kwok) started
 //!   by `tests/controlplane/cluster.sh`; `tests/support/` is the one helper
-//!   tests use to reach it. `tests/bench/` holds the benchmarks.
+//!   tests use to reach it. Beside the kwok nodes, a real node
+//!   (`tests/realnode/node.sh`: kubelet, containerd, runc, one kube-proxy)
+//!   runs what kwok cannot show: the static pod and the DaemonSet recipes as
+//!   the README writes them, real drains, runtime restarts
+//!   (`tests/real_node.rs`). `tests/bench/` holds the benchmarks.
 //!
 //! ## Invariants
 //! **Architecture invariant:** nothing under `decide/` performs I/O or reads
