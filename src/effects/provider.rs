@@ -156,8 +156,24 @@ mod tests {
         }
     }
 
+    /// The call, tried again while exec says "Text file busy": the script
+    /// was just written, and a process another test thread forks in that
+    /// moment holds a copy of the write descriptor until it execs itself
+    /// (ETXTBSY, a known race of writing an executable and running it in a
+    /// multi-threaded process). A provider written by someone else is not
+    /// exposed to it.
     fn call(p: &Provider, verb: &str) -> Result<Value, String> {
-        smol::block_on(p.call(verb, &json!({"providerID": "kwok://a"})))
+        let mut tries = 0;
+        loop {
+            let answer = smol::block_on(p.call(verb, &json!({"providerID": "kwok://a"})));
+            match answer {
+                Err(e) if e.contains("Text file busy") && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                answer => return answer,
+            }
+        }
     }
 
     #[test]
