@@ -37,7 +37,7 @@ fn run_sees_its_node_and_exits_zero_on_sigterm() {
 
 #[test]
 fn run_with_a_bad_kubeconfig_exits_nonzero_with_one_line() {
-    let dir = std::env::temp_dir().join(format!("nk-badkc-{:x}", support::rand_u64()));
+    let dir = support::scratch().join(format!("nk-badkc-{:x}", support::rand_u64()));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let bad = dir.join("kubeconfig");
     std::fs::write(&bad, "this: is: not: a kubeconfig").expect("write");
@@ -80,7 +80,7 @@ fn run_without_any_kubeconfig_exits_nonzero_with_one_line() {
 
 #[test]
 fn run_against_an_unreachable_server_exits_nonzero_with_one_line() {
-    let dir = std::env::temp_dir().join(format!("nk-unreach-{:x}", support::rand_u64()));
+    let dir = support::scratch().join(format!("nk-unreach-{:x}", support::rand_u64()));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let kc = dir.join("kubeconfig");
     // Port 1 on loopback: nothing listens there, the connection is refused.

@@ -70,7 +70,7 @@ impl Drop for Http1Server {
 
 #[test]
 fn the_client_falls_back_to_http1_when_the_server_offers_no_h2() {
-    let dir = std::env::temp_dir().join(format!("nk-h1-{:x}", support::rand_u64()));
+    let dir = support::scratch().join(format!("nk-h1-{:x}", support::rand_u64()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     // A CA and a leaf for 127.0.0.1 (webpki refuses a CA as the server's
     // own certificate).

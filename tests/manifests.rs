@@ -82,7 +82,7 @@ fn manifests_cli_prints_writes_and_refuses_in_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("--namespace"), "{err}");
 
-    let dir = std::env::temp_dir().join(format!("nk-manifests-{:x}", support::rand_u64()));
+    let dir = support::scratch().join(format!("nk-manifests-{:x}", support::rand_u64()));
     let out = dir.to_string_lossy().to_string();
     let (status, _, err) = run_cli(&["manifests", "--for", "talos", "--out", &out], &[]);
     assert!(status.success(), "{err}");
@@ -532,7 +532,7 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
         "ExecStart=/usr/local/bin/nodekeeper",
         &format!("ExecStart={bin}"),
     );
-    let dir = std::env::temp_dir().join(format!("nk-unit-{:x}", support::rand_u64()));
+    let dir = support::scratch().join(format!("nk-unit-{:x}", support::rand_u64()));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let path = dir.join("nodekeeper.service");
     std::fs::write(&path, content).expect("write unit");
@@ -584,7 +584,7 @@ fn host_kubeconfig_writes_a_private_file_for_the_agent_user() {
     let env = [("KUBECONFIG", admin.as_str())];
     let mut test_env = block_on(TestEnv::new("hostkcout"));
     let node = block_on(test_env.add_node("a"));
-    let dir = std::env::temp_dir().join(format!("nk-hostkc-{:x}", support::rand_u64()));
+    let dir = support::scratch().join(format!("nk-hostkc-{:x}", support::rand_u64()));
     let file = dir.join("etc").join("kubeconfig");
     let file_arg = file.to_string_lossy().to_string();
 

@@ -444,7 +444,7 @@ fn a_maintenance_drains_real_containers_with_their_grace_period() {
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
     const LINGER_SECS: u64 = 4;
     let (_one, node, env) = on_real_node("realdrain");
-    let out = std::env::temp_dir().join(format!("nk-linger-{}", env.id));
+    let out = support::scratch().join(format!("nk-linger-{}", env.id));
     std::fs::create_dir_all(&out).expect("the linger folder");
     // The pause image's user (65535) writes its marks here.
     let _ = Command::new("chmod").arg("0777").arg(&out).status();

@@ -105,7 +105,7 @@ impl Fleet {
         down: Duration,
         agent_env: Option<(PathBuf, PathBuf, String)>,
     ) -> Arc<Fleet> {
-        let dir = std::env::temp_dir().join(format!("nk-fleet-{:x}", super::rand_u64()));
+        let dir = super::scratch().join(format!("nk-fleet-{:x}", super::rand_u64()));
         std::fs::create_dir_all(&dir).expect("creating the fleet dir");
         Arc::new(Fleet {
             client,

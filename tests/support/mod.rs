@@ -83,7 +83,7 @@ pub async fn client_with_token(token: &str) -> Client {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let path = std::env::temp_dir().join(format!("nk-token-kubeconfig-{:x}", rand_u64()));
+    let path = scratch().join(format!("nk-token-kubeconfig-{:x}", rand_u64()));
     std::fs::write(&path, text).expect("write kubeconfig");
     let client = client_from(&path).await;
     let _ = std::fs::remove_file(&path);
@@ -363,7 +363,7 @@ impl Agent {
     /// [`Agent::start`] with another binary, kubeconfig and log filter (the
     /// benchmarks run the static binary as the audited bench identity).
     pub fn start_with(bin: &Path, kubeconfig: &Path, filter: &str, args: &[&str]) -> Agent {
-        let log = std::env::temp_dir().join(format!(
+        let log = scratch().join(format!(
             "nodekeeper-agent-{}-{:x}.log",
             std::process::id(),
             rand_u64()
@@ -429,6 +429,41 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// This test process's scratch folder, `$TMPDIR/nk-test-<pid>`: every file
+/// a test or benchmark writes goes there. The first call removes the
+/// folders of test processes that have ended and written nothing for an
+/// hour: kept for a look after a failure, not forever (agent logs alone
+/// were thousands of files a day).
+pub fn scratch() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("nk-test-"))
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let ended = !Path::new(&format!("/proc/{pid}")).exists();
+            let idle = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(3600));
+            if ended && idle {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = tmp.join(format!("nk-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating the test scratch folder");
+        dir
+    })
 }
 
 /// A cheap random number for unique file names (no rand crate in tests).
@@ -588,7 +623,7 @@ pub fn host_kubeconfig(node: &str) -> PathBuf {
     let admin = cluster().to_string_lossy().to_string();
     let (status, out, err) = run_cli(&["host-kubeconfig", node], &[("KUBECONFIG", &admin)]);
     assert!(status.success(), "host-kubeconfig {node}: {err}");
-    let path = std::env::temp_dir().join(format!("nk-host-kubeconfig-{:x}", rand_u64()));
+    let path = scratch().join(format!("nk-host-kubeconfig-{:x}", rand_u64()));
     std::fs::write(&path, out).expect("writing the host kubeconfig");
     path
 }

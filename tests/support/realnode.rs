@@ -1,6 +1,7 @@
 //! Real nodes for the tests that kwok cannot answer: a real kubelet and a
-//! private containerd with runc (`tests/realnode/node.sh`), registered with
-//! the test control plane beside the kwok nodes. [`real_node`] brings one
+//! private containerd with runc, and one kube-proxy for the machine
+//! (`tests/realnode/node.sh`), registered with the test control plane beside
+//! the kwok nodes. [`real_node`] brings one
 //! up (or finds it up) and reads what `node.sh env` wrote; tests on it take
 //! [`exclusive`], because they share the one node and its host paths.
 //!
@@ -108,7 +109,7 @@ pub fn image_archive() -> &'static Path {
                 "the real-node tests run the image, which needs the static binary: \
              set NODEKEEPER_IMAGE_BIN (just test does: just build-static first)",
             );
-        let out = std::env::temp_dir().join(format!("nk-realnode-image-{}", std::process::id()));
+        let out = crate::support::scratch().join("nk-realnode-image");
         let _ = std::fs::remove_dir_all(&out);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("image/oci-archive.sh");
         let st = Command::new(script)

@@ -73,7 +73,7 @@ impl Cloud {
     /// A cloud whose nodes carry the test's group label; `groups` as in
     /// the provider's config (`groupId`, `name`, `role`, `image`).
     pub fn new(env: &TestEnv, groups: Value, join_delay: f64) -> Cloud {
-        let dir = std::env::temp_dir().join(format!("nk-cloud-{}", env.id));
+        let dir = super::scratch().join(format!("nk-cloud-{}", env.id));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating the cloud's state dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kwok-provider");
