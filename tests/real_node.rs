@@ -103,6 +103,16 @@ async fn unschedulable(env: &TestEnv, node: &str) -> Option<bool> {
     Some(n.spec.and_then(|s| s.unschedulable).unwrap_or(false))
 }
 
+/// Wait (30 s at most) until the API shows `node` cordoned, or uncordoned.
+fn wait_cordon(env: &TestEnv, node: &str, cordoned: bool) {
+    let what = if cordoned { "cordoned" } else { "uncordoned" };
+    block_on(wait_for(
+        &format!("{node} {what}"),
+        Duration::from_secs(30),
+        || async { unschedulable(env, node).await.filter(|u| *u == cordoned) },
+    ));
+}
+
 /// Takes the node's CNI config away until dropped (`node.sh cni off|on`):
 /// the runtime's network is then not ready, as on a node whose CNI has not
 /// started yet.
@@ -325,18 +335,10 @@ fn the_readme_static_pod_recipe_runs_before_any_cni_and_reconciles_its_node() {
 
     // The agent reconciles its node.
     let nm = Maintenance::create(&env, &node.name, "static");
-    block_on(wait_for(
-        "the real node cordoned by the static pod's agent",
-        Duration::from_secs(30),
-        || async { unschedulable(&env, &node.name).await.filter(|u| *u) },
-    ));
+    wait_cordon(&env, &node.name, true);
     nm.wait_phase(Phase::Succeeded, Duration::from_secs(30));
     nm.end();
-    block_on(wait_for(
-        "the real node uncordoned",
-        Duration::from_secs(30),
-        || async { unschedulable(&env, &node.name).await.filter(|u| !*u) },
-    ));
+    wait_cordon(&env, &node.name, false);
 
     // Removing the manifest stops the container: the process goes.
     std::fs::remove_file(node.manifests.join("static-pod.yaml")).expect("removing the manifest");
@@ -506,11 +508,7 @@ fn a_maintenance_drains_real_containers_with_their_grace_period() {
     assert!(keeper_procs >= 3, "the pods' processes on the host");
 
     let nm = Maintenance::create(&env, &node.name, "drain");
-    block_on(wait_for(
-        "the real node cordoned",
-        Duration::from_secs(30),
-        || async { unschedulable(&env, &node.name).await.filter(|u| *u) },
-    ));
+    wait_cordon(&env, &node.name, true);
     wait_host(
         "SIGTERM reaching the lingering container",
         Duration::from_secs(30),
@@ -547,11 +545,7 @@ fn a_maintenance_drains_real_containers_with_their_grace_period() {
     );
 
     nm.end();
-    block_on(wait_for(
-        "the real node uncordoned",
-        Duration::from_secs(30),
-        || async { unschedulable(&env, &node.name).await.filter(|u| !*u) },
-    ));
+    wait_cordon(&env, &node.name, false);
     for app in ["linger", "scratch"] {
         block_on(wait_for(
             &format!("{app} back on the real node"),
@@ -740,11 +734,7 @@ fn the_static_pod_agent_survives_runtime_and_kubelet_restarts_without_repeating_
     assert_eq!(block_on(events_about(&env, &name, "SucceedMaintenance")), 1);
 
     nm.end();
-    block_on(wait_for(
-        "the real node uncordoned",
-        Duration::from_secs(30),
-        || async { unschedulable(&env, &node.name).await.filter(|u| !*u) },
-    ));
+    wait_cordon(&env, &node.name, false);
     assert_eq!(
         watch.counts(),
         (1, 1),
@@ -881,11 +871,7 @@ fn the_readme_daemonset_recipe_runs_an_agent_on_the_pod_network_confined_to_its_
 
     // It reconciles its own node: cordon, drain (its own pod stays), uncordon.
     let nm = Maintenance::create(&env, &node.name, "ds");
-    block_on(wait_for(
-        "the real node cordoned by the DaemonSet's agent",
-        Duration::from_secs(30),
-        || async { unschedulable(&env, &node.name).await.filter(|u| *u) },
-    ));
+    wait_cordon(&env, &node.name, true);
     nm.wait_phase(Phase::Succeeded, Duration::from_secs(30));
     let still = block_on(pods.get(&pod.name_any())).expect("the agent pod after the drain");
     assert!(
@@ -893,11 +879,7 @@ fn the_readme_daemonset_recipe_runs_an_agent_on_the_pod_network_confined_to_its_
         "the agent's own pod stays through its node's drain"
     );
     nm.end();
-    block_on(wait_for(
-        "the real node uncordoned",
-        Duration::from_secs(30),
-        || async { unschedulable(&env, &node.name).await.filter(|u| !*u) },
-    ));
+    wait_cordon(&env, &node.name, false);
 
     // The token the kubelet mounted is bound to this node: the admission
     // policy refuses it on another.
