@@ -27,6 +27,9 @@ pub enum Error {
     },
     /// Bad flags or input, with the message for the user.
     Invalid(String),
+    /// The cluster role's leader lease was lost or could not be renewed in
+    /// time: it stops acting (another replica may be leading already).
+    LostLease(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -54,6 +57,7 @@ impl Error {
             Error::Kube { .. } => "kube",
             Error::Io { .. } => "io",
             Error::Invalid(_) => "invalid",
+            Error::LostLease(_) => "lost_lease",
         }
     }
 
@@ -129,6 +133,7 @@ impl fmt::Display for Error {
             Error::Kube { context, source } => write!(f, "{context}: {}", kube_cause(source)),
             Error::Io { context, source } => write!(f, "{context}: {source}"),
             Error::Invalid(msg) => f.write_str(msg),
+            Error::LostLease(why) => write!(f, "not the leader any more: {why}"),
         }
     }
 }

@@ -135,7 +135,7 @@ fn missing_crds_are_named_with_the_install_hint() {
         kind: "Absent".into(),
         plural: "absents".into(),
     };
-    let err = block_on(nodekeeper::service::check_served(&client, &[absent]))
+    let err = block_on(nodekeeper::service::watch::check_served(&client, &[absent]))
         .expect_err("must be missing");
     assert_eq!(
         err.to_string(),

@@ -25,6 +25,7 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
             evictions_in_flight: nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
             exec: nodekeeper::effects::host::Exec::Direct,
             provider: None,
+            gate: nodekeeper::effects::lease::LeaderGate::always(),
         };
         let name = format!("{}-owned", env.id);
         let mut nm = NodeMaintenance::new(

@@ -134,16 +134,16 @@ impl RunConfig {
                 "--drain-timeout must be at least 1 second".into(),
             ));
         }
-        let identity = std::env::var("POD_NAME")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .or_else(|| node.clone())
-            .or_else(|| {
-                std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .ok()
-                    .map(|h| h.trim().to_string())
-            })
-            .unwrap_or_else(|| "nodekeeper".into());
+        let identity = match std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()) {
+            Some(pod) => pod,
+            None => match &node {
+                Some(n) => n.clone(),
+                // Two cluster roles on one host must not share a leader
+                // identity (both would think they hold the lease): the host
+                // name plus a random suffix, as client-go does.
+                None => format!("{}_{}", host_name(), random_suffix()),
+            },
+        };
         let leader_namespace = args
             .leader_namespace
             .or_else(|| {
@@ -232,4 +232,25 @@ fn default_node_name() -> Result<String> {
             "no --node given, NODE_NAME unset, and the host name is unreadable",
         ))?;
     Ok(host.trim().to_lowercase())
+}
+
+/// This machine's host name (for a leader identity), or "nodekeeper".
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "nodekeeper".into())
+}
+
+/// Eight random hex digits: the standard library's per-process random hash
+/// keys, mixed with the time and process id.
+fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(d.as_nanos());
+    }
+    format!("{:08x}", h.finish() as u32)
 }

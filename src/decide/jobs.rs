@@ -113,11 +113,15 @@ fn keep_off(pod: &mut Value, node: &str) {
 
 /// The `namespace/name` key of a Job we create.
 pub fn key(job: &DynamicObject) -> String {
-    format!(
-        "{}/{}",
+    key_of(
         job.metadata.namespace.as_deref().unwrap_or_default(),
-        job.metadata.name.as_deref().unwrap_or_default()
+        job.metadata.name.as_deref().unwrap_or_default(),
     )
+}
+
+/// A Job's key from its namespace and name: `namespace/name`.
+pub fn key_of(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 /// What a Job says about itself.

@@ -362,3 +362,20 @@ pub fn set_condition(
         });
     }
 }
+
+/// The condition an object carries while the cluster role could not carry
+/// out its last decision (an API error: a refused write, a failed read).
+pub const RECONCILED: &str = "Reconciled";
+
+/// Set [`RECONCILED`] to False with why while `failing`, and drop it once
+/// the object's decisions go through again.
+pub fn set_failing(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    now: Timestamp,
+    failing: Option<&str>,
+) {
+    match failing {
+        Some(why) => set_condition(conds, now, RECONCILED, "False", "ReconcileFailed", why),
+        None => conds.retain(|c| c.type_ != RECONCILED),
+    }
+}

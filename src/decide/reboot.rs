@@ -51,6 +51,9 @@ pub struct Snapshot<'a> {
     /// This cluster role reboots nodes itself (no node agents), with
     /// `reboot.remoteCommand`.
     pub remote: bool,
+    /// Why the policy's last pass failed, if it did (see
+    /// [`super::set_failing`]).
+    pub failing: Option<&'a str>,
 }
 
 /// Machine-readable reasons of Waiting and NotReturned entries.
@@ -274,7 +277,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
     }
 
-    let status = status(p, old, d.entries, valid, &problems, &d.not_returned, now);
+    let status = status(s, old, d.entries, valid, &problems, &d.not_returned);
     let mut effects = Vec::new();
     if p.status.as_ref() != Some(&status) {
         effects.push(Effect::WritePolicyStatus {
@@ -299,14 +302,14 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
 
 /// The status from the entries: counts and the two conditions.
 fn status(
-    p: &RebootPolicy,
+    s: &Snapshot,
     old: &RebootPolicyStatus,
     entries: BTreeMap<String, NodeReboot>,
     valid: bool,
     problems: &[String],
     not_returned: &[String],
-    now: Timestamp,
 ) -> RebootPolicyStatus {
+    let (p, now) = (s.policy, s.now);
     let nodes: Vec<NodeReboot> = entries.into_values().collect();
     let count =
         |f: &dyn Fn(RebootPhase) -> bool| nodes.iter().filter(|e| f(e.phase)).count() as i32;
@@ -354,6 +357,7 @@ fn status(
             &msg,
         );
     }
+    super::set_failing(&mut conds, now, s.failing);
     RebootPolicyStatus {
         needing: count(&|ph| matches!(ph, RebootPhase::Pending | RebootPhase::Waiting)),
         rebooting: count(&|ph| ph.holds_slot()),

@@ -57,6 +57,9 @@ pub struct Snapshot<'a> {
     pub now: Timestamp,
     /// Every UpgradePlan (a node two plans select is the older one's).
     pub plans: &'a [Arc<UpgradePlan>],
+    /// Why the plan's last pass failed, if it did (see
+    /// [`super::set_failing`]).
+    pub failing: Option<&'a str>,
 }
 
 /// Machine-readable reasons of Waiting and Failed entries.
@@ -395,7 +398,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
     }
 
-    let status = status(p, old, d.entries, &problems, failure_pause, current, now);
+    let status = status(s, old, d.entries, &problems, failure_pause, current);
     let mut effects = Vec::new();
     if p.status.as_ref() != Some(&status) {
         effects.push(Effect::WriteUpgradeStatus {
@@ -420,14 +423,14 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
 
 /// The status from the entries: counts, the current group, conditions.
 fn status(
-    p: &UpgradePlan,
+    s: &Snapshot,
     old: &UpgradePlanStatus,
     entries: BTreeMap<String, NodeUpgrade>,
     problems: &[String],
     failure_pause: Option<String>,
     current: Option<usize>,
-    now: Timestamp,
 ) -> UpgradePlanStatus {
+    let (p, now) = (s.plan, s.now);
     let nodes: Vec<NodeUpgrade> = entries.into_values().collect();
     let count =
         |f: &dyn Fn(UpgradePhase) -> bool| nodes.iter().filter(|e| f(e.phase)).count() as i32;
@@ -478,6 +481,7 @@ fn status(
         );
         set(&mut conds, "Complete", "False", "InProgress", &msg);
     }
+    super::set_failing(&mut conds, now, s.failing);
     UpgradePlanStatus {
         pending: count(&|ph| matches!(ph, UpgradePhase::Pending | UpgradePhase::Waiting)),
         upgrading: count(&|ph| ph.admitted()),
@@ -490,11 +494,6 @@ fn status(
         observed_generation: p.metadata.generation,
         conditions: Some(conds),
     }
-}
-
-/// How Jobs are keyed in snapshots and status: `namespace/name`.
-pub fn job_key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
 }
 
 #[cfg(test)]

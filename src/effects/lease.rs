@@ -3,7 +3,8 @@
 //! leave the node alone, and the leader lease of cluster mode. Writes use
 //! the lease's resourceVersion, so two writers never both win.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Namespace;
@@ -177,51 +178,144 @@ pub async fn release_node_lease(client: &Client, node: &str) -> Result<()> {
     release(client, LEASE_NAMESPACE, &lease_name(node), LEASE_HOLDER).await
 }
 
-/// Leader election for cluster mode: block until `identity` holds the lease,
-/// then renew it every `renew` on a task; the returned receiver yields once
-/// leadership is lost, when the caller must stop (like client-go, we exit
-/// rather than risk two leaders).
+/// Whether this process may still start effects as the cluster role's
+/// leader. A replica that is not leader-elected (the node role) always may.
+/// A leader may only until its renew deadline: 10 s after the start of its
+/// last successful renewal, 5 s before the 15 s lease could pass to another
+/// replica. So no effect of an old leader starts after a new one could
+/// have begun, and only resourceVersion-guarded writes already in flight
+/// can meet a new leader's.
+#[derive(Clone, Default)]
+pub struct LeaderGate(Option<Arc<Mutex<Option<Instant>>>>);
+
+impl LeaderGate {
+    /// A gate that never closes (no leader election).
+    pub fn always() -> LeaderGate {
+        LeaderGate(None)
+    }
+
+    fn elected() -> LeaderGate {
+        LeaderGate(Some(Arc::new(Mutex::new(None))))
+    }
+
+    fn slot(&self) -> Option<std::sync::MutexGuard<'_, Option<Instant>>> {
+        self.0
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// `Ok` while effects may start; [`Error::LostLease`] once the lease is
+    /// in doubt.
+    pub fn may_act(&self) -> Result<()> {
+        match self.slot() {
+            None => Ok(()),
+            Some(until) => match *until {
+                Some(t) if Instant::now() < t => Ok(()),
+                _ => Err(Error::LostLease(
+                    "the leader lease was not renewed in time; starting nothing more".into(),
+                )),
+            },
+        }
+    }
+
+    fn extend(&self, until: Instant) {
+        if let Some(mut slot) = self.slot() {
+            *slot = Some(until);
+        }
+    }
+
+    fn revoke(&self) {
+        if let Some(mut slot) = self.slot() {
+            *slot = None;
+        }
+    }
+}
+
+/// The leader lease's timing (client-go's defaults for the first two).
+const LEADER_LEASE_SECONDS: i32 = 15;
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+const RETRY_EVERY: Duration = Duration::from_secs(3);
+
+/// Leadership won: the gate effects check, and a channel that yields once
+/// the lease is lost (why, in one line).
+pub struct Leadership {
+    pub gate: LeaderGate,
+    pub lost: smol::channel::Receiver<String>,
+}
+
+/// Wait until `identity` holds the leader lease `namespace/name`, then keep
+/// renewing it in the background. Every try starts its clock before its
+/// request: the server's renewal time is later, so the deadline is safe.
 pub async fn lead(
     client: Client,
     namespace: String,
     name: String,
     identity: String,
-) -> Result<smol::channel::Receiver<()>> {
-    const DURATION: i32 = 15;
-    let renew = Duration::from_secs(5);
+) -> Result<Leadership> {
+    let gate = LeaderGate::elected();
     loop {
-        match acquire(&client, &namespace, &name, &identity, DURATION, None).await {
-            Ok(Acquired::Held { .. }) => break,
+        let start = Instant::now();
+        match acquire(
+            &client,
+            &namespace,
+            &name,
+            &identity,
+            LEADER_LEASE_SECONDS,
+            None,
+        )
+        .await
+        {
+            Ok(Acquired::Held { .. }) => {
+                gate.extend(start + RENEW_DEADLINE);
+                break;
+            }
             Ok(Acquired::HeldBy(other)) => {
                 log::info!("waiting for leadership: lease {namespace}/{name} is held by {other}")
             }
             Err(e) => log::warn!("leader election: {e}"),
         }
-        crate::runtime::sleep(renew).await;
+        crate::runtime::sleep(RETRY_EVERY).await;
     }
     log::info!("leading as {identity} (lease {namespace}/{name})");
     let (tx, rx) = smol::channel::bounded(1);
+    let renewing = gate.clone();
     crate::runtime::spawn(async move {
-        let mut last_ok = std::time::Instant::now();
-        loop {
-            crate::runtime::sleep(renew).await;
-            match acquire(&client, &namespace, &name, &identity, DURATION, None).await {
-                Ok(Acquired::Held { .. }) => last_ok = std::time::Instant::now(),
-                Ok(Acquired::HeldBy(other)) => {
-                    log::error!("lost leadership to {other}");
-                    break;
+        let mut last_ok = Instant::now();
+        let why = loop {
+            crate::runtime::sleep(RETRY_EVERY).await;
+            let start = Instant::now();
+            match acquire(
+                &client,
+                &namespace,
+                &name,
+                &identity,
+                LEADER_LEASE_SECONDS,
+                None,
+            )
+            .await
+            {
+                Ok(Acquired::Held { .. }) => {
+                    last_ok = start;
+                    renewing.extend(start + RENEW_DEADLINE);
                 }
-                Err(e) if last_ok.elapsed() < Duration::from_secs(DURATION as u64 - 2) => {
+                Ok(Acquired::HeldBy(other)) => {
+                    break format!("lease {namespace}/{name} is held by {other}");
+                }
+                Err(e) if last_ok.elapsed() < RENEW_DEADLINE => {
                     log::warn!("renewing leadership: {e}")
                 }
                 Err(e) => {
-                    log::error!("could not renew leadership in time: {e}");
-                    break;
+                    break format!(
+                        "could not renew lease {namespace}/{name} within {} s: {e}",
+                        RENEW_DEADLINE.as_secs()
+                    );
                 }
             }
-        }
-        let _ = tx.send(()).await;
+        };
+        renewing.revoke();
+        log::error!("lost leadership: {why}");
+        let _ = tx.send(why).await;
     })
     .detach();
-    Ok(rx)
+    Ok(Leadership { gate, lost: rx })
 }

@@ -36,12 +36,19 @@ pub struct Interpreter {
     pub exec: host::Exec,
     /// The cloud provider plugin (`run --provider-command`), if any.
     pub provider: Option<provider::Provider>,
+    /// The cluster role's leadership: no effect starts once its lease is in
+    /// doubt (always open in the node role).
+    pub gate: lease::LeaderGate,
 }
 
 impl Interpreter {
     /// Perform one effect. A write whose guard no longer holds fails with
     /// the API's 409; the caller decides again on a fresh snapshot.
     pub async fn perform(&self, effect: &Effect) -> Result<Outcome> {
+        // Jobs, provider calls and host commands carry no resourceVersion a
+        // new leader's writes would trip: nothing starts once the lease is
+        // in doubt.
+        self.gate.may_act()?;
         match effect {
             Effect::PatchNode {
                 node,

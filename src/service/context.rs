@@ -41,9 +41,10 @@ pub struct Context {
     pub plans: Store<UpgradePlan>,
     /// Cluster role: hook Jobs (empty in the node role).
     pub jobs: Store<kube::api::DynamicObject>,
-    /// Cluster role: hook Jobs the API server refused to create, by
-    /// `namespace/name`, with why (the plan reports them as failures).
-    pub job_errors: Mutex<HashMap<String, String>>,
+    /// Cluster role: Jobs the API server refused to create, by
+    /// `namespace/name`: the object that planned it (`Kind/name`, kept
+    /// while it exists) and why (its decision reports them as failures).
+    job_errors: Mutex<HashMap<String, (String, String)>>,
     /// Unscoped cluster role, where the mutex CRDs are served: their stores.
     pub mutex: Option<super::stores::MutexStores>,
     /// Cluster role with a provider, where Constellation's CRDs are served.
@@ -61,10 +62,12 @@ pub struct Context {
     pub host_root: crate::effects::host::HostRoot,
     /// Node role: the host's reboot signal at its last look.
     pub host_signal: Mutex<Option<HostSignal>>,
-    /// Cluster role: one policy pass at a time; `policies_dirty` asks the
-    /// running pass for one more (see `reboots::reconcile_policies`).
-    pub policy_pass: smol::lock::Mutex<()>,
-    pub policies_dirty: std::sync::atomic::AtomicBool,
+    /// Cluster role: objects whose last decision failed (see `cluster.rs`).
+    pub failing: super::cluster::Failing,
+    /// Asks for a reconcile of the anchor node (NodeMaintenances no agent
+    /// owns), so work found outside the controller stays inside its
+    /// one-reconcile-per-node rule.
+    pub anchor: super::cluster::Kick,
     fresh: Arc<Fresh>,
     arrivals: Arc<super::stores::Arrivals>,
     memory: Mutex<HashMap<String, NodeMemory>>,
@@ -86,6 +89,7 @@ impl Context {
         drain_timeout: Duration,
         node_agents: bool,
         host_root: crate::effects::host::HostRoot,
+        anchor: super::cluster::Kick,
     ) -> Context {
         Context {
             effects,
@@ -105,8 +109,8 @@ impl Context {
             node_agents,
             host_root,
             host_signal: Mutex::default(),
-            policy_pass: smol::lock::Mutex::new(()),
-            policies_dirty: std::sync::atomic::AtomicBool::new(false),
+            failing: super::cluster::Failing::default(),
+            anchor,
             fresh: stores.fresh,
             arrivals: stores.arrivals,
             memory: Mutex::default(),
@@ -183,12 +187,18 @@ impl Context {
             .collect()
     }
 
+    /// Jobs the API server refused to create, by `namespace/name`: why.
     pub fn job_errors(&self) -> HashMap<String, String> {
-        lock(&self.job_errors).clone()
+        lock(&self.job_errors)
+            .iter()
+            .map(|(k, (_, why))| (k.clone(), why.clone()))
+            .collect()
     }
 
-    pub fn set_job_error(&self, key: String, why: String) {
-        lock(&self.job_errors).insert(key, why);
+    /// Remember that the Job `key` that `owner` (`Kind/name`) planned was
+    /// refused, for as long as `owner` exists.
+    pub fn set_job_error(&self, key: String, owner: String, why: String) {
+        lock(&self.job_errors).insert(key, (owner, why));
     }
 
     /// Node role: claim the background upgrade slot for `token`; false if
@@ -295,6 +305,64 @@ impl Context {
         lock(&self.foreign_checked).insert(nm, check);
     }
 
+    /// Perform the give-backs `effects` (NodeMaintenances whose `K` owner
+    /// looked gone). The stores of two kinds can disagree for a moment (a
+    /// new owner's maintenance seen before the owner), so the API server
+    /// has the last word: a GET of the owner, only for the rare candidate.
+    /// Each maintenance on its own: one that fails is reported on it and
+    /// backed off, and the others go on.
+    pub async fn give_back<K>(
+        &self,
+        maintenances: &[Arc<NodeMaintenance>],
+        effects: Vec<crate::decide::Effect>,
+    ) -> Option<std::time::Duration>
+    where
+        K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+    {
+        let kind = K::kind(&());
+        let api: kube::Api<K> = kube::Api::all(self.effects.client.clone());
+        let mut wake = None;
+        for effect in effects {
+            let crate::decide::Effect::DeleteMaintenance { nm, .. } = &effect else {
+                continue;
+            };
+            let Some(m) = maintenances.iter().find(|m| &m.name_any() == nm) else {
+                continue;
+            };
+            let owner = m
+                .owner_references()
+                .iter()
+                .find(|o| o.kind == kind)
+                .cloned();
+            let subject = super::cluster::Subject::typed(m.as_ref());
+            let (api, kind, effect) = (&api, &kind, &effect);
+            let w = super::cluster::contain(self, &subject, |_| async move {
+                if let Some(o) = &owner {
+                    let live = api
+                        .get_opt(&o.name)
+                        .await
+                        .map_err(crate::error::Error::kube(format!(
+                            "reading {kind} {}",
+                            o.name
+                        )))?;
+                    if live.is_some_and(|p| p.meta().uid.as_deref() == Some(o.uid.as_str())) {
+                        return Ok(None);
+                    }
+                }
+                log::info!("NodeMaintenance {nm}: its {kind} is gone; giving the node back");
+                let outcome = self.effects.perform(effect).await?;
+                self.remember(&outcome);
+                Ok(None)
+            })
+            .await;
+            wake = crate::decide::earliest(wake, w);
+        }
+        wake
+    }
+
     /// Forget what we keep per node and per object for nodes and objects
     /// that are gone, so a cluster that replaces nodes does not grow our
     /// memory (run on the anchor's reconciles, at least every heartbeat).
@@ -325,14 +393,13 @@ impl Context {
         self.fresh.policies.retain(policy_exists);
         let plan_exists = |n: &str| self.plans.get(&ObjectRef::new(n)).is_some();
         self.fresh.plans.retain(plan_exists);
-        // Refusals are kept while a plan's status still names their Job.
-        let named: HashSet<String> = self
-            .plans
-            .state()
-            .iter()
-            .filter_map(|p| p.status.as_ref())
-            .flat_map(|s| s.nodes.iter().filter_map(|e| e.job.clone()))
-            .collect();
-        lock(&self.job_errors).retain(|k, _| named.contains(k));
+    }
+
+    /// Forget the cluster role's per-object memory (failures, refused Jobs)
+    /// of objects that are gone; `live` holds the `Kind/name` keys of every
+    /// object the passes decide for. Run at the start of every pass.
+    pub fn prune_cluster(&self, live: &HashSet<String>) {
+        self.failing.retain(|k| live.contains(k));
+        lock(&self.job_errors).retain(|_, (owner, _)| live.contains(owner));
     }
 }

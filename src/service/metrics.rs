@@ -33,6 +33,10 @@ pub struct Counters {
     pub deletions: AtomicU64,
     /// Evictions the API refused (PDB 429s and other errors).
     pub refusals: AtomicU64,
+    /// Passes of the cluster role's scheduler (`cluster.rs`).
+    pub cluster_passes: AtomicU64,
+    /// Errors by [`Error::metric_label`], in [`ERROR_LABELS`] order.
+    pub errors: [AtomicU64; 8],
 }
 
 pub static COUNTERS: Counters = Counters {
@@ -41,7 +45,29 @@ pub static COUNTERS: Counters = Counters {
     evictions: AtomicU64::new(0),
     deletions: AtomicU64::new(0),
     refusals: AtomicU64::new(0),
+    cluster_passes: AtomicU64::new(0),
+    errors: [const { AtomicU64::new(0) }; 8],
 };
+
+/// Every [`Error::metric_label`], in the order [`Counters::errors`] counts them.
+pub const ERROR_LABELS: [&str; 8] = [
+    "no_credentials",
+    "unreachable",
+    "node_not_found",
+    "crds_missing",
+    "kube",
+    "io",
+    "invalid",
+    "lost_lease",
+];
+
+/// Count one error by its label.
+pub fn count_error(err: &Error) {
+    let label = err.metric_label();
+    if let Some(i) = ERROR_LABELS.iter().position(|l| *l == label) {
+        inc(&COUNTERS.errors[i]);
+    }
+}
 
 /// Reboot counters (cluster role), monotonic since start-up.
 pub struct Reboots {
@@ -335,6 +361,23 @@ fn render((nms, policies): &Stores) -> String {
         "counter",
         "Node reconciles that ended in an error (retried).",
         &[(String::new(), load(&c.reconcile_errors))],
+    );
+    metric(
+        "nodekeeper_cluster_passes_total",
+        "counter",
+        "Passes of the cluster role's scheduler over every RebootPolicy, UpgradePlan and mutex object.",
+        &[(String::new(), load(&c.cluster_passes))],
+    );
+    let errors: Vec<(String, u64)> = ERROR_LABELS
+        .iter()
+        .zip(&c.errors)
+        .map(|(l, n)| (format!("{{kind=\"{l}\"}}"), load(n)))
+        .collect();
+    metric(
+        "nodekeeper_errors_total",
+        "counter",
+        "Errors of node reconciles and of per-object decisions, by kind.",
+        &errors,
     );
     metric(
         "nodekeeper_pod_evictions_total",

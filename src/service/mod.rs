@@ -9,6 +9,7 @@
 //! only while it holds the leader lease ([`roles`]).
 
 pub mod admission;
+pub mod cluster;
 pub mod connect;
 pub mod context;
 pub mod fresh;
@@ -20,6 +21,7 @@ pub mod replace;
 pub mod roles;
 pub mod stores;
 pub mod upgrades;
+pub mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -43,7 +45,8 @@ use crate::error::{Error, Result};
 use crate::runtime::Latch;
 use context::Context;
 use roles::{Scope, map_maintenance};
-use stores::{Fresh, Stores, Synced, observe, slim_job, slim_node};
+use stores::{Fresh, Stores, Synced};
+use watch::{WatchBackoff, observe, slim_job, slim_node, watch_config, watch_ok};
 
 /// Run the service until `shutdown` resolves (or leadership is lost).
 pub async fn run(
@@ -117,7 +120,8 @@ pub async fn run(
         })
         .detach();
     }
-    let lost_leadership = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lost_leadership: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let mut gate = crate::effects::lease::LeaderGate::always();
     if matches!(scope, Scope::AllNodes { .. }) {
         let lead = crate::effects::lease::lead(
             client.clone(),
@@ -130,15 +134,16 @@ pub async fn run(
             stopping.wait().await;
             None
         };
-        let Some(lost) = smol::future::or(async { Some(lead.await) }, waiting).await else {
+        let Some(won) = smol::future::or(async { Some(lead.await) }, waiting).await else {
             log::info!("stopped before becoming the leader");
             return Ok(());
         };
-        let lost = lost?;
-        let (stopping, flag) = (stopping.clone(), lost_leadership.clone());
+        let won = won?;
+        gate = won.gate.clone();
+        let (stopping, lost) = (stopping.clone(), lost_leadership.clone());
         crate::runtime::spawn(async move {
-            if lost.recv().await.is_ok() {
-                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            if let Ok(why) = won.lost.recv().await {
+                *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
             }
             stopping.open();
         })
@@ -163,6 +168,14 @@ pub async fn run(
     // full list (readiness, through a latch every waiter can share) and its
     // deletions (pruning our mutation cache).
     let synced = Synced::default();
+    // The cluster role's cluster-wide work runs on its scheduler
+    // (`cluster.rs`) and replacement on its own task; each watch of a kind
+    // they read kicks them. The node role has neither.
+    let cluster_role = matches!(scope, Scope::AllNodes { .. });
+    let (kick, kicks) = cluster::Kick::new();
+    let (replace_kick, replace_kicks) = cluster::Kick::new();
+    let (anchor_kick, anchor_kicks) = cluster::Kick::new();
+    let (plans, plan_writer) = reflector::store::<UpgradePlan>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let (pods, pod_writer) = reflector::store::<Pod>();
     let fresh = Arc::new(Fresh::default());
@@ -170,30 +183,56 @@ pub async fn run(
     let node_events = {
         let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
         watcher(Api::<Node>::all(client.clone()), node_wc)
-            .backoff(stores::WatchBackoff::default())
+            .backoff(WatchBackoff::default())
             .modify(slim_node)
             .reflect(node_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
+            .inspect(cluster::on_event(
+                cluster_role,
+                vec![kick.clone(), replace_kick.clone()],
+            ))
             .touched_objects()
             .filter(|r| watch_ok(r, "nodes"))
     };
     let pod_events = {
         let latch = synced.pods.clone();
+        // Pods matter to the passes only through blocking-pod gates.
+        let (kick, gated_policies, gated_plans) = (kick.clone(), policies.clone(), plans.clone());
+        let gated = move |ev: &std::result::Result<watcher::Event<Pod>, watcher::Error>| {
+            if cluster_role
+                && ev.is_ok()
+                && (gated_policies
+                    .state()
+                    .iter()
+                    .any(|p| !p.spec.gates.blocking_pods.is_empty())
+                    || gated_plans
+                        .state()
+                        .iter()
+                        .any(|p| !p.spec.gates.blocking_pods.is_empty()))
+            {
+                kick.kick();
+            }
+        };
         watcher(Api::<Pod>::all(client.clone()), pod_wc)
-            .backoff(stores::WatchBackoff::default())
+            .backoff(WatchBackoff::default())
             // No `modify`: `api::pod::Pod` reads only what the drain needs.
             .reflect(pod_writer)
             .inspect(move |ev| observe(ev, &latch, |_| {}))
+            .inspect(gated)
             .touched_objects()
             .filter(|r| watch_ok(r, "pods"))
     };
     let nm_events = {
         let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
         watcher(Api::<NodeMaintenance>::all(client.clone()), watch_config())
-            .backoff(stores::WatchBackoff::default())
+            .backoff(WatchBackoff::default())
             .inspect(move |ev| order.note(ev))
             .reflect(nm_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
+            .inspect(cluster::on_event(
+                cluster_role,
+                vec![kick.clone(), replace_kick.clone()],
+            ))
             .touched_objects()
             .filter(|r| watch_ok(r, "NodeMaintenances"))
     };
@@ -201,20 +240,21 @@ pub async fn run(
     let policy_events = {
         let (latch, fresh) = (synced.policies.clone(), fresh.clone());
         watcher(Api::<RebootPolicy>::all(client.clone()), watch_config())
-            .backoff(stores::WatchBackoff::default())
+            .backoff(WatchBackoff::default())
             .reflect(policy_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
+            .inspect(cluster::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "RebootPolicies"))
     };
 
-    let (plans, plan_writer) = reflector::store::<UpgradePlan>();
     let plan_events = {
         let (latch, fresh) = (synced.plans.clone(), fresh.clone());
         watcher(Api::<UpgradePlan>::all(client.clone()), watch_config())
-            .backoff(stores::WatchBackoff::default())
+            .backoff(WatchBackoff::default())
             .reflect(plan_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.plans.forget(name)))
+            .inspect(cluster::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "UpgradePlans"))
     };
@@ -242,10 +282,11 @@ pub async fn run(
                 Api::<kube::api::DynamicObject>::all_with(client.clone(), &job_resource),
                 jobs_wc,
             )
-            .backoff(stores::WatchBackoff::default())
+            .backoff(WatchBackoff::default())
             .modify(slim_job)
             .reflect(job_writer)
             .inspect(move |ev| observe(ev, &latch, |_| {}))
+            .inspect(cluster::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "Jobs")),
         )
@@ -282,15 +323,15 @@ pub async fn run(
         replace::start(&client, config.provider.is_some(), synced.replace.clone()).await?
     } else {
         synced.replace.open();
-        (None, Box::pin(smol::stream::pending()) as mutex::Trigger)
+        (None, Box::pin(smol::stream::pending()) as watch::Trigger)
     };
 
     // Watch errors stop at the watchers (each backs off on its own, see
-    // stores::WatchBackoff): kube's Controller would otherwise put its own
+    // WatchBackoff): kube's Controller would otherwise put its own
     // backoff (up to 30 s) on the merged trigger stream, and one failing
     // watch would hold back the events of all the others.
-    let controller = Controller::for_stream(node_events, nodes.clone())
-        .trigger_backoff(stores::WatchBackoff::default());
+    let controller =
+        Controller::for_stream(node_events, nodes.clone()).trigger_backoff(WatchBackoff::default());
     let events = crate::effects::events::Events::new(client.clone(), "nodekeeper", Some(identity));
     let ctx = Arc::new(Context::new(
         Interpreter {
@@ -299,6 +340,7 @@ pub async fn run(
             evictions_in_flight,
             exec: config.host_exec,
             provider: config.provider.clone(),
+            gate,
         },
         scope.clone(),
         Stores {
@@ -317,6 +359,7 @@ pub async fn run(
         config.drain_timeout,
         config.node_agents,
         crate::effects::host::HostRoot(config.host_root.clone()),
+        anchor_kick,
     ));
 
     metrics::watch_sizes(metrics::Watched {
@@ -324,7 +367,10 @@ pub async fn run(
         pods: ctx.pods.clone(),
         jobs: ctx.jobs.clone(),
     });
-    replace::start_timer(&ctx);
+    if cluster_role {
+        cluster::start(ctx.clone(), kicks);
+        replace::start_task(ctx.clone(), replace_kicks);
+    }
 
     // /readyz turns green once every watch has listed once; the watchdog
     // behind /healthz starts counting now.
@@ -355,7 +401,6 @@ pub async fn run(
     let nm_nodes = nodes.clone();
     let (policy_scope, policy_nodes) = (scope.clone(), nodes.clone());
     let (plan_scope, plan_nodes) = (scope.clone(), nodes.clone());
-    let (job_scope, job_nodes) = (scope.clone(), nodes.clone());
     let stop = {
         let stopping = stopping.clone();
         async move { stopping.wait().await }
@@ -371,33 +416,32 @@ pub async fn run(
         .watches_stream(nm_events, move |nm: NodeMaintenance| {
             map_maintenance(&nm, &nm_scope, &nm_nodes)
         })
-        // A policy concerns every node it selects; one reconcile (the
-        // anchor's: the own node, or the cluster role's first node) runs
-        // the policy pass or the own node's reboot step.
+        // In the node role a policy or plan concerns the own node's reboot
+        // or upgrade step. In the cluster role they (and Jobs, and the
+        // mutex and replacement kinds) only kick the scheduler or the
+        // replacement task (see where the watches are built): no node
+        // reconcile runs for them.
         .watches_stream(policy_events, move |_: RebootPolicy| {
-            roles::anchor(&policy_scope, &policy_nodes).map(|a| ObjectRef::<Node>::new(&a))
+            own_node(&policy_scope, &policy_nodes)
         })
-        // Plans and their Jobs likewise run through the anchor's pass.
         .watches_stream(plan_events, move |_: UpgradePlan| {
-            roles::anchor(&plan_scope, &plan_nodes).map(|a| ObjectRef::<Node>::new(&a))
+            own_node(&plan_scope, &plan_nodes)
         })
-        .watches_stream_with(
-            job_events,
-            move |_: kube::api::DynamicObject| {
-                roles::anchor(&job_scope, &job_nodes).map(|a| ObjectRef::<Node>::new(&a))
-            },
-            job_resource,
-        )
+        .watches_stream_with(job_events, |_: kube::api::DynamicObject| None, job_resource)
         .reconcile_on(heartbeat)
+        .reconcile_on(mutex_events.filter_map(move |_| {
+            kick.kick();
+            None::<ObjectRef<Node>>
+        }))
+        .reconcile_on(replace_events.filter_map(move |_| {
+            replace_kick.kick();
+            None::<ObjectRef<Node>>
+        }))
+        // Work found outside the controller for NodeMaintenances no agent
+        // owns goes through the anchor's reconcile.
         .reconcile_on({
             let (scope, nodes) = (scope.clone(), nodes.clone());
-            mutex_events.filter_map(move |_| {
-                roles::anchor(&scope, &nodes).map(|a| ObjectRef::<Node>::new(&a))
-            })
-        })
-        .reconcile_on({
-            let (scope, nodes) = (scope.clone(), nodes.clone());
-            replace_events.filter_map(move |_| {
+            anchor_kicks.filter_map(move |_| {
                 roles::anchor(&scope, &nodes).map(|a| ObjectRef::<Node>::new(&a))
             })
         })
@@ -425,34 +469,29 @@ pub async fn run(
         );
     };
     smol::future::or(run, bound).await;
-    if lost_leadership.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err(Error::Invalid(
-            "lost the leader lease; exiting so a fresh start can compete again".into(),
-        ));
+    let lost = lost_leadership
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    if let Some(why) = lost {
+        return Err(Error::LostLease(format!(
+            "{why}; exiting so a fresh start can compete again"
+        )));
     }
     log::info!("stopped");
     Ok(())
 }
 
-/// Every watch lists with `MostRecent` (a consistent read) rather than
-/// kube's default `Any` (resourceVersion=0, whatever the API server's watch
-/// cache holds). Right after a kube-apiserver restart the cache can answer
-/// a list at a resourceVersion it can no longer watch from; each watch then
-/// fails with 410 Expired, relists at the same stale version and fails
-/// again, and the loop sees no events for as long as that lasts (client-go
-/// falls back to a consistent list on that error; kube-runtime does not).
-/// Since Kubernetes 1.31 a consistent list is served from the cache too.
-fn watch_config() -> watcher::Config {
-    watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent)
-}
-
-/// Log a watch error and keep it from the controller (see where the
-/// controller is built); pass everything else.
-fn watch_ok<K>(r: &std::result::Result<K, watcher::Error>, kind: &str) -> bool {
-    if let Err(e) = r {
-        log::debug!("watch of {kind}: {e} (retrying)");
+/// The node role's own node (the anchor), for kinds that concern only its
+/// own reboot or upgrade step; nothing in the cluster role.
+fn own_node(
+    scope: &Scope,
+    nodes: &kube::runtime::reflector::Store<Node>,
+) -> Option<ObjectRef<Node>> {
+    match scope {
+        Scope::Node(_) => roles::anchor(scope, nodes).map(|a| ObjectRef::<Node>::new(&a)),
+        Scope::AllNodes { .. } => None,
     }
-    r.is_ok()
 }
 
 /// How long reconciles in flight may run on after SIGTERM or a lost lease.
@@ -460,6 +499,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
     metrics::inc(&metrics::COUNTERS.reconcile_errors);
+    metrics::count_error(err);
     // 409: someone wrote first; re-read promptly rather than back off.
     let retry = if err.api_code() == Some(409) {
         Duration::from_millis(200)
@@ -472,7 +512,7 @@ fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
 
 /// Exit with an install hint unless every CRD we reconcile is served.
 pub async fn require_crds(client: &Client) -> Result<()> {
-    check_served(
+    watch::check_served(
         client,
         &[
             ApiResource::erase::<NodeMaintenance>(&()),
@@ -481,30 +521,4 @@ pub async fn require_crds(client: &Client) -> Result<()> {
         ],
     )
     .await
-}
-
-/// Fail with [`Error::CrdsMissing`] naming each of `resources` the API
-/// server does not serve.
-pub async fn check_served(client: &Client, resources: &[ApiResource]) -> Result<()> {
-    let mut missing = Vec::new();
-    for ar in resources {
-        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), ar);
-        match api.list(&kube::api::ListParams::default().limit(1)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                missing.push(format!("{}.{}", ar.plural, ar.group))
-            }
-            Err(e) => {
-                return Err(Error::kube(format!(
-                    "checking that the {} CRD is installed",
-                    ar.kind
-                ))(e));
-            }
-        }
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::CrdsMissing(missing))
-    }
 }

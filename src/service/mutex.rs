@@ -7,22 +7,20 @@
 //! [`reconcile`] after the UpgradePlans.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use smol::stream::{Stream, StreamExt};
+use kube::{Client, Resource, ResourceExt};
 
+use super::cluster::{Subject, contain};
 use super::context::Context;
 pub use super::stores::MutexStores;
+use super::watch::{Trigger, read, served, watch_dynamic};
 use crate::api::mutex::*;
 use crate::decide::mutex::{self, RunSnapshot};
 use crate::decide::{Effect, Outcome, earliest};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime::Latch;
 
 /// Which of the APIs the mutex flow uses are served.
@@ -32,18 +30,6 @@ pub struct Discovery {
     pub mutex: bool,
     pub pools: bool,
     pub cluster_versions: bool,
-}
-
-pub(super) async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    match api.list(&kube::api::ListParams::default().limit(1)).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(crate::error::Error::kube(format!(
-            "checking whether {} is served",
-            ar.plural
-        ))(e)),
-    }
 }
 
 pub async fn discover(client: &Client) -> Result<Discovery> {
@@ -56,44 +42,6 @@ pub async fn discover(client: &Client) -> Result<Discovery> {
         pools: served(client, &pool_resource()).await?,
         cluster_versions: served(client, &cluster_version_resource()).await?,
     })
-}
-
-/// The typed objects of an untyped store; one that does not parse is
-/// logged and skipped (the API server's schema makes that rare).
-pub(super) fn typed<K: serde::de::DeserializeOwned>(store: &Store<DynamicObject>) -> Vec<Arc<K>> {
-    store
-        .state()
-        .iter()
-        .filter_map(|o| {
-            let v = serde_json::to_value(&**o).ok()?;
-            match serde_json::from_value::<K>(v) {
-                Ok(k) => Some(Arc::new(k)),
-                Err(e) => {
-                    log::warn!("{}: cannot be read: {e}", o.name_any());
-                    None
-                }
-            }
-        })
-        .collect()
-}
-
-pub(super) type Trigger = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
-
-pub(super) fn watch_dynamic(
-    client: &Client,
-    ar: &ApiResource,
-    latch: Latch,
-) -> (Store<DynamicObject>, Trigger) {
-    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-    let store = writer.as_reader();
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    let events = watcher(api, super::watch_config())
-        .backoff(super::stores::WatchBackoff::default())
-        .reflect(writer)
-        .inspect(move |ev| super::stores::observe(ev, &latch, |_| {}))
-        .touched_objects()
-        .filter_map(|r| r.ok().map(|_| ()));
-    (store, Box::pin(events))
 }
 
 /// Watch what `d` says is served; `synced` opens once every watch listed.
@@ -125,17 +73,8 @@ pub fn start(client: &Client, d: Discovery, synced: Latch) -> (Option<MutexStore
         latches[4].open();
         None
     };
-    crate::runtime::spawn(async move {
-        for l in &latches {
-            l.wait().await;
-        }
-        synced.open();
-    })
-    .detach();
-    let merged = triggers
-        .into_iter()
-        .reduce(|a, b| Box::pin(smol::stream::or(a, b)))
-        .unwrap_or_else(|| Box::pin(smol::stream::pending()));
+    super::watch::open_when_all(latches, synced);
+    let merged = super::watch::merge(triggers);
     (
         Some(MutexStores {
             rules,
@@ -148,11 +87,49 @@ pub fn start(client: &Client, d: Discovery, synced: Latch) -> (Option<MutexStore
     )
 }
 
-/// Decide and act for every MutexRule, MutexTarget and MutexRunConfig.
-pub async fn reconcile(ctx: &Context) -> Result<Option<Duration>> {
+/// The `Kind/namespace/name` keys of every mutex object (what the
+/// scheduler's per-object memory may keep).
+pub fn keys(ctx: &Context) -> Vec<String> {
     let Some(m) = &ctx.mutex else {
-        return Ok(None);
+        return Vec::new();
     };
+    let mut keys = Vec::new();
+    for (store, kind) in [
+        (&m.rules, MutexRule::kind(&())),
+        (&m.targets, MutexTarget::kind(&())),
+        (&m.runs, MutexRunConfig::kind(&())),
+    ] {
+        keys.extend(store.state().iter().map(|o| subject(&kind, o).key));
+    }
+    keys
+}
+
+fn subject(kind: &str, o: &DynamicObject) -> Subject {
+    Subject::of(&MutexRule::api_version(&()), kind, &o.metadata)
+}
+
+/// Report the objects of a kind that do not parse, each on its own (they
+/// are skipped, never acted on with defaults in their place).
+async fn report_unreadable(
+    ctx: &Context,
+    kind: &str,
+    bad: super::watch::Unreadable,
+) -> Option<Duration> {
+    let mut wake = None;
+    for (o, why) in bad {
+        let w = contain(ctx, &subject(kind, &o), |_| async move {
+            Err(Error::Invalid(format!("cannot be read: {why}")))
+        })
+        .await;
+        wake = earliest(wake, w);
+    }
+    wake
+}
+
+/// The scheduler's pass over every MutexRule, MutexTarget and
+/// MutexRunConfig, each on its own (see `cluster::contain`).
+pub async fn pass(ctx: &Context) -> Option<Duration> {
+    let m = ctx.mutex.as_ref()?;
     let now = Timestamp::now();
     let nodes = ctx.all_nodes();
     let (pools, pool_versions) = match &m.pools {
@@ -161,9 +138,18 @@ pub async fn reconcile(ctx: &Context) -> Result<Option<Duration>> {
             let mut views = BTreeMap::new();
             let mut versions = BTreeMap::new();
             for p in store.state() {
-                let view: PoolView =
-                    serde_json::from_value(p.data["spec"].clone()).unwrap_or_default();
-                views.insert(p.name_any(), view);
+                // A pool that does not parse is left out (targets naming it
+                // report it missing): a default in its place would have
+                // empty matchLabels, which select every node.
+                match serde_json::from_value::<PoolView>(p.data["spec"].clone()) {
+                    Ok(view) => {
+                        views.insert(p.name_any(), view);
+                    }
+                    Err(e) => {
+                        log::warn!("MachineConfigPool {}: cannot be read: {e}", p.name_any());
+                        continue;
+                    }
+                }
                 if let Some(rv) = p.resource_version() {
                     versions.insert(p.name_any(), rv);
                 }
@@ -175,29 +161,56 @@ pub async fn reconcile(ctx: &Context) -> Result<Option<Duration>> {
         s.state()
             .into_iter()
             .find(|o| o.name_any() == CLUSTER_VERSION_NAME)
-            .map(|o| ClusterVersionView::from_json(&serde_json::to_value(&*o).unwrap_or_default()))
+            .and_then(|o| serde_json::to_value(&*o).ok())
+            .map(|v| ClusterVersionView::from_json(&v))
     });
-    let mut effects: Vec<Effect> = Vec::new();
-    let rules: Vec<Arc<MutexRule>> = typed(&m.rules);
+    let (rule_kind, target_kind, run_kind) = (
+        MutexRule::kind(&()),
+        MutexTarget::kind(&()),
+        MutexRunConfig::kind(&()),
+    );
+    let (rules, bad_rules) = read::<MutexRule>(&m.rules);
+    let (targets, bad_targets) = read::<MutexTarget>(&m.targets);
+    let (runs, bad_runs) = read::<MutexRunConfig>(&m.runs);
+    let mut wake = report_unreadable(ctx, &rule_kind, bad_rules).await;
+    wake = earliest(
+        wake,
+        report_unreadable(ctx, &target_kind, bad_targets).await,
+    );
+    wake = earliest(wake, report_unreadable(ctx, &run_kind, bad_runs).await);
+    let mut acted = false;
     for r in &rules {
-        effects.extend(mutex::rule(r, now));
+        let Some(effect) = mutex::rule(r, now) else {
+            continue;
+        };
+        acted = true;
+        let w = contain(ctx, &Subject::typed(r.as_ref()), |_| async move {
+            perform(ctx, &MutexRule::kind(&()), r.as_ref(), &[effect]).await
+        })
+        .await;
+        wake = earliest(wake, w);
     }
-    let targets: Vec<Arc<MutexTarget>> = typed(&m.targets);
     for t in &targets {
-        effects.extend(mutex::target(t, pools.as_ref(), &nodes, now));
+        let Some(effect) = mutex::target(t, pools.as_ref(), &nodes, now) else {
+            continue;
+        };
+        acted = true;
+        let w = contain(ctx, &Subject::typed(t.as_ref()), |_| async move {
+            perform(ctx, &MutexTarget::kind(&()), t.as_ref(), &[effect]).await
+        })
+        .await;
+        wake = earliest(wake, w);
     }
-    perform(ctx, &effects).await?;
-    if !effects.is_empty() {
+    if acted {
         // Runs read the statuses just written: decide them on the next
         // pass, which those writes trigger.
-        return Ok(None);
+        return wake;
     }
     let jobs: HashMap<String, crate::decide::jobs::JobState> = ctx.jobs_by_key();
     let job_errors = ctx.job_errors();
-    let mut wake = None;
-    for run in typed::<MutexRunConfig>(&m.runs) {
-        let plan = mutex::run(&RunSnapshot {
-            run: &run,
+    for run in &runs {
+        let snapshot = RunSnapshot {
+            run,
             rules: &rules,
             targets: &targets,
             pools: pools.as_ref(),
@@ -207,28 +220,43 @@ pub async fn reconcile(ctx: &Context) -> Result<Option<Duration>> {
             jobs: &jobs,
             job_errors: &job_errors,
             now,
-        });
-        perform(ctx, &plan.effects).await?;
-        if let crate::decide::Then::Wait(d) = plan.then {
-            wake = earliest(wake, d);
-        }
+        };
+        let run_kind = &run_kind;
+        let w = contain(ctx, &Subject::typed(run.as_ref()), |_| async move {
+            let plan = mutex::run(&snapshot);
+            perform(ctx, run_kind, run.as_ref(), &plan.effects).await?;
+            Ok(match plan.then {
+                crate::decide::Then::Wait(d) => d,
+                crate::decide::Then::Again => Some(Duration::from_millis(100)),
+            })
+        })
+        .await;
+        wake = earliest(wake, w);
     }
-    Ok(wake)
+    wake
 }
 
-async fn perform(ctx: &Context, effects: &[Effect]) -> Result<()> {
+/// Perform one object's effects; a Job the API server refuses is recorded
+/// for as long as that object exists, so its next decision fails the step
+/// instead of creating the Job again.
+async fn perform<K: kube::Resource<DynamicType = ()>>(
+    ctx: &Context,
+    kind: &str,
+    owner: &K,
+    effects: &[Effect],
+) -> Result<Option<Duration>> {
     for effect in effects {
-        log::debug!("mutex: {}", crate::effects::describe(effect));
+        log::debug!("mutex {kind}: {}", crate::effects::describe(effect));
         let outcome = ctx.effects.perform(effect).await?;
         ctx.remember(&outcome);
         if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, &outcome) {
-            let key = crate::decide::upgrade::job_key(
+            let key = crate::decide::jobs::key_of(
                 job.metadata.namespace.as_deref().unwrap_or_default(),
                 &job.name_any(),
             );
             log::warn!("mutex: Job {key} refused: {why}");
-            ctx.set_job_error(key, why.clone());
+            ctx.set_job_error(key, Subject::typed(owner).key, why.clone());
         }
     }
-    Ok(())
+    Ok(None)
 }

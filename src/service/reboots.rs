@@ -1,18 +1,16 @@
-//! Coordinated reboots in the loop. The cluster role runs one pass over
-//! every RebootPolicy (and UpgradePlan, see `upgrades.rs`) after any
-//! reconcile ([`reconcile_policies`]): one
-//! pass at a time, and triggers that arrive during a pass fold into one
-//! more pass instead of queueing one each. The node role looks at its
-//! host's signals at the governing policy's period and acts on its own
-//! node's reboot ([`reconcile_own_node`]).
+//! Coordinated reboots in the loop. The cluster role decides every
+//! RebootPolicy in the scheduler's pass ([`pass`], see `cluster.rs`), each
+//! policy on its own. The node role looks at its host's signals at the
+//! governing policy's period and acts on its own node's reboot
+//! ([`reconcile_own_node`]).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
+use super::cluster::{Subject, contain};
 use super::context::{Context, HostSignal};
 use super::metrics;
 use crate::api::reboot::RebootPolicy;
@@ -21,96 +19,37 @@ use crate::decide::{Effect, Outcome, earliest};
 use crate::effects::host;
 use crate::error::Result;
 
-/// Cluster role: decide and act for every RebootPolicy. Returns when to
-/// look again (settle ends, return deadlines, window boundaries).
-pub async fn reconcile_policies(ctx: &Context) -> Result<Option<Duration>> {
-    ctx.policies_dirty.store(true, Ordering::SeqCst);
+/// Cluster role: one scheduler pass over every RebootPolicy this role
+/// handles, each on its own (see `cluster::contain`), then the give-back
+/// of nodes whose policy is gone. Returns when to look again (settle ends,
+/// return deadlines, window boundaries, backoff).
+pub async fn pass(ctx: &Context) -> Option<Duration> {
     let mut wake = None;
-    loop {
-        // Someone else is running a pass: it will see the flag and run
-        // once more for us.
-        let Some(guard) = ctx.policy_pass.try_lock() else {
-            return Ok(wake);
-        };
-        while ctx.policies_dirty.swap(false, Ordering::SeqCst) {
-            wake = None;
-            let policies = ctx.policies();
-            for policy in &policies {
-                if super::roles::handles_policy(&ctx.scope, policy) {
-                    wake = earliest(wake, reconcile_policy(ctx, policy).await?);
-                }
-            }
-            give_back_orphans(ctx, &policies).await?;
-            // UpgradePlans share the pass: one writer of admissions at a
-            // time, whichever feature they are for.
-            wake = earliest(wake, super::upgrades::reconcile_plans(ctx).await?);
-            wake = earliest(wake, super::mutex::reconcile(ctx).await?);
-        }
-        drop(guard);
-        // A trigger between our last check and the unlock found the pass
-        // taken and left; take it again for it.
-        if !ctx.policies_dirty.load(Ordering::SeqCst) {
-            return Ok(wake);
-        }
-    }
-}
-
-/// Delete the NodeMaintenances of policies that are gone.
-async fn give_back_orphans(ctx: &Context, policies: &[Arc<RebootPolicy>]) -> Result<()> {
-    let maintenances = ctx.all_maintenances();
-    let effects = reboot::orphans(&maintenances, policies);
-    give_back::<RebootPolicy>(ctx, &maintenances, effects).await
-}
-
-/// Perform the give-backs `effects` (NodeMaintenances whose `K` owner
-/// looked gone). The stores of two kinds can disagree for a moment (a new
-/// owner's maintenance seen before the owner), so the API server has the
-/// last word: a GET of the owner, only for the rare candidate.
-pub(super) async fn give_back<K>(
-    ctx: &Context,
-    maintenances: &[Arc<crate::api::nodemaintenance::NodeMaintenance>],
-    effects: Vec<Effect>,
-) -> Result<()>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned,
-{
-    let kind = K::kind(&());
-    let api: kube::Api<K> = kube::Api::all(ctx.effects.client.clone());
-    for effect in effects {
-        let Effect::DeleteMaintenance { nm, .. } = &effect else {
+    let policies = ctx.policies();
+    for policy in &policies {
+        if !super::roles::handles_policy(&ctx.scope, policy) {
             continue;
-        };
-        let owner = maintenances
-            .iter()
-            .find(|m| &m.name_any() == nm)
-            .and_then(|m| {
-                m.owner_references()
-                    .iter()
-                    .find(|o| o.kind == kind)
-                    .cloned()
-            });
-        if let Some(o) = &owner {
-            let live = api
-                .get_opt(&o.name)
-                .await
-                .map_err(crate::error::Error::kube(format!(
-                    "reading {kind} {}",
-                    o.name
-                )))?;
-            if live.is_some_and(|p| p.meta().uid.as_deref() == Some(o.uid.as_str())) {
-                continue;
-            }
         }
-        log::info!("NodeMaintenance {nm}: its {kind} is gone; giving the node back");
-        ctx.effects.perform(&effect).await?;
+        let subject = Subject::typed(policy.as_ref());
+        let w = contain(ctx, &subject, |failing| async move {
+            reconcile_policy(ctx, policy, failing.as_deref()).await
+        })
+        .await;
+        wake = earliest(wake, w);
     }
-    Ok(())
+    let maintenances = ctx.all_maintenances();
+    let effects = reboot::orphans(&maintenances, &policies);
+    earliest(
+        wake,
+        ctx.give_back::<RebootPolicy>(&maintenances, effects).await,
+    )
 }
 
-async fn reconcile_policy(ctx: &Context, policy: &RebootPolicy) -> Result<Option<Duration>> {
+async fn reconcile_policy(
+    ctx: &Context,
+    policy: &RebootPolicy,
+    failing: Option<&str>,
+) -> Result<Option<Duration>> {
     let now = Timestamp::now();
     let plan = {
         let nodes = ctx.all_nodes();
@@ -123,6 +62,7 @@ async fn reconcile_policy(ctx: &Context, policy: &RebootPolicy) -> Result<Option
             pods_on: &pods_on,
             now,
             remote: !ctx.node_agents,
+            failing,
         })
     };
     let name = policy.name_any();

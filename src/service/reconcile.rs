@@ -28,8 +28,10 @@ use crate::error::{Error, Result};
 /// Upper bound on decisions per reconcile; the loop normally ends far sooner.
 const MAX_STEPS: usize = 32;
 
-/// The controller's reconcile: the node itself, and, on the anchor node,
-/// NodeMaintenances whose node has no agent (it does not exist).
+/// The controller's reconcile: the node itself (its maintenance; in the
+/// node role also its reboot and upgrade), and, on the anchor node,
+/// NodeMaintenances whose node has no agent (it does not exist). Nothing
+/// cluster-wide runs here.
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     // Decisions on a half-filled store would count pods wrong: wait for the
     // first full list of every watched kind.
@@ -51,21 +53,12 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
         ctx.prune();
         wake = earliest(wake, reconcile_foreign(&ctx).await);
     }
-    wake = earliest(
-        wake,
-        match ctx.scope {
-            Scope::Node(_) => {
-                super::upgrades::reconcile_own_node(&ctx, &name).await?;
-                super::reboots::reconcile_own_node(&ctx, &name).await?
-            }
-            Scope::AllNodes { .. } => {
-                // Replacement runs on its own task (provider calls may be
-                // slow); any change the anchor sees kicks a pass.
-                super::replace::kick(&ctx);
-                super::reboots::reconcile_policies(&ctx).await?
-            }
-        },
-    );
+    // The node role's own reboot and upgrade; the cluster role's
+    // cluster-wide work has its own scheduler (`cluster.rs`).
+    if let Scope::Node(_) = ctx.scope {
+        super::upgrades::reconcile_own_node(&ctx, &name).await?;
+        wake = earliest(wake, super::reboots::reconcile_own_node(&ctx, &name).await?);
+    }
     Ok(match wake {
         Some(d) => Action::requeue(d),
         None => Action::await_change(),
@@ -100,7 +93,7 @@ fn summarize(node: &Node) -> String {
 /// resourceVersion, so of many agents exactly one succeeds. A failing check
 /// backs off per object, with jitter, and never fails the own node's
 /// reconcile: one bad object must not make every agent poll.
-pub(super) async fn reconcile_foreign(ctx: &Context) -> Option<Duration> {
+async fn reconcile_foreign(ctx: &Context) -> Option<Duration> {
     let now = Timestamp::now();
     let mut wake = None;
     let mut targets: Vec<String> = ctx

@@ -11,7 +11,6 @@
 //! show our writes before the next round decides on them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,7 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 
 use super::context::Context;
-use super::mutex::{Trigger, typed, watch_dynamic};
+use super::watch::{Trigger, typed, watch_dynamic};
 use crate::api::constellation::*;
 use crate::decide::replace::{self, Facts, Failure};
 use crate::decide::{Effect, Outcome, Then, earliest};
@@ -39,6 +38,8 @@ const SETTLE: Duration = Duration::from_secs(2);
 const GROUP_IMAGE_TTL: Duration = Duration::from_secs(60);
 /// How often the provider's scaling groups are listed (Constellation: 15 min).
 const LIST_GROUPS_EVERY: Duration = Duration::from_secs(15 * 60);
+/// The first retry of a failed listing (doubling up to the period).
+const LIST_GROUPS_RETRY: Duration = Duration::from_secs(15);
 
 /// The watched kinds.
 pub struct ReplaceStores {
@@ -56,10 +57,6 @@ type Answer = (Instant, Result<String, String>);
 pub struct Replace {
     pub stores: ReplaceStores,
     server_version: Option<String>,
-    dirty: AtomicBool,
-    running: AtomicBool,
-    wake: smol::channel::Sender<Duration>,
-    wake_rx: smol::channel::Receiver<Duration>,
     failures: Mutex<BTreeMap<String, Failure>>,
     /// Answers that cannot change (a node's group and image), by verb/id.
     memo: Mutex<HashMap<String, Result<String, String>>>,
@@ -69,7 +66,15 @@ pub struct Replace {
     /// Per strategy: the resourceVersions it was last checked at (its own
     /// and the groups'), so the Deployment is read only when they change.
     strategy_checked: Mutex<HashMap<String, String>>,
-    groups_listed: Mutex<Option<Instant>>,
+    groups_listed: Mutex<Listed>,
+}
+
+/// When the provider's scaling groups are listed next, and how many
+/// listings in a row failed.
+#[derive(Default)]
+struct Listed {
+    next: Option<Instant>,
+    failures: u32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,7 +90,7 @@ pub async fn start(
     synced: Latch,
 ) -> Result<(Option<Replace>, Trigger)> {
     let nv = ApiResource::erase::<NodeVersion>(&());
-    let served = super::mutex::served(client, &nv).await?;
+    let served = super::watch::served(client, &nv).await?;
     if !served || !provider {
         if served {
             log::info!(
@@ -112,13 +117,7 @@ pub async fn start(
         stores.push(s);
         triggers.push(t);
     }
-    crate::runtime::spawn(async move {
-        for l in &latches {
-            l.wait().await;
-        }
-        synced.open();
-    })
-    .detach();
+    super::watch::open_when_all(latches, synced);
     let Ok([versions, groups, pending, strategies, joining]) =
         <[Store<DynamicObject>; 5]>::try_from(stores)
     else {
@@ -131,19 +130,11 @@ pub async fn start(
         strategies,
         joining,
     };
-    let (wake, wake_rx) = smol::channel::bounded(16);
-    let merged = triggers
-        .into_iter()
-        .reduce(|a, b| Box::pin(smol::stream::or(a, b)))
-        .unwrap_or_else(|| Box::pin(smol::stream::pending()));
+    let merged = super::watch::merge(triggers);
     Ok((
         Some(Replace {
             stores,
             server_version,
-            dirty: AtomicBool::new(false),
-            running: AtomicBool::new(false),
-            wake,
-            wake_rx,
             failures: Mutex::default(),
             memo: Mutex::default(),
             group_images: Mutex::default(),
@@ -155,71 +146,45 @@ pub async fn start(
     ))
 }
 
-/// Ask for a replacement pass: runs one now on its own task, or, if one
-/// is running, one more after it.
-pub fn kick(ctx: &Arc<Context>) {
-    let Some(r) = &ctx.replace else { return };
-    r.dirty.store(true, Ordering::SeqCst);
-    if r.running.swap(true, Ordering::SeqCst) {
+/// Run replacement passes on their own task until `kicks` closes: one at
+/// start, then one per burst of kicks (its kinds, nodes, NodeMaintenances),
+/// or when the last pass asked to look again. Apart from the cluster
+/// scheduler: a provider call may take its whole timeout.
+pub fn start_task(ctx: Arc<Context>, kicks: smol::channel::Receiver<()>) {
+    if ctx.replace.is_none() {
         return;
     }
-    let ctx = ctx.clone();
     crate::runtime::spawn(async move {
         let Some(r) = &ctx.replace else { return };
+        ctx.synced.wait().await;
+        let mut due: Option<Instant> = Some(Instant::now());
         loop {
-            while r.dirty.swap(false, Ordering::SeqCst) {
-                let wake = match pass(&ctx, r).await {
-                    Ok(w) => w,
-                    Err(e) => {
-                        log::warn!("node replacement: {e} (retrying in 5 s)");
-                        Some(Duration::from_secs(5))
-                    }
-                };
-                if let Some(d) = wake {
-                    let _ = r.wake.try_send(d);
-                }
-            }
-            r.running.store(false, Ordering::SeqCst);
-            // A kick between our last look and the store above found the
-            // pass running and left: run again for it.
-            if !r.dirty.load(Ordering::SeqCst) || r.running.swap(true, Ordering::SeqCst) {
-                return;
-            }
-        }
-    })
-    .detach();
-}
-
-/// The one timer of the feature: kicks a pass when the earliest wake-up
-/// asked for is due.
-pub fn start_timer(ctx: &Arc<Context>) {
-    let Some(r) = &ctx.replace else { return };
-    let rx = r.wake_rx.clone();
-    let ctx = ctx.clone();
-    crate::runtime::spawn(async move {
-        let mut due: Option<Instant> = None;
-        loop {
-            let recv = async { rx.recv().await.ok().map(Some) };
-            let fire = async {
+            let kicked = async { kicks.recv().await.is_ok() };
+            let timer = async {
                 match due {
                     Some(t) => {
                         smol::Timer::at(t).await;
-                        Some(None)
+                        true
                     }
                     None => smol::future::pending().await,
                 }
             };
-            match smol::future::or(recv, fire).await {
-                None => return,
-                Some(Some(d)) => {
-                    let t = Instant::now() + d;
-                    due = Some(due.map_or(t, |u| u.min(t)));
-                }
-                Some(None) => {
-                    due = None;
-                    kick(&ctx);
-                }
+            if !smol::future::or(kicked, timer).await {
+                return;
             }
+            while kicks.try_recv().is_ok() {}
+            if ctx.effects.gate.may_act().is_err() {
+                return;
+            }
+            let wake = match pass(&ctx, r).await {
+                Ok(w) => w,
+                Err(crate::error::Error::LostLease(_)) => return,
+                Err(e) => {
+                    log::warn!("node replacement: {e} (retrying in 5 s)");
+                    Some(Duration::from_secs(5))
+                }
+            };
+            due = wake.map(|d| Instant::now() + d);
         }
     })
     .detach();
@@ -270,9 +235,9 @@ async fn settle(ctx: &Context, r: &Replace, e: &Expect) {
 
 /// One replacement pass: rounds until nothing is left to do now.
 async fn pass(ctx: &Context, r: &Replace) -> Result<Option<Duration>> {
-    list_groups(ctx, r).await;
-    let mut expect = Expect::default();
+    let listing = list_groups(ctx, r).await;
     let mut wake = None;
+    let mut expect = Expect::default();
     for _ in 0..MAX_ROUNDS {
         settle(ctx, r, &expect).await;
         expect = Expect::default();
@@ -291,9 +256,9 @@ async fn pass(ctx: &Context, r: &Replace) -> Result<Option<Duration>> {
                     && crate::decide::foreign::needs_attention(m)
             });
             if orphaned {
-                wake = earliest(wake, super::reconcile::reconcile_foreign(ctx).await);
+                ctx.anchor.kick();
             }
-            return Ok(earliest(wake, w));
+            return Ok(earliest(listing, earliest(wake, w)));
         }
         wake = None;
     }
@@ -673,15 +638,15 @@ async fn strategies(ctx: &Context, r: &Replace, expect: &mut Expect) -> Result<b
 /// (at start, then every 15 minutes), and delete the ones nodekeeper
 /// created whose group is gone. A ScalingGroup someone else created is
 /// never deleted (Constellation deletes every undiscovered one).
-async fn list_groups(ctx: &Context, r: &Replace) {
+async fn list_groups(ctx: &Context, r: &Replace) -> Option<Duration> {
     {
-        let mut last = lock(&r.groups_listed);
-        if last.is_some_and(|t| t.elapsed() < LIST_GROUPS_EVERY) {
-            return;
+        let listed = lock(&r.groups_listed);
+        if let Some(next) = listed.next
+            && next > Instant::now()
+        {
+            return Some(next - Instant::now());
         }
-        *last = Some(Instant::now());
     }
-    let _ = r.wake.try_send(LIST_GROUPS_EVERY);
     let answer = match ctx
         .effects
         .perform(&Effect::Provider {
@@ -692,11 +657,24 @@ async fn list_groups(ctx: &Context, r: &Replace) {
         .await
     {
         Ok(Outcome::ProviderAnswered(v)) => v,
-        Ok(Outcome::ProviderFailed(e)) => {
-            log::warn!("node replacement: {e}");
-            return;
+        other => {
+            // Asked again soon (30 s doubling to the period), not only
+            // after a whole period: the time is recorded after the answer.
+            let mut listed = lock(&r.groups_listed);
+            listed.failures = listed.failures.saturating_add(1);
+            let delay = (LIST_GROUPS_RETRY * (1 << listed.failures.min(5))).min(LIST_GROUPS_EVERY);
+            listed.next = Some(Instant::now() + delay);
+            match other {
+                Ok(Outcome::ProviderFailed(e)) => log::warn!("node replacement: {e}"),
+                Err(e) => log::warn!("node replacement: listing scaling groups: {e}"),
+                _ => {}
+            }
+            return Some(delay);
         }
-        _ => return,
+    };
+    *lock(&r.groups_listed) = Listed {
+        next: Some(Instant::now() + LIST_GROUPS_EVERY),
+        failures: 0,
     };
     let existing: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
     let nv_name = typed::<NodeVersion>(&r.stores.versions)
@@ -709,4 +687,5 @@ async fn list_groups(ctx: &Context, r: &Replace) {
             log::warn!("node replacement: scaling groups: {err}");
         }
     }
+    Some(LIST_GROUPS_EVERY)
 }

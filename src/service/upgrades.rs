@@ -1,8 +1,7 @@
 //! In-place upgrades in the loop. The cluster role decides every
-//! UpgradePlan inside the same coalesced pass as RebootPolicies
-//! ([`reconcile_plans`], called by `reboots::reconcile_policies`), and
-//! records the Jobs the API server refuses to create so the plan can report
-//! them. The node role runs its own node's upgrade command
+//! UpgradePlan in the scheduler's pass ([`pass`], see `cluster.rs`), each
+//! plan on its own, and records the Jobs the API server refuses to create
+//! so the plan can report them. The node role runs its own node's upgrade command
 //! ([`reconcile_own_node`]) in the background: an upgrade can take many
 //! minutes, and the loop (and the watchdog behind `/healthz`) must not wait
 //! for it.
@@ -13,6 +12,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::cluster::{Subject, contain};
 use super::context::Context;
 use crate::api::upgrade::{RESULT_ANNOTATION, UpgradePlan};
 use crate::decide::reboot::node::after_command;
@@ -20,24 +20,37 @@ use crate::decide::upgrade::{self, node};
 use crate::decide::{Effect, Outcome, earliest};
 use crate::error::Result;
 
-/// Cluster role: decide and act for every UpgradePlan this role handles.
-/// Runs inside the policy pass (one at a time). Returns when to look again.
-pub async fn reconcile_plans(ctx: &Context) -> Result<Option<Duration>> {
+/// Cluster role: one scheduler pass over every UpgradePlan this role
+/// handles, each on its own (see `cluster::contain`), then the give-back of
+/// nodes whose plan is gone. Returns when to look again.
+pub async fn pass(ctx: &Context) -> Option<Duration> {
     let mut wake = None;
     let plans = ctx.plans();
     for plan in &plans {
-        if super::roles::handles_plan(&ctx.scope, plan) {
-            wake = earliest(wake, reconcile_plan(ctx, plan, &plans).await?);
+        if !super::roles::handles_plan(&ctx.scope, plan) {
+            continue;
         }
+        let subject = Subject::typed(plan.as_ref());
+        let plans = &plans;
+        let w = contain(ctx, &subject, |failing| async move {
+            reconcile_plan(ctx, plan, plans, failing.as_deref()).await
+        })
+        .await;
+        wake = earliest(wake, w);
     }
-    give_back_orphans(ctx, &plans).await?;
-    Ok(wake)
+    let maintenances = ctx.all_maintenances();
+    let effects = upgrade::orphans(&maintenances, &plans);
+    earliest(
+        wake,
+        ctx.give_back::<UpgradePlan>(&maintenances, effects).await,
+    )
 }
 
 async fn reconcile_plan(
     ctx: &Context,
     plan: &UpgradePlan,
     plans: &[Arc<UpgradePlan>],
+    failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
     let plan_fx = {
@@ -55,6 +68,7 @@ async fn reconcile_plan(
             pods_on: &pods_on,
             now,
             plans,
+            failing,
         })
     };
     let name = plan.name_any();
@@ -64,12 +78,12 @@ async fn reconcile_plan(
         let outcome = ctx.effects.perform(effect).await?;
         ctx.remember(&outcome);
         if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, &outcome) {
-            let key = upgrade::job_key(
+            let key = crate::decide::jobs::key_of(
                 job.metadata.namespace.as_deref().unwrap_or_default(),
                 &job.name_any(),
             );
             log::warn!("UpgradePlan {name}: Job {key} refused: {why}");
-            ctx.set_job_error(key, why.clone());
+            ctx.set_job_error(key, Subject::typed(plan).key, why.clone());
             refused = true;
         }
     }
@@ -82,14 +96,6 @@ async fn reconcile_plan(
         crate::decide::Then::Wait(d) => d,
         crate::decide::Then::Again => Some(Duration::from_millis(100)),
     })
-}
-
-/// Delete the NodeMaintenances of plans that are gone (see
-/// `reboots::give_back`).
-async fn give_back_orphans(ctx: &Context, plans: &[Arc<UpgradePlan>]) -> Result<()> {
-    let maintenances = ctx.all_maintenances();
-    let effects = upgrade::orphans(&maintenances, plans);
-    super::reboots::give_back::<UpgradePlan>(ctx, &maintenances, effects).await
 }
 
 /// Node role: run the own node's upgrade command (in the background) or

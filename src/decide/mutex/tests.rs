@@ -238,7 +238,7 @@ impl World {
                     });
                 }
                 Effect::CreateJob { job } => {
-                    let key = crate::decide::upgrade::job_key(
+                    let key = crate::decide::jobs::key_of(
                         job.metadata.namespace.as_deref().unwrap_or_default(),
                         job.metadata.name.as_deref().unwrap_or_default(),
                     );

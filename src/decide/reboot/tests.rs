@@ -142,6 +142,7 @@ impl World {
             pods_on: &pods_on,
             now: self.now,
             remote: self.remote,
+            failing: None,
         })
     }
 }

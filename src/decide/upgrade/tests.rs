@@ -137,6 +137,7 @@ impl World {
             pods_on: &pods_on,
             now: self.now,
             plans: &[Arc::new(self.plan.clone())],
+            failing: None,
         })
     }
 
@@ -149,7 +150,7 @@ impl World {
                     self.plan.status = Some((**status).clone())
                 }
                 Effect::CreateJob { job } => {
-                    let key = job_key(
+                    let key = crate::decide::jobs::key_of(
                         job.metadata.namespace.as_deref().unwrap_or_default(),
                         job.metadata.name.as_deref().unwrap_or_default(),
                     );
@@ -531,6 +532,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
             pods_on: &pods_on,
             now: now(),
             plans: &plans,
+            failing: None,
         })
     };
     let status_of = |plan: Plan| match &plan.effects[0] {

@@ -104,7 +104,7 @@ fn a_hook_past_its_deadline_fails_and_a_vanished_job_is_created_again_under_its_
     // lagging watch): created again, same name.
     w.jobs.clear();
     let fx = w.step();
-    assert!(fx.iter().any(|e| matches!(e, Effect::CreateJob { job } if job_key("ops", job.metadata.name.as_deref().unwrap_or_default()) == key)));
+    assert!(fx.iter().any(|e| matches!(e, Effect::CreateJob { job } if crate::decide::jobs::key_of("ops", job.metadata.name.as_deref().unwrap_or_default()) == key)));
     w.later(300 + 59);
     assert!(w.step().is_empty());
     w.later(2);

@@ -1,0 +1,265 @@
+//! Watch machinery every feature shares, and nothing feature-specific:
+//! how a watch lists and backs off, what it drops before an object enters a
+//! store, untyped watches of kinds that may not be served (with their
+//! "something changed" triggers), reading them typed, and latches that open
+//! when several watches have listed.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use smol::stream::{Stream, StreamExt};
+
+use crate::error::{Error, Result};
+use crate::runtime::Latch;
+
+/// Every watch lists with `MostRecent` (a consistent read) rather than
+/// kube's default `Any` (resourceVersion=0, whatever the API server's watch
+/// cache holds). Right after a kube-apiserver restart the cache can answer
+/// a list at a resourceVersion it can no longer watch from; each watch then
+/// fails with 410 Expired, relists at the same stale version and fails
+/// again, and the loop sees no events for as long as that lasts (client-go
+/// falls back to a consistent list on that error; kube-runtime does not).
+/// Since Kubernetes 1.31 a consistent list is served from the cache too.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent)
+}
+
+/// Log a watch error and keep it from the controller (see where the
+/// controller is built); pass everything else.
+pub fn watch_ok<K>(r: &std::result::Result<K, watcher::Error>, kind: &str) -> bool {
+    if let Err(e) = r {
+        log::debug!("watch of {kind}: {e} (retrying)");
+    }
+    r.is_ok()
+}
+
+pub async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(crate::error::Error::kube(format!(
+            "checking whether {} is served",
+            ar.plural
+        ))(e)),
+    }
+}
+
+/// Fail with [`Error::CrdsMissing`] naming each of `resources` the API
+/// server does not serve.
+pub async fn check_served(client: &Client, resources: &[ApiResource]) -> Result<()> {
+    let mut missing = Vec::new();
+    for ar in resources {
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), ar);
+        match api.list(&kube::api::ListParams::default().limit(1)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                missing.push(format!("{}.{}", ar.plural, ar.group))
+            }
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "checking that the {} CRD is installed",
+                    ar.kind
+                ))(e));
+            }
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::CrdsMissing(missing))
+    }
+}
+
+/// Objects that do not parse as their kind, with why.
+pub type Unreadable = Vec<(Arc<DynamicObject>, String)>;
+
+/// The typed objects of an untyped store, and those that do not parse
+/// (with why): the API server's schema makes that rare, and a pass reports
+/// each on its object instead of acting on a default in its place.
+pub fn read<K: serde::de::DeserializeOwned>(
+    store: &Store<DynamicObject>,
+) -> (Vec<Arc<K>>, Unreadable) {
+    let mut ok = Vec::new();
+    let mut bad = Vec::new();
+    for o in store.state() {
+        let parsed = serde_json::to_value(&*o)
+            .map_err(|e| e.to_string())
+            .and_then(|v| serde_json::from_value::<K>(v).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(k) => ok.push(Arc::new(k)),
+            Err(e) => bad.push((o, crate::error::first_line(&e).to_string())),
+        }
+    }
+    (ok, bad)
+}
+
+/// [`read`] without the failures (a pass that reports them reads them
+/// through [`read`]).
+pub fn typed<K: serde::de::DeserializeOwned>(store: &Store<DynamicObject>) -> Vec<Arc<K>> {
+    let (ok, bad) = read(store);
+    for (o, e) in bad {
+        log::debug!("{}: cannot be read: {e}", o.name_any());
+    }
+    ok
+}
+
+pub type Trigger = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
+
+pub fn watch_dynamic(
+    client: &Client,
+    ar: &ApiResource,
+    latch: Latch,
+) -> (Store<DynamicObject>, Trigger) {
+    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+    let store = writer.as_reader();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    let events = watcher(api, watch_config())
+        .backoff(WatchBackoff::default())
+        .reflect(writer)
+        .inspect(move |ev| observe(ev, &latch, |_| {}))
+        .touched_objects()
+        .filter_map(|r| r.ok().map(|_| ()));
+    (store, Box::pin(events))
+}
+
+/// One stream of "something changed" from several.
+pub fn merge(triggers: Vec<Trigger>) -> Trigger {
+    triggers
+        .into_iter()
+        .reduce(|a, b| Box::pin(smol::stream::or(a, b)))
+        .unwrap_or_else(|| Box::pin(smol::stream::pending()))
+}
+
+/// Open `all` once every latch of `each` is open.
+pub fn open_when_all(each: Vec<Latch>, all: Latch) {
+    crate::runtime::spawn(async move {
+        for l in &each {
+            l.wait().await;
+        }
+        all.open();
+    })
+    .detach();
+}
+
+/// Retry delays of a failed watch: 0.5 s doubling to 5 s, with ±50 %
+/// jitter, back to 0.5 s after any successful event. kube's default grows
+/// to 30 s, and a kube-apiserver restart costs a watch several failures in a
+/// row (connection refused while it is down, 429 "storage is
+/// (re)initializing" while its caches fill, 410 Expired for the
+/// resourceVersion it had).
+pub struct WatchBackoff {
+    next: std::time::Duration,
+    seed: u64,
+}
+
+impl WatchBackoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        WatchBackoff {
+            next: Self::FIRST,
+            seed: seed | 1,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        // xorshift64: jitter needs spread, not cryptography.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let factor = 0.5 + (self.seed % 1000) as f64 / 1000.0;
+        let d = self.next.mul_f64(factor);
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(d)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+/// Watch an event stream on its way to the controller: open `latch` at the
+/// first full list, and tell `forget` the name of every deleted object.
+pub fn observe<K: kube::Resource>(
+    ev: &Result<watcher::Event<K>, watcher::Error>,
+    latch: &Latch,
+    forget: impl Fn(&str),
+) {
+    match ev {
+        Ok(watcher::Event::InitDone) => latch.open(),
+        Ok(watcher::Event::Delete(obj)) => {
+            if let Some(name) = obj.meta().name.as_deref() {
+                forget(name)
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Drop what no decision reads from a Node before it enters the store: its
+/// managed fields (every status writer — kubelet, node controller, us —
+/// leaves an entry) and the lists a real kubelet reports at length (images
+/// on the node, volumes). Nodes are only ever written by merge patch, never
+/// replaced from this copy, so nothing dropped here can be lost.
+pub fn slim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+    }
+}
+
+/// A Job as the features read it: its labels and conditions. The
+/// template is the feature's own and stays out of memory; Jobs stay
+/// untyped (a typed Job would link a second pod-template deserializer).
+pub fn slim_job(job: &mut kube::api::DynamicObject) {
+    job.metadata.managed_fields = None;
+    job.metadata.annotations = None;
+    let conditions = job.data["status"]["conditions"].take();
+    job.data = serde_json::json!({"status": {"conditions": conditions}});
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+
+    #[test]
+    fn watch_retries_back_off_to_five_seconds_with_jitter_and_reset() {
+        let mut b = WatchBackoff::default();
+        let delays: Vec<_> = (&mut b).take(8).collect();
+        assert!(delays[0] >= std::time::Duration::from_millis(250));
+        assert!(delays[0] <= std::time::Duration::from_millis(750));
+        assert!(
+            delays
+                .iter()
+                .all(|d| *d <= std::time::Duration::from_millis(7500))
+        );
+        assert!(delays[7] >= std::time::Duration::from_millis(2500));
+        b.reset();
+        assert!(
+            b.next()
+                .is_some_and(|d| d <= std::time::Duration::from_millis(750))
+        );
+    }
+}
