@@ -49,8 +49,13 @@ fn cond<'a>(s: &'a MutexRunConfigStatus, t: &str) -> Option<&'a MutexCondition> 
     s.conditions.iter().find(|c| c.type_ == t)
 }
 
+/// The flow runs in an unscoped cluster role, which acts on every run
+/// config in the cluster: the tests take turns.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn nodes_take_turns_through_the_canary_pool_and_everything_is_restored() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     support::install_crds();
     openshift::install();
     let (env, names) = block_on(async {
@@ -341,5 +346,123 @@ fn nodes_take_turns_through_the_canary_pool_and_everything_is_restored() {
             false
         );
     });
+    drop(cluster);
+}
+
+/// Regression: refusals were pruned unless an UpgradePlan's status named
+/// their Job, so a rule Job the API server refused (its namespace does not
+/// exist) was created again on every pass instead of failing the run.
+/// Counted from the audit log: asked for once, and the run fails.
+#[test]
+fn a_rule_job_the_api_server_refuses_fails_the_run_and_is_asked_for_once() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    support::install_crds();
+    openshift::install();
+    let env = block_on(async {
+        let mut env = TestEnv::new("mutex-refused").await;
+        let n = env.add_node("w0").await;
+        env.wait_node_ready(&n).await;
+        Api::<Node>::all(env.client.clone())
+            .patch(
+                &n,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {WORKER_LABEL: "", VERSION_LABEL: OLD}}}),
+                ),
+            )
+            .await
+            .expect("labelling a worker");
+        env
+    });
+    let (c, ns, id) = (env.client.clone(), env.ns.clone(), env.id.clone());
+    let (target_pool, canary) = (format!("{id}-workers"), format!("{id}-canary"));
+    let group = json!({GROUP_LABEL: id, WORKER_LABEL: ""});
+    block_on(openshift::set_cluster_version(&c, OLD));
+    let (kubeconfig, user) = support::audited_identity();
+    let from = support::audit_offset();
+    let cluster = Agent::start_with(
+        std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
+        &kubeconfig,
+        "nodekeeper=debug,warn",
+        &[
+            "run",
+            "--all-nodes",
+            "--node-agents",
+            "--leader-namespace",
+            &ns,
+        ],
+    );
+    block_on(async {
+        openshift::create_pool(&c, &target_pool, json!({"matchLabels": group})).await;
+        openshift::create_pool(
+            &c,
+            &canary,
+            json!({"matchLabels": group, "matchExpressions": [{"key": "isCanary", "operator": "Exists"}]}),
+        )
+        .await;
+        let job = json!({"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "registry.invalid/check:1"}]}}});
+        create::<MutexRule>(
+            &c,
+            &ns,
+            json!({
+            "apiVersion": "openshift-optional.skrzypek.io/v1alpha1", "kind": "MutexRule",
+            "metadata": {"name": "storage"},
+            "spec": {"type": "kubernetes", "jobName": "storage-check",
+                     "jobNamespace": format!("{id}-missing"),
+                     "jobSpec": job, "cleanupJobSpec": job}}),
+        )
+        .await;
+        create::<MutexTarget>(
+            &c,
+            &ns,
+            json!({
+            "apiVersion": "openshift-optional.skrzypek.io/v1alpha1", "kind": "MutexTarget",
+            "metadata": {"name": "workers"},
+            "spec": {"machineConfigPools": [target_pool]}}),
+        )
+        .await;
+        create::<MutexRunConfig>(
+            &c,
+            &ns,
+            json!({
+            "apiVersion": "openshift-optional.skrzypek.io/v1alpha1", "kind": "MutexRunConfig",
+            "metadata": {"name": "run"},
+            "spec": {"canary": {"name": canary}, "mutexRules": [{"name": "storage"}],
+                     "mutexTargets": [{"name": "workers"}]}}),
+        )
+        .await;
+        wait_for("the run checked", Duration::from_secs(30), || async {
+            let s = run_status(&c, &ns, "run").await;
+            cond(&s, "UpgradeAvailable").map(|_| ())
+        })
+        .await;
+        openshift::set_cluster_version(&c, NEW).await;
+        let msg = wait_for(
+            "the run failing its Job",
+            Duration::from_secs(60),
+            || async {
+                let s = run_status(&c, &ns, "run").await;
+                cond(&s, "JobRun")
+                    .filter(|c| c.status == "False")
+                    .map(|c| c.message.clone())
+            },
+        )
+        .await;
+        assert!(msg.contains("could not be created"), "{msg}");
+        // Passes go on (the pools, the run's own writes); none asks again.
+        nodekeeper::runtime::sleep(Duration::from_secs(5)).await;
+    });
+    let creates = support::requests_of(&user, from)
+        .into_iter()
+        .filter(|r| r.verb == "create" && r.resource == "jobs")
+        .count();
+    assert_eq!(
+        creates,
+        1,
+        "the refused Job was asked for {creates} times; cluster role log:\n{}",
+        cluster.log_text()
+    );
+    block_on(openshift::set_cluster_version(&c, OLD));
     drop(cluster);
 }

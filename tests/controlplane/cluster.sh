@@ -40,6 +40,9 @@ bin_key="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_etcd-${ETCD_VERSION}_r2"
 # it holds or the way it is built changes (r2: kube-proxy).
 kubelet_key="kubelet-${K8S_VERSION}_r2"
 cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
+# Test identities whose every request the audit log records (tests that
+# count a process's requests run it as one of these).
+audited=8
 port=${NODEKEEPER_CLUSTER_PORT:-16443}
 service_cidr=10.96.0.0/16
 service_ip=10.96.0.1 # the `kubernetes` Service's ClusterIP: the range's first address
@@ -237,12 +240,18 @@ gen_pki() {
   openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
   openssl rand -hex 24 >"$p/token"
   openssl rand -hex 24 >"$p/bench-token"
+  local i
+  for i in $(seq 0 $((audited - 1))); do openssl rand -hex 24 >"$p/audited-token-$i"; done
   {
     echo "$(cat "$p/token"),nodekeeper-admin,nodekeeper-admin,system:masters"
     echo "$(cat "$p/bench-token"),nodekeeper-bench,nodekeeper-bench,system:masters"
+    for i in $(seq 0 $((audited - 1))); do
+      echo "$(cat "$p/audited-token-$i"),nodekeeper-audited-$i,nodekeeper-audited-$i,\"system:masters,nodekeeper:audited\""
+    done
   } >"$p/tokens.csv"
-  # The audit log records only the benchmark's identity: it is how the drain
-  # benchmark counts the agent's API requests without instrumenting it.
+  # The audit log records only the benchmark's identity and the audited
+  # test identities: it is how benchmarks and tests count a process's API
+  # requests without instrumenting it.
   cat >"$p/audit-policy.yaml" <<'POLICY'
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -250,6 +259,8 @@ omitStages: [RequestReceived]
 rules:
 - level: Metadata
   users: [nodekeeper-bench]
+- level: Metadata
+  userGroups: ["nodekeeper:audited"]
 - level: None
 POLICY
 }
@@ -257,6 +268,10 @@ POLICY
 write_kubeconfig() {
   write_kubeconfig_for "$cluster_dir/kubeconfig" nodekeeper-admin "$cluster_dir/pki/token"
   write_kubeconfig_for "$cluster_dir/kubeconfig-bench" nodekeeper-bench "$cluster_dir/pki/bench-token"
+  local i
+  for i in $(seq 0 $((audited - 1))); do
+    write_kubeconfig_for "$cluster_dir/kubeconfig-audited-$i" "nodekeeper-audited-$i" "$cluster_dir/pki/audited-token-$i"
+  done
 }
 
 write_kubeconfig_for() {

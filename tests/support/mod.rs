@@ -683,3 +683,67 @@ pub fn event_count(e: &k8s_openapi::api::core::v1::Event) -> usize {
     let series = e.series.as_ref().and_then(|s| s.count);
     series.or(e.count).unwrap_or(1).max(1) as usize
 }
+
+/// An identity whose every API request the audit log records: its
+/// kubeconfig and user name. Each call in a test process takes the next of
+/// the cluster's eight (test binaries run one after another).
+pub fn audited_identity() -> (PathBuf, String) {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let i = NEXT.fetch_add(1, Ordering::SeqCst) % 8;
+    let path = cluster().with_file_name(format!("kubeconfig-audited-{i}"));
+    assert!(
+        path.is_file(),
+        "{} is missing: restart the test cluster (just cluster-down) so cluster.sh writes it",
+        path.display()
+    );
+    (path, format!("nodekeeper-audited-{i}"))
+}
+
+/// The API server's audit log.
+pub fn audit_log() -> PathBuf {
+    cluster().with_file_name("logs").join("audit.log")
+}
+
+/// One audited request: verb, resource (with subresource), URI, code.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub verb: String,
+    pub resource: String,
+    pub uri: String,
+    pub code: i64,
+}
+
+/// The requests `user` made since byte `from` of the audit log, one per
+/// audit ID.
+pub fn requests_of(user: &str, from: u64) -> Vec<Request> {
+    let text = std::fs::read(audit_log()).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
+    let mut seen = std::collections::HashSet::new();
+    tail.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["user"]["username"].as_str() == Some(user))
+        .filter(|v| {
+            v["auditID"]
+                .as_str()
+                .is_some_and(|id| seen.insert(id.to_string()))
+        })
+        .map(|v| {
+            let obj = &v["objectRef"];
+            let mut resource = obj["resource"].as_str().unwrap_or_default().to_string();
+            if let Some(sub) = obj["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            Request {
+                verb: v["verb"].as_str().unwrap_or_default().to_string(),
+                resource,
+                uri: v["requestURI"].as_str().unwrap_or_default().to_string(),
+                code: v["responseStatus"]["code"].as_i64().unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
+/// The audit log's size now (where to count from).
+pub fn audit_offset() -> u64 {
+    std::fs::metadata(audit_log()).map(|m| m.len()).unwrap_or(0)
+}

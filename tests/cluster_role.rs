@@ -1,0 +1,403 @@
+//! The cluster role's scheduler on the real control plane: cluster-wide
+//! passes run on their own triggers (not on every pod event), an object
+//! whose decision fails is reported on it while every other object goes on,
+//! refused Jobs are not created again, one leader per lease, and a leader
+//! that cannot renew stops. Each test is a regression test of a defect the
+//! cluster role had (named in its doc comment).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use nodekeeper::api::nodemaintenance::NodeMaintenance;
+use nodekeeper::api::reboot::RebootPolicy;
+use nodekeeper::api::upgrade::UpgradePlan;
+use serde_json::{Value, json};
+use support::machines::cluster_role_args;
+use support::{
+    Agent, GROUP_LABEL, TestEnv, block_on, free_port, http_get, install_crds, kubectl, run_cli,
+    wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn apply(obj: &Value) {
+    let out = kubectl(&["apply", "-f", "-"], Some(&obj.to_string()));
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Deletes what a test created beyond its TestEnv (cluster-scoped objects,
+/// admission policies) when it ends, passed or not.
+struct Cleanup(Vec<(&'static str, String)>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for (kind, name) in &self.0 {
+            let _ = kubectl(
+                &["delete", kind, name, "--ignore-not-found", "--wait=false"],
+                None,
+            );
+        }
+    }
+}
+
+/// A metric's value from the agent's /metrics, summed over its labels.
+fn metric(port: u16, name: &str) -> Option<f64> {
+    let (status, body) = http_get(port, "/metrics")?;
+    if !status.contains("200") {
+        return None;
+    }
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ') | Some(b'{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+async fn events_about(client: &Client, name: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// Defect: in `run --all-nodes` every node reconcile ran the RebootPolicy
+/// pass (and the UpgradePlan and mutex passes), so every pod event anywhere
+/// started one. Now pods trigger the scheduler only while a blocking-pod
+/// gate reads them.
+#[test]
+fn pod_events_do_not_start_cluster_passes_without_a_gate_that_reads_pods() {
+    install_crds();
+    block_on(async {
+        let mut env = TestEnv::new("cr-pods").await;
+        let a = env.add_node("a").await;
+        env.wait_node_ready(&a).await;
+        let policy = RebootPolicy::new(
+            &env.id,
+            serde_json::from_value(json!({
+                "nodeSelector": {"matchLabels": {GROUP_LABEL: env.id}},
+                "reboot": {"command": ["/bin/true"]},
+            }))
+            .expect("a policy spec"),
+        );
+        let policies: Api<RebootPolicy> = Api::all(env.client.clone());
+        policies
+            .create(&Default::default(), &policy)
+            .await
+            .expect("creating the policy");
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let args = cluster_role_args(&env, &["--node-agents", "--metrics-address", &addr]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let agent = Agent::start(&args);
+        wait_for("the policy's first status", LIMIT, || async {
+            policies.get(&env.id).await.ok()?.status.map(|_| ())
+        })
+        .await;
+        // Let the first passes settle, then count.
+        let before = wait_for("a stable pass count", LIMIT, || async {
+            let a = metric(port, "nodekeeper_cluster_passes_total")?;
+            nodekeeper::runtime::sleep(Duration::from_millis(1500)).await;
+            let b = metric(port, "nodekeeper_cluster_passes_total")?;
+            (a == b).then_some(b)
+        })
+        .await;
+        // 40 pods on the node: each is created, scheduled, started and
+        // Running, several events apiece.
+        let pods = env.deployment("churn", 40);
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.client.clone(), &env.ns)
+            .create(&Default::default(), &pods)
+            .await
+            .expect("creating the churn Deployment");
+        let pod_api: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(env.client.clone(), &env.ns);
+        wait_for("40 pods Running", LIMIT, || async {
+            let list = pod_api.list(&ListParams::default()).await.ok()?;
+            let running = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            (running >= 40).then_some(())
+        })
+        .await;
+        let after = metric(port, "nodekeeper_cluster_passes_total").unwrap_or(f64::MAX);
+        assert!(
+            after - before <= 5.0,
+            "{} cluster passes for 40 pods' events (before {before}, after {after}); log:\n{}",
+            after - before,
+            agent.log_text()
+        );
+    });
+}
+
+/// Defect: one failing RebootPolicy (here: its status write refused by an
+/// admission policy) aborted every later policy, every UpgradePlan and the
+/// mutex pass. Now the failing policy gets a ReconcileFailed event and the
+/// others go on.
+#[test]
+fn a_policy_whose_writes_are_refused_is_reported_and_every_other_object_goes_on() {
+    install_crds();
+    block_on(async {
+        let mut env = TestEnv::new("cr-contain").await;
+        let a = env.add_node("a").await;
+        let b = env.add_node("b").await;
+        env.wait_node_ready(&a).await;
+        env.wait_node_ready(&b).await;
+        let bad = format!("{}-bad", env.id);
+        let vap = format!("{}-refuse", env.id);
+        let _cleanup = Cleanup(vec![
+            ("rebootpolicy", bad.clone()),
+            ("validatingadmissionpolicybinding", vap.clone()),
+            ("validatingadmissionpolicy", vap.clone()),
+        ]);
+        // An admission policy refuses every status write of the bad policy:
+        // a failure only a real API server gives.
+        apply(&json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": vap},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["nodekeeper.io"], "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["rebootpolicies/status"],
+                }]},
+                "validations": [{
+                    "expression": format!("object.metadata.name != '{bad}'"),
+                    "message": "status writes of this policy are refused by the test",
+                }],
+            }
+        }));
+        apply(&json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": vap},
+            "spec": {"policyName": vap, "validationActions": ["Deny"]},
+        }));
+        let kc = support::cluster().display().to_string();
+        let (status, _, err) = run_cli(&["reboot-required", &a], &[("KUBECONFIG", &kc)]);
+        assert!(status.success(), "reboot-required {a}: {err}");
+        // The bad policy selects node a too, and is older: it would govern.
+        let policies: Api<RebootPolicy> = Api::all(env.client.clone());
+        for name in [&bad, &env.id] {
+            let p = RebootPolicy::new(
+                name,
+                serde_json::from_value(json!({
+                    "nodeSelector": {"matchLabels": {GROUP_LABEL: env.id}},
+                    "reboot": {"command": ["/bin/true"]},
+                }))
+                .expect("a policy spec"),
+            );
+            policies
+                .create(&Default::default(), &p)
+                .await
+                .expect("creating a policy");
+        }
+        let plan = UpgradePlan::new(
+            &env.id,
+            serde_json::from_value(json!({
+                "nodeSelector": {"matchLabels": {GROUP_LABEL: env.id}},
+                "version": "v2",
+                "versionFrom": {"source": "Label", "key": "nodekeeper.test/version"},
+                "strategy": {"command": ["/bin/true"]},
+            }))
+            .expect("a plan spec"),
+        );
+        let plans: Api<UpgradePlan> = Api::all(env.client.clone());
+        plans
+            .create(&Default::default(), &plan)
+            .await
+            .expect("creating the plan");
+        // Wait until the refusal is really in force (admission policies
+        // take a moment to load).
+        wait_for(
+            "the admission policy refusing the bad policy's status",
+            LIMIT,
+            || async {
+                let patch = json!({"status": {"observedGeneration": 1}});
+                let r = policies
+                    .patch_status(&bad, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+                matches!(r, Err(kube::Error::Api(s)) if s.message.contains("refused by the test"))
+                    .then_some(())
+            },
+        )
+        .await;
+        let args = cluster_role_args(&env, &["--node-agents"]);
+        let agent = Agent::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        // Every other object goes on: the good policy and the plan have a
+        // status, and the good policy took node a (the bad one cannot).
+        wait_for("the plan's status", LIMIT, || async {
+            plans.get(&env.id).await.ok()?.status.map(|_| ())
+        })
+        .await;
+        wait_for("the good policy's status", LIMIT, || async {
+            policies.get(&env.id).await.ok()?.status.map(|_| ())
+        })
+        .await;
+        // The good policy decides for node a (the older bad one cannot
+        // write its admission, so it takes nothing).
+        let good = wait_for("the good policy deciding for node a", LIMIT, || async {
+            let status = policies.get(&env.id).await.ok()?.status?;
+            status.nodes.iter().find(|n| n.name == a).cloned()
+        })
+        .await;
+        let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+        let taken: Vec<String> = nms
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.spec.node_name == a)
+            .filter_map(|m| m.metadata.name)
+            .collect();
+        assert!(
+            taken.len() <= 1,
+            "node a taken more than once: {taken:?} ({good:?})"
+        );
+        // The failing one is reported on itself, naming the cause.
+        let events = wait_for(
+            "a ReconcileFailed event on the bad policy",
+            LIMIT,
+            || async {
+                let ev = events_about(&env.client, &bad, "ReconcileFailed").await;
+                (!ev.is_empty()).then_some(ev)
+            },
+        )
+        .await;
+        assert!(
+            events[0]
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("refused by the test")),
+            "the event names the cause: {:?}",
+            events[0].message
+        );
+        // And it is retried with backoff, not in a tight loop.
+        let log = agent.log_text();
+        let failures = log.matches(&format!("RebootPolicy/{bad}:")).count();
+        assert!(
+            failures <= 3,
+            "the bad policy was retried {failures} times within a minute:\n{log}"
+        );
+    });
+}
+
+/// Defect: without POD_NAME the leader identity was the host name, so two
+/// cluster roles on one machine both led and both acted.
+#[test]
+fn two_cluster_roles_on_one_host_elect_one_leader() {
+    install_crds();
+    block_on(async {
+        let env = TestEnv::new("cr-leader").await;
+        let args = cluster_role_args(&env, &["--node-agents"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let first = Agent::start(&args);
+        wait_for("the first cluster role leading", LIMIT, || async {
+            first.log_text().contains("leading as").then_some(())
+        })
+        .await;
+        let second = Agent::start(&args);
+        wait_for("the second cluster role waiting", LIMIT, || async {
+            second
+                .log_text()
+                .contains("waiting for leadership")
+                .then_some(())
+        })
+        .await;
+        // Two renewals of the leader later, the second still waits.
+        nodekeeper::runtime::sleep(Duration::from_secs(7)).await;
+        assert!(
+            !second.log_text().contains("leading as"),
+            "both lead:\nfirst:\n{}\nsecond:\n{}",
+            first.log_text(),
+            second.log_text()
+        );
+    });
+}
+
+/// Defect: a leader that could not renew went on for 13 s of its 15 s lease
+/// and then let running work go on 10 s more, overlapping a new leader; the
+/// loss was reported as an invalid input. Now no effect starts after the
+/// 10 s renew deadline, and the process exits saying it lost the lease.
+#[test]
+fn a_leader_that_cannot_renew_stops_within_its_renew_deadline() {
+    install_crds();
+    block_on(async {
+        let env = TestEnv::new("cr-renew").await;
+        let vap = format!("{}-lease", env.id);
+        let _cleanup = Cleanup(vec![
+            ("validatingadmissionpolicybinding", vap.clone()),
+            ("validatingadmissionpolicy", vap.clone()),
+        ]);
+        let args = cluster_role_args(&env, &["--node-agents"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut agent = Agent::start(&args);
+        wait_for("leading", LIMIT, || async {
+            agent.log_text().contains("leading as").then_some(())
+        })
+        .await;
+        // From now on the API server refuses every renewal of this lease.
+        apply(&json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": vap},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"],
+                    "operations": ["UPDATE"], "resources": ["leases"],
+                }]},
+                "validations": [{
+                    "expression": format!(
+                        "!(object.metadata.namespace == '{}' && object.metadata.name == 'nodekeeper-leader')",
+                        env.ns
+                    ),
+                    "message": "lease renewals refused by the test",
+                }],
+            }
+        }));
+        apply(&json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": vap},
+            "spec": {"policyName": vap, "validationActions": ["Deny"]},
+        }));
+        let refused = wait_for("a refused renewal", LIMIT, || async {
+            agent
+                .log_text()
+                .contains("refused by the test")
+                .then(Instant::now)
+        })
+        .await;
+        let status = agent.wait_exit(Duration::from_secs(30));
+        let took = refused.elapsed();
+        let log = agent.log_text();
+        assert!(!status.success(), "it exited non-zero:\n{log}");
+        assert!(
+            log.contains("not the leader any more"),
+            "the exit names the lost lease:\n{log}"
+        );
+        assert!(
+            took <= Duration::from_secs(25),
+            "stopped {took:?} after its first refused renewal:\n{log}"
+        );
+    });
+}
