@@ -82,30 +82,32 @@
 //!   and command. [`effects::provider`] runs the provider plugin (one JSON
 //!   request, one answer, a timeout, every failure one line); `objects.rs`
 //!   writes Constellation's kinds and the autoscaler Deployment untyped.
-//! - `service/`: wiring the loop ([`service::run`]): watchers and stores
-//!   ([`service::stores`]), roles and the anchor node ([`service::roles`]),
-//!   shared state and memory with its pruning ([`service::context`]), the
-//!   mutation cache ([`service::fresh`]: our writes, and the objects our
-//!   writes deleted, until the watch agrees), the order NodeMaintenances
-//!   arrived in ([`service::stores::Arrivals`]: same-second ties go to the
-//!   first stored), the reconcile loop
-//!   ([`service::reconcile`]), reboots in the loop ([`service::reboots`]: the
-//!   cluster role's coalesced policy passes, the node role's host signals),
-//!   upgrades in the loop ([`service::upgrades`]: plans in the same pass,
-//!   the node role's upgrade command in the background), the mutex
-//!   operator's kinds ([`service::mutex`]: discovered at start, watched only
-//!   where served, unscoped cluster role only), node replacement
-//!   ([`service::replace`]: any cluster role with `--provider-command`
-//!   where the CRDs are served; its pass runs on its own task, kicked by
-//!   every anchor reconcile and its own timer, so a slow provider never
-//!   holds up the loop; rounds wait for the watches to show their writes),
-//!   credentials, the HTTP/2 client and start-up checks
-//!   ([`service::connect`]), `/metrics`, `/healthz` (a watchdog on loop
-//!   progress) and `/readyz` ([`service::metrics`]). Beside the loop, like
-//!   metrics: the opt-in NodeMaintenance webhook ([`service::admission`]:
-//!   TLS with a CA it generates, its reads straight from the API server, the
-//!   caBundle of its own configuration kept by a watch of that one object),
-//!   independent of stores and leadership so every replica answers.
+//! - `service/`: wiring the loop ([`service::run`]). Each file imports
+//!   only from those listed before it:
+//!   [`service::watch`] (the generic watch machinery: list semantics,
+//!   backoff, slimming, untyped watches and their triggers, reading them
+//!   typed with their failures, latches over several watches — nothing
+//!   feature-specific), [`service::fresh`] and [`service::stores`] (the
+//!   mutation cache: our writes, and the objects our writes deleted, until
+//!   the watch agrees; the order NodeMaintenances arrived in: same-second
+//!   ties go to the first stored), [`service::roles`] (scope and the anchor
+//!   node), [`service::context`] (stores, the interpreter, per-node memory
+//!   and its pruning, the give-back of orphaned maintenances),
+//!   [`service::cluster`] (the cluster role's one scheduler, and the
+//!   per-object failure memory every pass reports through), one module per
+//!   feature's half in the loop ([`service::reboots`], [`service::upgrades`],
+//!   [`service::mutex`], [`service::replace`]: each the cluster role's pass
+//!   over its objects and, for reboots and upgrades, the node role's own
+//!   step; none calls another feature's pass), [`service::reconcile`] (the
+//!   node controller's reconcile: one node's maintenance, and in the node
+//!   role its own reboot and upgrade step), credentials, the HTTP/2 client
+//!   and start-up checks ([`service::connect`]), `/metrics`, `/healthz` (a
+//!   watchdog on loop progress) and `/readyz` ([`service::metrics`]).
+//!   Beside the loop, like metrics: the opt-in NodeMaintenance webhook
+//!   ([`service::admission`]: TLS with a CA it generates, its reads straight
+//!   from the API server, the caBundle of its own configuration kept by a
+//!   watch of that one object), independent of stores and leadership so
+//!   every replica answers.
 //! - `cli/`: raw flags → validated configs per command family
 //!   ([`cli::run`], [`cli::status`]: `status [--watch]`, `reboot-required`;
 //!   [`cli::maintenance`]: `maintain --wait` progress, `unmaintain`, `drain
@@ -140,8 +142,16 @@
 //! failure counting, escalation, backoff) lives there, with unit tests.
 //!
 //! **Architecture invariant:** only [`effects`] writes to the API server on
-//! the loop's behalf, and every write carries its guard (resourceVersion or
-//! UID). The interpreter holds no policy. (The webhook's caBundle write is
+//! the loop's behalf. A write that replaces what another writer may have
+//! written (statuses, admissions, a Deployment's replicas, a pool's pause)
+//! carries the resourceVersion it was decided on, and a delete the UID;
+//! creates are idempotent by a deterministic name (a 409 is done). The one
+//! deliberate exception: merge patches of node labels and annotations only
+//! nodekeeper writes (the mutex operator's rule labels, replacement's node
+//! annotations), which cannot clobber another writer's keys and would only
+//! conflict with every kubelet heartbeat if guarded. The interpreter holds
+//! no policy, and starts no effect once the cluster role's lease is in
+//! doubt ([`effects::lease::LeaderGate`]). (The webhook's caBundle write is
 //! not the loop's: it lives with the server in [`service::admission`], also
 //! guarded by resourceVersion.) Status is written by server-side
 //! apply with one field manager, [`effects::FIELD_MANAGER`]; keys the new
@@ -188,9 +198,18 @@
 //! **Architecture invariant:** the cluster role is the only writer of
 //! admissions, and each admission is written guarded by the policy's
 //! resourceVersion before its NodeMaintenance exists: two decisions cannot
-//! both take one slot. In-memory state (eviction backoff, lease renewal time, our
-//! recent writes) only saves requests and is pruned when nodes and objects
-//! go; losing it costs at most one repeated request.
+//! both take one slot. In-memory state (eviction backoff, lease renewal
+//! time, our recent writes, per-object failures and refused Jobs, provider
+//! answers) only saves requests, is keyed by something that can disappear
+//! (a node, an object, a providerID) and pruned when it does; losing it
+//! costs at most one repeated request.
+//!
+//! **Architecture invariant:** one leader acts. Its identity is unique per
+//! process (`POD_NAME`, else the host name and a random suffix); it renews
+//! every 3 s and may start effects only within 10 s of its last successful
+//! renewal (the lease lasts 15 s), so an old leader starts nothing once a
+//! new one could have begun; a lost lease ends the process with its own
+//! error.
 //!
 //! **Architecture invariant:** no `unwrap`/`expect` on runtime paths; errors
 //! are [`error::Error`] values with context, rendered as one line.
@@ -216,15 +235,28 @@
 //! preempts one a feature holds a node with: the feature's fails with
 //! reason `Preempted` and the administrator's takes over the cordon.
 //!
+//! **The cluster role's scheduler** ([`service::cluster`]). Cluster-wide
+//! work never rides on a node's reconcile: one task runs passes over every
+//! RebootPolicy, UpgradePlan and mutex object, kicked by the watches of the
+//! kinds they read (nodes, NodeMaintenances, policies, plans, Jobs, the
+//! mutex kinds; pods only while a blocking-pod gate reads them), one pass
+//! at a time, kicks during a pass folded into one more, with its own
+//! wake-up time. Each object is decided on its own: one whose decision
+//! fails gets a `ReconcileFailed` event and a `Reconciled=False` condition
+//! naming the cause, is retried 5 s doubling to 5 min (at once if it
+//! changes), and every other object goes on. Replacement has its own task
+//! (a provider call may take its whole timeout), kicked by its kinds, nodes
+//! and NodeMaintenances; it hands orphaned maintenances to the anchor's
+//! reconcile through the controller.
+//!
 //! **Reboots across roles.** The cluster role decides (admission, verify,
 //! give back), the node role acts on its host (need from the sentinel, the
 //! reboot command) and drains through the NodeMaintenance as for any
 //! maintenance. With `--node-agents` the cluster role drains nothing itself;
 //! without node agents it drains every node and reboots through the
 //! policy's `remoteCommand`. A pool-scoped cluster role (`--node-selector`)
-//! handles only policies whose matchLabels include its pool's labels. One
-//! policy pass runs at a time; triggers during a pass fold into one more.
-//! A pass also gives back the nodes of policies that are gone (their
+//! handles only policies whose matchLabels include its pool's labels. A
+//! pass also gives back the nodes of policies that are gone (their
 //! NodeMaintenances are owned by the Node too, so the garbage collector
 //! keeps them), after a GET confirms the owner is gone.
 //!
@@ -232,7 +264,7 @@
 //! hook Jobs (off the node) and verifies; the node agent runs the upgrade
 //! command on its host, in the background (a long upgrade must not stall
 //! the loop or trip `/healthz`), and records its result on the node.
-//! UpgradePlans are decided in the same coalesced pass as RebootPolicies:
+//! UpgradePlans are decided in the scheduler's pass after RebootPolicies:
 //! one writer of admissions at a time. A node that fails after its drain
 //! stays in maintenance; a spec change (new generation) retries it.
 //!
@@ -311,6 +343,15 @@
 //!   Hook Jobs run *off* the node, as the mutex operator's do.
 //! - Every Job nodekeeper creates carries `app.kubernetes.io/managed-by:
 //!   nodekeeper`, the one label the cluster role watches Jobs by.
+//! - The cluster role's cluster-wide work has its own scheduler task rather
+//!   than the design's anchor-node reconcile: a node controller's reconcile
+//!   runs per node event, and every pod event anywhere started a pass.
+//! - Two NodeVersions share the autoscaler: it runs only when every
+//!   NodeVersion the role governs is done (each reads the others' status),
+//!   so no NodeVersion writes back what another wrote.
+//! - Provider reads carry their cache rule ([`decide::replace::Read`]):
+//!   answers that cannot change are kept while their node exists, a group's
+//!   image for 60 s, errors for 10 s, states never.
 
 pub mod api;
 pub mod cli;

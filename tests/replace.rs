@@ -619,3 +619,112 @@ fn provider_errors_surface_in_status_and_never_hold_up_maintenance() {
         assert!(up_to_date(&v));
     });
 }
+
+/// Regressions: (1) each NodeVersion set every AutoscalingStrategy to its
+/// own "done", so one outdated and one up to date flipped it for as long as
+/// both existed; (2) an AutoscalingStrategy with an empty deploymentName
+/// failed every replacement pass, so no rollout moved. Now the autoscaler
+/// is off until every NodeVersion is done (it changes at most twice over
+/// the rollout), the bad strategy is reported on itself, and the rollout
+/// finishes.
+#[test]
+fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let r = rollout("rp-two", &[("workers", 2)], 1, false).await;
+        let client = r.env.client.clone();
+        let (other, bad) = (format!("{}-other", r.env.id), format!("{}-bad", r.env.id));
+        // Up to date: it governs no node.
+        apply(json!({
+            "apiVersion": "update.edgeless.systems/v1alpha1",
+            "kind": "NodeVersion",
+            "metadata": { "name": other, "labels": { GROUP_LABEL: r.env.id } },
+            "spec": {
+                "image": "img-1",
+                // Inside the cluster role's pool (it handles only those),
+                // but selecting no node.
+                "nodeSelector": { "matchLabels": { GROUP_LABEL: r.env.id, "nodekeeper.test/nowhere": "true" } },
+            }
+        }));
+        apply(json!({
+            "apiVersion": "update.edgeless.systems/v1alpha1",
+            "kind": "AutoscalingStrategy",
+            "metadata": { "name": bad, "labels": { GROUP_LABEL: r.env.id } },
+            "spec": { "enabled": true, "deploymentName": "", "deploymentNamespace": "" }
+        }));
+        let strategies: Api<kube::api::DynamicObject> =
+            Api::all_with(client.clone(), &Kind::AutoscalingStrategy.resource());
+        // The other NodeVersion's first status, before the rollout starts.
+        wait_nv(
+            &client,
+            &other,
+            "the other NodeVersion's status",
+            LIMIT,
+            up_to_date,
+        )
+        .await;
+        // Every change of the strategy's spec.enabled, polled 20 times a
+        // second from here to the end of the rollout.
+        let flips = std::sync::Arc::new(std::sync::Mutex::new(Vec::<bool>::new()));
+        let stop = nodekeeper::runtime::Latch::default();
+        let poll = {
+            let (strategies, name, flips, stop) = (
+                strategies.clone(),
+                r.env.id.clone(),
+                flips.clone(),
+                stop.clone(),
+            );
+            nodekeeper::runtime::spawn(async move {
+                while !stop.is_open() {
+                    if let Ok(s) = strategies.get(&name).await
+                        && let Some(e) = s.data["spec"]["enabled"].as_bool()
+                    {
+                        let mut f = flips.lock().unwrap();
+                        if f.last() != Some(&e) {
+                            f.push(e);
+                        }
+                    }
+                    nodekeeper::runtime::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        };
+        set_image(&client, &r.env.id, "img-2").await;
+        wait_replaced(&r, "img-2", 2).await;
+        wait_for("the autoscaler enabled again", LIMIT, || async {
+            let s = strategies.get(&r.env.id).await.ok()?;
+            (s.data["spec"]["enabled"] == true).then_some(())
+        })
+        .await;
+        stop.open();
+        poll.await;
+        let seen = flips.lock().unwrap().clone();
+        let log = r.agent.as_ref().map(|a| a.log_text()).unwrap_or_default();
+        assert_eq!(
+            seen,
+            [true, false, true],
+            "the autoscaler changed more than the rollout asks\n{log}"
+        );
+        let events = kubectl(
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector",
+                &format!("involvedObject.name={bad}"),
+                "-o",
+                "json",
+            ],
+            None,
+        );
+        let text = String::from_utf8_lossy(&events.stdout);
+        assert!(
+            text.contains("ReconcileFailed") && text.contains("spec.deploymentName"),
+            "the bad strategy is reported on itself: {text}\n{log}"
+        );
+        let _ = kubectl(&["delete", "nodeversion", &other, "--wait=false"], None);
+        let _ = kubectl(
+            &["delete", "autoscalingstrategy", &bad, "--wait=false"],
+            None,
+        );
+    });
+}

@@ -30,6 +30,12 @@ pub fn is_node_name(name: &str) -> bool {
         })
 }
 
+/// A DNS-1123 label (a namespace's name): at most 63 lowercase letters,
+/// digits and '-', starting and ending with a letter or digit.
+pub fn is_dns_label(name: &str) -> bool {
+    name.len() <= 63 && !name.contains('.') && is_node_name(name)
+}
+
 /// What a drain does once its deadline passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Escalation {

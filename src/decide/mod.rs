@@ -1,13 +1,17 @@
 //! Pure decisions: a snapshot of the world and the time in, a [`Plan`] out.
 //! One module per feature ([`maintenance`]: the NodeMaintenance life;
-//! [`reboot`]: coordinated reboots), plus the policies features share
+//! [`reboot`]: coordinated reboots; [`upgrade`]: in-place upgrades;
+//! [`mutex`]: the mutex operator's kinds; [`replace`]: rolling replacement;
+//! [`admission`]: the webhook's refusals), plus the policies features share
 //! ([`drain`]: which pods go and how, retry schedules; [`foreign`]: who
-//! looks after objects no agent owns; [`budget`] and [`window`]). The effects themselves are performed by `crate::effects`; the
-//! outcomes come back through [`NodeMemory::record`] and the next snapshot.
+//! looks after objects no agent owns; [`disrupt`]: taking and giving back a
+//! node; [`jobs`]; [`budget`] and [`window`]). The effects themselves are
+//! performed by `crate::effects`; the outcomes come back through
+//! [`NodeMemory::record`] and the next snapshot.
 //!
 //! **Architecture invariant:** nothing under `decide/` performs I/O or
 //! reads a clock: time comes in with the snapshot, so every rule here is a
-//! unit test away.
+//! unit test away. It imports nothing from `effects` or `service`.
 
 pub mod admission;
 pub mod budget;

@@ -18,6 +18,7 @@
 //! [`questions`] lists before each round), so this module does no I/O.
 //! The lifecycle of the other kinds is in `replace/lifecycle.rs`.
 
+pub mod ask;
 mod lifecycle;
 #[cfg(test)]
 mod tests;
@@ -38,6 +39,7 @@ use super::{Effect, Plan, set_condition};
 use crate::api::common::DrainSpec;
 use crate::api::constellation::*;
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
+pub use ask::Read;
 
 /// Provider answers for this round, keyed as [`questions`] asks them.
 #[derive(Debug, Default, Clone)]
@@ -50,6 +52,19 @@ pub struct Facts {
     pub state_of: HashMap<String, Result<String, String>>,
     /// Per lowercased group id: the image the group creates nodes with.
     pub group_image: HashMap<String, Result<String, String>>,
+}
+
+impl Facts {
+    /// Record the answer to `read` about `id`.
+    pub fn insert(&mut self, read: Read, id: String, answer: Result<String, String>) {
+        let map = match read {
+            Read::ScalingGroupId => &mut self.group_of,
+            Read::NodeImage => &mut self.image_of,
+            Read::NodeState => &mut self.state_of,
+            Read::ScalingGroupImage => &mut self.group_image,
+        };
+        map.insert(id, answer);
+    }
 }
 
 /// A provider write that failed: the message, and when (retried after
@@ -83,19 +98,25 @@ pub struct Snapshot<'a> {
     pub failures: &'a BTreeMap<String, Failure>,
     /// The API server's version (`v1.37.1`), if known.
     pub server_version: Option<&'a str>,
+    /// Another NodeVersion this role governs is not done (its status says
+    /// outdated, or it has none yet). The autoscaler runs only when every
+    /// NodeVersion is done: each decides the same value, so none writes
+    /// back what another wrote.
+    pub others_busy: bool,
     pub now: Timestamp,
 }
 
-/// Which provider reads a round needs: `(verb, request)`.
-pub fn questions(s: &Snapshot) -> Vec<(&'static str, Value)> {
+/// Which provider reads a round needs: `(read, id)` (a providerID, or a
+/// lowercased group id).
+pub fn questions(s: &Snapshot) -> Vec<(Read, String)> {
     let mut q = Vec::new();
     for n in s.nodes {
         let Some(pid) = provider_id(n) else { continue };
         if !n.annotations().contains_key(SCALING_GROUP_ANNOTATION) {
-            q.push(("scaling-group-id", json!({ "providerID": pid })));
+            q.push((Read::ScalingGroupId, pid.to_string()));
         }
         if !n.annotations().contains_key(IMAGE_ANNOTATION) {
-            q.push(("node-image", json!({ "providerID": pid })));
+            q.push((Read::NodeImage, pid.to_string()));
         }
     }
     // A PendingNode's state matters once its node joined (Join: is it a
@@ -109,12 +130,12 @@ pub fn questions(s: &Snapshot) -> Vec<(&'static str, Value)> {
         let exists = s.nodes.iter().any(|n| n.name_any() == node);
         let join = p.spec.goal.as_deref() == Some("Join");
         if join == exists {
-            q.push(("node-state", json!({ "providerID": pid })));
+            q.push((Read::NodeState, pid.clone()));
         }
     }
     for g in following(s) {
         if let Some(id) = &g.spec.group_id {
-            q.push(("get-scaling-group-image", json!({ "groupId": id })));
+            q.push((Read::ScalingGroupImage, id.to_lowercase()));
         }
     }
     q
@@ -464,17 +485,19 @@ pub fn decide(s: &Snapshot) -> Plan {
         return Plan::steps(vec![write_requests(s.nv, &open)]);
     }
 
-    // 4. The autoscaler is off while anything is being replaced.
+    // 4. The autoscaler is off while anything is being replaced, by this
+    // NodeVersion or another: it is on only when all are done.
     let done = c.all_up_to_date(s.pending.len()) && surge_requests(s.nv).is_empty();
+    let enabled = done && !s.others_busy;
     let toggles: Vec<Effect> = s
         .strategies
         .iter()
-        .filter(|st| st.spec.enabled != done)
+        .filter(|st| st.spec.enabled != enabled)
         .map(|st| Effect::PatchObject {
             kind: Kind::AutoscalingStrategy,
             namespace: None,
             name: st.name_any(),
-            patch: json!({ "spec": { "enabled": done }, "metadata": { "resourceVersion": st.resource_version() } }),
+            patch: json!({ "spec": { "enabled": enabled }, "metadata": { "resourceVersion": st.resource_version() } }),
             status: false,
             strategic: false,
         })
@@ -922,8 +945,8 @@ fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
 
 /// The PendingNode a create-node answer is recorded as.
 pub fn joining(s: &Snapshot, request: &str, group: &str, answer: &Value) -> Result<Value, String> {
-    let name = crate::effects::provider::field(answer, "create-node", "nodeName")?;
-    let pid = crate::effects::provider::field(answer, "create-node", "providerID")?;
+    let name = ask::field(answer, "create-node", "nodeName")?;
+    let pid = ask::field(answer, "create-node", "providerID")?;
     Ok(json!({
         "apiVersion": format!("{GROUP}/v1alpha1"),
         "kind": "PendingNode",

@@ -131,6 +131,7 @@ fn live(ctx: &Context) -> HashSet<String> {
             .map(|m| Subject::typed(m.as_ref()).key),
     );
     keys.extend(super::mutex::keys(ctx));
+    keys.extend(super::replace::keys(ctx));
     keys
 }
 

@@ -1,12 +1,16 @@
-//! `nodekeeper run`: the service, wired here. One kube-runtime `Controller`
-//! whose object is the Node; every other kind it watches (pods,
-//! NodeMaintenances, RebootPolicies, UpgradePlans, hook Jobs) is reflected into a store that serves both as a trigger
-//! (mapped to the nodes it affects) and as the reconciler's snapshot, so
-//! each kind is watched once and every CRD is reconciled in this one loop.
+//! `nodekeeper run`: the service, wired here (wiring only). One
+//! kube-runtime `Controller` whose object is the Node; every kind the
+//! process reads (pods, NodeMaintenances, RebootPolicies, UpgradePlans,
+//! Jobs by the managed-by label, the mutex operator's and Constellation's
+//! kinds where served) is watched once and reflected into a store that is
+//! both a trigger and the snapshot decisions read.
 //!
 //! The node role watches its own Node and only the pods bound to it (field
-//! selectors); the cluster role (`--all-nodes`) watches everything and runs
-//! only while it holds the leader lease ([`roles`]).
+//! selectors); its policies and plans trigger its own node's reconcile. The
+//! cluster role (`--all-nodes`) runs only while it holds the leader lease
+//! ([`roles`]); its node controller reconciles nodes, and every kind the
+//! cluster-wide passes read kicks their scheduler ([`cluster`]) or the
+//! replacement task ([`replace`]) instead of a node.
 
 pub mod admission;
 pub mod cluster;

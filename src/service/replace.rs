@@ -19,12 +19,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
-use serde_json::Value;
 
+use super::cluster::Subject;
 use super::context::Context;
 use super::watch::{Trigger, typed, watch_dynamic};
 use crate::api::constellation::*;
-use crate::decide::replace::{self, Facts, Failure};
+use crate::decide::replace::ask::Reuse;
+use crate::decide::replace::{self, Facts, Failure, Read};
 use crate::decide::{Effect, Outcome, Then, earliest};
 use crate::error::Result;
 use crate::runtime::Latch;
@@ -33,9 +34,6 @@ use crate::runtime::Latch;
 const MAX_ROUNDS: usize = 64;
 /// How long a round waits for the watches to show our writes.
 const SETTLE: Duration = Duration::from_secs(2);
-/// How long a scaling group's image answer is reused (it changes only by
-/// our own write, which forgets it, or by someone at the cloud).
-const GROUP_IMAGE_TTL: Duration = Duration::from_secs(60);
 /// How often the provider's scaling groups are listed (Constellation: 15 min).
 const LIST_GROUPS_EVERY: Duration = Duration::from_secs(15 * 60);
 /// The first retry of a failed listing (doubling up to the period).
@@ -50,18 +48,27 @@ pub struct ReplaceStores {
     pub joining: Store<DynamicObject>,
 }
 
-/// A provider answer and when it was given.
-type Answer = (Instant, Result<String, String>);
+/// A provider answer and until when it may be used again (`None`: for as
+/// long as what it is about exists).
+type Answer = (Option<Instant>, Result<String, String>);
+
+/// How long a failed provider write is reported in its NodeVersion's
+/// status after it happened: a failure that persists is recorded again at
+/// every retry (10 s), one that does not is not reported for ever.
+const FAILURE_SHOWN: Duration = Duration::from_secs(60);
 
 /// What the replacement feature keeps between passes.
 pub struct Replace {
     pub stores: ReplaceStores,
     server_version: Option<String>,
-    failures: Mutex<BTreeMap<String, Failure>>,
-    /// Answers that cannot change (a node's group and image), by verb/id.
-    memo: Mutex<HashMap<String, Result<String, String>>>,
-    group_images: Mutex<HashMap<String, Answer>>,
-    /// Escalation events already published (`reason/object`).
+    /// Failed provider writes, per NodeVersion (by UID): each reports only
+    /// its own, and forgets them after [`FAILURE_SHOWN`].
+    failures: Mutex<HashMap<String, BTreeMap<String, Failure>>>,
+    /// Provider answers kept as [`Read::reuse`] says, by read and id;
+    /// pruned when the node, instance or group they are about is gone.
+    answers: Mutex<HashMap<(Read, String), Answer>>,
+    /// Escalation events already published (`reason/object`), pruned with
+    /// the objects.
     published: Mutex<HashSet<String>>,
     /// Per strategy: the resourceVersions it was last checked at (its own
     /// and the groups'), so the Deployment is read only when they change.
@@ -136,8 +143,7 @@ pub async fn start(
             stores,
             server_version,
             failures: Mutex::default(),
-            memo: Mutex::default(),
-            group_images: Mutex::default(),
+            answers: Mutex::default(),
             published: Mutex::default(),
             strategy_checked: Mutex::default(),
             groups_listed: Mutex::default(),
@@ -176,7 +182,7 @@ pub fn start_task(ctx: Arc<Context>, kicks: smol::channel::Receiver<()>) {
             if ctx.effects.gate.may_act().is_err() {
                 return;
             }
-            let wake = match pass(&ctx, r).await {
+            let wake = match pass(&ctx, r, &kicks).await {
                 Ok(w) => w,
                 Err(crate::error::Error::LostLease(_)) => return,
                 Err(e) => {
@@ -212,9 +218,11 @@ fn find(store: &Store<DynamicObject>, name: &str) -> Option<Arc<DynamicObject>> 
     store.state().into_iter().find(|o| o.name_any() == name)
 }
 
-/// Wait (bounded) until the stores show what the last round wrote.
-async fn settle(ctx: &Context, r: &Replace, e: &Expect) {
-    let start = Instant::now();
+/// Wait (bounded) until the stores show what the last round wrote. Every
+/// event of the kinds this checks kicks the task, so it looks again at each
+/// kick rather than on a timer.
+async fn settle(ctx: &Context, r: &Replace, e: &Expect, kicks: &smol::channel::Receiver<()>) {
+    let deadline = Instant::now() + SETTLE;
     loop {
         let shown = e.written.iter().all(|(k, name, rv)| {
             // A different resourceVersion than ours would be someone's
@@ -226,24 +234,35 @@ async fn settle(ctx: &Context, r: &Replace, e: &Expect) {
             Some(k) => store_of(r, *k).is_none_or(|s| find(s, name).is_none()),
             None => ctx.node(name).is_none(),
         });
-        if shown || start.elapsed() > SETTLE {
+        if shown || Instant::now() >= deadline {
             return;
         }
-        crate::runtime::sleep(Duration::from_millis(10)).await;
+        let kicked = async {
+            let _ = kicks.recv().await;
+        };
+        smol::future::or(kicked, async {
+            smol::Timer::at(deadline).await;
+        })
+        .await;
     }
 }
 
 /// One replacement pass: rounds until nothing is left to do now.
-async fn pass(ctx: &Context, r: &Replace) -> Result<Option<Duration>> {
+async fn pass(
+    ctx: &Context,
+    r: &Replace,
+    kicks: &smol::channel::Receiver<()>,
+) -> Result<Option<Duration>> {
+    prune(ctx, r);
     let listing = list_groups(ctx, r).await;
     let mut wake = None;
     let mut expect = Expect::default();
     for _ in 0..MAX_ROUNDS {
-        settle(ctx, r, &expect).await;
+        settle(ctx, r, &expect, kicks).await;
         expect = Expect::default();
         let now = Timestamp::now();
         let acted_joining = joining(ctx, r, now, &mut expect, &mut wake).await?;
-        let acted_strategies = strategies(ctx, r, &mut expect).await?;
+        let acted_strategies = strategies(ctx, r, &mut expect, &mut wake).await?;
         let (acted, w) = versions(ctx, r, now, &mut expect).await?;
         if !(acted || acted_joining || acted_strategies) {
             // A replaced node's maintenance, deleted after its Node, is
@@ -310,7 +329,22 @@ async fn versions(
             })
             .cloned()
             .collect();
-        let failures = lock(&r.failures).clone();
+        let failures = lock(&r.failures)
+            .get(&nv.uid().unwrap_or_default())
+            .cloned()
+            .unwrap_or_default();
+        let others_busy = nvs.iter().any(|o| {
+            o.uid() != nv.uid()
+                && super::roles::handles_node_version(&ctx.scope, o.spec.node_selector.as_ref())
+                && o.status.as_ref().is_none_or(|st| {
+                    !st.outdated.is_empty()
+                        || !st.pending.is_empty()
+                        || !st.heirs.is_empty()
+                        || !st.donors.is_empty()
+                        || !st.obsolete.is_empty()
+                        || !st.awaiting_annotation.is_empty()
+                })
+        });
         let mut snap = replace::Snapshot {
             nv,
             nodes: &nodes,
@@ -321,6 +355,7 @@ async fn versions(
             facts: &Facts::default(),
             failures: &failures,
             server_version: r.server_version.as_deref(),
+            others_busy,
             now,
         };
         let facts = ask(ctx, r, replace::questions(&snap)).await;
@@ -344,80 +379,104 @@ async fn versions(
 /// for each in turn.
 const ASK_IN_PARALLEL: usize = 8;
 
-/// Ask the provider what a round needs, reusing what cannot have changed.
-async fn ask(ctx: &Context, r: &Replace, questions: Vec<(&'static str, Value)>) -> Facts {
+/// Ask the provider what a round needs, reusing answers as long as
+/// [`Read::reuse`] allows.
+async fn ask(ctx: &Context, r: &Replace, questions: Vec<(Read, String)>) -> Facts {
     let mut facts = Facts::default();
-    let mut fresh: Vec<(&'static str, String, Value)> = Vec::new();
-    let mut answers: Vec<(&'static str, String, Result<String, String>)> = Vec::new();
-    for (verb, request) in questions {
-        let id = request["providerID"]
-            .as_str()
-            .or(request["groupId"].as_str())
-            .unwrap_or_default()
-            .to_string();
-        let cached = match verb {
-            "scaling-group-id" | "node-image" => {
-                lock(&r.memo).get(&format!("{verb}/{id}")).cloned()
+    let mut fresh: Vec<(Read, String)> = Vec::new();
+    {
+        let answers = lock(&r.answers);
+        for (read, id) in questions {
+            let kept = answers
+                .get(&(read, id.clone()))
+                .filter(|(until, _)| until.is_none_or(|t| Instant::now() < t));
+            match kept {
+                Some((_, a)) => facts.insert(read, id, a.clone()),
+                None => fresh.push((read, id)),
             }
-            "get-scaling-group-image" => lock(&r.group_images)
-                .get(&id.to_lowercase())
-                .filter(|(at, _)| at.elapsed() < GROUP_IMAGE_TTL)
-                .map(|(_, a)| a.clone()),
-            _ => None,
-        };
-        match cached {
-            Some(a) => answers.push((verb, id, a)),
-            None => fresh.push((verb, id, request)),
         }
     }
     for chunk in fresh.chunks(ASK_IN_PARALLEL) {
         let tasks: Vec<_> = chunk
             .iter()
-            .map(|(verb, _, request)| {
-                let (provider, verb, request) =
-                    (ctx.effects.provider.clone(), *verb, request.clone());
+            .map(|(read, id)| {
+                let (provider, read, request) =
+                    (ctx.effects.provider.clone(), *read, read.request(id));
+                let gate = ctx.effects.gate.clone();
                 crate::runtime::spawn(async move {
+                    gate.may_act().map_err(|e| e.to_string())?;
                     match provider {
-                        Some(p) => p.call(verb, &request).await,
+                        Some(p) => p.call(read.verb(), &request).await,
                         None => Err("no provider plugin".to_string()),
                     }
                 })
             })
             .collect();
-        for ((verb, id, _), task) in chunk.iter().zip(tasks) {
-            let key = match *verb {
-                "scaling-group-id" => "groupId",
-                "node-image" | "get-scaling-group-image" => "image",
-                _ => "state",
-            };
-            let a = task
-                .await
-                .and_then(|v| crate::effects::provider::field(&v, verb, key).map(str::to_string));
+        for ((read, id), task) in chunk.iter().zip(tasks) {
+            let a = task.await.and_then(|v| read.answer(&v));
             if let Err(e) = &a {
                 log::warn!("{e}");
             }
-            match *verb {
-                // Errors are not memoised: the next round asks again.
-                "scaling-group-id" | "node-image" if a.is_ok() => {
-                    lock(&r.memo).insert(format!("{verb}/{id}"), a.clone());
-                }
-                "get-scaling-group-image" => {
-                    lock(&r.group_images).insert(id.to_lowercase(), (Instant::now(), a.clone()));
-                }
-                _ => {}
+            let until = match read.reuse(a.is_ok()) {
+                Reuse::Never => None,
+                Reuse::WhileItExists => Some(None),
+                Reuse::For(d) => Some(Some(Instant::now() + d)),
+            };
+            if let Some(until) = until {
+                lock(&r.answers).insert((*read, id.clone()), (until, a.clone()));
             }
-            answers.push((verb, id.clone(), a));
+            facts.insert(*read, id.clone(), a);
         }
     }
-    for (verb, id, answer) in answers {
-        match verb {
-            "scaling-group-id" => facts.group_of.insert(id, answer),
-            "node-image" => facts.image_of.insert(id, answer),
-            "get-scaling-group-image" => facts.group_image.insert(id.to_lowercase(), answer),
-            _ => facts.state_of.insert(id, answer),
-        };
-    }
     facts
+}
+
+/// Forget what the feature keeps about things that are gone: answers about
+/// nodes, instances and groups no longer seen, failures of NodeVersions
+/// that are gone or too old to report, checks of strategies that are gone,
+/// and published escalations of objects that are gone.
+fn prune(ctx: &Context, r: &Replace) {
+    let nodes = ctx.all_nodes();
+    let pending: Vec<Arc<PendingNode>> = typed(&r.stores.pending);
+    let groups: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
+    let mut ids: HashSet<String> = nodes
+        .iter()
+        .filter_map(|n| replace::provider_id(n).map(str::to_string))
+        .collect();
+    ids.extend(pending.iter().filter_map(|p| p.spec.provider_id.clone()));
+    ids.extend(
+        groups
+            .iter()
+            .filter_map(|g| g.spec.group_id.as_ref().map(|id| id.to_lowercase())),
+    );
+    lock(&r.answers).retain(|(_, id), _| ids.contains(id));
+    let versions: HashSet<String> = typed::<NodeVersion>(&r.stores.versions)
+        .iter()
+        .filter_map(|v| v.uid())
+        .collect();
+    let now = Timestamp::now();
+    let shown = k8s_openapi::jiff::SignedDuration::try_from(FAILURE_SHOWN).unwrap_or_default();
+    let mut failures = lock(&r.failures);
+    failures.retain(|uid, _| versions.contains(uid));
+    for per in failures.values_mut() {
+        per.retain(|_, f| now.duration_since(f.at) < shown);
+    }
+    drop(failures);
+    let strategies: HashSet<String> = r
+        .stores
+        .strategies
+        .state()
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    lock(&r.strategy_checked).retain(|name, _| strategies.contains(name));
+    let mut names: HashSet<String> = nodes.iter().map(|n| n.name_any()).collect();
+    names.extend(pending.iter().map(|p| p.name_any()));
+    names.extend(r.stores.versions.state().iter().map(|v| v.name_any()));
+    lock(&r.published).retain(|key| {
+        key.split_once('/')
+            .is_some_and(|(_, object)| names.contains(object))
+    });
 }
 
 /// Perform a round's effects in order; a provider failure ends the batch
@@ -431,7 +490,24 @@ async fn perform(
     expect: &mut Expect,
 ) -> Result<bool> {
     let mut acted = false;
+    let nv_uid = snap.nv.uid().unwrap_or_default();
+    let fail = |key: &str, message: String| {
+        lock(&r.failures).entry(nv_uid.clone()).or_default().insert(
+            key.to_string(),
+            Failure {
+                message,
+                at: Timestamp::now(),
+            },
+        );
+    };
+    // After a failed provider call the writes that depended on it are
+    // left for the next round; events are not (a JoinTimeout is news
+    // whether or not deleting the instance worked).
+    let mut failed = false;
     for effect in effects {
+        if failed && !matches!(effect, Effect::Event { .. }) {
+            continue;
+        }
         if let Effect::Event { object, reason, .. } = effect {
             let key = format!("{reason}/{}", object.name.as_deref().unwrap_or_default());
             if !lock(&r.published).insert(key) {
@@ -467,23 +543,20 @@ async fn perform(
         match outcome {
             Outcome::ProviderFailed(message) => {
                 log::warn!("node replacement: {message}");
-                lock(&r.failures).insert(
-                    key.clone(),
-                    Failure {
-                        message,
-                        at: Timestamp::now(),
-                    },
-                );
-                return Ok(true);
+                fail(key, message);
+                acted = true;
+                failed = true;
             }
             Outcome::ProviderAnswered(answer) => {
-                lock(&r.failures).remove(key);
+                if let Some(per) = lock(&r.failures).get_mut(&nv_uid) {
+                    per.remove(key);
+                }
                 if *verb == "set-scaling-group-image" {
                     let id = request["groupId"]
                         .as_str()
                         .unwrap_or_default()
                         .to_lowercase();
-                    lock(&r.group_images).remove(&id);
+                    lock(&r.answers).remove(&(Read::ScalingGroupImage, id));
                 }
                 if *verb == "create-node" {
                     let id = request["requestId"].as_str().unwrap_or_default();
@@ -512,14 +585,9 @@ async fn perform(
                             }
                         }
                         Err(message) => {
-                            lock(&r.failures).insert(
-                                key.clone(),
-                                Failure {
-                                    message,
-                                    at: Timestamp::now(),
-                                },
-                            );
-                            return Ok(true);
+                            fail(key, message);
+                            acted = true;
+                            failed = true;
                         }
                     }
                 }
@@ -571,7 +639,12 @@ async fn joining(
 
 /// AutoscalingStrategies: read the Deployment when the strategy or the
 /// groups changed since the last look, and bring it in line.
-async fn strategies(ctx: &Context, r: &Replace, expect: &mut Expect) -> Result<bool> {
+async fn strategies(
+    ctx: &Context,
+    r: &Replace,
+    expect: &mut Expect,
+    wake: &mut Option<Duration>,
+) -> Result<bool> {
     let strategies: Vec<Arc<AutoscalingStrategy>> = typed(&r.stores.strategies);
     if strategies.is_empty() {
         return Ok(false);
@@ -588,50 +661,91 @@ async fn strategies(ctx: &Context, r: &Replace, expect: &mut Expect) -> Result<b
         if lock(&r.strategy_checked).get(&st.name_any()) == Some(&seen) {
             continue;
         }
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            ctx.effects.client.clone(),
-            &st.spec.deployment_namespace,
-            &Kind::Deployment.resource(),
-        );
-        let deployment =
-            api.get_opt(&st.spec.deployment_name)
-                .await
-                .map_err(crate::error::Error::kube(format!(
-                    "reading Deployment {}/{}",
-                    st.spec.deployment_namespace, st.spec.deployment_name
-                )))?;
-        let value = deployment.map(|d| serde_json::to_value(d).unwrap_or_default());
-        let effects = replace::strategy(st, &groups, value.as_ref());
-        if effects.is_empty() {
-            lock(&r.strategy_checked).insert(st.name_any(), seen);
-            continue;
-        }
-        for e in &effects {
-            if let Effect::PatchObject { name, .. } = e {
-                log::info!(
-                    "AutoscalingStrategy {}: Deployment {name} to {} replica(s)",
-                    st.name_any(),
-                    if st.spec.enabled { 1 } else { 0 }
-                );
-            }
-            let outcome = ctx.effects.perform(e).await?;
-            if let (
-                Effect::WriteObjectStatus { .. },
-                Outcome::ObjectWritten {
-                    kind,
-                    name,
-                    resource_version,
-                },
-            ) = (e, &outcome)
-            {
-                expect
-                    .written
-                    .push((*kind, name.clone(), resource_version.clone()));
-            }
-        }
-        acted = true;
+        // Each strategy on its own: one whose Deployment cannot be read
+        // (a bad name, a failed GET) is reported on it and backed off.
+        let (groups, expect, did) = (&groups, &mut *expect, &mut acted);
+        let retry = super::cluster::contain(ctx, &Subject::typed(st.as_ref()), |_| async move {
+            strategy(ctx, r, st, groups, seen, expect, did).await
+        })
+        .await;
+        *wake = earliest(*wake, retry);
     }
     Ok(acted)
+}
+
+/// Bring one strategy's Deployment in line (see [`strategies`]).
+async fn strategy(
+    ctx: &Context,
+    r: &Replace,
+    st: &AutoscalingStrategy,
+    groups: &[Arc<ScalingGroup>],
+    seen: String,
+    expect: &mut Expect,
+    acted: &mut bool,
+) -> Result<Option<Duration>> {
+    let (ns, name) = (&st.spec.deployment_namespace, &st.spec.deployment_name);
+    // Names from a spec reach a URL only once they are names.
+    if !crate::api::common::is_dns_label(ns) {
+        return Err(crate::error::Error::Invalid(format!(
+            "spec.deploymentNamespace {ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+        )));
+    }
+    if !crate::api::common::is_node_name(name) {
+        return Err(crate::error::Error::Invalid(format!(
+            "spec.deploymentName {name:?} is not a Deployment name (a DNS subdomain: lowercase letters, digits, '-' and '.')"
+        )));
+    }
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.effects.client.clone(), ns, &Kind::Deployment.resource());
+    let deployment = api
+        .get_opt(name)
+        .await
+        .map_err(crate::error::Error::kube(format!(
+            "reading Deployment {ns}/{name}"
+        )))?;
+    let value = deployment.map(|d| serde_json::to_value(d).unwrap_or_default());
+    let effects = replace::strategy(st, groups, value.as_ref());
+    if effects.is_empty() {
+        lock(&r.strategy_checked).insert(st.name_any(), seen);
+        return Ok(None);
+    }
+    for e in &effects {
+        if let Effect::PatchObject { name, .. } = e {
+            log::info!(
+                "AutoscalingStrategy {}: Deployment {name} to {} replica(s)",
+                st.name_any(),
+                if st.spec.enabled { 1 } else { 0 }
+            );
+        }
+        let outcome = ctx.effects.perform(e).await?;
+        if let (
+            Effect::WriteObjectStatus { .. },
+            Outcome::ObjectWritten {
+                kind,
+                name,
+                resource_version,
+            },
+        ) = (e, &outcome)
+        {
+            expect
+                .written
+                .push((*kind, name.clone(), resource_version.clone()));
+        }
+    }
+    *acted = true;
+    Ok(None)
+}
+
+/// The `Kind/name` keys of the replacement objects whose failures the
+/// scheduler's memory keeps (see `cluster::Failing`).
+pub fn keys(ctx: &Context) -> Vec<String> {
+    let Some(r) = &ctx.replace else {
+        return Vec::new();
+    };
+    typed::<AutoscalingStrategy>(&r.stores.strategies)
+        .iter()
+        .map(|s| Subject::typed(s.as_ref()).key)
+        .collect()
 }
 
 /// Create a ScalingGroup for each group the provider lists that has none

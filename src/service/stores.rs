@@ -3,8 +3,8 @@
 //! and its deletions (pruning the mutation cache), plus the mutation cache
 //! itself ([`Fresh`]). RebootPolicies and UpgradePlans are watched in both
 //! roles: few objects, and the node role needs its policy's sentinel and
-//! command and its plan's upgrade command. Hook Jobs (by their plan label)
-//! only in the cluster role.
+//! command and its plan's upgrade command. Jobs (by the managed-by label
+//! every Job nodekeeper creates carries) only in the cluster role.
 
 use std::sync::Arc;
 

@@ -167,11 +167,12 @@ pub struct Mco {
     stop: Latch,
     /// Upgrades performed, in order: (node, version).
     pub upgraded: Arc<Mutex<Vec<(String, String)>>>,
-    /// Whether any target pool was seen unpaused while a node still waited
-    /// with a mutex label (recorded by the loop; `pools_seen` holds every
-    /// distinct (pool, paused) observation in order).
+    /// Every change of a pool's `spec.paused`, in order: (pool, paused),
+    /// from a watch (a poll could miss a state that lasted less than its
+    /// period).
     pub pools_seen: Arc<Mutex<Vec<(String, bool)>>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    watch: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Mco {
@@ -181,15 +182,33 @@ impl Mco {
         let stop = Latch::default();
         let upgraded: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
         let pools_seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
-        let (s2, up2, seen2, group) = (
-            stop.clone(),
-            upgraded.clone(),
-            pools_seen.clone(),
-            group.to_string(),
-        );
+        let watch = {
+            let (stop, seen, client) = (stop.clone(), pools_seen.clone(), client.clone());
+            std::thread::spawn(move || {
+                block_on(async move {
+                    let cfg = kube::runtime::watcher::Config::default()
+                        .list_semantic(kube::runtime::watcher::ListSemantic::MostRecent);
+                    let mut events = std::pin::pin!(kube::runtime::watcher(pools(&client), cfg));
+                    let mut last: BTreeMap<String, bool> = BTreeMap::new();
+                    let record = async {
+                        use smol::stream::StreamExt;
+                        while let Some(ev) = events.next().await {
+                            use kube::runtime::watcher::Event;
+                            if let Ok(Event::Apply(p) | Event::InitApply(p)) = ev {
+                                let paused = p.data["spec"]["paused"].as_bool().unwrap_or(false);
+                                if last.insert(p.name_any(), paused) != Some(paused) {
+                                    seen.lock().unwrap().push((p.name_any(), paused));
+                                }
+                            }
+                        }
+                    };
+                    smol::future::or(record, stop.wait()).await;
+                })
+            })
+        };
+        let (s2, up2, group) = (stop.clone(), upgraded.clone(), group.to_string());
         let thread = std::thread::spawn(move || {
             let mut eligible_since: BTreeMap<String, Instant> = BTreeMap::new();
-            let mut last_paused: BTreeMap<String, bool> = BTreeMap::new();
             while !s2.is_open() {
                 block_on(async {
                     let cv: Api<DynamicObject> =
@@ -211,12 +230,6 @@ impl Mco {
                         .await
                         .map(|l| l.items)
                         .unwrap_or_default();
-                    for p in &all_pools {
-                        let paused = p.data["spec"]["paused"].as_bool().unwrap_or(false);
-                        if last_paused.insert(p.name_any(), paused) != Some(paused) {
-                            seen2.lock().unwrap().push((p.name_any(), paused));
-                        }
-                    }
                     for n in &group_nodes {
                         let name = n.name_any();
                         let version = n.labels().get(VERSION_LABEL).cloned().unwrap_or_default();
@@ -257,12 +270,16 @@ impl Mco {
             upgraded,
             pools_seen,
             thread: Some(thread),
+            watch: Some(watch),
         }
     }
 
     pub fn stop(&mut self) {
         self.stop.open();
-        if let Some(t) = self.thread.take() {
+        for t in [self.thread.take(), self.watch.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
     }

@@ -285,11 +285,14 @@ pub fn strategy(
                 { "name": container, "command": command }
             ]}});
         }
+        // Guarded by the resourceVersion it was read at: a change since
+        // (a person scaling it) is decided on again, not overwritten.
+        let guard = json!({ "resourceVersion": d["metadata"]["resourceVersion"] });
         fx.push(Effect::PatchObject {
             kind: Kind::Deployment,
             namespace: Some(st.spec.deployment_namespace.clone()),
             name: st.spec.deployment_name.clone(),
-            patch: json!({ "spec": spec }),
+            patch: json!({ "metadata": guard, "spec": spec }),
             status: false,
             strategic: true,
         });

@@ -114,6 +114,8 @@ struct World {
     maintenances: Vec<Arc<NodeMaintenance>>,
     facts: Facts,
     failures: BTreeMap<String, Failure>,
+    strategies: Vec<Arc<AutoscalingStrategy>>,
+    others_busy: bool,
 }
 
 impl World {
@@ -126,6 +128,8 @@ impl World {
             maintenances: vec![],
             facts: Facts::default(),
             failures: BTreeMap::new(),
+            strategies: vec![],
+            others_busy: false,
         }
     }
 
@@ -135,11 +139,12 @@ impl World {
             nodes: &self.nodes,
             pending: &self.pending,
             groups: &self.groups,
-            strategies: &[],
+            strategies: &self.strategies,
             maintenances: &self.maintenances,
             facts: &self.facts,
             failures: &self.failures,
             server_version: None,
+            others_busy: self.others_busy,
             now: now(),
         }
     }
@@ -238,7 +243,7 @@ fn questions_ask_only_what_is_missing() {
         pending("c", "g", "Join", "Creating"),
     ];
     w.groups = vec![group("workers", "g", "Worker", "img")];
-    let q: Vec<&str> = questions(&w.snap()).iter().map(|(v, _)| *v).collect();
+    let q: Vec<&str> = questions(&w.snap()).iter().map(|(r, _)| r.verb()).collect();
     assert_eq!(
         q,
         ["scaling-group-id", "node-state", "get-scaling-group-image"]
@@ -821,4 +826,47 @@ fn a_recorded_request_is_dropped_before_its_pending_node_pairs() {
         matches!(&plan.effects[0], Effect::PatchObject { kind: Kind::NodeVersion, patch, .. } if patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION].is_null()),
         "{plan:?}"
     );
+}
+
+/// Regression: each NodeVersion set every AutoscalingStrategy to its own
+/// "done", so one up to date and one outdated flipped it for ever.
+#[test]
+fn two_node_versions_agree_on_the_autoscaler_and_it_runs_only_when_both_are_done() {
+    let strategy = |enabled: bool| {
+        Arc::new(AutoscalingStrategy::new(
+            "autoscalingstrategy",
+            AutoscalingStrategySpec {
+                enabled,
+                deployment_name: "ca".into(),
+                deployment_namespace: "kube-system".into(),
+                autoscaler_extra_args: Default::default(),
+            },
+        ))
+    };
+    let enabled_by = |w: &mut World| -> Option<bool> {
+        w.settle_status();
+        decide(&w.snap()).effects.iter().find_map(|e| match e {
+            Effect::PatchObject {
+                kind: Kind::AutoscalingStrategy,
+                patch,
+                ..
+            } => patch["spec"]["enabled"].as_bool(),
+            _ => None,
+        })
+    };
+    // Outdated: it turns the autoscaler off.
+    let mut outdated = World::new("img-2", 1);
+    outdated.nodes = vec![node("a", "g", "img-1", &[])];
+    outdated.groups = vec![group("workers", "g", "Worker", "img-2")];
+    outdated.strategies = vec![strategy(true)];
+    assert_eq!(enabled_by(&mut outdated), Some(false));
+    // Up to date (it governs nothing), but the other is busy: it leaves
+    // the autoscaler off, as the other wrote it.
+    let mut done = World::new("img-2", 1);
+    done.strategies = vec![strategy(false)];
+    done.others_busy = true;
+    assert_eq!(enabled_by(&mut done), None, "no write back");
+    // Once the other is done too, it turns the autoscaler on.
+    done.others_busy = false;
+    assert_eq!(enabled_by(&mut done), Some(true));
 }
