@@ -13,14 +13,17 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::failing::{Failing, RETRY_CONFLICT, Subject};
 use super::roles::Scope;
 use super::stores::{Fresh, Stores, Synced};
+use super::watch::Kick;
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
 use crate::decide::foreign::LastCheck;
-use crate::decide::{NodeMemory, Outcome};
+use crate::decide::{Effect, NodeMemory, Outcome};
 use crate::effects::Interpreter;
+use crate::error::{Error, Result};
 
 /// The node role's last look at its host's reboot signals.
 #[derive(Debug, Clone)]
@@ -45,10 +48,6 @@ pub struct Context {
     /// `namespace/name`: the object that planned it (`Kind/name`, kept
     /// while it exists) and why (its decision reports them as failures).
     job_errors: Mutex<HashMap<String, (String, String)>>,
-    /// Unscoped cluster role, where the mutex CRDs are served: their stores.
-    pub mutex: Option<super::stores::MutexStores>,
-    /// Cluster role with a provider, where Constellation's CRDs are served.
-    pub replace: Option<super::replace::Replace>,
     /// Node role: the upgrade command running in the background, if any
     /// (its token), so a reconcile never starts a second one.
     pub upgrade_running: Mutex<Option<String>>,
@@ -63,11 +62,11 @@ pub struct Context {
     /// Node role: the host's reboot signal at its last look.
     pub host_signal: Mutex<Option<HostSignal>>,
     /// Cluster role: objects whose last decision failed (see `cluster.rs`).
-    pub failing: super::cluster::Failing,
+    pub failing: Failing,
     /// Asks for a reconcile of the anchor node (NodeMaintenances no agent
     /// owns), so work found outside the controller stays inside its
     /// one-reconcile-per-node rule.
-    pub anchor: super::cluster::Kick,
+    pub anchor: Kick,
     fresh: Arc<Fresh>,
     arrivals: Arc<super::stores::Arrivals>,
     memory: Mutex<HashMap<String, NodeMemory>>,
@@ -89,7 +88,7 @@ impl Context {
         drain_timeout: Duration,
         node_agents: bool,
         host_root: crate::effects::host::HostRoot,
-        anchor: super::cluster::Kick,
+        anchor: Kick,
     ) -> Context {
         Context {
             effects,
@@ -101,15 +100,13 @@ impl Context {
             plans: stores.plans,
             jobs: stores.jobs,
             job_errors: Mutex::default(),
-            mutex: stores.mutex,
-            replace: stores.replace,
             upgrade_running: Mutex::default(),
             synced: stores.synced,
             drain_timeout,
             node_agents,
             host_root,
             host_signal: Mutex::default(),
-            failing: super::cluster::Failing::default(),
+            failing: Failing::default(),
             anchor,
             fresh: stores.fresh,
             arrivals: stores.arrivals,
@@ -337,9 +334,9 @@ impl Context {
                 .iter()
                 .find(|o| o.kind == kind)
                 .cloned();
-            let subject = super::cluster::Subject::typed(m.as_ref());
+            let subject = Subject::typed(m.as_ref());
             let (api, kind, effect) = (&api, &kind, &effect);
-            let w = super::cluster::contain(self, &subject, |_| async move {
+            let w = contain(self, &subject, |_| async move {
                 if let Some(o) = &owner {
                     let live = api
                         .get_opt(&o.name)
@@ -402,4 +399,80 @@ impl Context {
         self.failing.retain(|k| live.contains(k));
         lock(&self.job_errors).retain(|_, (owner, _)| live.contains(owner));
     }
+}
+
+/// Decide for one object unless it is backing off: `decide` gets why its
+/// last pass failed (for its status) and returns when to look again. Its
+/// error stays with the object: reported on it, retried with backoff.
+pub async fn contain<F, Fut>(ctx: &Context, subject: &Subject, decide: F) -> Option<Duration>
+where
+    F: FnOnce(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Duration>>>,
+{
+    contain_in(ctx, &ctx.failing, subject, decide).await
+}
+
+/// [`contain`] with another memory of failures than the scheduler's (the
+/// replacement task keeps its own).
+pub async fn contain_in<F, Fut>(
+    ctx: &Context,
+    failing: &Failing,
+    subject: &Subject,
+    decide: F,
+) -> Option<Duration>
+where
+    F: FnOnce(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Duration>>>,
+{
+    if let Err(wait) = failing.due(&subject.key, subject.resource_version.as_deref()) {
+        return Some(wait);
+    }
+    let result = decide(failing.message(&subject.key)).await;
+    report(ctx, failing, subject, result).await
+}
+
+/// Settle one object's result: success forgets its failure; an error is
+/// counted, logged, published on the object, and backed off.
+async fn report(
+    ctx: &Context,
+    failing: &Failing,
+    subject: &Subject,
+    result: Result<Option<Duration>>,
+) -> Option<Duration> {
+    let err = match result {
+        Ok(wake) => {
+            failing.succeeded(&subject.key);
+            return wake;
+        }
+        Err(e) => e,
+    };
+    if let Error::LostLease(_) = err {
+        return None;
+    }
+    if err.api_code() == Some(409) {
+        log::debug!("{}: {err} (deciding again)", subject.key);
+        return Some(RETRY_CONFLICT);
+    }
+    super::metrics::count_error(&err);
+    let message = err.to_string();
+    let delay = failing.failed(
+        &subject.key,
+        subject.resource_version.clone(),
+        message.clone(),
+    );
+    log::warn!(
+        "{}: {message} (its other work goes on; retrying it in {} s)",
+        subject.key,
+        delay.as_secs()
+    );
+    let event = Effect::Event {
+        object: subject.reference.clone(),
+        warning: true,
+        reason: "ReconcileFailed",
+        note: message,
+    };
+    if let Err(e) = ctx.effects.perform(&event).await {
+        log::debug!("{}: publishing its failure: {e}", subject.key);
+    }
+    Some(delay)
 }

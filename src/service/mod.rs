@@ -16,6 +16,7 @@ pub mod admission;
 pub mod cluster;
 pub mod connect;
 pub mod context;
+pub mod failing;
 pub mod fresh;
 pub mod metrics;
 pub mod mutex;
@@ -176,9 +177,9 @@ pub async fn run(
     // (`cluster.rs`) and replacement on its own task; each watch of a kind
     // they read kicks them. The node role has neither.
     let cluster_role = matches!(scope, Scope::AllNodes { .. });
-    let (kick, kicks) = cluster::Kick::new();
-    let (replace_kick, replace_kicks) = cluster::Kick::new();
-    let (anchor_kick, anchor_kicks) = cluster::Kick::new();
+    let (kick, kicks) = watch::Kick::new();
+    let (replace_kick, replace_kicks) = watch::Kick::new();
+    let (anchor_kick, anchor_kicks) = watch::Kick::new();
     let (plans, plan_writer) = reflector::store::<UpgradePlan>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let (pods, pod_writer) = reflector::store::<Pod>();
@@ -191,7 +192,7 @@ pub async fn run(
             .modify(slim_node)
             .reflect(node_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
-            .inspect(cluster::on_event(
+            .inspect(watch::on_event(
                 cluster_role,
                 vec![kick.clone(), replace_kick.clone()],
             ))
@@ -233,7 +234,7 @@ pub async fn run(
             .inspect(move |ev| order.note(ev))
             .reflect(nm_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
-            .inspect(cluster::on_event(
+            .inspect(watch::on_event(
                 cluster_role,
                 vec![kick.clone(), replace_kick.clone()],
             ))
@@ -247,7 +248,7 @@ pub async fn run(
             .backoff(WatchBackoff::default())
             .reflect(policy_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
-            .inspect(cluster::on_event(cluster_role, vec![kick.clone()]))
+            .inspect(watch::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "RebootPolicies"))
     };
@@ -258,7 +259,7 @@ pub async fn run(
             .backoff(WatchBackoff::default())
             .reflect(plan_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.plans.forget(name)))
-            .inspect(cluster::on_event(cluster_role, vec![kick.clone()]))
+            .inspect(watch::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "UpgradePlans"))
     };
@@ -290,7 +291,7 @@ pub async fn run(
             .modify(slim_job)
             .reflect(job_writer)
             .inspect(move |ev| observe(ev, &latch, |_| {}))
-            .inspect(cluster::on_event(cluster_role, vec![kick.clone()]))
+            .inspect(watch::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "Jobs")),
         )
@@ -354,8 +355,6 @@ pub async fn run(
             policies,
             plans,
             jobs,
-            mutex: mutex_stores,
-            replace: replace_stores,
             synced: synced.clone(),
             fresh,
             arrivals,
@@ -372,8 +371,8 @@ pub async fn run(
         jobs: ctx.jobs.clone(),
     });
     if cluster_role {
-        cluster::start(ctx.clone(), kicks);
-        replace::start_task(ctx.clone(), replace_kicks);
+        cluster::start(ctx.clone(), mutex_stores, kicks);
+        replace::start_task(ctx.clone(), replace_stores, replace_kicks);
     }
 
     // /readyz turns green once every watch has listed once; the watchdog

@@ -11,17 +11,29 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
-use super::cluster::{Subject, contain};
 use super::context::Context;
-pub use super::stores::MutexStores;
+use super::context::contain;
+use super::failing::Subject;
 use super::watch::{Trigger, read, served, watch_dynamic};
 use crate::api::mutex::*;
 use crate::decide::mutex::{self, RunSnapshot};
 use crate::decide::{Effect, Outcome, earliest};
 use crate::error::{Error, Result};
 use crate::runtime::Latch;
+
+/// The stores of the mutex flow. Every kind is watched untyped (one
+/// watcher instantiation for all five: each typed watcher costs the binary
+/// ~25 KiB) and read typed when a pass runs.
+pub struct MutexStores {
+    pub rules: Store<kube::api::DynamicObject>,
+    pub targets: Store<kube::api::DynamicObject>,
+    pub runs: Store<kube::api::DynamicObject>,
+    pub pools: Option<Store<kube::api::DynamicObject>>,
+    pub versions: Option<Store<kube::api::DynamicObject>>,
+}
 
 /// Which of the APIs the mutex flow uses are served.
 #[derive(Debug, Clone, Copy, Default)]
@@ -89,10 +101,7 @@ pub fn start(client: &Client, d: Discovery, synced: Latch) -> (Option<MutexStore
 
 /// The `Kind/namespace/name` keys of every mutex object (what the
 /// scheduler's per-object memory may keep).
-pub fn keys(ctx: &Context) -> Vec<String> {
-    let Some(m) = &ctx.mutex else {
-        return Vec::new();
-    };
+pub fn keys(m: &MutexStores) -> Vec<String> {
     let mut keys = Vec::new();
     for (store, kind) in [
         (&m.rules, MutexRule::kind(&())),
@@ -128,8 +137,7 @@ async fn report_unreadable(
 
 /// The scheduler's pass over every MutexRule, MutexTarget and
 /// MutexRunConfig, each on its own (see `cluster::contain`).
-pub async fn pass(ctx: &Context) -> Option<Duration> {
-    let m = ctx.mutex.as_ref()?;
+pub async fn pass(ctx: &Context, m: &MutexStores) -> Option<Duration> {
     let now = Timestamp::now();
     let nodes = ctx.all_nodes();
     let (pools, pool_versions) = match &m.pools {

@@ -10,8 +10,9 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use super::cluster::{Subject, contain};
+use super::context::contain;
 use super::context::{Context, HostSignal};
+use super::failing::Subject;
 use super::metrics;
 use crate::api::reboot::RebootPolicy;
 use crate::decide::reboot::{self, node};

@@ -153,22 +153,9 @@ pub struct Stores {
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
     pub jobs: Store<kube::api::DynamicObject>,
-    pub mutex: Option<MutexStores>,
-    pub replace: Option<super::replace::Replace>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,
     pub arrivals: Arc<Arrivals>,
-}
-
-/// The stores of the mutex flow. Every kind is watched untyped (one
-/// watcher instantiation for all five: each typed watcher costs the binary
-/// ~25 KiB) and read typed when a pass runs.
-pub struct MutexStores {
-    pub rules: Store<kube::api::DynamicObject>,
-    pub targets: Store<kube::api::DynamicObject>,
-    pub runs: Store<kube::api::DynamicObject>,
-    pub pools: Option<Store<kube::api::DynamicObject>>,
-    pub versions: Option<Store<kube::api::DynamicObject>>,
 }
 
 #[cfg(test)]

@@ -12,8 +12,9 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::cluster::{Subject, contain};
 use super::context::Context;
+use super::context::contain;
+use super::failing::Subject;
 use crate::api::upgrade::{RESULT_ANNOTATION, UpgradePlan};
 use crate::decide::reboot::node::after_command;
 use crate::decide::upgrade::{self, node};

@@ -127,6 +127,38 @@ pub fn watch_dynamic(
     (store, Box::pin(events))
 }
 
+/// A handle that asks for one more pass. Cloning it is cheap; kicking a
+/// scheduler that already has a pass asked for does nothing.
+#[derive(Clone)]
+pub struct Kick(smol::channel::Sender<()>);
+
+impl Kick {
+    /// A kick and the receiving end its scheduler waits on.
+    pub fn new() -> (Kick, smol::channel::Receiver<()>) {
+        let (tx, rx) = smol::channel::bounded(1);
+        (Kick(tx), rx)
+    }
+
+    /// Ask for a pass (coalesced with any pending one).
+    pub fn kick(&self) {
+        let _ = self.0.try_send(());
+    }
+}
+
+/// A watch's inspector that kicks `kicks` at every event (never for a
+/// watch error) if `enabled` (the cluster role).
+pub fn on_event<K>(
+    enabled: bool,
+    kicks: Vec<Kick>,
+) -> impl Fn(&std::result::Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>)
+{
+    move |ev| {
+        if enabled && ev.is_ok() {
+            kicks.iter().for_each(Kick::kick);
+        }
+    }
+}
+
 /// One stream of "something changed" from several.
 pub fn merge(triggers: Vec<Trigger>) -> Trigger {
     triggers

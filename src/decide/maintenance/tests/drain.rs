@@ -1,0 +1,163 @@
+//! Unit tests of the drain: which pods are evicted, refusals waiting for
+//! their backoff, the drain timeout announced once, how often progress is
+//! written, and success on an empty node.
+
+use super::*;
+
+#[test]
+fn cordoned_node_is_drained_of_evictable_pods_only() {
+    let mut w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    w.pods = vec![pod("a", "ReplicaSet"), pod("ds", "DaemonSet")];
+    let Step::Drain { pods, .. } = w.decide() else {
+        panic!("expected Drain, got {:?}", w.decide())
+    };
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].0.name_any(), "a");
+}
+
+#[test]
+fn refused_pods_wait_for_their_backoff_and_are_named_in_last_error() {
+    let w = World::draining(
+        nm("m", 0, Some(Phase::Running)),
+        Attempt {
+            retry_at: Some(ts(12)),
+            error: Some("PodDisruptionBudget web: needs 2".into()),
+            refusals: 1,
+        },
+    );
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(announce, None);
+    assert_eq!(status.phase, Some(Phase::Running));
+    let err = status.last_error.unwrap_or_default();
+    assert!(
+        err.contains("pod ns/a") && err.contains("PodDisruptionBudget web"),
+        "{err}"
+    );
+    assert_eq!(status.drain_progress, Some(50), "1 of 2 eviction pods gone");
+}
+
+#[test]
+fn waiting_wakes_for_the_next_retry() {
+    let mut w = World::draining(
+        nm("m", 0, Some(Phase::Running)),
+        Attempt {
+            retry_at: Some(ts(12)),
+            error: None,
+            refusals: 1,
+        },
+    );
+    let step = w.decide();
+    let Step::WriteStatus { status, .. } = step else {
+        panic!("got {step:?}")
+    };
+    w.nms[0].status = Some(*status);
+    assert_eq!(w.decide(), Step::Wait(Some(Duration::from_secs(2))));
+}
+
+#[test]
+fn drain_timeout_is_announced_once() {
+    let mut w = World::draining(
+        nm("m", 0, Some(Phase::Running)),
+        Attempt {
+            retry_at: Some(ts(99)),
+            error: Some("blocked".into()),
+            refusals: 3,
+        },
+    );
+    w.now = ts(31);
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert!(matches!(announce, Some(Announce::DrainTimeout(_))));
+    w.nms[0].status = Some(*status);
+    w.now = ts(40);
+    assert!(
+        matches!(w.decide(), Step::Wait(_)),
+        "no second announcement"
+    );
+}
+
+#[test]
+fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
+    let at = |ms: i64| {
+        ts(10)
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
+            .unwrap()
+    };
+    let mut w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    w.pods = vec![
+        pod("a", "ReplicaSet"),
+        pod("b", "ReplicaSet"),
+        pod("c", "ReplicaSet"),
+    ];
+    for uid in ["uid-a", "uid-b", "uid-c"] {
+        let accepted = Attempt {
+            retry_at: Some(ts(60)),
+            ..Default::default()
+        };
+        w.attempts.insert(uid.into(), accepted);
+    }
+    w.nms[0].status.as_mut().unwrap().eviction_pods = Some(3);
+    let Step::WriteStatus { status, .. } = w.decide() else {
+        panic!("got {:?}", w.decide())
+    };
+    let mut written = *status;
+    written.last_update = Some(Time(at(0)));
+    w.nms[0].status = Some(written);
+
+    // One pod gone 100 ms after that write: held until 500 ms after it.
+    w.pods.pop();
+    w.now = at(100);
+    assert_eq!(w.decide(), Step::Wait(Some(Duration::from_millis(400))));
+    w.now = at(500);
+    let Step::WriteStatus { status, .. } = w.decide() else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(status.drain_progress, Some(33));
+
+    // The rest gone right after: Succeeded is written at once.
+    let mut written = *status;
+    written.last_update = Some(Time(at(500)));
+    w.nms[0].status = Some(written);
+    w.pods.clear();
+    w.now = at(510);
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(status.phase, Some(Phase::Succeeded));
+    assert_eq!(announce, Some(Announce::Succeeded));
+}
+
+#[test]
+fn empty_node_succeeds_with_full_progress() {
+    let w = World::new(
+        Some(maintained("m", false)),
+        vec![nm("m", 0, Some(Phase::Running))],
+    );
+    let Step::WriteStatus {
+        status, announce, ..
+    } = w.decide()
+    else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(status.phase, Some(Phase::Succeeded));
+    assert_eq!(status.drain_progress, Some(100));
+    assert_eq!(announce, Some(Announce::Succeeded));
+}

@@ -1,0 +1,220 @@
+//! Pairing and retiring: a joined surge node pairs with an outdated node
+//! of its group (heir and donor), inherits its labels, and the donor is
+//! drained through a NodeMaintenance and deleted through a Leave
+//! PendingNode.
+
+use super::*;
+
+/// Labels a heir takes from its donor: all but the reserved
+/// `kubernetes.io` and `k8s.io` ones (and their subdomains).
+pub fn inherited(n: &Node) -> BTreeMap<&String, &String> {
+    n.labels().iter().filter(|(k, _)| !reserved(k)).collect()
+}
+
+/// `^(.+\.|)(kubernetes|k8s)\.io(/.*)?$`, by hand.
+pub fn reserved(key: &str) -> bool {
+    let prefix = key.split_once('/').map_or(key, |(p, _)| p);
+    ["kubernetes.io", "k8s.io"]
+        .iter()
+        .any(|d| prefix == *d || prefix.ends_with(&format!(".{d}")))
+}
+
+pub(super) fn unset(n: &Node, key: &str) -> Effect {
+    Effect::PatchNode {
+        node: n.name_any(),
+        resource_version: n.resource_version(),
+        patch: json!({ "metadata": { "annotations": { key: null } } }),
+    }
+}
+
+pub(super) fn set(n: &Node, key: &str, value: &str) -> Effect {
+    Effect::PatchNode {
+        node: n.name_any(),
+        resource_version: n.resource_version(),
+        patch: json!({ "metadata": { "annotations": { key: value } } }),
+    }
+}
+
+pub(super) fn delete_pending(p: &PendingNode) -> Effect {
+    Effect::DeleteObject {
+        kind: Kind::PendingNode,
+        name: p.name_any(),
+        uid: p.uid(),
+    }
+}
+
+/// Each joined surge node pairs with an outdated node of its scaling group
+/// (by name, so the order is deterministic), or is obsolete when none is
+/// left. One pair per round.
+pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
+    let (mint, pn) = c.mints.first()?;
+    let group = pn
+        .spec
+        .group_id
+        .as_deref()
+        .unwrap_or_default()
+        .to_lowercase();
+    let mut outdated: Vec<&&Node> = c
+        .outdated
+        .iter()
+        .filter(|o| group_of(s, o).as_deref() == Some(group.as_str()))
+        .collect();
+    outdated.sort_by_key(|o| o.name_any());
+    Some(match outdated.first() {
+        Some(donor) => Plan::steps(vec![
+            set(mint, DONOR_ANNOTATION, &donor.name_any()),
+            set(donor, HEIR_ANNOTATION, &mint.name_any()),
+            delete_pending(pn),
+        ])
+        .info(format!(
+            "node {} replaces node {}",
+            mint.name_any(),
+            donor.name_any()
+        )),
+        None => Plan::steps(vec![
+            delete_pending(pn),
+            set(mint, OBSOLETE_ANNOTATION, "true"),
+        ])
+        .info(format!(
+            "node {} joined with nothing left to replace in its group: obsolete",
+            mint.name_any()
+        )),
+    })
+}
+
+/// Heirs whose donor does not name them back, and donors whose heir does
+/// not name them back, lose the annotation.
+pub(super) fn unpair(c: &Classes) -> Option<Plan> {
+    let mut fx = Vec::new();
+    for d in &c.donors {
+        let heir = annotation(d, HEIR_ANNOTATION).unwrap_or_default();
+        let named_back = c.heirs.iter().any(|h| {
+            h.name_any() == heir && annotation(h, DONOR_ANNOTATION) == Some(d.name_any().as_str())
+        });
+        if !named_back {
+            fx.push(unset(d, HEIR_ANNOTATION));
+        }
+    }
+    (!fx.is_empty()).then(|| Plan::steps(fx))
+}
+
+pub(super) enum Retire {
+    Act(Vec<Effect>),
+    Wait(Option<Duration>),
+    Gone,
+}
+
+/// The NodeMaintenance this NodeVersion takes `node` with.
+pub(super) fn maintenance_of<'a>(s: &'a Snapshot, node: &str) -> Option<&'a Arc<NodeMaintenance>> {
+    s.maintenances
+        .iter()
+        .find(|m| m.spec.node_name == node && disrupt::owned_by(m, "NodeVersion", &s.nv.name_any()))
+}
+
+/// Take a node out: drain it through a NodeMaintenance, then (control
+/// plane: its etcd member removed through the provider) record the Leave,
+/// delete the Node and give the maintenance back. The instance is deleted
+/// by the Leave's lifecycle, so a crash after the Node is gone still
+/// deletes it exactly once.
+pub(super) fn retire(s: &Snapshot, node: &Node) -> Retire {
+    let name = node.name_any();
+    let Some(nm) = maintenance_of(s, &name) else {
+        let owner = disrupt::owner_ref(s.nv, "NodeVersion");
+        let drain = DrainSpec {
+            timeout_seconds: s.nv.spec.drain_timeout_seconds.clamp(1, 86400) as i32,
+            ..Default::default()
+        };
+        let nm = disrupt::take(
+            owner,
+            &disrupt::maintenance_name(MAINTENANCE_PREFIX, &name),
+            &name,
+            &drain,
+            disrupt::boot_id(node).unwrap_or_default(),
+            REASON.into(),
+        );
+        return Retire::Act(vec![Effect::CreateMaintenance { nm: Box::new(nm) }]);
+    };
+    let succeeded = nm.status.as_ref().and_then(|st| st.phase) == Some(Phase::Succeeded);
+    if !succeeded {
+        return Retire::Wait(
+            drain_deadline(s, nm).map(|t| crate::decide::duration_until(s.now, t)),
+        );
+    }
+    let mut fx = Vec::new();
+    let key = format!("remove-etcd-member/{name}");
+    if is_control_plane(node) {
+        if let Some(d) = backing_off(s, &key) {
+            return Retire::Wait(Some(d));
+        }
+        fx.push(Effect::Provider {
+            key,
+            verb: "remove-etcd-member",
+            request: json!({ "nodeName": name, "internalIP": internal_ip(node) }),
+        });
+    }
+    let leave_exists = s
+        .pending
+        .iter()
+        .any(|p| p.name_any() == name && p.spec.goal.as_deref() == Some("Leave"));
+    if !leave_exists {
+        fx.push(Effect::CreateObject {
+            kind: Kind::PendingNode,
+            object: leave(s, node),
+        });
+    }
+    fx.push(Effect::DeleteNode {
+        name: name.clone(),
+        uid: node.uid(),
+    });
+    if let Some(uid) = nm.uid() {
+        fx.push(Effect::DeleteMaintenance {
+            nm: nm.name_any(),
+            uid,
+        });
+    }
+    if fx.is_empty() {
+        Retire::Gone
+    } else {
+        Retire::Act(fx)
+    }
+}
+
+pub(super) fn internal_ip(n: &Node) -> String {
+    n.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+        .map(|a| a.address.clone())
+        .unwrap_or_default()
+}
+
+pub(super) fn plus(now: Timestamp, secs: i64) -> Timestamp {
+    now.checked_add(SignedDuration::from_secs(secs))
+        .unwrap_or(now)
+}
+
+/// A controller owner reference to the NodeVersion, as JSON.
+pub(super) fn owned(s: &Snapshot) -> Value {
+    json!([disrupt::owner_ref(s.nv, "NodeVersion")])
+}
+
+pub(super) fn leave(s: &Snapshot, node: &Node) -> Value {
+    json!({
+        "apiVersion": format!("{GROUP}/v1alpha1"),
+        "kind": "PendingNode",
+        "metadata": { "name": node.name_any(), "ownerReferences": owned(s) },
+        "spec": {
+            "providerID": provider_id(node),
+            "groupID": annotation(node, SCALING_GROUP_ANNOTATION),
+            "nodeName": node.name_any(),
+            "goal": "Leave",
+            "deadline": plus(s.now, s.nv.spec.leave_timeout_seconds),
+        }
+    })
+}
+
+/// When a drain counts as overdue.
+pub(super) fn drain_deadline(s: &Snapshot, nm: &NodeMaintenance) -> Option<Timestamp> {
+    let created = nm.metadata.creation_timestamp.as_ref()?.0;
+    Some(plus(created, s.nv.spec.drain_timeout_seconds))
+}

@@ -1,0 +1,212 @@
+//! Surge: how many extra nodes a rollout has out, the requests recorded
+//! on the NodeVersion before the provider is asked, and the PendingNode a
+//! create-node answer is recorded as.
+
+use super::*;
+
+/// Surge requests recorded on the NodeVersion and not yet PendingNodes:
+/// `(request id, group id)`.
+pub fn surge_requests(nv: &NodeVersion) -> Vec<(String, String)> {
+    nv.annotations()
+        .get(SURGE_REQUESTS_ANNOTATION)
+        .map(|v| {
+            v.split(',')
+                .filter_map(|r| r.split_once('='))
+                .map(|(id, g)| (id.to_string(), g.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(super) fn write_requests(nv: &NodeVersion, requests: &[(String, String)]) -> Effect {
+    let value = if requests.is_empty() {
+        Value::Null
+    } else {
+        json!(
+            requests
+                .iter()
+                .map(|(i, g)| format!("{i}={g}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    Effect::PatchObject {
+        kind: Kind::NodeVersion,
+        namespace: None,
+        name: nv.name_any(),
+        patch: json!({ "metadata": {
+            "annotations": { SURGE_REQUESTS_ANNOTATION: value },
+            "resourceVersion": nv.resource_version(),
+        }}),
+        status: false,
+        strategic: false,
+    }
+}
+
+/// Extra nodes a rollout has out now: heirs, awaiting nodes, PendingNodes
+/// (joining or leaving) and surge requests not yet PendingNodes.
+pub(super) fn extra(s: &Snapshot, c: &Classes) -> usize {
+    let recorded: Vec<String> = surge_requests(s.nv)
+        .into_iter()
+        .filter(|(id, _)| !s.pending.iter().any(|p| request_of(p) == Some(id.as_str())))
+        .map(|(id, _)| id)
+        .collect();
+    c.heirs.len() + c.awaiting.len() + s.pending.len() + recorded.len()
+}
+
+/// The surge request a PendingNode was created for.
+pub(super) fn request_of(p: &PendingNode) -> Option<&str> {
+    p.annotations().get(REQUEST_LABEL).map(String::as_str)
+}
+
+/// PendingNode annotation: the surge request it records.
+pub const REQUEST_LABEL: &str = "nodekeeper.io/surge-request";
+
+/// A key's last failure still backing off: how long is left.
+pub(super) fn backing_off(s: &Snapshot, key: &str) -> Option<Duration> {
+    let f = s.failures.get(key)?;
+    let until =
+        f.at.checked_add(SignedDuration::try_from(PROVIDER_BACKOFF).unwrap_or_default())
+            .ok()?;
+    (until > s.now).then(|| crate::decide::duration_until(s.now, until))
+}
+
+pub(super) enum Step {
+    Act(Vec<Effect>),
+    Wait(Option<Duration>),
+    Idle,
+}
+
+/// Surge nodes: a request recorded but not yet a PendingNode is asked of
+/// the provider again (same id: the same instance), then recorded; new
+/// requests go to the groups with outdated nodes — control-plane groups
+/// first and alone while any control plane is outdated, then by name.
+pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
+    let requests = surge_requests(s.nv);
+    // (Requests already recorded as PendingNodes were dropped earlier in
+    // the round.)
+    // Every open request is asked in one round (a failure ends the batch).
+    let mut asks = Vec::new();
+    let mut wait = None;
+    for (id, group) in &requests {
+        let key = format!("create-node/{group}");
+        match backing_off(s, &key) {
+            Some(d) => wait = crate::decide::earliest(wait, Some(d)),
+            None => asks.push(Effect::Provider {
+                key,
+                verb: "create-node",
+                request: json!({ "groupId": group, "requestId": id }),
+            }),
+        }
+    }
+    if !asks.is_empty() {
+        return Step::Act(asks);
+    }
+    if wait.is_some() {
+        return Step::Wait(wait);
+    }
+    if budget == 0 || c.outdated.is_empty() {
+        return Step::Idle;
+    }
+    let cp = has_outdated_control_planes(c);
+    let mut needed: BTreeMap<String, usize> = BTreeMap::new();
+    for n in &c.outdated {
+        if annotation(n, HEIR_ANNOTATION).is_some() {
+            continue;
+        }
+        if let Some(g) = group_of(s, n) {
+            *needed.entry(g).or_default() += 1;
+        }
+    }
+    // Joining PendingNodes and requests not yet recorded as one each
+    // cover one outdated node.
+    let joining = s
+        .pending
+        .iter()
+        .filter(|p| p.spec.goal.as_deref() == Some("Join"))
+        .filter_map(|p| p.spec.group_id.clone());
+    let asked = requests.iter().map(|(_, g)| g.clone());
+    for g in joining.chain(asked) {
+        if let Some(n) = needed.get_mut(&g.to_lowercase()) {
+            *n = n.saturating_sub(1);
+        }
+    }
+    let mut groups: Vec<&Arc<ScalingGroup>> = following(s)
+        .filter(|g| {
+            let id = g
+                .spec
+                .group_id
+                .as_deref()
+                .unwrap_or_default()
+                .to_lowercase();
+            needed.get(&id).copied().unwrap_or(0) > 0
+        })
+        .filter(|g| !cp || g.spec.role.as_deref() == Some("ControlPlane"))
+        .collect();
+    groups.sort_by_key(|g| (g.spec.role.as_deref() != Some("ControlPlane"), g.name_any()));
+    // As many requests as the budget allows, recorded in one write.
+    let mut all = requests.clone();
+    let mut left = budget;
+    for g in groups {
+        let id = g.spec.group_id.clone().unwrap_or_default();
+        let current = g
+            .status
+            .as_ref()
+            .and_then(|st| st.image_reference.as_deref());
+        if !eq(current, s.nv.spec.image.as_deref()) {
+            // The group still creates old nodes: wait for its image.
+            continue;
+        }
+        if let Some(d) = backing_off(s, &format!("create-node/{id}")) {
+            wait = crate::decide::earliest(wait, Some(d));
+            continue;
+        }
+        let want = needed
+            .get(&id.to_lowercase())
+            .copied()
+            .unwrap_or(0)
+            .min(left);
+        for i in 0..want {
+            let request = format!(
+                "{:012x}",
+                super::disrupt::fnv(
+                    format!("{}/{id}/{}/{i}", s.nv.uid().unwrap_or_default(), s.now).as_bytes()
+                ) & 0xffff_ffff_ffff
+            );
+            all.push((request, id.clone()));
+        }
+        left -= want;
+        if left == 0 {
+            break;
+        }
+    }
+    if all.len() > requests.len() {
+        return Step::Act(vec![write_requests(s.nv, &all)]);
+    }
+    match wait {
+        Some(d) => Step::Wait(Some(d)),
+        None => Step::Idle,
+    }
+}
+
+/// The PendingNode a create-node answer is recorded as.
+pub fn joining(s: &Snapshot, request: &str, group: &str, answer: &Value) -> Result<Value, String> {
+    let name = ask::field(answer, "create-node", "nodeName")?;
+    let pid = ask::field(answer, "create-node", "providerID")?;
+    Ok(json!({
+        "apiVersion": format!("{GROUP}/v1alpha1"),
+        "kind": "PendingNode",
+        "metadata": {
+            "name": name,
+            "ownerReferences": owned(s),
+            "annotations": { REQUEST_LABEL: request },
+        },
+        "spec": {
+            "providerID": pid,
+            "groupID": group,
+            "nodeName": name,
+            "goal": "Join",
+            "deadline": plus(s.now, s.nv.spec.join_timeout_seconds),
+        }
+    }))
+}

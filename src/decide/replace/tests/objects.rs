@@ -1,0 +1,230 @@
+//! The lifecycles of the other objects: PendingNodes that join or leave,
+//! JoiningNodes, discovered ScalingGroups and the AutoscalingStrategy.
+
+use super::*;
+
+#[test]
+fn a_join_past_its_deadline_deletes_the_instance_and_becomes_a_leave() {
+    let mut w = World::new("img-2", 1);
+    let mut p = (*pending("slow", "g", "Join", "Creating")).clone();
+    p.spec.deadline = Some(Time("2026-11-22T11:59:00Z".parse().unwrap()));
+    p.status = Some(PendingNodeStatus {
+        csp_state: Some("Creating".into()),
+        reached_goal: false,
+    });
+    w.pending = vec![Arc::new(p)];
+    let plan = decide(&w.snap());
+    assert!(
+        matches!(&plan.effects[0], Effect::PatchObject { patch, .. } if patch["spec"]["goal"] == "Leave")
+    );
+    assert!(
+        matches!(&plan.effects[1], Effect::Provider { verb: "delete-node", request, .. } if request["providerID"] == "kwok://slow")
+    );
+    assert!(matches!(
+        &plan.effects[2],
+        Effect::Event {
+            reason: "JoinTimeout",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_leave_asks_for_the_delete_once_and_is_removed_when_terminated() {
+    let mut w = World::new("img-2", 1);
+    let p = pending("old", "g", "Leave", "Ready");
+    w.pending = vec![p.clone()];
+    let plan = decide(&w.snap());
+    assert!(matches!(
+        &plan.effects[1],
+        Effect::Provider {
+            verb: "delete-node",
+            ..
+        }
+    ));
+    let mut issued = (*p).clone();
+    issued.metadata.annotations =
+        Some([(DELETE_ISSUED_ANNOTATION.to_string(), now().to_string())].into());
+    w.pending = vec![Arc::new(issued.clone())];
+    let s = w.snap();
+    assert!(lifecycle::pending(&s).is_none(), "asked once");
+    issued.status = Some(PendingNodeStatus {
+        csp_state: Some("Terminated".into()),
+        reached_goal: true,
+    });
+    w.pending = vec![Arc::new(issued)];
+    let s = w.snap();
+    let plan = lifecycle::pending(&s).unwrap();
+    assert!(matches!(
+        &plan.effects[0],
+        Effect::DeleteObject {
+            kind: Kind::PendingNode,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn autoscaler_command_is_sorted_and_skips_control_planes() {
+    let st = AutoscalingStrategy::new(
+        "autoscalingstrategy",
+        AutoscalingStrategySpec {
+            enabled: true,
+            deployment_name: "ca".into(),
+            deployment_namespace: "kube-system".into(),
+            autoscaler_extra_args: [("foo".into(), "bar".into()), ("baz".into(), "qux".into())]
+                .into(),
+        },
+    );
+    let mut wg = (*group("w", "wg", "Worker", "i")).clone();
+    wg.spec.autoscaling = Some(true);
+    wg.spec.min = Some(1);
+    wg.spec.max = Some(10);
+    wg.spec.autoscaler_group_name = Some("worker-group".into());
+    let mut cp = (*group("c", "cg", "ControlPlane", "i")).clone();
+    cp.spec.autoscaling = Some(true);
+    let groups = vec![Arc::new(wg), Arc::new(cp)];
+    assert_eq!(
+        autoscaler_command(&st, &groups),
+        [
+            "./cluster-autoscaler",
+            "--baz=qux",
+            "--foo=bar",
+            "--nodes=1:10:worker-group"
+        ]
+    );
+    let d = json!({ "spec": { "replicas": 0, "template": { "spec": { "containers": [{ "name": "ca" }] } } } });
+    let fx = strategy(&st, &groups, Some(&d));
+    assert!(
+        matches!(&fx[0], Effect::WriteObjectStatus { status, .. } if *status == json!({"enabled": false, "replicas": 0}))
+    );
+    assert!(
+        matches!(&fx[1], Effect::PatchObject { patch, strategic: true, .. } if patch["spec"]["replicas"] == 1)
+    );
+    assert!(strategy(&st, &groups, None).is_empty());
+}
+
+#[test]
+fn discovered_groups_are_created_lowercased_and_only_ours_deleted() {
+    let answer = json!({ "scalingGroups": [
+        { "name": "Workers", "groupId": "g1", "nodeGroupName": "w", "autoscalingGroupName": "g1", "role": "worker" },
+        { "name": "cp", "groupId": "g0", "nodeGroupName": "c", "autoscalingGroupName": "g0", "role": "control-plane" },
+    ]});
+    let mut mine = (*group("stale", "g9", "Worker", "i")).clone();
+    mine.metadata.labels = Some([(DISCOVERED_LABEL.to_string(), "true".to_string())].into());
+    let theirs = group("manual", "g8", "Worker", "i");
+    let fx = discovered_groups(&answer, &[Arc::new(mine), theirs], "constellation-version");
+    let creates: Vec<(String, String)> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CreateObject { object, .. } => Some((
+                object["metadata"]["name"].as_str()?.to_string(),
+                object["spec"]["role"].as_str()?.to_string(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        creates,
+        [
+            ("workers".to_string(), "Worker".to_string()),
+            ("cp".into(), "ControlPlane".into())
+        ]
+    );
+    let deletes: Vec<&str> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::DeleteObject { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deletes, ["stale"]);
+}
+
+#[test]
+fn joining_nodes_stamp_components_then_go() {
+    let mut j = JoiningNode::new(
+        "n1",
+        JoiningNodeSpec {
+            name: Some("n1".into()),
+            componentsreference: Some("k8s-components-2".into()),
+            ..Default::default()
+        },
+    );
+    j.metadata.uid = Some("j".into());
+    let mut late = j.clone();
+    late.metadata.name = Some("n2".into());
+    late.spec.name = Some("n2".into());
+    late.spec.deadline = Some(Time("2026-11-22T11:00:00Z".parse().unwrap()));
+    let n1 = node("n1", "g", "i", &[]);
+    let (fx, _) = lifecycle::joining_nodes(
+        &[Arc::new(j), Arc::new(late)],
+        &|n| (n == "n1").then(|| n1.clone()),
+        now(),
+    );
+    assert!(
+        matches!(&fx[0], Effect::PatchNode { node, patch, .. } if node == "n1" && patch["metadata"]["annotations"][COMPONENTS_ANNOTATION] == "k8s-components-2")
+    );
+    assert!(matches!(&fx[1], Effect::DeleteObject { name, .. } if name == "n1"));
+    assert!(matches!(&fx[2], Effect::DeleteObject { name, .. } if name == "n2"));
+}
+
+#[test]
+fn a_recorded_pending_node_carries_its_request() {
+    let w = World::new("img-2", 1);
+    let s = w.snap();
+    let pn = joining(
+        &s,
+        "r1",
+        "g",
+        &json!({ "nodeName": "n", "providerID": "kwok://n" }),
+    )
+    .unwrap();
+    let dynamic: kube::api::DynamicObject = serde_json::from_value(pn).unwrap();
+    let typed: PendingNode =
+        serde_json::from_value(serde_json::to_value(&dynamic).unwrap()).unwrap();
+    assert_eq!(request_of(&typed), Some("r1"));
+}
+
+/// Regression: each NodeVersion set every AutoscalingStrategy to its own
+/// "done", so one up to date and one outdated flipped it for ever.
+#[test]
+fn two_node_versions_agree_on_the_autoscaler_and_it_runs_only_when_both_are_done() {
+    let strategy = |enabled: bool| {
+        Arc::new(AutoscalingStrategy::new(
+            "autoscalingstrategy",
+            AutoscalingStrategySpec {
+                enabled,
+                deployment_name: "ca".into(),
+                deployment_namespace: "kube-system".into(),
+                autoscaler_extra_args: Default::default(),
+            },
+        ))
+    };
+    let enabled_by = |w: &mut World| -> Option<bool> {
+        w.settle_status();
+        decide(&w.snap()).effects.iter().find_map(|e| match e {
+            Effect::PatchObject {
+                kind: Kind::AutoscalingStrategy,
+                patch,
+                ..
+            } => patch["spec"]["enabled"].as_bool(),
+            _ => None,
+        })
+    };
+    // Outdated: it turns the autoscaler off.
+    let mut outdated = World::new("img-2", 1);
+    outdated.nodes = vec![node("a", "g", "img-1", &[])];
+    outdated.groups = vec![group("workers", "g", "Worker", "img-2")];
+    outdated.strategies = vec![strategy(true)];
+    assert_eq!(enabled_by(&mut outdated), Some(false));
+    // Up to date (it governs nothing), but the other is busy: it leaves
+    // the autoscaler off, as the other wrote it.
+    let mut done = World::new("img-2", 1);
+    done.strategies = vec![strategy(false)];
+    done.others_busy = true;
+    assert_eq!(enabled_by(&mut done), None, "no write back");
+    // Once the other is done too, it turns the autoscaler on.
+    done.others_busy = false;
+    assert_eq!(enabled_by(&mut done), Some(true));
+}

@@ -1,0 +1,358 @@
+//! Replacing outdated nodes: surge requests recorded then asked, control
+//! planes first, joined nodes paired with donors, donors inheriting labels,
+//! drained and retired, overdue drains, and provider failures backing off.
+
+use super::*;
+
+#[test]
+fn surge_records_its_requests_before_asking_the_provider() {
+    let mut w = World::new("img-2", 2);
+    w.nodes = vec![
+        node("a", "g", "img-1", &[]),
+        node("b", "g", "img-1", &[]),
+        node("c", "g", "img-1", &[]),
+    ];
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    w.settle_status();
+    // Surge 2: two requests, recorded in one guarded write.
+    let plan = decide(&w.snap());
+    let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
+        panic!("{plan:?}");
+    };
+    let reqs = patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ids: Vec<&str> = reqs
+        .split(',')
+        .map(|r| r.split('=').next().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{reqs}");
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(patch["metadata"]["resourceVersion"], "7");
+    // Recorded: the next round asks the provider for both, by id.
+    w.nv.metadata.annotations =
+        Some([(SURGE_REQUESTS_ANNOTATION.to_string(), reqs.clone())].into());
+    w.settle_status();
+    assert_eq!(w.nv.status.as_ref().unwrap().budget, 0);
+    let plan = decide(&w.snap());
+    let asked: Vec<&str> = plan
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Provider {
+                verb: "create-node",
+                request,
+                ..
+            } => request["requestId"].as_str(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, ids);
+    // Once a PendingNode records a request, the request leaves the
+    // annotation; the other stays.
+    let mut p = (*pending("new-1", "g", "Join", "Creating")).clone();
+    p.metadata.annotations = Some([(REQUEST_LABEL.to_string(), ids[0].to_string())].into());
+    w.pending = vec![Arc::new(p)];
+    w.settle_status();
+    let plan = decide(&w.snap());
+    let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(
+        patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION],
+        json!(reqs.split(',').nth(1).unwrap())
+    );
+}
+
+#[test]
+fn no_surge_while_the_group_still_has_the_old_image_or_the_budget_is_spent() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![node("a", "g", "img-1", &[])];
+    w.groups = vec![group("workers", "g", "Worker", "img-1")];
+    w.settle_status();
+    assert!(decide(&w.snap()).effects.is_empty());
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    w.pending = vec![pending("x", "g", "Join", "Creating")];
+    w.settle_status();
+    assert_eq!(w.nv.status.as_ref().unwrap().budget, 0);
+    assert!(decide(&w.snap()).effects.is_empty());
+}
+
+#[test]
+fn control_planes_go_first_and_alone() {
+    let mut w = World::new("img-2", 3);
+    let mut cp = (*node("cp", "cpg", "img-1", &[])).clone();
+    cp.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(CONTROL_PLANE_LABEL.into(), "".into());
+    w.nodes = vec![Arc::new(cp), node("w", "wg", "img-1", &[])];
+    w.groups = vec![
+        group("a-workers", "wg", "Worker", "img-2"),
+        group("z-cp", "cpg", "ControlPlane", "img-2"),
+    ];
+    w.settle_status();
+    assert_eq!(
+        w.nv.status.as_ref().unwrap().budget,
+        1,
+        "surge is 1 for control planes"
+    );
+    let plan = decide(&w.snap());
+    let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
+        panic!("{plan:?}");
+    };
+    assert!(
+        patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .ends_with("=cpg")
+    );
+}
+
+#[test]
+fn a_joined_node_pairs_with_the_first_outdated_node_of_its_group() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![
+        node("b-old", "g", "img-1", &[]),
+        node("a-old", "g", "img-1", &[]),
+        node("other", "h", "img-1", &[]),
+        node("new", "g", "img-2", &[]),
+    ];
+    w.pending = vec![pending("new", "g", "Join", "Ready")];
+    w.settle_status();
+    let plan = decide(&w.snap());
+    let patches: Vec<String> = plan
+        .effects
+        .iter()
+        .map(|e| match e {
+            Effect::PatchNode { node, patch, .. } => {
+                format!("{node} {}", patch["metadata"]["annotations"])
+            }
+            Effect::DeleteObject { name, .. } => format!("delete {name}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        patches,
+        [
+            format!("new {{\"{DONOR_ANNOTATION}\":\"a-old\"}}"),
+            format!("a-old {{\"{HEIR_ANNOTATION}\":\"new\"}}"),
+            "delete new".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn a_joined_node_with_nothing_to_replace_is_obsolete() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![
+        node("old", "h", "img-1", &[]),
+        node("new", "g", "img-2", &[]),
+    ];
+    w.pending = vec![pending("new", "g", "Join", "Ready")];
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert!(matches!(&plan.effects[0], Effect::DeleteObject { name, .. } if name == "new"));
+    assert!(
+        matches!(&plan.effects[1], Effect::PatchNode { node, patch, .. } if node == "new" && patch["metadata"]["annotations"][OBSOLETE_ANNOTATION] == "true")
+    );
+}
+
+fn nm_for(w: &World, node: &str, phase: Option<Phase>) -> Arc<NodeMaintenance> {
+    let mut nm = disrupt::take(
+        disrupt::owner_ref(&w.nv, "NodeVersion"),
+        &disrupt::maintenance_name(MAINTENANCE_PREFIX, node),
+        node,
+        &DrainSpec::default(),
+        "",
+        REASON.into(),
+    );
+    nm.metadata.uid = Some(format!("nm-{node}"));
+    nm.metadata.creation_timestamp = Some(Time(now()));
+    nm.status = phase.map(|p| NodeMaintenanceStatus {
+        phase: Some(p),
+        ..Default::default()
+    });
+    Arc::new(nm)
+}
+
+#[test]
+fn a_donor_inherits_labels_then_is_drained_then_deleted_with_a_leave() {
+    let mut w = World::new("img-2", 1);
+    let mut donor = (*node("old", "g", "img-1", &[(HEIR_ANNOTATION, "new")])).clone();
+    donor
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("node.kubernetes.io/instance-type".into(), "big".into());
+    donor
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("team".into(), "b".into());
+    w.nodes = vec![
+        Arc::new(donor),
+        node("new", "g", "img-2", &[(DONOR_ANNOTATION, "old")]),
+    ];
+    w.settle_status();
+    // Labels first, reserved ones left out.
+    let plan = decide(&w.snap());
+    let Some(Effect::PatchNode { node, patch, .. }) = plan.effects.first() else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(node, "new");
+    assert_eq!(patch["metadata"]["labels"], json!({ "team": "b" }));
+    let mut heir = (*w.nodes[1]).clone();
+    heir.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("team".into(), "b".into());
+    w.nodes[1] = Arc::new(heir);
+    // Then the drain, through a NodeMaintenance the NodeVersion owns.
+    let plan = decide(&w.snap());
+    let Some(Effect::CreateMaintenance { nm }) = plan.effects.first() else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(nm.spec.node_name, "old");
+    assert_eq!(nm.spec.reason.as_deref(), Some(REASON));
+    w.maintenances = vec![nm_for(&w, "old", Some(Phase::Running))];
+    assert!(decide(&w.snap()).effects.is_empty());
+    // Drained: Leave recorded, Node deleted, maintenance given back.
+    w.maintenances = vec![nm_for(&w, "old", Some(Phase::Succeeded))];
+    let plan = decide(&w.snap());
+    let kinds: Vec<String> = plan
+        .effects
+        .iter()
+        .map(|e| match e {
+            Effect::CreateObject { object, .. } => format!(
+                "create {} {}",
+                object["spec"]["goal"], object["metadata"]["name"]
+            ),
+            Effect::DeleteNode { name, .. } => format!("delete node {name}"),
+            Effect::DeleteMaintenance { nm, .. } => format!("give back {nm}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "create \"Leave\" \"old\"",
+            "delete node old",
+            "give back replace-old"
+        ]
+    );
+}
+
+#[test]
+fn a_control_plane_donor_leaves_etcd_through_the_provider_first() {
+    let mut w = World::new("img-2", 1);
+    let mut donor = (*node("cp-old", "g", "img-1", &[(HEIR_ANNOTATION, "cp-new")])).clone();
+    donor
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(CONTROL_PLANE_LABEL.into(), "".into());
+    w.nodes = vec![
+        Arc::new(donor),
+        node("cp-new", "g", "img-2", &[(DONOR_ANNOTATION, "cp-old")]),
+    ];
+    w.settle_status();
+    w.maintenances = vec![nm_for(&w, "cp-old", Some(Phase::Succeeded))];
+    let plan = decide(&w.snap());
+    assert!(
+        matches!(&plan.effects[0], Effect::Provider { verb: "remove-etcd-member", request, .. } if request["nodeName"] == "cp-old"),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn an_overdue_drain_keeps_the_node_and_says_so() {
+    let mut w = World::new("img-2", 1);
+    w.nv.spec.drain_timeout_seconds = 60;
+    w.nodes = vec![
+        node("old", "g", "img-1", &[(HEIR_ANNOTATION, "new")]),
+        node("new", "g", "img-2", &[(DONOR_ANNOTATION, "old")]),
+    ];
+    let mut nm = (*nm_for(&w, "old", Some(Phase::Running))).clone();
+    nm.metadata.creation_timestamp = Some(Time("2026-11-22T11:50:00Z".parse().unwrap()));
+    w.maintenances = vec![Arc::new(nm)];
+    let plan = decide(&w.snap());
+    let Some(Effect::WriteObjectStatus { status, .. }) = plan.effects.first() else {
+        panic!("{plan:?}");
+    };
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("the drain of node old is overdue")
+    );
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert!(
+        plan.effects.iter().all(|e| matches!(
+            e,
+            Effect::Event {
+                reason: "DrainOverdue",
+                ..
+            }
+        )),
+        "{plan:?}"
+    );
+    assert_eq!(plan.effects.len(), 1);
+}
+
+#[test]
+fn a_failed_provider_write_backs_off() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![node("a", "g", "img-1", &[])];
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    w.nv.metadata.annotations =
+        Some([(SURGE_REQUESTS_ANNOTATION.to_string(), "r1=g".to_string())].into());
+    w.failures.insert(
+        "create-node/g".into(),
+        Failure {
+            message: "provider create-node: exited with 1: quota".into(),
+            at: now(),
+        },
+    );
+    w.settle_status();
+    assert!(
+        w.nv.status
+            .as_ref()
+            .unwrap()
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("quota")
+    );
+    let plan = decide(&w.snap());
+    assert!(plan.effects.is_empty(), "{plan:?}");
+    assert!(matches!(plan.then, crate::decide::Then::Wait(Some(d)) if d <= PROVIDER_BACKOFF));
+}
+
+#[test]
+fn a_recorded_request_is_dropped_before_its_pending_node_pairs() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![
+        node("old", "g", "img-1", &[]),
+        node("new", "g", "img-2", &[]),
+    ];
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    let mut p = (*pending("new", "g", "Join", "Ready")).clone();
+    p.metadata.annotations = Some([(REQUEST_LABEL.to_string(), "c2".to_string())].into());
+    w.pending = vec![Arc::new(p)];
+    w.nv.metadata.annotations =
+        Some([(SURGE_REQUESTS_ANNOTATION.to_string(), "c2=g".to_string())].into());
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert!(
+        matches!(&plan.effects[0], Effect::PatchObject { kind: Kind::NodeVersion, patch, .. } if patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION].is_null()),
+        "{plan:?}"
+    );
+}

@@ -1,0 +1,160 @@
+//! What the cluster role keeps about objects whose decisions failed:
+//! generic, below `context.rs` (which reports through it), with nothing
+//! feature-specific. The scheduler's passes and the replacement task each
+//! keep one, pruned with their objects.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::ObjectMeta;
+
+/// First retry of a failed object, doubling to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
+/// A conflict (409) is a stale snapshot, not a failure: decide again soon.
+pub const RETRY_CONFLICT: Duration = Duration::from_millis(200);
+
+/// What one object's last failure was, so the next pass waits for its
+/// backoff (or a change of the object) and says why in its status.
+struct Failure {
+    resource_version: Option<String>,
+    count: u32,
+    retry_at: Instant,
+    message: String,
+}
+
+/// Per object (`Kind/name`): its last failure. Pruned with the objects.
+#[derive(Default)]
+pub struct Failing(Mutex<HashMap<String, Failure>>);
+
+impl Failing {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failure>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `Ok` if the object may be decided now: it has not failed, its
+    /// backoff is over, or it changed since (a fix is tried at once).
+    /// Otherwise how long until it may.
+    pub fn due(&self, key: &str, resource_version: Option<&str>) -> Result<(), Duration> {
+        match self.map().get(key) {
+            Some(f)
+                if f.resource_version.as_deref() == resource_version
+                    && f.retry_at > Instant::now() =>
+            {
+                Err(f.retry_at - Instant::now())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Why the object's last pass failed, if it did.
+    pub fn message(&self, key: &str) -> Option<String> {
+        self.map().get(key).map(|f| f.message.clone())
+    }
+
+    /// Record a failure; returns how long to back off.
+    pub fn failed(&self, key: &str, resource_version: Option<String>, message: String) -> Duration {
+        let mut map = self.map();
+        let count = map.get(key).map_or(0, |f| f.count).saturating_add(1);
+        let delay = RETRY_FIRST
+            .saturating_mul(1 << (count - 1).min(6))
+            .min(RETRY_MAX);
+        map.insert(
+            key.to_string(),
+            Failure {
+                resource_version,
+                count,
+                retry_at: Instant::now() + delay,
+                message,
+            },
+        );
+        delay
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        self.map().remove(key);
+    }
+
+    /// Keep only the failures of objects `exists` still knows.
+    pub fn retain(&self, exists: impl Fn(&str) -> bool) {
+        self.map().retain(|k, _| exists(k));
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The object a pass decided for, as its failure is reported.
+pub struct Subject {
+    /// `Kind/name` (namespaced kinds: `Kind/namespace/name`).
+    pub key: String,
+    pub reference: ObjectReference,
+    pub resource_version: Option<String>,
+}
+
+impl Subject {
+    pub fn of(api_version: &str, kind: &str, meta: &ObjectMeta) -> Subject {
+        let name = meta.name.clone().unwrap_or_default();
+        let key = match &meta.namespace {
+            Some(ns) => format!("{kind}/{ns}/{name}"),
+            None => format!("{kind}/{name}"),
+        };
+        Subject {
+            key,
+            reference: ObjectReference {
+                api_version: Some(api_version.to_string()),
+                kind: Some(kind.to_string()),
+                name: Some(name),
+                namespace: meta.namespace.clone(),
+                uid: meta.uid.clone(),
+                ..Default::default()
+            },
+            resource_version: meta.resource_version.clone(),
+        }
+    }
+
+    pub fn typed<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Subject {
+        Subject::of(&K::api_version(&()), &K::kind(&()), obj.meta())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_object_backs_off_doubling_and_is_due_again_once_it_changes() {
+        let f = Failing::default();
+        assert!(f.due("RebootPolicy/a", Some("1")).is_ok());
+        let first = f.failed("RebootPolicy/a", Some("1".into()), "refused".into());
+        assert_eq!(first, RETRY_FIRST);
+        assert!(f.due("RebootPolicy/a", Some("1")).is_err());
+        assert!(
+            f.due("RebootPolicy/a", Some("2")).is_ok(),
+            "a change is tried at once"
+        );
+        assert!(
+            f.due("RebootPolicy/b", Some("1")).is_ok(),
+            "others are not held"
+        );
+        let second = f.failed("RebootPolicy/a", Some("1".into()), "refused".into());
+        assert_eq!(second, RETRY_FIRST * 2);
+        for _ in 0..20 {
+            f.failed("RebootPolicy/a", Some("1".into()), "refused".into());
+        }
+        assert!(f.due("RebootPolicy/a", Some("1")).err() <= Some(RETRY_MAX));
+        assert_eq!(f.message("RebootPolicy/a").as_deref(), Some("refused"));
+        f.succeeded("RebootPolicy/a");
+        assert_eq!(f.message("RebootPolicy/a"), None);
+        f.failed("RebootPolicy/c", None, "x".into());
+        f.retain(|k| k != "RebootPolicy/c");
+        assert!(f.is_empty());
+    }
+}

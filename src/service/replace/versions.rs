@@ -1,0 +1,232 @@
+//! A replacement round's NodeVersions: each decided on its own nodes
+//! (the oldest selecting a node governs it), the provider asked what the
+//! round needs, and the effects performed, provider failures recorded
+//! per NodeVersion.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::decide::replace::{self, Facts, Failure, Read};
+use crate::decide::{Effect, Outcome, Then, earliest};
+use crate::error::Result;
+use crate::service::context::Context;
+use crate::service::watch::typed;
+
+use super::*;
+
+/// Each NodeVersion this role handles, oldest first; a node belongs to the
+/// oldest NodeVersion selecting it, so two never fight over one.
+pub(super) async fn versions(
+    ctx: &Context,
+    r: &Replace,
+    now: Timestamp,
+    expect: &mut Expect,
+) -> Result<(bool, Option<Duration>)> {
+    let mut nvs: Vec<Arc<NodeVersion>> = typed(&r.stores.versions);
+    nvs.sort_by_key(|v| {
+        (
+            v.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            v.name_any(),
+        )
+    });
+    let all_nodes = ctx.all_nodes();
+    let mut taken: HashSet<String> = HashSet::new();
+    let pending: Vec<Arc<PendingNode>> = typed(&r.stores.pending);
+    let groups: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
+    let strategies: Vec<Arc<AutoscalingStrategy>> = typed(&r.stores.strategies);
+    let maintenances = ctx.all_maintenances();
+    let mut wake = None;
+    for nv in &nvs {
+        let selector = nv.spec.node_selector.as_ref();
+        if !crate::service::roles::handles_node_version(&ctx.scope, selector) {
+            continue;
+        }
+        let nodes: Vec<Arc<Node>> = all_nodes
+            .iter()
+            .filter(|n| !taken.contains(&n.name_any()))
+            .filter(|n| {
+                selector.is_none_or(|s| crate::decide::drain::selector_matches(s, n.labels()))
+            })
+            .cloned()
+            .collect();
+        taken.extend(nodes.iter().map(|n| n.name_any()));
+        let owned: Vec<Arc<PendingNode>> = pending
+            .iter()
+            .filter(|p| {
+                p.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == nv.uid().as_ref())
+            })
+            .cloned()
+            .collect();
+        let failures = lock(&r.failures)
+            .get(&nv.uid().unwrap_or_default())
+            .cloned()
+            .unwrap_or_default();
+        let others_busy = nvs.iter().any(|o| {
+            o.uid() != nv.uid()
+                && crate::service::roles::handles_node_version(
+                    &ctx.scope,
+                    o.spec.node_selector.as_ref(),
+                )
+                && o.status.as_ref().is_none_or(|st| {
+                    !st.outdated.is_empty()
+                        || !st.pending.is_empty()
+                        || !st.heirs.is_empty()
+                        || !st.donors.is_empty()
+                        || !st.obsolete.is_empty()
+                        || !st.awaiting_annotation.is_empty()
+                })
+        });
+        let mut snap = replace::Snapshot {
+            nv,
+            nodes: &nodes,
+            pending: &owned,
+            groups: &groups,
+            strategies: &strategies,
+            maintenances: &maintenances,
+            facts: &Facts::default(),
+            failures: &failures,
+            server_version: r.server_version.as_deref(),
+            others_busy,
+            now,
+        };
+        let facts = super::ask::ask(ctx, r, replace::questions(&snap)).await;
+        snap.facts = &facts;
+        let plan = replace::decide(&snap);
+        if let Some((level, line)) = &plan.note {
+            log::log!(*level, "NodeVersion {}: {line}", nv.name_any());
+        }
+        let acted = perform(ctx, r, &snap, &plan.effects, expect).await?;
+        match plan.then {
+            Then::Again if acted => return Ok((true, None)),
+            Then::Again => wake = earliest(wake, Some(Duration::from_millis(200))),
+            Then::Wait(d) => wake = earliest(wake, d),
+        }
+    }
+    Ok((false, wake))
+}
+
+/// Perform a round's effects in order; a provider failure ends the batch
+/// (what follows depended on it) and is recorded for status and backoff.
+/// Returns whether anything was written.
+async fn perform(
+    ctx: &Context,
+    r: &Replace,
+    snap: &replace::Snapshot<'_>,
+    effects: &[Effect],
+    expect: &mut Expect,
+) -> Result<bool> {
+    let mut acted = false;
+    let nv_uid = snap.nv.uid().unwrap_or_default();
+    let fail = |key: &str, message: String| {
+        lock(&r.failures).entry(nv_uid.clone()).or_default().insert(
+            key.to_string(),
+            Failure {
+                message,
+                at: Timestamp::now(),
+            },
+        );
+    };
+    // After a failed provider call the writes that depended on it are
+    // left for the next round; events are not (a JoinTimeout is news
+    // whether or not deleting the instance worked).
+    let mut failed = false;
+    for effect in effects {
+        if failed && !matches!(effect, Effect::Event { .. }) {
+            continue;
+        }
+        if let Effect::Event { object, reason, .. } = effect {
+            let key = format!("{reason}/{}", object.name.as_deref().unwrap_or_default());
+            if !lock(&r.published).insert(key) {
+                continue;
+            }
+        }
+        log::debug!("replace: {}", crate::effects::describe(effect));
+        let outcome = ctx.effects.perform(effect).await?;
+        ctx.remember(&outcome);
+        acted |= !matches!(effect, Effect::Event { .. });
+        match (effect, &outcome) {
+            (
+                _,
+                Outcome::ObjectWritten {
+                    kind,
+                    name,
+                    resource_version,
+                },
+            ) => {
+                expect
+                    .written
+                    .push((*kind, name.clone(), resource_version.clone()));
+            }
+            (Effect::DeleteObject { kind, name, .. }, _) => {
+                expect.gone.push((Some(*kind), name.clone()))
+            }
+            (Effect::DeleteNode { name, .. }, _) => expect.gone.push((None, name.clone())),
+            _ => {}
+        }
+        let Effect::Provider { key, verb, request } = effect else {
+            continue;
+        };
+        match outcome {
+            Outcome::ProviderFailed(message) => {
+                log::warn!("node replacement: {message}");
+                fail(key, message);
+                acted = true;
+                failed = true;
+            }
+            Outcome::ProviderAnswered(answer) => {
+                if let Some(per) = lock(&r.failures).get_mut(&nv_uid) {
+                    per.remove(key);
+                }
+                if *verb == "set-scaling-group-image" {
+                    let id = request["groupId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_lowercase();
+                    lock(&r.answers).remove(&(Read::ScalingGroupImage, id));
+                }
+                if *verb == "create-node" {
+                    let id = request["requestId"].as_str().unwrap_or_default();
+                    let group = request["groupId"].as_str().unwrap_or_default();
+                    match replace::joining(snap, id, group, &answer) {
+                        Ok(pn) => {
+                            log::info!(
+                                "NodeVersion {}: surge node {} created in group {group}",
+                                snap.nv.name_any(),
+                                pn["metadata"]["name"].as_str().unwrap_or_default()
+                            );
+                            let o = ctx
+                                .effects
+                                .perform(&Effect::CreateObject {
+                                    kind: Kind::PendingNode,
+                                    object: pn,
+                                })
+                                .await?;
+                            if let Outcome::ObjectWritten {
+                                kind,
+                                name,
+                                resource_version,
+                            } = o
+                            {
+                                expect.written.push((kind, name, resource_version));
+                            }
+                        }
+                        Err(message) => {
+                            fail(key, message);
+                            acted = true;
+                            failed = true;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(acted)
+}
