@@ -174,6 +174,12 @@ fn run_serves_health_readiness_and_metrics() {
         body.contains("nodekeeper_watched_objects{kind=\"nodes\"} 1\n"),
         "{body}"
     );
+    // Cluster-wide gauges come from the leading cluster role only: a sum
+    // over a DaemonSet's agents would count each object once per agent.
+    assert!(
+        !body.contains("nodekeeper_nodemaintenances{"),
+        "a node agent exports the cluster-wide gauges: {body}"
+    );
     let reconciles = body
         .lines()
         .find_map(|l| l.strip_prefix("nodekeeper_reconciles_total "))

@@ -108,6 +108,11 @@ fn pod_events_do_not_start_cluster_passes_without_a_gate_that_reads_pods() {
             policies.get(&env.id).await.ok()?.status.map(|_| ())
         })
         .await;
+        // The leading cluster role exports the cluster-wide gauges.
+        assert!(
+            metric(port, "nodekeeper_reboot_needed_nodes").is_some(),
+            "no cluster-wide gauge from the leader"
+        );
         // Let the first passes settle, then count.
         let before = wait_for("a stable pass count", LIMIT, || async {
             let a = metric(port, "nodekeeper_cluster_passes_total")?;

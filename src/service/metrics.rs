@@ -131,6 +131,17 @@ pub fn observe_reboot_seconds(secs: f64) {
 
 static READY: AtomicBool = AtomicBool::new(false);
 
+/// Whether this process exports the cluster-wide gauges (NodeMaintenances
+/// by phase, per-policy reboot counts): only the leading cluster role does,
+/// so a `sum()` over every node agent and standby is not N times too high.
+static CLUSTER_GAUGES: AtomicBool = AtomicBool::new(false);
+
+/// Export the cluster-wide gauges from now on (the cluster role, once it
+/// leads).
+pub fn export_cluster_gauges() {
+    CLUSTER_GAUGES.store(true, Ordering::SeqCst);
+}
+
 /// The loop reconciles its anchor node at least this often, busy or not.
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
 /// `/healthz` fails once the loop has made no progress for this long: three
@@ -326,6 +337,59 @@ fn route(method: &str, path: &str, stores: &Stores) -> (&'static str, String, &'
     }
 }
 
+/// The cluster-wide gauges (see [`CLUSTER_GAUGES`]).
+fn cluster_gauges(
+    metric: &mut impl FnMut(&str, &str, &str, &[(String, u64)]),
+    nms: &Store<NodeMaintenance>,
+    policies: &Store<RebootPolicy>,
+) {
+    let mut phases: Vec<(String, u64)> = ["Running", "Succeeded", "Failed"]
+        .iter()
+        .map(|p| (format!("{{phase=\"{p}\"}}"), 0))
+        .collect();
+    for nm in nms.state() {
+        let phase = nm
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map(|p| format!("{{phase=\"{}\"}}", p.as_str()));
+        if let Some(slot) = phase.and_then(|p| phases.iter_mut().find(|(l, _)| *l == p)) {
+            slot.1 += 1;
+        }
+    }
+    metric(
+        "nodekeeper_nodemaintenances",
+        "gauge",
+        "NodeMaintenance objects this agent sees, by phase.",
+        &phases,
+    );
+    let per_policy = |f: fn(&crate::api::reboot::RebootPolicyStatus) -> i32| -> Vec<(String, u64)> {
+        policies
+            .state()
+            .iter()
+            .map(|p| {
+                let v = p.status.as_ref().map_or(0, f).max(0) as u64;
+                (
+                    format!("{{policy=\"{}\"}}", kube::ResourceExt::name_any(p.as_ref())),
+                    v,
+                )
+            })
+            .collect()
+    };
+    metric(
+        "nodekeeper_reboot_needed_nodes",
+        "gauge",
+        "Nodes that need a reboot and are not admitted yet, per RebootPolicy.",
+        &per_policy(|s| s.needing),
+    );
+    metric(
+        "nodekeeper_rebooting_nodes",
+        "gauge",
+        "Nodes admitted for a reboot and not yet settled, per RebootPolicy.",
+        &per_policy(|s| s.rebooting),
+    );
+}
+
 /// The exposition text. Gauges come from the stores, so they are what this
 /// agent sees, not what it remembers.
 fn render((nms, policies): &Stores) -> String {
@@ -397,26 +461,6 @@ fn render((nms, policies): &Stores) -> String {
         "Evictions or deletions the API refused (mostly PodDisruptionBudgets); retried.",
         &[(String::new(), load(&c.refusals))],
     );
-    let mut phases: Vec<(String, u64)> = ["Running", "Succeeded", "Failed"]
-        .iter()
-        .map(|p| (format!("{{phase=\"{p}\"}}"), 0))
-        .collect();
-    for nm in nms.state() {
-        let phase = nm
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .map(|p| format!("{{phase=\"{}\"}}", p.as_str()));
-        if let Some(slot) = phase.and_then(|p| phases.iter_mut().find(|(l, _)| *l == p)) {
-            slot.1 += 1;
-        }
-    }
-    metric(
-        "nodekeeper_nodemaintenances",
-        "gauge",
-        "NodeMaintenance objects this agent sees, by phase.",
-        &phases,
-    );
     let mut watched = vec![
         ("{kind=\"nodemaintenances\"}".to_string(), nms.len() as u64),
         (
@@ -437,31 +481,9 @@ fn render((nms, policies): &Stores) -> String {
         "Objects held in this process's watch caches, by kind (most of its memory in a big cluster).",
         &watched,
     );
-    let per_policy = |f: fn(&crate::api::reboot::RebootPolicyStatus) -> i32| -> Vec<(String, u64)> {
-        policies
-            .state()
-            .iter()
-            .map(|p| {
-                let v = p.status.as_ref().map_or(0, f).max(0) as u64;
-                (
-                    format!("{{policy=\"{}\"}}", kube::ResourceExt::name_any(p.as_ref())),
-                    v,
-                )
-            })
-            .collect()
-    };
-    metric(
-        "nodekeeper_reboot_needed_nodes",
-        "gauge",
-        "Nodes that need a reboot and are not admitted yet, per RebootPolicy.",
-        &per_policy(|s| s.needing),
-    );
-    metric(
-        "nodekeeper_rebooting_nodes",
-        "gauge",
-        "Nodes admitted for a reboot and not yet settled, per RebootPolicy.",
-        &per_policy(|s| s.rebooting),
-    );
+    if CLUSTER_GAUGES.load(Ordering::SeqCst) {
+        cluster_gauges(&mut metric, nms, policies);
+    }
     let r = &REBOOTS;
     for (name, help, c) in [
         (

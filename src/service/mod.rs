@@ -145,6 +145,7 @@ pub async fn run(
         };
         let won = won?;
         gate = won.gate.clone();
+        metrics::export_cluster_gauges();
         let (stopping, lost) = (stopping.clone(), lost_leadership.clone());
         crate::runtime::spawn(async move {
             if let Ok(why) = won.lost.recv().await {
