@@ -180,6 +180,13 @@ fn run_serves_health_readiness_and_metrics() {
         !body.contains("nodekeeper_nodemaintenances{"),
         "a node agent exports the cluster-wide gauges: {body}"
     );
+    // Every request is counted: its first list of its own node.
+    assert!(
+        body.contains(
+            "nodekeeper_api_requests_total{verb=\"list\",resource=\"nodes\",code=\"200\"}"
+        ),
+        "{body}"
+    );
     let reconciles = body
         .lines()
         .find_map(|l| l.strip_prefix("nodekeeper_reconciles_total "))

@@ -57,7 +57,9 @@ pub fn start(ctx: Arc<Context>, mutex: Option<MutexStores>, kicks: smol::channel
                 // The process is stopping; nothing more starts.
                 return;
             }
+            let started = Instant::now();
             let wake = pass(&ctx, mutex.as_ref()).await;
+            metrics::observe_work(metrics::Timed::ClusterPass, started.elapsed());
             metrics::progress();
             due = wake.map(|d| Instant::now() + d);
         }

@@ -194,6 +194,7 @@ pub fn client(config: Config, transport: Transport) -> Result<Client> {
         .option_layer(config.auth_layer().map_err(tls_error)?)
         .layer(config.extra_headers_layer().map_err(tls_error)?)
         .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+        .layer_fn(super::requests::Counted)
         .service(transport);
     Ok(Client::new(service, config.default_namespace))
 }

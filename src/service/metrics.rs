@@ -105,6 +105,36 @@ pub const REFUSAL_REASONS: [&str; 9] = [
     "InvalidSpec",
     "Unknown",
 ];
+/// What a duration histogram times.
+#[derive(Clone, Copy)]
+pub enum Timed {
+    /// One node reconcile (the node controller).
+    NodeReconcile = 0,
+    /// One pass of the cluster role's scheduler.
+    ClusterPass = 1,
+    /// One replacement pass.
+    ReplacementPass = 2,
+}
+
+const TIMED: [&str; 3] = ["node_reconcile", "cluster_pass", "replacement_pass"];
+/// Upper bounds (seconds) of the work-duration histogram.
+const WORK_BUCKETS: [f64; 8] = [0.005, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0];
+/// Per [`Timed`]: counts per bucket of [`WORK_BUCKETS`] (not cumulative),
+/// then +Inf; and the sum in microseconds.
+static WORK: [[AtomicU64; 9]; 3] = [const { [const { AtomicU64::new(0) }; 9] }; 3];
+static WORK_SUM_US: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+
+/// Record how long one piece of work took.
+pub fn observe_work(what: Timed, took: Duration) {
+    let secs = took.as_secs_f64();
+    let i = WORK_BUCKETS
+        .iter()
+        .position(|b| secs <= *b)
+        .unwrap_or(WORK_BUCKETS.len());
+    inc(&WORK[what as usize][i]);
+    WORK_SUM_US[what as usize].fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+}
+
 /// Upper bounds (seconds) of the reboot-duration histogram.
 pub const DURATION_BUCKETS: [f64; 8] = [30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0];
 
@@ -443,6 +473,21 @@ fn render((nms, policies): &Stores) -> String {
         "Errors of node reconciles and of per-object decisions, by kind.",
         &errors,
     );
+    let requests: Vec<(String, u64)> = super::requests::snapshot()
+        .into_iter()
+        .map(|((verb, resource, code), n)| {
+            (
+                format!("{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}}"),
+                n,
+            )
+        })
+        .collect();
+    metric(
+        "nodekeeper_api_requests_total",
+        "counter",
+        "Requests to the API server, by verb, resource and answer (code 0: no answer).",
+        &requests,
+    );
     metric(
         "nodekeeper_pod_evictions_total",
         "counter",
@@ -538,6 +583,28 @@ fn render((nms, policies): &Stores) -> String {
     for (suffix, v) in buckets {
         let _ = writeln!(out, "nodekeeper_reboot_duration_seconds{suffix} {v}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP nodekeeper_work_duration_seconds How long node reconciles, cluster passes and replacement passes take.\n# TYPE nodekeeper_work_duration_seconds histogram"
+    );
+    for (k, name) in TIMED.iter().enumerate() {
+        let mut cumulative = 0;
+        for (i, c) in WORK[k].iter().enumerate() {
+            cumulative += load(c);
+            let le = WORK_BUCKETS
+                .get(i)
+                .map_or("+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(
+                out,
+                "nodekeeper_work_duration_seconds_bucket{{kind=\"{name}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let sum = load(&WORK_SUM_US[k]) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "nodekeeper_work_duration_seconds_sum{{kind=\"{name}\"}} {sum}\nnodekeeper_work_duration_seconds_count{{kind=\"{name}\"}} {cumulative}"
+        );
+    }
     out
 }
 
@@ -571,6 +638,17 @@ mod tests {
             kube::runtime::reflector::store::<RebootPolicy>().0,
         );
         observe_reboot_seconds(45.0);
+        observe_work(Timed::ClusterPass, Duration::from_millis(30));
+        let text = render(&stores);
+        assert!(
+            !text.contains("nodekeeper_nodemaintenances{"),
+            "cluster-wide gauges only once the cluster role leads"
+        );
+        assert!(text.contains(
+            "nodekeeper_work_duration_seconds_bucket{kind=\"cluster_pass\",le=\"0.05\"} 1"
+        ));
+        assert!(text.contains("nodekeeper_work_duration_seconds_count{kind=\"cluster_pass\"} 1"));
+        export_cluster_gauges();
         let text = render(&stores);
         for line in text.lines() {
             assert!(

@@ -23,6 +23,7 @@ pub mod mutex;
 pub mod reboots;
 pub mod reconcile;
 pub mod replace;
+pub mod requests;
 pub mod roles;
 pub mod stores;
 pub mod upgrades;

@@ -37,6 +37,16 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     // first full list of every watched kind.
     ctx.synced.wait().await;
     crate::service::metrics::inc(&crate::service::metrics::COUNTERS.reconciles);
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(node, &ctx).await;
+    crate::service::metrics::observe_work(
+        crate::service::metrics::Timed::NodeReconcile,
+        started.elapsed(),
+    );
+    result
+}
+
+async fn reconcile_inner(node: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> {
     let name = node.name_any();
     let summary = summarize(&node);
     if ctx.log_if_changed(&name, summary.clone()) {
@@ -47,17 +57,17 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     let mut wake = if ctx.node_agents {
         None
     } else {
-        reconcile_node(&ctx, &name, true).await?
+        reconcile_node(ctx, &name, true).await?
     };
     if anchor(&ctx.scope, &ctx.nodes).as_deref() == Some(name.as_str()) {
         ctx.prune();
-        wake = earliest(wake, reconcile_foreign(&ctx).await);
+        wake = earliest(wake, reconcile_foreign(ctx).await);
     }
     // The node role's own reboot and upgrade; the cluster role's
     // cluster-wide work has its own scheduler (`cluster.rs`).
     if let Scope::Node(_) = ctx.scope {
-        super::upgrades::reconcile_own_node(&ctx, &name).await?;
-        wake = earliest(wake, super::reboots::reconcile_own_node(&ctx, &name).await?);
+        super::upgrades::reconcile_own_node(ctx, &name).await?;
+        wake = earliest(wake, super::reboots::reconcile_own_node(ctx, &name).await?);
     }
     Ok(match wake {
         Some(d) => Action::requeue(d),

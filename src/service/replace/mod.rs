@@ -194,7 +194,13 @@ pub fn start_task(ctx: Arc<Context>, replace: Option<Replace>, kicks: smol::chan
             if ctx.effects.gate.may_act().is_err() {
                 return;
             }
-            let wake = match pass(&ctx, r, &kicks).await {
+            let started = Instant::now();
+            let result = pass(&ctx, r, &kicks).await;
+            crate::service::metrics::observe_work(
+                crate::service::metrics::Timed::ReplacementPass,
+                started.elapsed(),
+            );
+            let wake = match result {
                 Ok(w) => w,
                 Err(crate::error::Error::LostLease(_)) => return,
                 Err(e) => {

@@ -1,0 +1,138 @@
+//! Every API request this process makes, counted by verb, resource and
+//! answer: a layer under kube's client stack (`connect::client`), so every
+//! request is seen whoever makes it (watches, the interpreter, the webhook's
+//! reads), and `/metrics` shows `nodekeeper_api_requests_total`. Resources
+//! are read from the path, so the label set stays as small as the kinds
+//! nodekeeper touches.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+
+use hyper::http;
+
+/// (verb, resource, code) → requests.
+type Counts = BTreeMap<(&'static str, String, u16), u64>;
+
+static COUNTS: Mutex<Counts> = Mutex::new(BTreeMap::new());
+
+/// The counts so far, for `/metrics`.
+pub fn snapshot() -> Counts {
+    COUNTS.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+fn count(verb: &'static str, resource: String, code: u16) {
+    *COUNTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry((verb, resource, code))
+        .or_default() += 1;
+}
+
+/// The verb of a request as the API server's audit log names it, from its
+/// method and query (`watch=true` or `watch=1` is a watch; a GET of a
+/// collection is a list, told apart by the caller from the path).
+fn verb(method: &http::Method, query: &str, collection: bool) -> &'static str {
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if collection => "list",
+        http::Method::GET => "get",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
+/// `resource` or `resource/subresource` from an API path, and whether it
+/// names a collection: `/api/v1/namespaces/ns/pods/p/eviction` is
+/// `pods/eviction`, `/apis/g/v/nodemaintenances` a collection of
+/// `nodemaintenances`. Anything else (discovery, `/version`) is `other`.
+fn resource(path: &str) -> (String, bool) {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match segs.as_slice() {
+        ["api", _version, rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => return ("other".into(), false),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, more @ ..] if !more.is_empty() => more,
+        other => other,
+    };
+    match rest {
+        [] => ("other".into(), false),
+        [r] => (r.to_string(), true),
+        [r, _name] => (r.to_string(), false),
+        [r, _name, sub, ..] => (format!("{r}/{sub}"), false),
+    }
+}
+
+/// The layer's service: counts each request when its answer's head
+/// arrives (a watch when its stream opens), or as code 0 when none does.
+#[derive(Clone)]
+pub struct Counted<S>(pub S);
+
+impl<S, B, R> tower::Service<http::Request<B>> for Counted<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let (resource, collection) = resource(req.uri().path());
+        let verb = verb(req.method(), req.uri().query().unwrap_or(""), collection);
+        let answer = self.0.call(req);
+        Box::pin(async move {
+            let res = answer.await;
+            let code = res.as_ref().map_or(0, |r| r.status().as_u16());
+            count(verb, resource, code);
+            res
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_their_resource_and_requests_their_verb() {
+        assert_eq!(
+            resource("/api/v1/namespaces/ns/pods/p/eviction"),
+            ("pods/eviction".into(), false)
+        );
+        assert_eq!(resource("/api/v1/pods"), ("pods".into(), true));
+        assert_eq!(resource("/api/v1/nodes/n"), ("nodes".into(), false));
+        assert_eq!(
+            resource("/api/v1/namespaces/ns"),
+            ("namespaces".into(), false)
+        );
+        assert_eq!(
+            resource("/apis/nodekeeper.io/v1alpha1/rebootpolicies/p/status"),
+            ("rebootpolicies/status".into(), false)
+        );
+        assert_eq!(
+            resource("/apis/coordination.k8s.io/v1/namespaces/ns/leases/l"),
+            ("leases".into(), false)
+        );
+        assert_eq!(resource("/version"), ("other".into(), false));
+        assert_eq!(verb(&http::Method::GET, "watch=true&x=1", true), "watch");
+        assert_eq!(verb(&http::Method::GET, "limit=1", true), "list");
+        assert_eq!(verb(&http::Method::GET, "", false), "get");
+        assert_eq!(verb(&http::Method::PATCH, "", false), "patch");
+    }
+}
