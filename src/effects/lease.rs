@@ -218,6 +218,17 @@ impl LeaderGate {
         }
     }
 
+    /// A leader's gate, closed until [`LeaderGate::open_for_test`].
+    #[cfg(test)]
+    pub fn closed_for_test() -> LeaderGate {
+        LeaderGate::elected()
+    }
+
+    #[cfg(test)]
+    pub fn open_for_test(&self, d: Duration) {
+        self.extend(Instant::now() + d)
+    }
+
     fn extend(&self, until: Instant) {
         if let Some(mut slot) = self.slot() {
             *slot = Some(until);
@@ -255,16 +266,26 @@ pub async fn lead(
     let gate = LeaderGate::elected();
     loop {
         let start = Instant::now();
-        match acquire(
-            &client,
-            &namespace,
-            &name,
-            &identity,
-            LEADER_LEASE_SECONDS,
-            None,
+        let tried = crate::runtime::timeout(
+            RENEW_DEADLINE,
+            acquire(
+                &client,
+                &namespace,
+                &name,
+                &identity,
+                LEADER_LEASE_SECONDS,
+                None,
+            ),
         )
         .await
-        {
+        .map_err(|()| {
+            format!(
+                "taking lease {namespace}/{name}: no answer within {} s",
+                RENEW_DEADLINE.as_secs()
+            )
+        })
+        .and_then(|r| r.map_err(|e| e.to_string()));
+        match tried {
             Ok(Acquired::Held { .. }) => {
                 gate.extend(start + RENEW_DEADLINE);
                 break;
@@ -284,16 +305,32 @@ pub async fn lead(
         let why = loop {
             crate::runtime::sleep(RETRY_EVERY).await;
             let start = Instant::now();
-            match acquire(
-                &client,
-                &namespace,
-                &name,
-                &identity,
-                LEADER_LEASE_SECONDS,
-                None,
+            // A try may not outlive the deadline: after an API server
+            // restart one renewal hung on a connection for minutes, the gate
+            // closed and the process neither acted nor stepped down.
+            let left = RENEW_DEADLINE
+                .saturating_sub(last_ok.elapsed())
+                .max(Duration::from_secs(1));
+            let tried = crate::runtime::timeout(
+                left,
+                acquire(
+                    &client,
+                    &namespace,
+                    &name,
+                    &identity,
+                    LEADER_LEASE_SECONDS,
+                    None,
+                ),
             )
             .await
-            {
+            .map_err(|()| {
+                format!(
+                    "taking lease {namespace}/{name}: no answer within {} s",
+                    left.as_secs()
+                )
+            })
+            .and_then(|r| r.map_err(|e| e.to_string()));
+            match tried {
                 Ok(Acquired::Held { .. }) => {
                     last_ok = start;
                     renewing.extend(start + RENEW_DEADLINE);

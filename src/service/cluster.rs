@@ -29,40 +29,22 @@ use super::context::Context;
 use super::failing::Subject;
 use super::metrics;
 use super::mutex::MutexStores;
+use super::watch::run_passes;
 use crate::decide::earliest;
 
-/// Run passes until `kicks` closes: one at start, then one per burst of
-/// kicks, or when the last pass asked to look again.
+/// Run passes until `kicks` closes ([`run_passes`]).
 pub fn start(ctx: Arc<Context>, mutex: Option<MutexStores>, kicks: smol::channel::Receiver<()>) {
     crate::runtime::spawn(async move {
         ctx.synced.wait().await;
-        let mut due: Option<Instant> = Some(Instant::now());
-        loop {
-            let kicked = async { kicks.recv().await.is_ok() };
-            let timer = async {
-                match due {
-                    Some(t) => {
-                        smol::Timer::at(t).await;
-                        true
-                    }
-                    None => smol::future::pending().await,
-                }
-            };
-            if !smol::future::or(kicked, timer).await {
-                return;
-            }
-            // Kicks that came with this one are answered by this pass.
-            while kicks.try_recv().is_ok() {}
-            if ctx.effects.gate.may_act().is_err() {
-                // The process is stopping; nothing more starts.
-                return;
-            }
+        let (ctx, mutex) = (&*ctx, mutex.as_ref());
+        run_passes(&ctx.effects.gate, &kicks, move || async move {
             let started = Instant::now();
-            let wake = pass(&ctx, mutex.as_ref()).await;
+            let wake = pass(ctx, mutex).await;
             metrics::observe_work(metrics::Timed::ClusterPass, started.elapsed());
             metrics::progress();
-            due = wake.map(|d| Instant::now() + d);
-        }
+            wake
+        })
+        .await;
     })
     .detach();
 }

@@ -193,8 +193,8 @@ pub fn client(config: Config, transport: Transport) -> Result<Client> {
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(tls_error)?)
         .layer(config.extra_headers_layer().map_err(tls_error)?)
-        .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
         .layer_fn(super::requests::Counted)
+        .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
         .service(transport);
     Ok(Client::new(service, config.default_namespace))
 }

@@ -73,8 +73,32 @@ fn resource(path: &str) -> (String, bool) {
     }
 }
 
+/// How long any request may wait for its answer's head. A watch's head
+/// comes when its stream opens, so this bounds every call, not the length
+/// of a watch. Without it a request sent while the API server restarted
+/// could wait for the connection's 295 s read timeout: that is how the
+/// leader's lease renewal once hung with the loop idle behind it.
+pub const ANSWER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A request that had no answer within [`ANSWER_DEADLINE`].
+#[derive(Debug)]
+pub struct NoAnswer;
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no answer from the API server within {} s",
+            ANSWER_DEADLINE.as_secs()
+        )
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
 /// The layer's service: counts each request when its answer's head
-/// arrives (a watch when its stream opens), or as code 0 when none does.
+/// arrives (a watch when its stream opens), or as code 0 when none does
+/// or none comes within [`ANSWER_DEADLINE`].
 #[derive(Clone)]
 pub struct Counted<S>(pub S);
 
@@ -82,7 +106,7 @@ impl<S, B, R> tower::Service<http::Request<B>> for Counted<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
-    S::Error: 'static,
+    S::Error: From<NoAnswer> + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -97,7 +121,9 @@ where
         let verb = verb(req.method(), req.uri().query().unwrap_or(""), collection);
         let answer = self.0.call(req);
         Box::pin(async move {
-            let res = answer.await;
+            let res = crate::runtime::timeout(ANSWER_DEADLINE, answer)
+                .await
+                .unwrap_or_else(|()| Err(NoAnswer.into()));
             let code = res.as_ref().map_or(0, |r| r.status().as_u16());
             count(verb, resource, code);
             res

@@ -145,6 +145,58 @@ impl Kick {
     }
 }
 
+/// How soon a scheduler looks again while the leader gate is closed (a
+/// renewal is late; it reopens when one succeeds).
+const GATE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The loop of a scheduler task (the cluster passes, replacement): one
+/// pass at start, then one per burst of kicks or when the last pass asked
+/// to look again (`pass` returns when), until `kicks` closes.
+///
+/// A closed leader gate skips passes and looks again soon; it never ends
+/// the loop. The gate closes while a renewal is merely late (an API server
+/// restart) and reopens when one succeeds; a loop that returned then left
+/// a leader that renewed its lease for ever and decided nothing. A lease
+/// really lost ends the process (`service::run`), not this loop.
+pub async fn run_passes<F, Fut>(
+    gate: &crate::effects::lease::LeaderGate,
+    kicks: &smol::channel::Receiver<()>,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<std::time::Duration>>,
+{
+    use std::time::Instant;
+    let mut due: Option<Instant> = Some(Instant::now());
+    loop {
+        let kicked = async { kicks.recv().await.is_ok() };
+        let timer = async {
+            match due {
+                Some(t) => {
+                    smol::Timer::at(t).await;
+                    true
+                }
+                None => smol::future::pending().await,
+            }
+        };
+        if !smol::future::or(kicked, timer).await {
+            return;
+        }
+        // Kicks that came with this one are answered by this pass.
+        while kicks.try_recv().is_ok() {}
+        if gate.may_act().is_err() {
+            due = Some(Instant::now() + GATE_RECHECK);
+            continue;
+        }
+        let wake = pass().await;
+        due = wake.map(|d| Instant::now() + d);
+        if gate.may_act().is_err() {
+            // Effects refused mid-pass left no wake-up of their own.
+            due = Some(Instant::now() + GATE_RECHECK);
+        }
+    }
+}
+
 /// A watch's inspector that kicks `kicks` at every event (never for a
 /// watch error) if `enabled` (the cluster role).
 pub fn on_event<K>(
@@ -293,5 +345,64 @@ mod tests {
             b.next()
                 .is_some_and(|d| d <= std::time::Duration::from_millis(750))
         );
+    }
+}
+
+#[cfg(test)]
+mod pass_loop_tests {
+    use super::*;
+    use crate::effects::lease::LeaderGate;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// Regression: a kick while the leader gate was closed (a renewal late
+    /// during an API server restart) ended the loop for good, so the
+    /// leader renewed its lease and decided nothing again.
+    #[test]
+    fn a_closed_gate_skips_passes_and_never_ends_the_loop() {
+        crate::runtime::block_on(async {
+            let gate = LeaderGate::closed_for_test();
+            let (kick, kicks) = Kick::new();
+            let passes = AtomicUsize::new(0);
+            let looping = run_passes(&gate, &kicks, || async {
+                passes.fetch_add(1, Ordering::SeqCst);
+                None
+            });
+            let test = async {
+                kick.kick();
+                crate::runtime::sleep(Duration::from_millis(300)).await;
+                assert_eq!(
+                    passes.load(Ordering::SeqCst),
+                    0,
+                    "a pass ran behind a closed gate"
+                );
+                gate.open_for_test(Duration::from_secs(60));
+                let mut waited = Duration::ZERO;
+                while passes.load(Ordering::SeqCst) == 0 {
+                    assert!(
+                        waited < Duration::from_secs(5),
+                        "no pass after the gate reopened"
+                    );
+                    crate::runtime::sleep(Duration::from_millis(20)).await;
+                    waited += Duration::from_millis(20);
+                }
+                kick.kick();
+                let mut waited = Duration::ZERO;
+                while passes.load(Ordering::SeqCst) < 2 {
+                    assert!(waited < Duration::from_secs(5), "a kick started no pass");
+                    crate::runtime::sleep(Duration::from_millis(20)).await;
+                    waited += Duration::from_millis(20);
+                }
+            };
+            // The loop only ends when its kicks close; the test ends first.
+            smol::future::or(
+                async {
+                    looping.await;
+                    panic!("the pass loop ended")
+                },
+                test,
+            )
+            .await;
+        });
     }
 }

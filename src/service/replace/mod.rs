@@ -173,43 +173,26 @@ pub fn start_task(ctx: Arc<Context>, replace: Option<Replace>, kicks: smol::chan
         return;
     };
     crate::runtime::spawn(async move {
-        let r = &r;
         ctx.synced.wait().await;
-        let mut due: Option<Instant> = Some(Instant::now());
-        loop {
-            let kicked = async { kicks.recv().await.is_ok() };
-            let timer = async {
-                match due {
-                    Some(t) => {
-                        smol::Timer::at(t).await;
-                        true
-                    }
-                    None => smol::future::pending().await,
-                }
-            };
-            if !smol::future::or(kicked, timer).await {
-                return;
-            }
-            while kicks.try_recv().is_ok() {}
-            if ctx.effects.gate.may_act().is_err() {
-                return;
-            }
+        let (ctx, r, k) = (&*ctx, &r, &kicks);
+        crate::service::watch::run_passes(&ctx.effects.gate, &kicks, move || async move {
             let started = Instant::now();
-            let result = pass(&ctx, r, &kicks).await;
+            let result = pass(ctx, r, k).await;
             crate::service::metrics::observe_work(
                 crate::service::metrics::Timed::ReplacementPass,
                 started.elapsed(),
             );
-            let wake = match result {
+            match result {
                 Ok(w) => w,
-                Err(crate::error::Error::LostLease(_)) => return,
+                // The gate closed mid-pass: `run_passes` looks again soon.
+                Err(crate::error::Error::LostLease(_)) => None,
                 Err(e) => {
                     log::warn!("node replacement: {e} (retrying in 5 s)");
                     Some(Duration::from_secs(5))
                 }
-            };
-            due = wake.map(|d| Instant::now() + d);
-        }
+            }
+        })
+        .await;
     })
     .detach();
 }
