@@ -73,12 +73,13 @@ fn resource(path: &str) -> (String, bool) {
     }
 }
 
-/// How long any request may wait for its answer's head. A watch's head
-/// comes when its stream opens, so this bounds every call, not the length
-/// of a watch. Without it a request sent while the API server restarted
-/// could wait for the connection's 295 s read timeout: that is how the
-/// leader's lease renewal once hung with the loop idle behind it.
-pub const ANSWER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long any request may wait for its answer's head: the API server's
+/// own limit for a request (`--request-timeout`, 60 s by default), so no
+/// answer by then means none is coming. A watch's head comes when its
+/// stream opens, so this bounds every call, not the length of a watch.
+/// Without it a request sent while the API server restarted could wait for
+/// the connection's 295 s read timeout, holding up the pass behind it.
+pub const ANSWER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A request that had no answer within [`ANSWER_DEADLINE`].
 #[derive(Debug)]
