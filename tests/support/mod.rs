@@ -191,14 +191,21 @@ impl TestEnv {
     /// exist yet).
     pub async fn wait_node_ready_within(&self, name: &str, limit: Duration) {
         let nodes: Api<Node> = Api::all(self.client.clone());
+        // Ready, and without the taints the node lifecycle controller puts
+        // on a node that is not (removed a moment after Ready): until then
+        // the scheduler passes the node over, and a test's pods all land
+        // on its other nodes.
         wait_for(&format!("node {name} Ready"), limit, || async {
             let n = nodes.get_opt(name).await.ok().flatten()?;
+            let lifecycle_taint = n.spec.as_ref()?.taints.iter().flatten().any(|t| {
+                t.key == "node.kubernetes.io/not-ready" || t.key == "node.kubernetes.io/unreachable"
+            });
             let ready = n
                 .status?
                 .conditions?
                 .into_iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
-            ready.then_some(())
+            (ready && !lifecycle_taint).then_some(())
         })
         .await;
     }
