@@ -86,8 +86,10 @@
 //!   only from those listed before it:
 //!   [`service::watch`] (the generic watch machinery: list semantics,
 //!   backoff, slimming, untyped watches and their triggers, reading them
-//!   typed with their failures, latches over several watches — nothing
-//!   feature-specific), [`service::fresh`] and [`service::stores`] (the
+//!   typed with their failures, latches over several watches, the pass
+//!   loop every scheduler task runs — nothing feature-specific),
+//!   [`service::requests`] (a layer under kube's client that counts every
+//!   API request and bounds its wait for an answer), [`service::fresh`] and [`service::stores`] (the
 //!   mutation cache: our writes, and the objects our writes deleted, until
 //!   the watch agrees; the order NodeMaintenances arrived in: same-second
 //!   ties go to the first stored), [`service::roles`] (scope and the anchor
@@ -102,7 +104,10 @@
 //!   node controller's reconcile: one node's maintenance, and in the node
 //!   role its own reboot and upgrade step), credentials, the HTTP/2 client
 //!   and start-up checks ([`service::connect`]), `/metrics`, `/healthz` (a
-//!   watchdog on loop progress) and `/readyz` ([`service::metrics`]).
+//!   watchdog on loop progress) and `/readyz` ([`service::metrics`]: what
+//!   is counted, the exposition text, the HTTP server). Labelled counts
+//!   live where the counting happens ([`counts`]: API requests, Events by
+//!   reason, provider calls), so no layer needs the server's handle.
 //!   Beside the loop, like metrics: the opt-in NodeMaintenance webhook
 //!   ([`service::admission`]: TLS with a CA it generates, its reads straight
 //!   from the API server, the caBundle of its own configuration kept by a
@@ -208,8 +213,10 @@
 //! process (`POD_NAME`, else the host name and a random suffix); it renews
 //! every 3 s and may start effects only within 10 s of its last successful
 //! renewal (the lease lasts 15 s), so an old leader starts nothing once a
-//! new one could have begun; a lost lease ends the process with its own
-//! error.
+//! new one could have begun. A late renewal only closes the gate: the
+//! scheduler tasks skip their passes until one succeeds (every try is
+//! bounded by the deadline), and a renewal that fails past the deadline or
+//! finds another holder ends the process with its own error.
 //!
 //! **Architecture invariant:** no `unwrap`/`expect` on runtime paths; errors
 //! are [`error::Error`] values with context, rendered as one line.
@@ -355,6 +362,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod counts;
 pub mod decide;
 pub mod deploy;
 pub mod effects;

@@ -145,6 +145,13 @@ pub struct Events {
     recent: Mutex<Recent>,
 }
 
+/// (regarding kind, reason, type) → Events written (repeats included),
+/// for `/metrics`: every feature's milestones and failures are Events, so
+/// this is how each one is counted (reboots verified, upgrades failed,
+/// mutex runs, nodes replaced) without a counter per feature.
+pub static PUBLISHED: crate::counts::Counts<(String, String, &'static str)> =
+    crate::counts::Counts::new();
+
 impl Events {
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Events {
         Events {
@@ -158,6 +165,22 @@ impl Events {
     /// Write an Event about `object`, or count a repeat on the last one.
     /// Cluster-scoped objects' Events go to `default`, as kubectl expects.
     pub async fn publish(
+        &self,
+        object: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: &str,
+    ) -> Result<(), kube::Error> {
+        self.write(object, warning, reason, note).await?;
+        PUBLISHED.add((
+            object.kind.clone().unwrap_or_default(),
+            reason.to_string(),
+            if warning { "Warning" } else { "Normal" },
+        ));
+        Ok(())
+    }
+
+    async fn write(
         &self,
         object: &ObjectReference,
         warning: bool,

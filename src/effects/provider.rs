@@ -26,9 +26,21 @@ pub struct Provider {
 /// Output past this is cut: an answer is a few hundred bytes.
 const ANSWER_LIMIT: usize = 64 * 1024;
 
+/// (verb, answered: `ok` or `error`) → calls, for `/metrics`.
+pub static CALLS: crate::counts::Counts<(String, &'static str)> = crate::counts::Counts::new();
+
 impl Provider {
     /// Ask `verb` with `request`; the answer object, or why not.
     pub async fn call(&self, verb: &str, request: &Value) -> Result<Value, String> {
+        let answer = self.ask(verb, request).await;
+        CALLS.add((
+            verb.to_string(),
+            if answer.is_ok() { "ok" } else { "error" },
+        ));
+        answer
+    }
+
+    async fn ask(&self, verb: &str, request: &Value) -> Result<Value, String> {
         let what = format!("provider {verb}");
         let mut child = smol::process::Command::new(&self.command)
             .arg(verb)

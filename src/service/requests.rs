@@ -5,31 +5,16 @@
 //! are read from the path, so the label set stays as small as the kinds
 //! nodekeeper touches.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 use hyper::http;
 
+use crate::counts::Counts;
+
 /// (verb, resource, code) → requests.
-type Counts = BTreeMap<(&'static str, String, u16), u64>;
-
-static COUNTS: Mutex<Counts> = Mutex::new(BTreeMap::new());
-
-/// The counts so far, for `/metrics`.
-pub fn snapshot() -> Counts {
-    COUNTS.lock().unwrap_or_else(|p| p.into_inner()).clone()
-}
-
-fn count(verb: &'static str, resource: String, code: u16) {
-    *COUNTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .entry((verb, resource, code))
-        .or_default() += 1;
-}
+pub static REQUESTS: Counts<(&'static str, String, u16)> = Counts::new();
 
 /// The verb of a request as the API server's audit log names it, from its
 /// method and query (`watch=true` or `watch=1` is a watch; a GET of a
@@ -126,7 +111,7 @@ where
                 .await
                 .unwrap_or_else(|()| Err(NoAnswer.into()));
             let code = res.as_ref().map_or(0, |r| r.status().as_u16());
-            count(verb, resource, code);
+            REQUESTS.add((verb, resource, code));
             res
         })
     }
