@@ -45,6 +45,9 @@ pub struct Snapshot<'a> {
     pub nodes: &'a [Arc<Node>],
     /// Every NodeMaintenance.
     pub maintenances: &'a [Arc<NodeMaintenance>],
+    /// Every RebootPolicy (this one included): of those selecting a node,
+    /// the oldest governs it ([`node::governing`]).
+    pub policies: &'a [Arc<RebootPolicy>],
     /// The pods bound to a node (for blocking-pod gates).
     pub pods_on: &'a dyn Fn(&str) -> Vec<Arc<Pod>>,
     pub now: Timestamp,
@@ -61,6 +64,8 @@ pub use disrupt::{WAIT_BLOCKING_POD, WAIT_BUDGET, WAIT_GATE, WAIT_NOT_READY, WAI
 pub const WAIT_PAUSED: &str = "Paused";
 pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
 pub const WAIT_INVALID: &str = "InvalidSpec";
+/// An older RebootPolicy selects the node too and governs it.
+pub const WAIT_OTHER_POLICY: &str = "OtherPolicy";
 pub const NOT_RETURNED: &str = "NotReturned";
 
 /// NodeMaintenances a RebootPolicy took nodes with whose policy is gone:
@@ -211,7 +216,19 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             continue;
         }
         let other_nm = nms_on(&n).into_iter().find(|m| !owned_by(m, &name));
-        let wait: Option<(&str, String)> = if paused(node) {
+        // One owner per node: overlapping policies each admitted the node
+        // in turn, so a reboot that failed under one was drained and tried
+        // again under the next in the same boot.
+        let governor = node::governing(node, s.policies).filter(|g| g.name_any() != name);
+        let wait: Option<(&str, String)> = if let Some(g) = governor {
+            Some((
+                WAIT_OTHER_POLICY,
+                format!(
+                    "also selected by the older RebootPolicy {}, which reboots it",
+                    g.name_any()
+                ),
+            ))
+        } else if paused(node) {
             Some((WAIT_PAUSED, "paused by a reboot-paused annotation".into()))
         } else if let Some(m) = other_nm {
             Some((
@@ -359,7 +376,12 @@ fn status(
     }
     super::set_failing(&mut conds, now, s.failing);
     RebootPolicyStatus {
-        needing: count(&|ph| matches!(ph, RebootPhase::Pending | RebootPhase::Waiting)),
+        // A node another policy governs is that policy's to count.
+        needing: nodes
+            .iter()
+            .filter(|e| matches!(e.phase, RebootPhase::Pending | RebootPhase::Waiting))
+            .filter(|e| e.reason.as_deref() != Some(WAIT_OTHER_POLICY))
+            .count() as i32,
         rebooting: count(&|ph| ph.holds_slot()),
         done: count(&|ph| ph == RebootPhase::Done),
         nodes,

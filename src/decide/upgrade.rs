@@ -137,19 +137,17 @@ pub fn governing<'a>(node: &Node, plans: &'a [Arc<UpgradePlan>]) -> Option<&'a A
     })
 }
 
-/// Does `plan` select `node` (its selector, and a group when it has groups)?
+/// Does `plan` select `node` (its selector, and a group when it has
+/// groups)? A selector the plan cannot use selects nothing, so a broken
+/// plan never holds a node from a working one.
 fn selects(plan: &UpgradePlan, node: &Node) -> bool {
     let labels = node.labels();
-    plan.spec
-        .node_selector
-        .as_ref()
-        .is_none_or(|sel| selector_matches(sel, labels))
+    let usable = |sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector| {
+        check_selector(sel).is_ok() && selector_matches(sel, labels)
+    };
+    plan.spec.node_selector.as_ref().is_none_or(usable)
         && (plan.spec.groups.is_empty()
-            || plan
-                .spec
-                .groups
-                .iter()
-                .any(|g| selector_matches(&g.node_selector, labels)))
+            || plan.spec.groups.iter().any(|g| usable(&g.node_selector)))
 }
 
 /// What the schema could not check.

@@ -56,10 +56,12 @@ async fn reconcile_policy(
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
         let pods_on = |n: &str| ctx.pods_on(n);
+        let policies = ctx.policies();
         reboot::decide(&reboot::Snapshot {
             policy,
             nodes: &nodes,
             maintenances: &maintenances,
+            policies: &policies,
             pods_on: &pods_on,
             now,
             remote: !ctx.node_agents,

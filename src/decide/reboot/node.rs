@@ -13,6 +13,7 @@ use serde_json::json;
 use super::facts::{argv, boot_id, failure_in, issued_in, needs_reboot};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
+use crate::decide::disrupt::check_selector;
 use crate::decide::drain::selector_matches;
 use crate::decide::maintenance::owner_of;
 use crate::decide::{Effect, HostRecord, Outcome};
@@ -34,7 +35,9 @@ pub struct Snapshot<'a> {
 }
 
 /// The policy that governs a node: of those selecting it, the oldest (then
-/// by name), so overlapping policies never both act on one node.
+/// by name), so overlapping policies never both act on one node. A selector
+/// the policy cannot use selects nothing (the policy reports it), so a
+/// broken policy never holds a node from a working one.
 pub fn governing<'a>(
     node: &Node,
     policies: &'a [Arc<RebootPolicy>],
@@ -42,10 +45,9 @@ pub fn governing<'a>(
     policies
         .iter()
         .filter(|p| {
-            p.spec
-                .node_selector
-                .as_ref()
-                .is_none_or(|sel| selector_matches(sel, node.labels()))
+            p.spec.node_selector.as_ref().is_none_or(|sel| {
+                check_selector(sel).is_ok() && selector_matches(sel, node.labels())
+            })
         })
         .min_by(|a, b| {
             (

@@ -108,6 +108,8 @@ fn ours(p: &RebootPolicy, n: &Node, boot: &str, phase: Option<Phase>) -> NodeMai
 
 struct World {
     policy: RebootPolicy,
+    /// Every other RebootPolicy in the cluster.
+    others: Vec<Arc<RebootPolicy>>,
     nodes: Vec<Arc<Node>>,
     nms: Vec<Arc<NodeMaintenance>>,
     pods: Vec<Arc<Pod>>,
@@ -119,6 +121,7 @@ impl World {
     fn new(policy: RebootPolicy, nodes: Vec<Node>) -> World {
         World {
             policy,
+            others: Vec::new(),
             nodes: nodes.into_iter().map(Arc::new).collect(),
             nms: Vec::new(),
             pods: Vec::new(),
@@ -135,10 +138,13 @@ impl World {
                 .cloned()
                 .collect()
         };
+        let mut policies = self.others.clone();
+        policies.push(Arc::new(self.policy.clone()));
         decide(&Snapshot {
             policy: &self.policy,
             nodes: &self.nodes,
             maintenances: &self.nms,
+            policies: &policies,
             pods_on: &pods_on,
             now: self.now,
             remote: self.remote,
@@ -558,4 +564,5 @@ fn an_admission_whose_create_was_lost_is_created_again() {
 }
 
 mod node_role;
+mod ownership;
 mod settings;
