@@ -42,7 +42,11 @@ pub(crate) fn check_generated(
 ) {
     let docs: Vec<serde_json::Value> = crds
         .iter()
-        .map(|c| serde_json::to_value(c).unwrap_or_default())
+        .map(|c| {
+            let mut v = serde_json::to_value(c).unwrap_or_default();
+            harden_selectors(&mut v);
+            v
+        })
         .collect();
     let generated = crate::yaml::documents(&docs);
     if std::env::var_os("NODEKEEPER_REGENERATE").is_some() {
@@ -54,6 +58,48 @@ pub(crate) fn check_generated(
         generated == checked_in,
         "{file} is stale; regenerate with: NODEKEEPER_REGENERATE=1 cargo test --lib checked_in_crds"
     );
+}
+
+/// Make the API server refuse what Kubernetes' own label selectors
+/// refuse, in every selector of every CRD (k8s-openapi's schema for
+/// `LabelSelector` leaves `operator` a free string): an operator other than
+/// In, NotIn, Exists and DoesNotExist, In/NotIn without values, and
+/// Exists/DoesNotExist with values. Without it `operator: Bogus` in a pod
+/// selector was accepted and the policy reported itself valid. The bounds
+/// keep each CEL rule's estimated cost small.
+#[cfg(test)]
+fn harden_selectors(v: &mut serde_json::Value) {
+    use serde_json::{Value, json};
+    let is_requirement = |items: &Value| {
+        let props = &items["properties"];
+        props.get("key").is_some()
+            && props.get("operator").is_some()
+            && props.get("values").is_some()
+    };
+    match v {
+        Value::Object(map) => {
+            if let Some(exprs) = map
+                .get_mut("properties")
+                .and_then(|p| p.get_mut("matchExpressions"))
+                && is_requirement(&exprs["items"])
+            {
+                exprs["maxItems"] = json!(32);
+                let items = &mut exprs["items"];
+                items["properties"]["operator"]["enum"] =
+                    json!(["In", "NotIn", "Exists", "DoesNotExist"]);
+                items["properties"]["values"]["maxItems"] = json!(256);
+                items["x-kubernetes-validations"] = json!([{
+                    "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)",
+                    "message": "In and NotIn need values; Exists and DoesNotExist take none"
+                }]);
+            }
+            for (_, child) in map.iter_mut() {
+                harden_selectors(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(harden_selectors),
+        _ => {}
+    }
 }
 
 #[cfg(test)]

@@ -126,25 +126,55 @@ pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
     }
 }
 
-/// What the schema cannot check about a label selector: its operators.
+/// A node selector's operators and values (the CRDs refuse a bad one; an
+/// object stored before they did is caught here).
 pub fn check_selector(sel: &LabelSelector) -> Result<(), String> {
+    check_selector_at("nodeSelector", sel)
+}
+
+/// [`check_selector`] for the selector at `field`, named in the message.
+pub fn check_selector_at(field: &str, sel: &LabelSelector) -> Result<(), String> {
     for e in sel.match_expressions.iter().flatten() {
+        let has_values = e.values.as_ref().is_some_and(|v| !v.is_empty());
         match e.operator.as_str() {
-            "In" | "NotIn" if e.values.as_ref().is_none_or(|v| v.is_empty()) => {
-                return Err(format!(
-                    "nodeSelector: {} {} needs values",
-                    e.key, e.operator
-                ));
+            "In" | "NotIn" if !has_values => {
+                return Err(format!("{field}: {} {} needs values", e.key, e.operator));
+            }
+            "Exists" | "DoesNotExist" if has_values => {
+                return Err(format!("{field}: {} {} takes no values", e.key, e.operator));
             }
             "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
             other => {
                 return Err(format!(
-                    "nodeSelector: unknown operator {other:?} (In, NotIn, Exists, DoesNotExist)"
+                    "{field}: unknown operator {other:?} (In, NotIn, Exists, DoesNotExist)"
                 ));
             }
         }
     }
     Ok(())
+}
+
+/// The pod selectors of a feature's gates and drain, checked like
+/// [`check_selector`]: a pod selector that cannot be used makes the whole
+/// object unusable (reported, nothing admitted), never "matches nothing"
+/// (a blocking-pod gate that blocks nothing) or "matches everything".
+pub fn check_pod_selectors(
+    gates: &crate::api::common::Gates,
+    drain: &crate::api::common::DrainSpec,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, b) in gates.blocking_pods.iter().enumerate() {
+        if let Err(e) = check_selector_at(&format!("gates.blockingPods[{i}].selector"), &b.selector)
+        {
+            problems.push(e);
+        }
+    }
+    if let Some(sel) = &drain.pod_selector
+        && let Err(e) = check_selector_at("drain.podSelector", sel)
+    {
+        problems.push(e);
+    }
+    problems
 }
 
 /// Is this NodeMaintenance the one the `kind` object `owner` takes its

@@ -104,6 +104,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     {
         problems.push(e);
     }
+    problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
     let valid = problems.is_empty();
 
     // Admission order: by name, stable across decisions and restarts.

@@ -163,6 +163,7 @@ fn problems(p: &UpgradePlan) -> Vec<String> {
             problems.push(e);
         }
     }
+    problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
     problems.extend(hooks::check(p));
     problems
 }

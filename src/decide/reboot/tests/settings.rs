@@ -97,3 +97,46 @@ fn the_policys_drain_settings_travel_with_its_maintenance() {
         Some(r#"{"matchLabels":{"tier":"web"}}"#)
     );
 }
+
+#[test]
+fn a_pod_selector_that_cannot_be_used_is_reported_and_admits_nothing() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    let req = |op: &str, values: Option<Vec<String>>| LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: "app".into(),
+            operator: op.into(),
+            values,
+        }]),
+        ..Default::default()
+    };
+    let cases: Vec<(RebootPolicy, &str)> = vec![
+        {
+            let mut p = policy(1);
+            p.spec.gates.blocking_pods = vec![BlockingPods {
+                namespace: None,
+                selector: req("Bogus", None),
+            }];
+            (p, "gates.blockingPods[0].selector: unknown operator")
+        },
+        {
+            let mut p = policy(1);
+            p.spec.drain.pod_selector = Some(req("In", None));
+            (p, "drain.podSelector: app In needs values")
+        },
+        {
+            let mut p = policy(1);
+            p.spec.drain.pod_selector = Some(req("Exists", Some(vec!["x".into()])));
+            (p, "drain.podSelector: app Exists takes no values")
+        },
+    ];
+    for (p, why) in cases {
+        let plan = World::new(p, vec![node("a", "b0")]).plan();
+        assert!(created(&plan).is_empty(), "{why}: admitted");
+        let st = status_of(&plan);
+        let valid = st.conditions.iter().flatten().find(|c| c.type_ == "Valid");
+        assert!(
+            valid.is_some_and(|c| c.status == "False" && c.message.contains(why)),
+            "{why}: {valid:?}"
+        );
+    }
+}

@@ -1,0 +1,141 @@
+//! Label selectors people get wrong, in every selector of every kind that
+//! has one: the API server refuses each with the field named, as it does
+//! for Kubernetes' own selectors (before, `operator: Bogus` in a pod
+//! selector was stored and the policy said it was valid), and a right one
+//! is accepted. Server-side dry runs: nothing is stored, no node is near.
+
+mod support;
+
+use support::{install_crds, kubectl, replace::install_constellation_crds};
+
+/// `kind` with `spec` (YAML flow style), as a manifest.
+fn manifest(api: &str, kind: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: {api}\nkind: {kind}\nmetadata:\n  name: bad-selector-probe\nspec: {spec}\n"
+    )
+}
+
+/// The answer of a server-side dry run of `yaml`: (accepted, what it said).
+fn dry_run(yaml: &str) -> (bool, String) {
+    let out = kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(yaml));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+#[test]
+fn selectors_that_cannot_be_used_are_refused_in_every_kind_with_the_field_named() {
+    install_crds();
+    install_constellation_crds();
+    const NK: &str = "nodekeeper.io/v1alpha1";
+    const CS: &str = "update.edgeless.systems/v1alpha1";
+    // Each selector field: (api, kind, the spec with SEL where the selector
+    // goes, the field path the refusal must name).
+    let fields: Vec<(&str, &str, &str, &str)> = vec![
+        (
+            NK,
+            "RebootPolicy",
+            "{nodeSelector: SEL}",
+            "spec.nodeSelector",
+        ),
+        (
+            NK,
+            "RebootPolicy",
+            "{drain: {podSelector: SEL}}",
+            "spec.drain.podSelector",
+        ),
+        (
+            NK,
+            "RebootPolicy",
+            "{gates: {blockingPods: [{selector: SEL}]}}",
+            "spec.gates.blockingPods[0].selector",
+        ),
+        (
+            NK,
+            "UpgradePlan",
+            "{version: v2, strategy: {command: [/bin/true]}, nodeSelector: SEL}",
+            "spec.nodeSelector",
+        ),
+        (
+            NK,
+            "UpgradePlan",
+            "{version: v2, strategy: {command: [/bin/true]}, groups: [{name: g, nodeSelector: SEL}]}",
+            "spec.groups[0].nodeSelector",
+        ),
+        (
+            NK,
+            "UpgradePlan",
+            "{version: v2, strategy: {command: [/bin/true]}, drain: {podSelector: SEL}}",
+            "spec.drain.podSelector",
+        ),
+        (
+            NK,
+            "UpgradePlan",
+            "{version: v2, strategy: {command: [/bin/true]}, gates: {blockingPods: [{selector: SEL}]}}",
+            "spec.gates.blockingPods[0].selector",
+        ),
+        (
+            CS,
+            "NodeVersion",
+            "{nodeSelector: SEL}",
+            "spec.nodeSelector",
+        ),
+    ];
+    // (what is wrong, the selector, what the refusal must say)
+    let bad: Vec<(&str, &str, &str)> = vec![
+        (
+            "unknown operator",
+            "{matchExpressions: [{key: app, operator: Bogus, values: [a]}]}",
+            "Unsupported value: \"Bogus\"",
+        ),
+        (
+            "lower-case operator",
+            "{matchExpressions: [{key: app, operator: in, values: [a]}]}",
+            "Unsupported value: \"in\"",
+        ),
+        (
+            "In without values",
+            "{matchExpressions: [{key: app, operator: In}]}",
+            "In and NotIn need values",
+        ),
+        (
+            "NotIn with an empty list",
+            "{matchExpressions: [{key: app, operator: NotIn, values: []}]}",
+            "In and NotIn need values",
+        ),
+        (
+            "Exists with values",
+            "{matchExpressions: [{key: app, operator: Exists, values: [a]}]}",
+            "Exists and DoesNotExist take none",
+        ),
+        (
+            "DoesNotExist with values",
+            "{matchExpressions: [{key: app, operator: DoesNotExist, values: [a]}]}",
+            "Exists and DoesNotExist take none",
+        ),
+    ];
+    let good = "{matchLabels: {tier: web}, matchExpressions: [{key: app, operator: In, values: [a]}, {key: zone, operator: DoesNotExist}]}";
+    let mut failures = Vec::new();
+    for (api, kind, spec, field) in &fields {
+        let (ok, said) = dry_run(&manifest(api, kind, &spec.replace("SEL", good)));
+        if !ok {
+            failures.push(format!("{kind} {field}: a right selector refused: {said}"));
+        }
+        for (what, sel, must_say) in &bad {
+            let (ok, said) = dry_run(&manifest(api, kind, &spec.replace("SEL", sel)));
+            if ok {
+                failures.push(format!("{kind} {field}: {what} accepted"));
+            } else if !said.contains(&format!("{field}.matchExpressions[0]"))
+                || !said.contains(must_say)
+            {
+                failures.push(format!(
+                    "{kind} {field}: {what}: refused without naming the field and why: {said}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
