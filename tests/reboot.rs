@@ -422,6 +422,20 @@ fn deleting_a_policy_gives_its_nodes_back() {
             (n.spec?.unschedulable == Some(true)).then_some(())
         })
         .await;
+        // `unmaintain` does not take a node from the feature holding it:
+        // the policy would take it again at once. It names the holder and
+        // fails, and the NodeMaintenance stays.
+        let kc = support::cluster().to_string_lossy().to_string();
+        let (status, _, err) = support::run_cli(&["unmaintain", a, "--kubeconfig", &kc], &[]);
+        assert!(
+            !status.success(),
+            "unmaintain of a policy's node succeeded: {err}"
+        );
+        assert!(
+            err.contains(&format!("belongs to RebootPolicy {policy}")),
+            "{err}"
+        );
+        assert_eq!(maintenances_on(&env.client, a).await, 1);
         Api::<RebootPolicy>::all(env.client.clone())
             .delete(&policy, &DeleteParams::default())
             .await

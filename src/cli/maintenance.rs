@@ -242,6 +242,14 @@ pub async fn unmaintain(args: UnmaintainArgs) -> Result<ExitCode> {
             args.node
         )));
     }
+    // A feature's NodeMaintenance is that feature's: deleted here, its
+    // owner would take the node again within a second, and "out of
+    // maintenance" would be false. Name the owner and how to release the
+    // node instead, and fail.
+    let (owned, nms): (Vec<_>, Vec<_>) = nms
+        .into_iter()
+        .partition(|nm| crate::decide::maintenance::owner_of(nm).is_some());
+    let held: Vec<String> = owned.iter().map(held_by).collect();
     for nm in &nms {
         match api.delete(&nm.name_any(), &DeleteParams::default()).await {
             Ok(_) => eprintln!("nodemaintenance {} deleted", nm.name_any()),
@@ -267,9 +275,35 @@ pub async fn unmaintain(args: UnmaintainArgs) -> Result<ExitCode> {
                     ))
                 })?;
         }
-        println!("node {} is out of maintenance", args.node);
+        if held.is_empty() {
+            println!("node {} is out of maintenance", args.node);
+        }
+    }
+    if !held.is_empty() {
+        return Err(Error::Invalid(format!(
+            "node {} stays in maintenance: {}",
+            args.node,
+            held.join("; ")
+        )));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Who holds a feature's NodeMaintenance, and how a person releases the
+/// node from it.
+fn held_by(nm: &NodeMaintenance) -> String {
+    let kind = crate::decide::maintenance::owner_of(nm).unwrap_or_default();
+    let owner = nm
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == kind)
+        .map(|o| o.name.clone())
+        .unwrap_or_else(|| "(no owner reference)".into());
+    format!(
+        "NodeMaintenance {} belongs to {kind} {owner}, which gives the node back when it is done \
+         (deleting the {kind} gives back every node it holds now)",
+        nm.name_any()
+    )
 }
 
 /// `nodekeeper drain --dry-run NODE`: the plan, changing nothing.
