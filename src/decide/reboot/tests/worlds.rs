@@ -1,0 +1,574 @@
+//! Property test of the reboot decision core over random worlds: nodes in
+//! two pools that need reboots, NotReady spells and reboots that fail,
+//! up to three overlapping RebootPolicies with random budgets, an
+//! administrator's NodeMaintenances coming and going, decisions taken on
+//! a stale copy of a policy (the guarded status write must refuse them),
+//! and policies deleted at the end. Each step runs the same pure functions
+//! the service calls (`decide`, `node::decide`, `orphans`) in a random
+//! order and applies their effects to the world as the API server would
+//! (resourceVersion guards included).
+//!
+//! Invariants, checked by the world and never read from the product's
+//! status: a node has at most one NodeMaintenance a feature created, and
+//! none is created on a node that already has one; an admission never
+//! leaves more of a policy's nodes unavailable than its budget; the
+//! policy that admits a node is the oldest that selects it; a node gets at
+//! most one reboot command per boot; and once every policy is gone, every
+//! node is given back (no feature NodeMaintenance, nothing cordoned).
+//!
+//! The generator is a seeded xorshift, not a crate: a failing case prints
+//! its seed, and `NODEKEEPER_WORLD_SEED=N` replays it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::decide::Outcome;
+
+/// How many worlds, and steps in each.
+const WORLDS: u64 = 2000;
+const STEPS: usize = 40;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+struct World {
+    rng: Rng,
+    now: Timestamp,
+    rv: u64,
+    nodes: Vec<Node>,
+    /// Steps until a rebooting node is back (with a new boot).
+    down: BTreeMap<String, u32>,
+    boots: BTreeMap<String, u32>,
+    policies: Vec<RebootPolicy>,
+    /// The copy of each policy as it was one step ago (a stale read).
+    stale: BTreeMap<String, RebootPolicy>,
+    nms: Vec<NodeMaintenance>,
+    /// Reboot commands per (node, boot).
+    commands: BTreeMap<(String, String), u32>,
+    /// What the run did, for the message of a broken invariant.
+    trace: Vec<String>,
+}
+
+fn labels_of(n: &Node) -> BTreeMap<String, String> {
+    n.metadata.labels.clone().unwrap_or_default()
+}
+
+/// The oldest policy selecting `node`, by the test's own reading of the
+/// rule (creation time, then name).
+fn oldest_selecting<'a>(node: &Node, policies: &'a [RebootPolicy]) -> Option<&'a RebootPolicy> {
+    policies
+        .iter()
+        .filter(|p| {
+            p.spec.node_selector.as_ref().is_none_or(|s| {
+                s.match_labels
+                    .iter()
+                    .flatten()
+                    .all(|(k, v)| labels_of(node).get(k) == Some(v))
+            })
+        })
+        .min_by_key(|p| {
+            (
+                p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                p.name_any(),
+            )
+        })
+}
+
+/// RFC 7386 merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            if let Value::Object(t) = target {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let count = 2 + rng.below(5) as usize;
+        let mut nodes = Vec::new();
+        let mut boots = BTreeMap::new();
+        for i in 0..count {
+            let name = format!("n{i}");
+            let mut n = node(&name, &format!("{name}-boot-0"));
+            n.metadata.labels = Some(
+                [(
+                    "pool".to_string(),
+                    if rng.chance(50) { "a" } else { "b" }.to_string(),
+                )]
+                .into(),
+            );
+            if !rng.chance(70) {
+                n = no_need(n);
+            }
+            boots.insert(name, 0);
+            nodes.push(n);
+        }
+        let mut policies = Vec::new();
+        for i in 0..1 + rng.below(3) {
+            let mut p = policy(1 + rng.below(3) as i32);
+            let name = format!("p{i}");
+            p.metadata.name = Some(name.clone());
+            p.metadata.uid = Some(format!("uid-{name}"));
+            p.metadata.creation_timestamp = Some(Time(
+                now()
+                    .checked_sub(SignedDuration::from_secs(3600 - 60 * rng.below(30) as i64))
+                    .unwrap_or_default(),
+            ));
+            p.spec.node_selector = match rng.below(3) {
+                0 => None,
+                1 => Some(LabelSelector {
+                    match_labels: Some([("pool".to_string(), "a".to_string())].into()),
+                    ..Default::default()
+                }),
+                _ => Some(LabelSelector {
+                    match_labels: Some([("pool".to_string(), "b".to_string())].into()),
+                    ..Default::default()
+                }),
+            };
+            policies.push(p);
+        }
+        World {
+            rng,
+            now: now(),
+            rv: 10,
+            nodes,
+            down: BTreeMap::new(),
+            boots,
+            stale: policies.iter().map(|p| (p.name_any(), p.clone())).collect(),
+            policies,
+            nms: Vec::new(),
+            commands: BTreeMap::new(),
+            trace: Vec::new(),
+        }
+    }
+
+    fn bump(&mut self) -> String {
+        self.rv += 1;
+        self.rv.to_string()
+    }
+
+    fn arcs<T: Clone>(v: &[T]) -> Vec<Arc<T>> {
+        v.iter().cloned().map(Arc::new).collect()
+    }
+
+    fn unavailable(&self, n: &Node) -> bool {
+        !crate::decide::disrupt::ready(n)
+            || crate::decide::disrupt::unschedulable(n)
+            || self.nms.iter().any(|m| m.spec.node_name == n.name_any())
+    }
+
+    /// Apply one effect as the API server and the host would; `Err` ends
+    /// the plan (a conflict), as the interpreter does.
+    fn apply(&mut self, who: &str, e: &Effect) -> Result<(), String> {
+        match e {
+            Effect::WritePolicyStatus {
+                policy,
+                resource_version,
+                status,
+            } => {
+                let rv = self.bump();
+                let Some(p) = self.policies.iter_mut().find(|p| p.name_any() == *policy) else {
+                    return Err("policy gone".into());
+                };
+                if resource_version.is_some() && *resource_version != p.metadata.resource_version {
+                    return Err(format!("{who}: status write on a stale policy refused"));
+                }
+                p.status = Some((**status).clone());
+                p.metadata.resource_version = Some(rv);
+            }
+            Effect::CreateMaintenance { nm } => {
+                let node = nm.spec.node_name.clone();
+                let Some(n) = self.nodes.iter().find(|n| n.name_any() == node).cloned() else {
+                    return Ok(());
+                };
+                if let Some(m) = self.nms.iter().find(|m| m.spec.node_name == node) {
+                    panic!(
+                        "{who} took {node}, which already has NodeMaintenance {}",
+                        m.name_any()
+                    );
+                }
+                let owner = nm
+                    .owner_references()
+                    .first()
+                    .map(|o| o.name.clone())
+                    .unwrap_or_default();
+                let governor = oldest_selecting(&n, &self.policies).map(|p| p.name_any());
+                assert_eq!(
+                    governor.as_deref(),
+                    Some(owner.as_str()),
+                    "{node} admitted by {owner}, not by the oldest policy selecting it"
+                );
+                if let Some(p) = self.policies.iter().find(|p| p.name_any() == owner) {
+                    let budget = match &p.spec.budget.max_unavailable {
+                        IntOrString::Int(i) => *i as usize,
+                        IntOrString::String(_) => usize::MAX,
+                    };
+                    let selected: Vec<&Node> = self
+                        .nodes
+                        .iter()
+                        .filter(|x| {
+                            p.spec.node_selector.as_ref().is_none_or(|s| {
+                                s.match_labels
+                                    .iter()
+                                    .flatten()
+                                    .all(|(k, v)| labels_of(x).get(k) == Some(v))
+                            })
+                        })
+                        .collect();
+                    let down = selected
+                        .iter()
+                        .filter(|x| x.name_any() == node || self.unavailable(x))
+                        .count();
+                    self.trace.push(format!(
+                        "{who} admits {node}; unavailable: {:?}; nms: {:?}",
+                        selected
+                            .iter()
+                            .filter(|x| self.unavailable(x))
+                            .map(|x| (
+                                x.name_any(),
+                                crate::decide::disrupt::ready(x),
+                                crate::decide::disrupt::unschedulable(x)
+                            ))
+                            .collect::<Vec<_>>(),
+                        self.nms
+                            .iter()
+                            .map(|m| (m.name_any(), m.spec.node_name.clone()))
+                            .collect::<Vec<_>>()
+                    ));
+                    // Admitting a node that is already unavailable (NotReady,
+                    // cordoned) takes nothing more from the budget.
+                    assert!(
+                        self.unavailable(&n) || down <= budget,
+                        "{owner} admitted {node}: {down} of its nodes unavailable, budget {budget}"
+                    );
+                }
+                let mut m = (**nm).clone();
+                m.metadata.uid = Some(format!("nm-{}", self.bump()));
+                m.metadata.resource_version = Some(self.bump());
+                m.status = Some(NodeMaintenanceStatus {
+                    phase: Some(Phase::Running),
+                    ..Default::default()
+                });
+                self.nms.push(m);
+            }
+            Effect::DeleteMaintenance { nm, uid } => {
+                self.nms
+                    .retain(|m| !(m.name_any() == *nm && m.metadata.uid.as_deref() == Some(uid)));
+                self.uncordon_free();
+            }
+            Effect::PatchNode {
+                node,
+                resource_version,
+                patch,
+            } => {
+                let rv = self.bump();
+                let Some(n) = self.nodes.iter_mut().find(|n| n.name_any() == *node) else {
+                    return Err("node gone".into());
+                };
+                if resource_version.is_some() && *resource_version != n.metadata.resource_version {
+                    return Err(format!("{who}: node patch on a stale node refused"));
+                }
+                let mut v = serde_json::to_value(&*n).map_err(|e| e.to_string())?;
+                merge(&mut v, patch);
+                *n = serde_json::from_value(v).map_err(|e| e.to_string())?;
+                n.metadata.resource_version = Some(rv);
+            }
+            Effect::RunHost { node, .. } => {
+                let boot = self
+                    .nodes
+                    .iter()
+                    .find(|n| n.name_any() == *node)
+                    .and_then(|n| boot_id(n).map(str::to_string))
+                    .unwrap_or_default();
+                let count = self.commands.entry((node.clone(), boot)).or_default();
+                *count += 1;
+                assert!(*count <= 1, "{node}: a second reboot command in one boot");
+                let ok = !self.rng.chance(15);
+                self.trace.push(format!("{node}: reboot command, ok={ok}"));
+                if ok {
+                    self.down.insert(node.clone(), 1 + self.rng.below(3) as u32);
+                } else if let Some(follow) = node::after_command(
+                    e,
+                    &Outcome::HostRan {
+                        ok: false,
+                        output: "exit 1".into(),
+                    },
+                ) {
+                    self.apply(who, &follow)?;
+                }
+            }
+            Effect::Event { .. } => {}
+            other => panic!("{who}: unexpected effect {other:?}"),
+        }
+        Ok(())
+    }
+
+    /// The maintenance controller uncordons a node before its last
+    /// NodeMaintenance goes (the finalizer comes off last).
+    fn uncordon_free(&mut self) {
+        for x in &mut self.nodes {
+            let name = x.name_any();
+            if !self.nms.iter().any(|m| m.spec.node_name == name)
+                && let Some(spec) = x.spec.as_mut()
+            {
+                spec.unschedulable = None;
+            }
+        }
+    }
+
+    fn run(&mut self, who: &str, effects: &[Effect]) {
+        for e in effects {
+            if let Err(why) = self.apply(who, e) {
+                self.trace.push(why);
+                return;
+            }
+        }
+    }
+
+    /// The cluster role's pass for one policy, on a fresh or stale copy.
+    fn cluster(&mut self, i: usize) {
+        let stale = self.rng.chance(15);
+        let name = self.policies[i].name_any();
+        let p = match self.stale.get(&name) {
+            Some(old) if stale => old.clone(),
+            _ => self.policies[i].clone(),
+        };
+        let nodes = Self::arcs(&self.nodes);
+        let nms = Self::arcs(&self.nms);
+        let policies = Self::arcs(&self.policies);
+        let no_pods = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+        let plan = decide(&Snapshot {
+            policy: &p,
+            nodes: &nodes,
+            maintenances: &nms,
+            policies: &policies,
+            pods_on: &no_pods,
+            now: self.now,
+            remote: false,
+            failing: None,
+        });
+        self.run(&format!("policy {name}"), &plan.effects);
+    }
+
+    /// The node role of node `i`.
+    fn agent(&mut self, i: usize) {
+        let n = self.nodes[i].clone();
+        if self.down.contains_key(&n.name_any()) {
+            return;
+        }
+        let on: Vec<&NodeMaintenance> = self
+            .nms
+            .iter()
+            .filter(|m| m.spec.node_name == n.name_any())
+            .collect();
+        let policies = Self::arcs(&self.policies);
+        let effects = node::decide(&node::Snapshot {
+            node: &n,
+            maintenances: on,
+            policies: &policies,
+            host_needs: None,
+            now: self.now,
+        });
+        self.run(&format!("agent {}", n.name_any()), &effects);
+    }
+
+    /// What the rest of the cluster does in a step: drains finish, nodes
+    /// are cordoned while held, machines come back, people act.
+    fn settle(&mut self) {
+        for m in &mut self.nms {
+            m.status = Some(NodeMaintenanceStatus {
+                phase: Some(Phase::Succeeded),
+                ..Default::default()
+            });
+        }
+        let held: Vec<String> = self.nms.iter().map(|m| m.spec.node_name.clone()).collect();
+        let mut back = Vec::new();
+        for (n, left) in self.down.iter_mut() {
+            *left -= 1;
+            if *left == 0 {
+                back.push(n.clone());
+            }
+        }
+        for n in &back {
+            self.down.remove(n);
+            let b = self.boots.entry(n.clone()).or_default();
+            *b += 1;
+            let boot = format!("{n}-boot-{b}");
+            if let Some(x) = self.nodes.iter_mut().find(|x| x.name_any() == *n)
+                && let Some(info) = x.status.as_mut().and_then(|s| s.node_info.as_mut())
+            {
+                info.boot_id = boot;
+            }
+        }
+        let rv = self.bump();
+        // A NotReady spell now and then, on any node.
+        let ready_flips: Vec<usize> = (0..self.nodes.len())
+            .filter(|_| self.rng.chance(5))
+            .collect();
+        for x in &mut self.nodes {
+            let name = x.name_any();
+            let down = self.down.contains_key(&name);
+            if let Some(spec) = x.spec.as_mut() {
+                spec.unschedulable = held.contains(&name).then_some(true);
+            }
+            if let Some(c) = x.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+                c[0].status = if down { "False" } else { "True" }.into();
+            }
+            x.metadata.resource_version = Some(rv.clone());
+        }
+        for i in ready_flips {
+            if let Some(c) = self.nodes[i]
+                .status
+                .as_mut()
+                .and_then(|s| s.conditions.as_mut())
+            {
+                c[0].status = "False".into();
+            }
+        }
+        // Someone asks for a reboot of a node.
+        if self.rng.chance(20) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let stamp = self.now.to_string();
+            let n = &mut self.nodes[i];
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(NEEDED_ANNOTATION.into(), stamp);
+        }
+        // An administrator's maintenance comes or goes.
+        if self.rng.chance(8) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let node = self.nodes[i].name_any();
+            let admin = format!("admin-{node}");
+            if self.nms.iter().any(|m| m.name_any() == admin) {
+                self.nms.retain(|m| m.name_any() != admin);
+                self.uncordon_free();
+            } else if !self.nms.iter().any(|m| m.spec.node_name == node) {
+                let mut m = NodeMaintenance::new(
+                    &admin,
+                    NodeMaintenanceSpec {
+                        node_name: node,
+                        reason: Some("admin".into()),
+                    },
+                );
+                m.metadata.uid = Some(format!("uid-{admin}"));
+                self.nms.push(m);
+            }
+        }
+        self.stale = self
+            .policies
+            .iter()
+            .map(|p| (p.name_any(), p.clone()))
+            .collect();
+        self.now = self
+            .now
+            .checked_add(SignedDuration::from_secs(1 + self.rng.below(20) as i64))
+            .unwrap_or(self.now);
+    }
+
+    fn step(&mut self) {
+        let mut actors: Vec<(bool, usize)> = (0..self.policies.len())
+            .map(|i| (true, i))
+            .chain((0..self.nodes.len()).map(|i| (false, i)))
+            .collect();
+        // Fisher-Yates: a random interleaving of the cluster role's
+        // decisions and the agents'.
+        for i in (1..actors.len()).rev() {
+            let j = self.rng.below(i as u64 + 1) as usize;
+            actors.swap(i, j);
+        }
+        for (cluster, i) in actors {
+            if cluster {
+                self.cluster(i);
+            } else {
+                self.agent(i);
+            }
+        }
+        self.settle();
+    }
+}
+
+#[test]
+fn random_worlds_keep_one_owner_budgets_one_reboot_per_boot_and_give_every_node_back() {
+    let seeds: Vec<u64> = match std::env::var("NODEKEEPER_WORLD_SEED") {
+        Ok(s) => vec![s.parse().unwrap_or(1)],
+        Err(_) => (1..=WORLDS).collect(),
+    };
+    let mut commands = 0;
+    for seed in seeds {
+        let mut w = World::new(seed);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for _ in 0..STEPS {
+                w.step();
+            }
+            // Every policy goes; what they held comes back.
+            w.policies.clear();
+            w.nms.retain(|m| !m.name_any().starts_with("admin-"));
+            for _ in 0..5 {
+                let effects = orphans(&World::arcs(&w.nms), &[]);
+                w.run("give-back", &effects);
+                w.settle();
+                w.nms.retain(|m| !m.name_any().starts_with("admin-"));
+            }
+            assert!(
+                w.nms.is_empty(),
+                "left after every policy went: {:?}",
+                w.nms.iter().map(|m| m.name_any()).collect::<Vec<_>>()
+            );
+            assert!(
+                w.nodes
+                    .iter()
+                    .all(|n| !crate::decide::disrupt::unschedulable(n)),
+                "a node left cordoned"
+            );
+        }));
+        if let Err(e) = run {
+            let why = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!(
+                "world {seed} broke an invariant: {why}\nreplay: NODEKEEPER_WORLD_SEED={seed}\nlast steps: {:?}",
+                w.trace.iter().rev().take(8).rev().collect::<Vec<_>>()
+            );
+        }
+        commands += w.commands.len();
+    }
+    // The worlds must exercise reboots, not only waiting.
+    assert!(
+        commands > WORLDS as usize,
+        "only {commands} reboots in all worlds"
+    );
+}
