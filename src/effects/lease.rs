@@ -247,6 +247,32 @@ const LEADER_LEASE_SECONDS: i32 = 15;
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 const RETRY_EVERY: Duration = Duration::from_secs(3);
 
+/// One try to take or renew the leader lease, given up after `limit`; the
+/// error as one line.
+async fn try_leader_lease(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    identity: &str,
+    limit: Duration,
+) -> std::result::Result<Acquired, String> {
+    let tried = acquire(
+        client,
+        namespace,
+        name,
+        identity,
+        LEADER_LEASE_SECONDS,
+        None,
+    );
+    match crate::runtime::timeout(limit, tried).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(()) => Err(format!(
+            "taking lease {namespace}/{name}: no answer within {} s",
+            limit.as_secs()
+        )),
+    }
+}
+
 /// Leadership won: the gate effects check, and a channel that yields once
 /// the lease is lost (why, in one line).
 pub struct Leadership {
@@ -266,25 +292,7 @@ pub async fn lead(
     let gate = LeaderGate::elected();
     loop {
         let start = Instant::now();
-        let tried = crate::runtime::timeout(
-            RENEW_DEADLINE,
-            acquire(
-                &client,
-                &namespace,
-                &name,
-                &identity,
-                LEADER_LEASE_SECONDS,
-                None,
-            ),
-        )
-        .await
-        .map_err(|()| {
-            format!(
-                "taking lease {namespace}/{name}: no answer within {} s",
-                RENEW_DEADLINE.as_secs()
-            )
-        })
-        .and_then(|r| r.map_err(|e| e.to_string()));
+        let tried = try_leader_lease(&client, &namespace, &name, &identity, RENEW_DEADLINE).await;
         match tried {
             Ok(Acquired::Held { .. }) => {
                 gate.extend(start + RENEW_DEADLINE);
@@ -305,31 +313,14 @@ pub async fn lead(
         let why = loop {
             crate::runtime::sleep(RETRY_EVERY).await;
             let start = Instant::now();
-            // A try may not outlive the deadline: after an API server
-            // restart one renewal hung on a connection for minutes, the gate
-            // closed and the process neither acted nor stepped down.
+            // A try may not outlive the deadline: a request sent while the
+            // API server restarts could otherwise wait for a dead
+            // connection's read timeout (minutes), neither renewing nor
+            // stepping down.
             let left = RENEW_DEADLINE
                 .saturating_sub(last_ok.elapsed())
                 .max(Duration::from_secs(1));
-            let tried = crate::runtime::timeout(
-                left,
-                acquire(
-                    &client,
-                    &namespace,
-                    &name,
-                    &identity,
-                    LEADER_LEASE_SECONDS,
-                    None,
-                ),
-            )
-            .await
-            .map_err(|()| {
-                format!(
-                    "taking lease {namespace}/{name}: no answer within {} s",
-                    left.as_secs()
-                )
-            })
-            .and_then(|r| r.map_err(|e| e.to_string()));
+            let tried = try_leader_lease(&client, &namespace, &name, &identity, left).await;
             match tried {
                 Ok(Acquired::Held { .. }) => {
                     last_ok = start;
