@@ -177,6 +177,15 @@ pub fn check_pod_selectors(
     problems
 }
 
+/// Does this NodeMaintenance hold its node against other features? A
+/// Failed one does not: it ended without a drain to finish (invalid
+/// options, a lease another holder has), and waiting for a person to
+/// delete it would stall every feature on that node. Budgets still count
+/// its node as unavailable until it is deleted.
+pub fn holds_node(nm: &NodeMaintenance) -> bool {
+    nm.phase() != Some(crate::api::nodemaintenance::Phase::Failed)
+}
+
 /// Is this NodeMaintenance the one the `kind` object `owner` takes its
 /// node with?
 pub fn owned_by(nm: &NodeMaintenance, kind: &str, owner: &str) -> bool {

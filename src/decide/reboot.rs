@@ -146,8 +146,11 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         let n = node.name_any();
         let on = nms_on(&n);
         let ours = on.iter().find(|m| owned_by(m, &name)).map(|m| m.as_ref());
-        let others: Vec<&Arc<NodeMaintenance>> =
-            on.iter().copied().filter(|m| !owned_by(m, &name)).collect();
+        let others: Vec<&Arc<NodeMaintenance>> = on
+            .iter()
+            .copied()
+            .filter(|m| !owned_by(m, &name) && disrupt::holds_node(m))
+            .collect();
         let prev = d.prev(&n);
         if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Settling) {
             let until = after(prev.since.0, p.spec.gates.settle_seconds.max(0) as u64);
@@ -182,6 +185,8 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 labels: n.metadata.labels.as_ref(),
                 unavailable: !ready(n)
                     || unschedulable(n)
+                    // Any NodeMaintenance counts here, a Failed one too
+                    // until it is deleted: budgets stay conservative.
                     || !nms_on(nn).is_empty()
                     || d.entries.get(nn).is_some_and(|e| e.phase.holds_slot()),
             }
@@ -216,7 +221,9 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             d.entries.insert(n, prev.clone());
             continue;
         }
-        let other_nm = nms_on(&n).into_iter().find(|m| !owned_by(m, &name));
+        let other_nm = nms_on(&n)
+            .into_iter()
+            .find(|m| !owned_by(m, &name) && disrupt::holds_node(m));
         // One owner per node: overlapping policies each admitted the node
         // in turn, so a reboot that failed under one was drained and tried
         // again under the next in the same boot.

@@ -340,10 +340,9 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     let mut admitted = Vec::new();
     for (g, node) in candidates {
         let n = node.name_any();
-        let other_nm = s
-            .maintenances
-            .iter()
-            .find(|m| m.spec.node_name == n && !owned_by(m, OWNER_KIND, &name));
+        let other_nm = s.maintenances.iter().find(|m| {
+            m.spec.node_name == n && !owned_by(m, OWNER_KIND, &name) && disrupt::holds_node(m)
+        });
         let wait: Option<(&str, String)> = if !valid {
             Some((
                 WAIT_INVALID,

@@ -395,7 +395,10 @@ impl<'a> Decision<'a> {
             Some(Phase::Failed) => {
                 self.give_back(m);
                 let admin = self.s.maintenances.iter().find(|o| {
-                    o.spec.node_name == e.name && owner_of(o).is_none() && !o.is_deleting()
+                    o.spec.node_name == e.name
+                        && owner_of(o).is_none()
+                        && !o.is_deleting()
+                        && crate::decide::disrupt::holds_node(o)
                 });
                 if let Some(admin) = admin {
                     let msg = format!("preempted by NodeMaintenance {}", admin.name_any());

@@ -70,25 +70,32 @@ fn labels_of(n: &Node) -> BTreeMap<String, String> {
     n.metadata.labels.clone().unwrap_or_default()
 }
 
+/// Does `p` select `node`? (The worlds' selectors are matchLabels only.)
+fn selects(p: &RebootPolicy, node: &Node) -> bool {
+    p.spec.node_selector.as_ref().is_none_or(|s| {
+        s.match_labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels_of(node).get(k) == Some(v))
+    })
+}
+
 /// The oldest policy selecting `node`, by the test's own reading of the
 /// rule (creation time, then name).
 fn oldest_selecting<'a>(node: &Node, policies: &'a [RebootPolicy]) -> Option<&'a RebootPolicy> {
     policies
         .iter()
-        .filter(|p| {
-            p.spec.node_selector.as_ref().is_none_or(|s| {
-                s.match_labels
-                    .iter()
-                    .flatten()
-                    .all(|(k, v)| labels_of(node).get(k) == Some(v))
-            })
-        })
+        .filter(|p| selects(p, node))
         .min_by_key(|p| {
             (
                 p.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 p.name_any(),
             )
         })
+}
+
+fn failed(m: &NodeMaintenance) -> bool {
+    m.status.as_ref().and_then(|s| s.phase) == Some(Phase::Failed)
 }
 
 /// RFC 7386 merge patch.
@@ -182,6 +189,8 @@ impl World {
         v.iter().cloned().map(Arc::new).collect()
     }
 
+    /// NotReady, cordoned, or with any NodeMaintenance (budgets count a
+    /// Failed one too until it is deleted).
     fn unavailable(&self, n: &Node) -> bool {
         !crate::decide::disrupt::ready(n)
             || crate::decide::disrupt::unschedulable(n)
@@ -212,7 +221,11 @@ impl World {
                 let Some(n) = self.nodes.iter().find(|n| n.name_any() == node).cloned() else {
                     return Ok(());
                 };
-                if let Some(m) = self.nms.iter().find(|m| m.spec.node_name == node) {
+                if let Some(m) = self
+                    .nms
+                    .iter()
+                    .find(|m| m.spec.node_name == node && !failed(m))
+                {
                     panic!(
                         "{who} took {node}, which already has NodeMaintenance {}",
                         m.name_any()
@@ -234,18 +247,8 @@ impl World {
                         IntOrString::Int(i) => *i as usize,
                         IntOrString::String(_) => usize::MAX,
                     };
-                    let selected: Vec<&Node> = self
-                        .nodes
-                        .iter()
-                        .filter(|x| {
-                            p.spec.node_selector.as_ref().is_none_or(|s| {
-                                s.match_labels
-                                    .iter()
-                                    .flatten()
-                                    .all(|(k, v)| labels_of(x).get(k) == Some(v))
-                            })
-                        })
-                        .collect();
+                    let selected: Vec<&Node> =
+                        self.nodes.iter().filter(|x| selects(p, x)).collect();
                     let down = selected
                         .iter()
                         .filter(|x| x.name_any() == node || self.unavailable(x))
@@ -406,13 +409,19 @@ impl World {
     /// What the rest of the cluster does in a step: drains finish, nodes
     /// are cordoned while held, machines come back, people act.
     fn settle(&mut self) {
-        for m in &mut self.nms {
+        for m in self.nms.iter_mut().filter(|m| !failed(m)) {
             m.status = Some(NodeMaintenanceStatus {
                 phase: Some(Phase::Succeeded),
                 ..Default::default()
             });
         }
-        let held: Vec<String> = self.nms.iter().map(|m| m.spec.node_name.clone()).collect();
+        // A Failed NodeMaintenance (invalid options) never cordoned.
+        let held: Vec<String> = self
+            .nms
+            .iter()
+            .filter(|m| !failed(m))
+            .map(|m| m.spec.node_name.clone())
+            .collect();
         let mut back = Vec::new();
         for (n, left) in self.down.iter_mut() {
             *left -= 1;
@@ -474,7 +483,11 @@ impl World {
             if self.nms.iter().any(|m| m.name_any() == admin) {
                 self.nms.retain(|m| m.name_any() != admin);
                 self.uncordon_free();
-            } else if !self.nms.iter().any(|m| m.spec.node_name == node) {
+            } else if !self
+                .nms
+                .iter()
+                .any(|m| m.spec.node_name == node && !failed(m))
+            {
                 let mut m = NodeMaintenance::new(
                     &admin,
                     NodeMaintenanceSpec {
@@ -483,6 +496,14 @@ impl World {
                     },
                 );
                 m.metadata.uid = Some(format!("uid-{admin}"));
+                // Some end Failed at once (invalid drain options): they
+                // must hold nothing.
+                if self.rng.chance(30) {
+                    m.status = Some(NodeMaintenanceStatus {
+                        phase: Some(Phase::Failed),
+                        ..Default::default()
+                    });
+                }
                 self.nms.push(m);
             }
         }

@@ -213,3 +213,37 @@ fn with_a_reboot_the_version_alone_is_not_enough_a_new_boot_is() {
     w.step();
     assert_eq!(w.phase("a"), UpgradePhase::Done);
 }
+
+/// An administrator's NodeMaintenance that ended Failed (invalid drain
+/// options) holds nothing: the plan takes the node; a Running one holds it.
+#[test]
+fn a_failed_maintenance_of_an_administrator_holds_nothing() {
+    use crate::api::nodemaintenance::{NodeMaintenanceSpec, NodeMaintenanceStatus, Phase};
+    let mut p = plan();
+    p.spec.groups.clear();
+    let admin = |phase: Phase| {
+        let mut m = NodeMaintenance::new(
+            "admin-a",
+            NodeMaintenanceSpec {
+                node_name: "a".into(),
+                reason: None,
+            },
+        );
+        m.metadata.uid = Some("uid-admin-a".into());
+        m.status = Some(NodeMaintenanceStatus {
+            phase: Some(phase),
+            ..Default::default()
+        });
+        Arc::new(m)
+    };
+    let mut w = World::new(p.clone(), vec![node("a", "v1", false)]);
+    w.nms = vec![admin(Phase::Running)];
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Waiting);
+    assert_eq!(w.entry("a").reason.as_deref(), Some(WAIT_IN_MAINTENANCE));
+
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.nms = vec![admin(Phase::Failed)];
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::PreHooks, "{:?}", w.entry("a"));
+}
