@@ -1,8 +1,13 @@
-//! Label selectors people get wrong, in every selector of every kind that
-//! has one: the API server refuses each with the field named, as it does
-//! for Kubernetes' own selectors (before, `operator: Bogus` in a pod
-//! selector was stored and the policy said it was valid), and a right one
-//! is accepted. Server-side dry runs: nothing is stored, no node is near.
+//! What the API server refuses by the CRDs' schemas, with the field named
+//! (server-side dry runs: nothing is stored, no node is near):
+//!
+//! - label selectors people get wrong, in every selector of every kind
+//!   that has one, as Kubernetes refuses its own (before, `operator: Bogus`
+//!   in a pod selector was stored and the policy said it was valid);
+//! - names that become part of a request's path (a Deployment's name and
+//!   namespace, node names, a NodeVersion's name): traversal, slashes,
+//!   empty and upper-case names (before, `../../../../api/v1/nodes/x` as a
+//!   Deployment name was sent as a GET of that path).
 
 mod support;
 
@@ -133,6 +138,59 @@ fn selectors_that_cannot_be_used_are_refused_in_every_kind_with_the_field_named(
             {
                 failures.push(format!(
                     "{kind} {field}: {what}: refused without naming the field and why: {said}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn names_that_reach_a_url_are_refused_with_the_field_named() {
+    install_crds();
+    install_constellation_crds();
+    const CS: &str = "update.edgeless.systems/v1alpha1";
+    // (kind, the spec with NAME where the name goes, the field named)
+    let fields: Vec<(&str, &str, &str)> = vec![
+        (
+            "AutoscalingStrategy",
+            "{enabled: true, deploymentName: NAME, deploymentNamespace: kube-system}",
+            "spec.deploymentName",
+        ),
+        (
+            "AutoscalingStrategy",
+            "{enabled: true, deploymentName: autoscaler, deploymentNamespace: NAME}",
+            "spec.deploymentNamespace",
+        ),
+        (
+            "PendingNode",
+            "{goal: Join, nodeName: NAME}",
+            "spec.nodeName",
+        ),
+        ("JoiningNode", "{name: NAME}", "spec.name"),
+        ("ScalingGroup", "{nodeImage: NAME}", "spec.nodeImage"),
+    ];
+    let bad = [
+        "'../../../../api/v1/nodes/x'",
+        "'a/b'",
+        "''",
+        "Upper",
+        "'-dash'",
+        "'x?watch=true'",
+    ];
+    let mut failures = Vec::new();
+    for (kind, spec, field) in &fields {
+        let (ok, said) = dry_run(&manifest(CS, kind, &spec.replace("NAME", "good-name-1")));
+        if !ok {
+            failures.push(format!("{kind} {field}: a right name refused: {said}"));
+        }
+        for name in bad {
+            let (ok, said) = dry_run(&manifest(CS, kind, &spec.replace("NAME", name)));
+            if ok {
+                failures.push(format!("{kind} {field}: {name} accepted"));
+            } else if !said.contains(field) {
+                failures.push(format!(
+                    "{kind} {field}: {name}: refused without naming the field: {said}"
                 ));
             }
         }

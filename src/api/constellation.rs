@@ -196,6 +196,8 @@ pub struct ScalingGroupSpec {
     /// Name of the NodeVersion this group follows (the JSON name is
     /// Constellation's, kept for compatibility).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("nodeImage must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-' and '.')"))]
     pub node_image: Option<String>,
     /// The provider's id of the group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,6 +254,8 @@ pub struct PendingNodeSpec {
     #[serde(default, rename = "groupID", skip_serializing_if = "Option::is_none")]
     pub group_id: Option<String>,
     #[serde(default, rename = "nodeName", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("nodeName must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-' and '.')"))]
     pub node_name: Option<String>,
     /// `Join` or `Leave`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -296,7 +300,13 @@ pub struct PendingNodeStatus {
 #[serde(rename_all = "camelCase")]
 pub struct AutoscalingStrategySpec {
     pub enabled: bool,
+    /// The autoscaler Deployment's name; it becomes part of a request's
+    /// path, so it must be a name the API server could have given.
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("deploymentName must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-' and '.')"))]
     pub deployment_name: String,
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("deploymentNamespace must be a lowercase RFC 1123 label (a-z, 0-9 and '-')"))]
     pub deployment_namespace: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub autoscaler_extra_args: BTreeMap<String, String>,
@@ -331,6 +341,8 @@ pub struct AutoscalingStrategyStatus {
 )]
 pub struct JoiningNodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("name must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-' and '.')"))]
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub componentsreference: Option<String>,
