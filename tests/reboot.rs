@@ -510,3 +510,67 @@ fn status_watch_redraws_on_change() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A sentinel command that hangs holds up neither the node's maintenance
+/// nor its health: the look runs beside the loop. (It held the node's
+/// reconcile for the command's whole timeout, 120 s: a NodeMaintenance of
+/// that node did not start and `/healthz` went 503.)
+#[test]
+fn a_hanging_sentinel_command_holds_up_neither_a_maintenance_nor_health() {
+    use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+    install_crds();
+    let port = support::free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-hang").await;
+        let names = nodes(&mut env, 1).await;
+        let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", &metrics]));
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"detect": {"sentinelCommand": ["sleep", "3600"], "periodSeconds": 5}}),
+    ));
+    fleet.start_agent(a);
+    block_on(async {
+        wait_for("the agent serving /healthz", LONG, || async {
+            support::http_get(port, "/healthz").map(|_| ())
+        })
+        .await;
+        let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+        let name = format!("hang-{a}");
+        nms.create(
+            &PostParams::default(),
+            &NodeMaintenance::new(
+                &name,
+                NodeMaintenanceSpec {
+                    node_name: a.clone(),
+                    reason: Some("kernel".into()),
+                },
+            ),
+        )
+        .await
+        .expect("creating the maintenance");
+        // Well inside the sentinel's hang (and its old 120 s timeout).
+        wait_for(
+            "the maintenance Succeeded",
+            Duration::from_secs(20),
+            || async {
+                let m = nms.get(&name).await.ok()?;
+                (m.status?.phase == Some(Phase::Succeeded)).then_some(())
+            },
+        )
+        .await;
+        let (status, _) = support::http_get(port, "/healthz").expect("/healthz answers");
+        assert!(status.contains("200"), "/healthz: {status}");
+        nms.delete(&name, &DeleteParams::default())
+            .await
+            .expect("deleting the maintenance");
+        wait_for("the maintenance gone", LONG, || async {
+            nms.get_opt(&name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    });
+}

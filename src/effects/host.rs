@@ -168,8 +168,8 @@ pub fn sentinel_file(root: &HostRoot, file: &str) -> Result<bool, String> {
 
 /// The sentinel command's answer, kured's contract: 0 needed, 1 not,
 /// anything else an error that counts as not needed.
-pub async fn sentinel_command(argv: &[String]) -> Result<bool, String> {
-    match run(argv).await? {
+pub async fn sentinel_command(argv: &[String], limit: Duration) -> Result<bool, String> {
+    match run_for(argv, limit).await? {
         (0, _) => Ok(true),
         (1, _) => Ok(false),
         (code, out) => Err(format!("sentinel command exited with {code}: {out}")),
@@ -205,9 +205,17 @@ mod tests {
             let missing = run(&["/nonexistent/reboot".into()]).await;
             assert!(missing.is_err_and(|e| e.contains("/nonexistent/reboot")));
             assert_eq!(
-                sentinel_command(&["sh".into(), "-c".into(), "exit 1".into()]).await,
+                sentinel_command(
+                    &["sh".into(), "-c".into(), "exit 1".into()],
+                    COMMAND_TIMEOUT
+                )
+                .await,
                 Ok(false)
             );
+            // A hanging sentinel is killed at its limit and reported.
+            let hung =
+                sentinel_command(&["sleep".into(), "30".into()], Duration::from_millis(200)).await;
+            assert!(hung.is_err_and(|e| e.contains("still running")));
         });
     }
 

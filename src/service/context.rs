@@ -61,6 +61,9 @@ pub struct Context {
     pub host_root: crate::effects::host::HostRoot,
     /// Node role: the host's reboot signal at its last look.
     pub host_signal: Mutex<Option<HostSignal>>,
+    /// A look at the host's reboot signals is running (in the background:
+    /// a sentinel command that hangs must not hold the node's reconcile).
+    pub host_look_running: std::sync::atomic::AtomicBool,
     /// Cluster role: objects whose last decision failed (see `cluster.rs`).
     pub failing: Failing,
     /// Asks for a reconcile of the anchor node (NodeMaintenances no agent
@@ -106,6 +109,7 @@ impl Context {
             node_agents,
             host_root,
             host_signal: Mutex::default(),
+            host_look_running: std::sync::atomic::AtomicBool::new(false),
             failing: Failing::default(),
             anchor,
             fresh: stores.fresh,

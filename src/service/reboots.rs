@@ -5,6 +5,7 @@
 //! ([`reconcile_own_node`]).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -142,7 +143,12 @@ fn log_command_failure(effect: &Effect, outcome: &Outcome) {
 
 /// Node role: look at the host's signals when due, then mark need or issue
 /// the reboot. Returns when the next look is due.
-pub async fn reconcile_own_node(ctx: &Context, name: &str) -> Result<Option<Duration>> {
+///
+/// The look runs in the background and this reconcile decides on the last
+/// one: a sentinel command that hangs (`sleep 3600`) held the node's
+/// reconcile for its whole timeout, so a NodeMaintenance of that node did
+/// not start and `/healthz` went 503. The look's end kicks a reconcile.
+pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option<Duration>> {
     let Some(n) = ctx.node(name) else {
         return Ok(None);
     };
@@ -158,15 +164,30 @@ pub async fn reconcile_own_node(ctx: &Context, name: &str) -> Result<Option<Dura
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let signal = match last {
-        Some(s) if now.duration_since(s.at) < SignedDuration::from_secs(period) => s,
-        _ => {
-            let s = look(ctx, &governing, now).await;
-            *ctx.host_signal.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
-            s
-        }
+    let due = last
+        .as_ref()
+        .is_none_or(|s| now.duration_since(s.at) >= SignedDuration::from_secs(period));
+    if due && !ctx.host_look_running.swap(true, Ordering::SeqCst) {
+        let ctx = ctx.clone();
+        crate::runtime::spawn(async move {
+            let s = look(&ctx, &governing, now).await;
+            *ctx.host_signal.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+            ctx.host_look_running.store(false, Ordering::SeqCst);
+            ctx.anchor.kick();
+        })
+        .detach();
+    }
+    // Until the first look ends, nothing is known about the host.
+    let signal = last.unwrap_or(HostSignal {
+        at: now,
+        needed: None,
+    });
+    let next_look = if due {
+        // The look's end kicks a reconcile; this is a backstop.
+        SENTINEL_TIMEOUT.as_secs() as i64
+    } else {
+        period - now.duration_since(signal.at).as_secs()
     };
-    let next_look = period - now.duration_since(signal.at).as_secs();
     let nms = ctx.maintenances_for(name);
     let effects = node::decide(&node::Snapshot {
         node: &n,
@@ -199,6 +220,11 @@ pub async fn reconcile_own_node(ctx: &Context, name: &str) -> Result<Option<Dura
     Ok(Some(Duration::from_secs(next_look.max(1) as u64)))
 }
 
+/// How long a sentinel command may run (then it is killed and the look
+/// counts as failed). It runs beside the loop, so this bounds only how
+/// stale the answer can get.
+const SENTINEL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// One look at the host: the sentinel file, then the sentinel command.
 async fn look(ctx: &Context, policy: &Arc<RebootPolicy>, now: Timestamp) -> HostSignal {
     let detect = &policy.spec.detect;
@@ -211,7 +237,7 @@ async fn look(ctx: &Context, policy: &Arc<RebootPolicy>, now: Timestamp) -> Host
     };
     if needed != Some(true) && !detect.sentinel_command.is_empty() {
         let argv = host::command_line(&detect.sentinel_command, ctx.effects.exec);
-        needed = match host::sentinel_command(&argv).await {
+        needed = match host::sentinel_command(&argv, SENTINEL_TIMEOUT).await {
             Ok(v) => Some(v),
             Err(e) => {
                 log::warn!(
