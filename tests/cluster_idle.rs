@@ -176,7 +176,9 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
     apply(&cs(
         "AutoscalingStrategy",
         named("autoscalingstrategy", "as-bad"),
-        json!({"enabled": true, "deploymentName": "", "deploymentNamespace": ""}),
+        // Names the schema refuses cannot be stored any more; a strategy
+        // whose Deployment's namespace does not exist can.
+        json!({"enabled": true, "deploymentName": "autoscaler", "deploymentNamespace": "no-such-namespace"}),
     ));
     apply(&cs(
         "ScalingGroup",
