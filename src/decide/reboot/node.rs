@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::facts::{argv, boot_id, failure_in, issued_in, needs_reboot};
+use super::facts::{argv, boot_id, failure_in, issued_in, needs_reboot, paused};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::disrupt::check_selector;
@@ -74,9 +74,13 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         {
             continue;
         }
+        // Paused, or no longer needed: a person stopped it before its
+        // command (the policy gives the node back).
         if m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str) != Some(boot)
             || issued_in(node, boot)
             || failure_in(node, boot).is_some()
+            || paused(node)
+            || !needs_reboot(node)
         {
             continue;
         }

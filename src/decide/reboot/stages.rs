@@ -116,6 +116,33 @@ impl<'a> Decision<'a> {
             return;
         };
         let changed = boot.is_some_and(|b| b != before);
+        // A person may stop an admitted reboot until its command is issued:
+        // `reboot-paused` on the node, or the need withdrawn
+        // (`reboot-required --clear`). The node is given back undisrupted
+        // beyond its drain; the node role checks the same before it issues.
+        if !changed && !issued_in(node, &before) && (paused(node) || !needs_reboot(node)) {
+            if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+                self.give_back(m);
+            }
+            if paused(node) {
+                let msg = "paused by a reboot-paused annotation; given back before its reboot";
+                self.set(
+                    &n,
+                    RebootPhase::Waiting,
+                    None,
+                    Some(super::WAIT_PAUSED),
+                    msg.into(),
+                );
+            } else {
+                self.event(
+                    node,
+                    false,
+                    "RebootWithdrawn",
+                    "the reboot was no longer needed before its command; given back",
+                );
+            }
+            return;
+        }
         let draining = format!("draining through NodeMaintenance {}", maintenance_name(&n));
         let Some(m) = ours else {
             if changed && ready(node) {

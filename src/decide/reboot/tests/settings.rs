@@ -140,3 +140,42 @@ fn a_pod_selector_that_cannot_be_used_is_reported_and_admits_nothing() {
         );
     }
 }
+
+#[test]
+fn a_person_stops_an_admitted_reboot_before_its_command() {
+    let deleted = |plan: &Plan| {
+        plan.effects
+            .iter()
+            .filter(|e| matches!(e, Effect::DeleteMaintenance { .. }))
+            .count()
+    };
+    // Drained and waiting for its command: paused, the node is given back.
+    let p = with_entry(policy(1), entry("a", RebootPhase::Draining, "b0", now()));
+    let a = annotate(node("a", "b0"), PAUSED_ANNOTATION, "true");
+    let mut w = World::new(p.clone(), vec![a.clone()]);
+    w.nms
+        .push(Arc::new(ours(&p, &a, "b0", Some(Phase::Succeeded))));
+    let plan = w.plan();
+    assert_eq!(deleted(&plan), 1, "{:?}", plan.effects);
+    let (phase, msg) = phase_of(&status_of(&plan), "a");
+    assert_eq!(phase, RebootPhase::Waiting);
+    assert!(msg.contains("paused"), "{msg}");
+    // The need withdrawn (`reboot-required --clear`): given back too.
+    let a = no_need(node("a", "b0"));
+    let mut w = World::new(p.clone(), vec![a.clone()]);
+    w.nms
+        .push(Arc::new(ours(&p, &a, "b0", Some(Phase::Succeeded))));
+    let plan = w.plan();
+    assert_eq!(deleted(&plan), 1, "{:?}", plan.effects);
+    assert!(!status_of(&plan).nodes.iter().any(|e| e.name == "a"));
+    // Once its command is issued, it is too late: the reboot goes on.
+    let a = annotate(
+        annotate(node("a", "b0"), PAUSED_ANNOTATION, "true"),
+        ISSUED_ANNOTATION,
+        "b0",
+    );
+    let mut w = World::new(p.clone(), vec![a.clone()]);
+    w.nms
+        .push(Arc::new(ours(&p, &a, "b0", Some(Phase::Succeeded))));
+    assert_eq!(deleted(&w.plan()), 0);
+}

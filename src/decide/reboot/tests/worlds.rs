@@ -13,8 +13,9 @@
 //! none is created on a node that already has one; an admission never
 //! leaves more of a policy's nodes unavailable than its budget; the
 //! policy that admits a node is the oldest that selects it; a node gets at
-//! most one reboot command per boot; and once every policy is gone, every
-//! node is given back (no feature NodeMaintenance, nothing cordoned).
+//! most one reboot command per boot, and none while a person has paused
+//! it or withdrawn its need; and once every policy is gone, every node is
+//! given back (no feature NodeMaintenance, nothing cordoned).
 //!
 //! The generator is a seeded xorshift, not a crate: a failing case prints
 //! its seed, and `NODEKEEPER_WORLD_SEED=N` replays it.
@@ -314,6 +315,13 @@ impl World {
                     .find(|n| n.name_any() == *node)
                     .and_then(|n| boot_id(n).map(str::to_string))
                     .unwrap_or_default();
+                if let Some(n) = self.nodes.iter().find(|n| n.name_any() == *node) {
+                    assert!(
+                        !crate::decide::reboot::facts::paused(n)
+                            && crate::decide::reboot::facts::needs_reboot(n),
+                        "{node}: a reboot command although paused or no longer needed"
+                    );
+                }
                 let count = self.commands.entry((node.clone(), boot)).or_default();
                 *count += 1;
                 assert!(*count <= 1, "{node}: a second reboot command in one boot");
@@ -474,6 +482,24 @@ impl World {
                 .annotations
                 .get_or_insert_with(Default::default)
                 .insert(NEEDED_ANNOTATION.into(), stamp);
+        }
+        // A person pauses or unpauses a node's reboots, or withdraws its
+        // need (`reboot-required --clear`).
+        if self.rng.chance(6) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let a = self.nodes[i]
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            if a.remove(crate::api::reboot::PAUSED_ANNOTATION).is_none() {
+                a.insert(crate::api::reboot::PAUSED_ANNOTATION.into(), "true".into());
+            }
+        }
+        if self.rng.chance(4) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            if let Some(a) = self.nodes[i].metadata.annotations.as_mut() {
+                a.remove(NEEDED_ANNOTATION);
+            }
         }
         // An administrator's maintenance comes or goes.
         if self.rng.chance(8) {
