@@ -376,18 +376,21 @@ fn host_exec_runs_a_command_in_a_mount_namespace_and_explains_failures() {
 
 /// Deleting a policy gives its nodes back: its NodeMaintenances go with it
 /// (owner references), and what it cordoned is uncordoned.
-#[test]
-fn deleting_a_policy_gives_its_nodes_back() {
+/// Two nodes; the first needs a reboot and holds a pod whose
+/// PodDisruptionBudget allows no eviction, so once admitted its drain keeps
+/// going and the policy holds the node for as long as the test wants.
+fn a_held_node(
+    prefix: &str,
+    fleet_args: Option<&[&str]>,
+) -> (TestEnv, Vec<String>, std::sync::Arc<Fleet>) {
     install_crds();
     let (env, names, fleet) = block_on(async {
-        let mut env = TestEnv::new("rb-delete").await;
+        let mut env = TestEnv::new(prefix).await;
         let names = nodes(&mut env, 2).await;
-        let fleet = Fleet::new(env.client.clone(), None);
+        let fleet = Fleet::new(env.client.clone(), fleet_args);
         (env, names, fleet)
     });
     let a = &names[0];
-    // A pod whose PodDisruptionBudget allows no eviction keeps a's drain
-    // going, so the policy still holds the node when it is deleted.
     block_on(async {
         let mut d = env.deployment("held", 1);
         if let Some(spec) = d.spec.template.spec.as_mut() {
@@ -413,6 +416,13 @@ fn deleting_a_policy_gives_its_nodes_back() {
         .await;
         annotate(&env.client, a, "nodekeeper.io/reboot-needed", Some("now")).await;
     });
+    (env, names, fleet)
+}
+
+#[test]
+fn deleting_a_policy_gives_its_nodes_back() {
+    let (env, names, fleet) = a_held_node("rb-delete", None);
+    let a = &names[0];
     let policy = block_on(create_policy(&env, &fleet, json!({})));
     let cluster = cluster_role(&env, &[]);
     block_on(async {
@@ -447,6 +457,44 @@ fn deleting_a_policy_gives_its_nodes_back() {
             free.then_some(())
         })
         .await;
+    });
+    assert_eq!(fleet.commands(a), 0, "not rebooted\n{}", cluster.log_text());
+}
+
+/// A person stops an admitted reboot before its command: `reboot-paused`
+/// on the node gives it back (the policy says Paused); unpaused, it is
+/// admitted again; `reboot-required --clear` gives it back for good. No
+/// reboot command runs. (Neither stopped an admitted reboot before.)
+#[test]
+fn pausing_or_clearing_a_node_stops_its_admitted_reboot() {
+    let (env, names, fleet) = a_held_node("rb-stop", None);
+    let a = &names[0];
+    let policy = block_on(create_policy(&env, &fleet, json!({})));
+    let cluster = cluster_role(&env, &[]);
+    let kc = support::cluster().to_string_lossy().to_string();
+    block_on(async {
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        let cordoned = || async {
+            let n = nodes.get(a).await.ok()?;
+            (n.spec?.unschedulable == Some(true)).then_some(())
+        };
+        let given_back = || async {
+            let n = nodes.get(a).await.ok()?;
+            let free = n.spec.and_then(|s| s.unschedulable) != Some(true)
+                && maintenances_on(&env.client, a).await == 0;
+            free.then_some(())
+        };
+        wait_for("a admitted and cordoned", LONG, cordoned).await;
+        annotate(&env.client, a, "nodekeeper.io/reboot-paused", Some("true")).await;
+        wait_for("a given back when paused", LONG, given_back).await;
+        let msg = wait_phase(&env.client, &policy, a, RebootPhase::Waiting).await;
+        assert!(msg.contains("paused"), "{msg}");
+        annotate(&env.client, a, "nodekeeper.io/reboot-paused", None).await;
+        wait_for("a admitted again once unpaused", LONG, cordoned).await;
+        let (status, _, err) =
+            support::run_cli(&["reboot-required", a, "--clear", "--kubeconfig", &kc], &[]);
+        assert!(status.success(), "{err}");
+        wait_for("a given back when its need is cleared", LONG, given_back).await;
     });
     assert_eq!(fleet.commands(a), 0, "not rebooted\n{}", cluster.log_text());
 }
