@@ -200,6 +200,16 @@
 //! stage, version, generation), so a repeated create is a 409; an upgrade
 //! command runs at most once per plan, version and boot.
 //!
+//! **Architecture invariant:** one owner per node. Every feature takes a
+//! node with a NodeMaintenance; of the objects of one kind that select a
+//! node, the oldest governs it (`decide::reboot::node::governing`,
+//! `decide::upgrade::governing`, the oldest NodeVersion) and the others
+//! report it by name (`OtherPolicy`, `OtherPlan`); across kinds a node
+//! with a NodeMaintenance that has not Failed is held (`InMaintenance`), and
+//! an administrator's preempts a feature's. A selector that cannot be used
+//! selects nothing. `decide/reboot/tests/worlds.rs` checks this over random
+//! worlds; the README's "Who owns a node" table is the user's version.
+//!
 //! **Architecture invariant:** the cluster role is the only writer of
 //! admissions, and each admission is written guarded by the policy's
 //! resourceVersion before its NodeMaintenance exists: two decisions cannot
