@@ -302,7 +302,15 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
     }
 
-    let status = status(s, old, d.entries, valid, &problems, &d.not_returned);
+    let status = status(
+        s,
+        old,
+        d.entries,
+        valid,
+        &problems,
+        &d.not_returned,
+        selected.len(),
+    );
     let mut effects = Vec::new();
     if p.status.as_ref() != Some(&status) {
         effects.push(Effect::WritePolicyStatus {
@@ -333,6 +341,7 @@ fn status(
     valid: bool,
     problems: &[String],
     not_returned: &[String],
+    selected: usize,
 ) -> RebootPolicyStatus {
     let (p, now) = (s.policy, s.now);
     let nodes: Vec<NodeReboot> = entries.into_values().collect();
@@ -358,6 +367,14 @@ fn status(
             &problems.join("; "),
         );
     }
+    // A selector that matches nothing is not invalid, but a person who
+    // wrote it wants to know (it was reported nowhere).
+    let (is, reason, msg) = match selected {
+        0 if valid => ("False", "NoNodes", "the nodeSelector selects no node"),
+        0 => ("False", WAIT_INVALID, "the policy cannot be used"),
+        _ => ("True", "NodesSelected", "the nodeSelector selects nodes"),
+    };
+    super::set_condition(&mut conds, now, "NodesSelected", is, reason, msg);
     if not_returned.is_empty() {
         super::set_condition(
             &mut conds,

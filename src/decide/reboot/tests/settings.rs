@@ -179,3 +179,25 @@ fn a_person_stops_an_admitted_reboot_before_its_command() {
         .push(Arc::new(ours(&p, &a, "b0", Some(Phase::Succeeded))));
     assert_eq!(deleted(&w.plan()), 0);
 }
+
+#[test]
+fn a_selector_that_matches_no_node_is_reported() {
+    let selected = |p: RebootPolicy| {
+        let st = status_of(&World::new(p, vec![node("a", "b0")]).plan());
+        st.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "NodesSelected")
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let mut p = policy(1);
+    p.spec.node_selector = Some(LabelSelector {
+        match_labels: Some([("pool".to_string(), "nowhere".to_string())].into()),
+        ..Default::default()
+    });
+    assert_eq!(selected(p), Some(("False".into(), "NoNodes".into())));
+    assert_eq!(
+        selected(policy(1)),
+        Some(("True".into(), "NodesSelected".into()))
+    );
+}
