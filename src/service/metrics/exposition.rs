@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kube::runtime::reflector::Store;
 
-use super::server::Stores;
 use super::*;
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;

@@ -11,6 +11,12 @@ mod server;
 
 pub use server::serve;
 
+/// The stores `/metrics` reads its gauges from.
+type Stores = (
+    Store<crate::api::nodemaintenance::NodeMaintenance>,
+    Store<crate::api::reboot::RebootPolicy>,
+);
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

@@ -12,7 +12,7 @@ use smol::io::{AsyncReadExt, AsyncWriteExt};
 use smol::net::{TcpListener, TcpStream};
 
 use super::exposition::render;
-use super::{LAST_PROGRESS_MS, READY, liveness, now_ms};
+use super::{LAST_PROGRESS_MS, READY, Stores, liveness, now_ms};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::error::{Error, Result};
@@ -55,8 +55,6 @@ pub async fn serve(
     .detach();
     Ok(bound)
 }
-
-pub(super) type Stores = (Store<NodeMaintenance>, Store<RebootPolicy>);
 
 async fn answer(mut conn: TcpStream, stores: Stores) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(512);
