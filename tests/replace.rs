@@ -698,6 +698,12 @@ fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing()
             (s.data["spec"]["enabled"] == true).then_some(())
         })
         .await;
+        // The poller records on its own clock: stop it only once it has
+        // seen the state just observed, or the last change goes unrecorded.
+        wait_for("the poller to see it enabled", LIMIT, || async {
+            (flips.lock().unwrap().last() == Some(&true)).then_some(())
+        })
+        .await;
         stop.open();
         poll.await;
         let seen = flips.lock().unwrap().clone();
