@@ -467,6 +467,15 @@ fn status(
     } else {
         set(&mut conds, "Paused", "False", "Running", "admitting nodes");
     }
+    // A selector that matches nothing is not invalid, but a person who
+    // wrote it wants to know ("0 of 0 nodes" said nothing).
+    if nodes.is_empty() && problems.is_empty() {
+        let msg = "the plan's selectors select no node";
+        set(&mut conds, "NodesSelected", "False", "NoNodes", msg);
+    } else {
+        let msg = "the plan's selectors select nodes";
+        set(&mut conds, "NodesSelected", "True", "NodesSelected", msg);
+    }
     let done = count(&|ph| ph == UpgradePhase::Done);
     if !nodes.is_empty() && done as usize == nodes.len() {
         let msg = format!("every selected node is at version {}", p.spec.version);

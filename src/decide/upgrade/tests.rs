@@ -545,4 +545,24 @@ fn a_node_two_plans_select_is_the_older_plans() {
     assert!(e.message.unwrap_or_default().contains("older"));
 }
 
+#[test]
+fn a_plan_that_selects_no_node_says_so() {
+    let condition = |w: &World| {
+        w.plan
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "NodesSelected")
+            .map(|c| (c.status, c.reason))
+    };
+    let mut w = World::new(plan(), vec![]);
+    w.step();
+    assert_eq!(condition(&w), Some(("False".into(), "NoNodes".into())));
+    let mut w = World::new(plan(), vec![node("cp-1", "v1", true)]);
+    w.step();
+    assert_eq!(condition(&w), Some(("True".into(), "NodesSelected".into())));
+}
+
 mod failures;
