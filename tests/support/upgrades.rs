@@ -173,7 +173,9 @@ pub async fn create_plan(env: &TestEnv, fleet: &Fleet, spec: serde_json::Value) 
 }
 
 /// A hook running a Job in the test's namespace; kwok completes its pod
-/// at once. `extra` is merged over the hook.
+/// at once. Its pod stays on this test's nodes: on the shared cluster it
+/// once landed on another test's node as that went away, failed, and
+/// failed the hook (backoffLimit 0). `extra` is merged over the hook.
 pub fn hook(env: &TestEnv, name: &str, extra: serde_json::Value) -> serde_json::Value {
     let mut h = json!({
         "name": name,
@@ -181,6 +183,7 @@ pub fn hook(env: &TestEnv, name: &str, extra: serde_json::Value) -> serde_json::
         "deadlineSeconds": 120,
         "job": {"backoffLimit": 0, "template": {"spec": {
             "restartPolicy": "Never",
+            "nodeSelector": {GROUP_LABEL: env.id},
             "tolerations": [{"operator": "Exists"}],
             "containers": [{"name": "hook", "image": "registry.invalid/hook:1",
                 "env": [{"name": "FROM_TEMPLATE", "value": "kept"}]}]
