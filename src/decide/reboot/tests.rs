@@ -566,4 +566,5 @@ fn an_admission_whose_create_was_lost_is_created_again() {
 mod node_role;
 mod ownership;
 mod settings;
+mod world_tools;
 mod worlds;

@@ -23,31 +23,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
-use serde_json::{Value, json};
 
+use super::world_tools::{Rng, merge};
 use super::*;
 use crate::decide::Outcome;
 
 /// How many worlds, and steps in each.
 const WORLDS: u64 = 2000;
 const STEPS: usize = 40;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 struct World {
     rng: Rng,
@@ -97,27 +80,6 @@ fn oldest_selecting<'a>(node: &Node, policies: &'a [RebootPolicy]) -> Option<&'a
 
 fn failed(m: &NodeMaintenance) -> bool {
     m.status.as_ref().and_then(|s| s.phase) == Some(Phase::Failed)
-}
-
-/// RFC 7386 merge patch.
-fn merge(target: &mut Value, patch: &Value) {
-    match patch {
-        Value::Object(p) => {
-            if !target.is_object() {
-                *target = json!({});
-            }
-            if let Value::Object(t) = target {
-                for (k, v) in p {
-                    if v.is_null() {
-                        t.remove(k);
-                    } else {
-                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                    }
-                }
-            }
-        }
-        other => *target = other.clone(),
-    }
 }
 
 impl World {

@@ -1,0 +1,44 @@
+//! Tools of the random worlds (`worlds.rs`): a seeded xorshift generator
+//! (a failing world is replayed from its seed, no crate needed) and the
+//! JSON merge patch the worlds apply node patches with.
+
+use serde_json::{Value, json};
+
+/// xorshift64: cheap, seeded, good enough to pick events.
+pub(super) struct Rng(pub(super) u64);
+
+impl Rng {
+    pub(super) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub(super) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub(super) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// RFC 7386 merge patch.
+pub(super) fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            if let Value::Object(t) = target {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
