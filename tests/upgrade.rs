@@ -15,7 +15,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use nodekeeper::api::upgrade::{UpgradePhase, UpgradePlan};
 use serde_json::json;
-use support::machines::{Fleet, Watcher, cluster_role, maintenances_on};
+use support::machines::{Fleet, LONG, Watcher, cluster_role, maintenances_on};
 use support::upgrades::*;
 use support::{TestEnv, block_on, install_agent_identity, install_crds, wait_for};
 
@@ -420,5 +420,86 @@ fn sigkill_mid_hook_and_mid_upgrade_repeats_nothing() {
             1,
             "{n}\n{context}"
         );
+    }
+}
+
+/// A plan whose command does not exist on the hosts takes no node: each
+/// node's agent finds the program missing before the node is admitted, the
+/// plan reports it per node, and nothing is cordoned (watched
+/// independently). Once the command is fixed the same nodes upgrade.
+#[test]
+fn a_command_that_does_not_exist_drains_no_node() {
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-nocmd").await;
+        let names = nodes(&mut env, 2, 0).await;
+        (env, names)
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 2},
+               "strategy": {"command": ["/nonexistent/upgrade", "{version}"]}}),
+    ));
+    block_on(async {
+        for n in &names {
+            let api: Api<UpgradePlan> = Api::all(env.client.clone());
+            let e = wait_for(
+                &format!("{n} reported as unable to run the command"),
+                LONG,
+                || async {
+                    let p = api.get(&plan).await.ok()?;
+                    p.entry(n)
+                        .filter(|e| e.reason.as_deref() == Some("CommandNotRunnable"))
+                        .cloned()
+                },
+            )
+            .await;
+            assert_eq!(e.phase, UpgradePhase::Waiting);
+            let msg = e.message.unwrap_or_default();
+            assert!(msg.contains("/nonexistent/upgrade: not found"), "{msg}");
+            assert_eq!(maintenances_on(&env.client, n).await, 0, "{n}");
+            assert!(
+                timeline.first(&format!("down {n}")).is_none(),
+                "{n} was taken: {:#?}\n{}",
+                timeline.events(),
+                cluster.log_text()
+            );
+        }
+        let events = support::kubectl(
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector",
+                "reason=UpgradeCommandNotRunnable",
+                "-o",
+                "name",
+            ],
+            None,
+        );
+        assert!(
+            !String::from_utf8_lossy(&events.stdout).trim().is_empty(),
+            "no UpgradeCommandNotRunnable event"
+        );
+        Api::<UpgradePlan>::all(env.client.clone())
+            .patch(
+                &plan,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"strategy": {"command": command(&fleet)}}})),
+            )
+            .await
+            .expect("fixing the plan's command");
+    });
+    serve(&fleet, &timeline, &names, Duration::from_secs(120), || {
+        all_done(&env.client, &plan, &names)
+    });
+    timeline.stop();
+    for n in &names {
+        assert_eq!(runs(&fleet, n), ["v2"], "{n}");
     }
 }

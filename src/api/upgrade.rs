@@ -22,6 +22,12 @@ pub const ISSUED_ANNOTATION: &str = "nodekeeper.io/upgrade-issued";
 /// On the node: `<plan>/<version>/<boot ID> ok` or `… failed: <message>`,
 /// written when the command returns.
 pub const RESULT_ANNOTATION: &str = "nodekeeper.io/upgrade-result";
+/// On the node, written by its agent before the node can be admitted:
+/// `<plan>/<generation>/<uid> ok` when the plan's commands can run on this
+/// host, or `… cannot run: <why>`. The plan admits a node only once its
+/// agent said `ok` for the plan's current spec, so a command that does not
+/// exist never drains a node.
+pub const CHECK_ANNOTATION: &str = "nodekeeper.io/upgrade-command-check";
 /// Labels on every hook Job: which plan, node, stage (`before`/`after`) and
 /// hook it belongs to. The plan label is also what the cluster role
 /// watches Jobs by.

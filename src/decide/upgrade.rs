@@ -71,6 +71,10 @@ pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
 pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const WAIT_FAILURE: &str = "Failure";
 pub const WAIT_OTHER_PLAN: &str = "OtherPlan";
+/// The node's agent has not yet said the plan's commands can run there.
+pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
+/// The node's agent found the plan's command cannot run there.
+pub const WAIT_COMMAND: &str = "CommandNotRunnable";
 pub const FAILED_HOOK: &str = "HookFailed";
 pub const FAILED_DRAIN: &str = "DrainFailed";
 pub const FAILED_COMMAND: &str = "CommandFailed";
@@ -370,6 +374,8 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 WAIT_NOT_READY,
                 "the node reports no boot ID, so its upgrade could not be tracked".into(),
             ))
+        } else if let Some(w) = agent_check(&mut d, node, p) {
+            Some(w)
         } else {
             disrupt::wait(&disrupt::Admission {
                 what: "upgrade",
@@ -416,6 +422,28 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         effects,
         then: Then::Wait(d.wake),
         note,
+    }
+}
+
+/// Before a node is taken: its agent must have said the plan's commands
+/// can run there (a missing command drained the node, then failed and left
+/// it in maintenance). A command that cannot run is reported on the node
+/// and the plan once, when it is found.
+fn agent_check(d: &mut Decision, node: &Node, p: &UpgradePlan) -> Option<(&'static str, String)> {
+    let n = node.name_any();
+    match node::check_of(node, p) {
+        node::Check::Runnable => None,
+        node::Check::Unchecked => Some((
+            WAIT_AGENT_CHECK,
+            "waiting for the node's agent to say the plan's commands can run there".into(),
+        )),
+        node::Check::NotRunnable(why) => {
+            let msg = format!("the node's agent cannot run the plan's command: {why}");
+            if d.prev(&n).and_then(|e| e.reason.as_deref()) != Some(WAIT_COMMAND) {
+                d.event(&n, true, "UpgradeCommandNotRunnable", &msg);
+            }
+            Some((WAIT_COMMAND, msg))
+        }
     }
 }
 

@@ -46,6 +46,60 @@ pub fn command_line(argv: &[String], exec: Exec) -> Vec<String> {
     }
 }
 
+/// Can `argv` be started where [`command_line`] would start it: its program
+/// found (on `PATH` when it has no `/`) as an executable file? Read from the
+/// file system only, so it takes no time worth bounding. Where the host's
+/// file system cannot be looked at (no access to PID 1's root), the answer
+/// is yes: the command itself will say.
+pub fn can_run(argv: &[String], exec: Exec) -> Result<(), String> {
+    let program = argv
+        .first()
+        .filter(|p| !p.trim().is_empty())
+        .ok_or("the command is empty")?;
+    let root = match exec {
+        Exec::Direct => PathBuf::from("/"),
+        Exec::HostNamespace => PathBuf::from("/proc/1/root"),
+    };
+    if std::fs::read_dir(&root).is_err() {
+        return Ok(());
+    }
+    let search: Vec<PathBuf> = if program.contains('/') {
+        vec![PathBuf::from(program)]
+    } else {
+        let path = match exec {
+            Exec::Direct => std::env::var("PATH").unwrap_or_default(),
+            Exec::HostNamespace => String::new(),
+        };
+        let path = if path.is_empty() {
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()
+        } else {
+            path
+        };
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(program))
+            .collect()
+    };
+    let mut why = format!("{program}: not found");
+    for candidate in &search {
+        let on_host = root.join(candidate.strip_prefix("/").unwrap_or(candidate));
+        match std::fs::metadata(&on_host) {
+            Ok(m)
+                if m.is_file()
+                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0 =>
+            {
+                return Ok(());
+            }
+            Ok(m) if m.is_file() => why = format!("{}: not executable", candidate.display()),
+            Ok(_) => why = format!("{}: not a file", candidate.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Cannot tell (permissions): let the command say.
+            Err(_) => return Ok(()),
+        }
+    }
+    Err(why)
+}
+
 /// `nodekeeper host-exec -- ARGV`: join PID 1's (or `pid`'s) mount namespace, then
 /// replace this process with ARGV. Must run before any thread starts (a
 /// multithreaded process cannot change its mount namespace). Returns only
@@ -217,6 +271,47 @@ mod tests {
                 sentinel_command(&["sleep".into(), "30".into()], Duration::from_millis(200)).await;
             assert!(hung.is_err_and(|e| e.contains("still running")));
         });
+    }
+
+    #[test]
+    fn can_run_finds_programs_and_names_what_is_wrong() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            can_run(&argv(&["/bin/sh", "-c", "true"]), Exec::Direct),
+            Ok(())
+        );
+        assert_eq!(can_run(&argv(&["sh"]), Exec::Direct), Ok(()));
+        assert_eq!(
+            can_run(&argv(&["/nonexistent/upgrade", "v2"]), Exec::Direct),
+            Err("/nonexistent/upgrade: not found".into())
+        );
+        assert_eq!(
+            can_run(&argv(&["no-such-program-anywhere"]), Exec::Direct),
+            Err("no-such-program-anywhere: not found".into())
+        );
+        assert_eq!(
+            can_run(&[], Exec::Direct),
+            Err("the command is empty".into())
+        );
+        assert_eq!(
+            can_run(&argv(&[""]), Exec::Direct),
+            Err("the command is empty".into())
+        );
+        let dir = std::env::temp_dir().join(format!("nk-can-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let plain = dir.join("plain");
+        std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+        let plain = plain.display().to_string();
+        assert_eq!(
+            can_run(&[plain.clone()], Exec::Direct),
+            Err(format!("{plain}: not executable"))
+        );
+        let d = dir.display().to_string();
+        assert_eq!(
+            can_run(&[d.clone()], Exec::Direct),
+            Err(format!("{d}: not a file"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -109,6 +109,24 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
     if plans.is_empty() {
         return Ok(());
     }
+    // Before the node can be admitted: can its governing plan's commands
+    // run here? (A command that does not exist drained the node first and
+    // left it in maintenance.) The plan admits the node only on `ok`.
+    if let Some((key, argvs)) = node::to_check(&n, &plans) {
+        let answer = argvs
+            .iter()
+            .try_for_each(|argv| crate::effects::host::can_run(argv, ctx.effects.exec));
+        if let Some(record) = node::record_check(&n, &key, &answer) {
+            match &answer {
+                Ok(()) => log::info!("node {name}: UpgradePlan {key}: its commands can run here"),
+                Err(why) => log::warn!(
+                    "node {name}: UpgradePlan {key}: its command cannot run here ({why}); the node is not admitted"
+                ),
+            }
+            let outcome = ctx.effects.perform(&record).await?;
+            ctx.remember(&outcome);
+        }
+    }
     let nms = ctx.maintenances_for(name);
     let effects = node::decide(&node::Snapshot {
         node: &n,

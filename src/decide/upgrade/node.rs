@@ -92,6 +92,79 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
     Vec::new()
 }
 
+/// What the node's agent said about a plan's commands on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Check {
+    /// Not (yet) said for the plan's current spec.
+    Unchecked,
+    Runnable,
+    /// Why not (a missing program, one that is not executable).
+    NotRunnable(String),
+}
+
+/// What a check is of: the plan's name, spec generation and uid (a plan
+/// re-created under the same name is checked afresh).
+pub fn check_key(plan: &UpgradePlan) -> String {
+    let uid = plan.metadata.uid.as_deref().unwrap_or_default();
+    format!(
+        "{}/{}/{}",
+        plan.name_any(),
+        plan.metadata.generation.unwrap_or_default(),
+        uid.get(..8).unwrap_or(uid)
+    )
+}
+
+/// The agent's check of `plan` as recorded on `node`.
+pub fn check_of(node: &Node, plan: &UpgradePlan) -> Check {
+    let key = check_key(plan);
+    let Some(rest) = annotation(node, CHECK_ANNOTATION).and_then(|v| v.strip_prefix(&key)) else {
+        return Check::Unchecked;
+    };
+    match rest.strip_prefix(' ') {
+        Some("ok") => Check::Runnable,
+        Some(r) => Check::NotRunnable(r.strip_prefix("cannot run: ").unwrap_or(r).to_string()),
+        None => Check::Unchecked,
+    }
+}
+
+/// The commands the agent must check before its node can be admitted: the
+/// governing plan's upgrade command (and its reboot command, when it
+/// reboots), expanded for this node, with the key to record the answer
+/// under. `None` when there is nothing to check: no plan governs the node,
+/// it is at the plan's version, or the agent found them runnable for this
+/// spec. A failed check is looked at again each time (the program may have
+/// been installed since); [`record_check`] writes only a changed answer.
+pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<Vec<String>>)> {
+    let plan = super::governing(node, plans)?;
+    let spec = &plan.spec;
+    if at_version(node, &spec.version_from, &spec.version) {
+        return None;
+    }
+    if check_of(node, plan) == Check::Runnable {
+        return None;
+    }
+    let n = node.name_any();
+    let mut argvs = vec![expand(&spec.strategy.command, &spec.version, &n)];
+    if spec.strategy.reboot {
+        argvs.push(expand(&spec.strategy.reboot_command, &spec.version, &n));
+    }
+    Some((check_key(plan), argvs))
+}
+
+/// Record the agent's answer on its node, unless it says so already (one
+/// key of our own: no guard).
+pub fn record_check(node: &Node, key: &str, answer: &Result<(), String>) -> Option<Effect> {
+    let value = match answer {
+        Ok(()) => format!("{key} ok"),
+        Err(why) => format!("{key} cannot run: {why}"),
+    };
+    (annotation(node, CHECK_ANNOTATION) != Some(value.as_str())).then(|| Effect::PatchNode {
+        node: node.name_any(),
+        resource_version: None,
+        patch: json!({"metadata": {"annotations": {CHECK_ANNOTATION: value}}}),
+    })
+}
+
 /// Expand `{version}` and `{node}` in an argv template. Arguments are never
 /// joined into a shell string.
 pub fn expand(template: &[String], version: &str, node: &str) -> Vec<String> {

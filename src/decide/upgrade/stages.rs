@@ -106,7 +106,7 @@ impl<'a> Decision<'a> {
         self.wake = earliest(self.wake, Some(d));
     }
 
-    fn event(&mut self, node: &str, warning: bool, reason: &'static str, what: &str) {
+    pub(super) fn event(&mut self, node: &str, warning: bool, reason: &'static str, what: &str) {
         let node_obj = self.s.nodes.iter().find(|n| n.name_any() == node);
         if let Some(n) = node_obj {
             self.effects.push(Effect::Event {

@@ -90,6 +90,20 @@ fn plan() -> UpgradePlan {
     p
 }
 
+/// `n` as its agent leaves it once it found `plan`'s commands runnable
+/// (unless the node says something of the check already).
+fn checked(n: &Arc<Node>, plan: &UpgradePlan) -> Arc<Node> {
+    if annotation(n, CHECK_ANNOTATION).is_some() {
+        return n.clone();
+    }
+    let mut x = (**n).clone();
+    x.metadata.annotations.get_or_insert_default().insert(
+        CHECK_ANNOTATION.into(),
+        format!("{} ok", node::check_key(plan)),
+    );
+    Arc::new(x)
+}
+
 /// The Jobs' states, as the cluster role's untyped store gives them.
 fn states(jobs: &HashMap<String, Arc<Job>>) -> HashMap<String, crate::decide::jobs::JobState> {
     jobs.iter()
@@ -128,9 +142,12 @@ impl World {
 
     fn decide(&self) -> Plan {
         let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+        // The agents have checked the plan's commands, unless a test said
+        // otherwise on the node.
+        let nodes: Vec<Arc<Node>> = self.nodes.iter().map(|n| checked(n, &self.plan)).collect();
         decide(&Snapshot {
             plan: &self.plan,
-            nodes: &self.nodes,
+            nodes: &nodes,
             maintenances: &self.nms,
             jobs: &states(&self.jobs),
             job_errors: &self.job_errors,
@@ -520,7 +537,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
                 .unwrap_or(now()),
         ));
     let plans = [Arc::new(older.clone()), Arc::new(younger.clone())];
-    let nodes = [Arc::new(node("a", "v1", false))];
+    let nodes = [checked(&Arc::new(node("a", "v1", false)), &older)];
     let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
     let decide_for = |p: &UpgradePlan| {
         decide(&Snapshot {

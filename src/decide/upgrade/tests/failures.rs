@@ -247,3 +247,123 @@ fn a_failed_maintenance_of_an_administrator_holds_nothing() {
     w.step();
     assert_eq!(w.phase("a"), UpgradePhase::PreHooks, "{:?}", w.entry("a"));
 }
+
+#[test]
+fn a_node_is_taken_only_once_its_agent_said_the_command_can_run() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Default::default();
+    p.spec.budget.max_unavailable =
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(3);
+    let key = node::check_key(&p);
+    let mut w = World::new(
+        p,
+        vec![
+            node("a", "v1", false),
+            node("b", "v1", false),
+            node("c", "v1", false),
+        ],
+    );
+    let say = |w: &mut World, n: &str, value: Option<String>| {
+        w.edit_node(n, |x| {
+            let a = x.metadata.annotations.get_or_insert_default();
+            match value {
+                // An agent that has not looked yet, or looked at an older
+                // spec of the plan.
+                None => a.insert(CHECK_ANNOTATION.into(), "os/0/uid-plan ok".into()),
+                Some(v) => a.insert(CHECK_ANNOTATION.into(), v),
+            };
+        })
+    };
+    say(&mut w, "a", None);
+    say(
+        &mut w,
+        "b",
+        Some(format!("{key} cannot run: /sbin/upgrade: not found")),
+    );
+    w.step();
+    assert_eq!(w.phase("c"), UpgradePhase::Draining, "c was checked");
+    let a = w.entry("a");
+    assert_eq!(
+        (a.phase, a.reason.as_deref()),
+        (UpgradePhase::Waiting, Some(WAIT_AGENT_CHECK))
+    );
+    let b = w.entry("b");
+    assert_eq!(
+        (b.phase, b.reason.as_deref()),
+        (UpgradePhase::Waiting, Some(WAIT_COMMAND))
+    );
+    assert!(
+        b.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("/sbin/upgrade: not found"),
+        "{b:?}"
+    );
+    assert!(
+        !w.nms.iter().any(|m| m.spec.node_name != "c"),
+        "only c is taken"
+    );
+    // Reported once (on the node and the plan), not on every decision.
+    let reported = |w: &World| {
+        w.events
+            .iter()
+            .filter(|r| **r == "UpgradeCommandNotRunnable")
+            .count()
+    };
+    assert_eq!(reported(&w), 2);
+    w.step();
+    assert_eq!(reported(&w), 2);
+    // The program installed: the agent says so and the node is taken.
+    say(&mut w, "b", Some(format!("{key} ok")));
+    w.step();
+    assert_eq!(w.phase("b"), UpgradePhase::Draining);
+}
+
+#[test]
+fn the_agent_checks_its_governing_plans_commands_until_they_can_run() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.strategy.reboot = true;
+    let n = node("a", "v1", false);
+    let plans = [Arc::new(p.clone())];
+    let (key, argvs) = node::to_check(&n, &plans).unwrap_or_else(|| panic!("nothing to check"));
+    assert_eq!(key, node::check_key(&p));
+    assert_eq!(argvs[0], ["/sbin/upgrade", "--to", "v2", "a"]);
+    assert_eq!(argvs.len(), 2, "the reboot command too: {argvs:?}");
+    let failed: Result<(), String> = Err("/sbin/upgrade: not found".into());
+    let Some(Effect::PatchNode { patch, .. }) = node::record_check(&n, &key, &failed) else {
+        panic!("no record");
+    };
+    let value = patch["metadata"]["annotations"][CHECK_ANNOTATION]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut recorded = n.clone();
+    recorded
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(CHECK_ANNOTATION.into(), value);
+    assert_eq!(
+        node::check_of(&recorded, &p),
+        node::Check::NotRunnable("/sbin/upgrade: not found".into())
+    );
+    // A failed check is looked at again, but the same answer is not
+    // written again.
+    assert!(node::to_check(&recorded, &plans).is_some());
+    assert!(node::record_check(&recorded, &key, &failed).is_none());
+    // Runnable: nothing more to check until the spec changes.
+    let ok = node::record_check(&recorded, &key, &Ok(()));
+    assert!(ok.is_some());
+    let mut fine = n.clone();
+    fine.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(CHECK_ANNOTATION.into(), format!("{key} ok"));
+    assert!(node::to_check(&fine, &plans).is_none());
+    p.metadata.generation = Some(2);
+    assert!(node::to_check(&fine, &[Arc::new(p.clone())]).is_some());
+    // At the version: nothing to check.
+    assert!(node::to_check(&node("a", "v2", false), &plans).is_none());
+}
