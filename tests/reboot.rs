@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use nodekeeper::api::reboot::{RebootPhase, RebootPolicy};
 use serde_json::json;
 use support::machines::*;
-use support::{TestEnv, block_on, install_crds, wait_for};
+use support::{TestEnv, block_on, install_agent_identity, install_crds, wait_for};
 
 #[test]
 fn a_wave_of_twelve_never_exceeds_the_budget_and_reboots_each_node_once() {
@@ -620,5 +620,110 @@ fn a_hanging_sentinel_command_holds_up_neither_a_maintenance_nor_health() {
             nms.get_opt(&name).await.ok()?.is_none().then_some(())
         })
         .await;
+    });
+}
+
+/// A sentinel command that cannot answer is reported per node on the
+/// policy (phase Unknown, reason SentinelFailed, the cause named) and by an
+/// event, and taken back once the command answers; the node is not taken
+/// meanwhile. (It was only logged on the node, every period.)
+#[test]
+fn a_sentinel_command_that_cannot_answer_is_reported_per_node() {
+    install_crds();
+    install_agent_identity();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-sentinel").await;
+        let names = nodes(&mut env, 1).await;
+        let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
+        fleet
+            .node_identity
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        (env, names, fleet)
+    });
+    let a = names[0].clone();
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"detect": {"sentinelFile": "", "sentinelCommand": ["/no/such/sentinel"]}}),
+    ));
+    fleet.start_agent(&a);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    let policies: Api<RebootPolicy> = Api::all(env.client.clone());
+    let reported = |want: &'static str| {
+        let (policies, policy, a) = (policies.clone(), policy.clone(), a.clone());
+        async move {
+            wait_for(&format!("{a} reported: {want}"), LONG, || async {
+                let p = policies.get(&policy).await.ok()?;
+                let e = p.entry(&a)?;
+                (e.phase == RebootPhase::Unknown
+                    && e.reason.as_deref() == Some("SentinelFailed")
+                    && e.message.as_deref().is_some_and(|m| m.contains(want)))
+                .then_some(())
+            })
+            .await
+        }
+    };
+    block_on(async {
+        reported("/no/such/sentinel: not found").await;
+        let events = support::kubectl(
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector",
+                "reason=RebootSignalUnreadable",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+            None,
+        );
+        let text = String::from_utf8_lossy(&events.stdout).to_string();
+        assert!(text.contains("/no/such/sentinel"), "events: {text}");
+        // Another exit code than kured's 0 (needed) and 1 (not).
+        policies
+            .patch(
+                &policy,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"detect": {"sentinelCommand": ["sh", "-c", "exit 3"]}}}),
+                ),
+            )
+            .await
+            .expect("patching the policy");
+        reported("exited with 3").await;
+        // A command that answers: the report is taken back.
+        policies
+            .patch(
+                &policy,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"detect": {"sentinelCommand": ["sh", "-c", "exit 1"]}}}),
+                ),
+            )
+            .await
+            .expect("patching the policy");
+        wait_for("the report taken back", LONG, || async {
+            let p = policies.get(&policy).await.ok()?;
+            p.entry(&a).is_none().then_some(())
+        })
+        .await;
+        let node = Api::<Node>::all(env.client.clone())
+            .get(&a)
+            .await
+            .expect("the node");
+        assert!(
+            !node
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("nodekeeper.io/reboot-sentinel-failed"),
+            "the node's record is taken back"
+        );
+        assert_ne!(
+            node.spec.and_then(|s| s.unschedulable),
+            Some(true),
+            "the node was never taken:\n{}",
+            cluster.log_text()
+        );
     });
 }

@@ -29,6 +29,12 @@ pub const PAUSED_ANNOTATION: &str = "nodekeeper.io/reboot-paused";
 pub const ISSUED_ANNOTATION: &str = "nodekeeper.io/reboot-issued";
 /// `<boot ID>: <message>` when the reboot command failed in that boot.
 pub const FAILED_ANNOTATION: &str = "nodekeeper.io/reboot-failed";
+/// Set by the node agent while its last look at the host's reboot signal
+/// failed (a sentinel command that does not exist, is empty, hangs or
+/// answers neither 0 nor 1; a sentinel file it cannot read): why, in one
+/// line. Removed by the next look that works. The policy reports it per
+/// node (`Unknown`, reason `SentinelFailed`).
+pub const SENTINEL_FAILED_ANNOTATION: &str = "nodekeeper.io/reboot-sentinel-failed";
 /// On the NodeMaintenance a policy takes a node with: the node's boot ID at
 /// admission. Completion is verified against it.
 pub const BOOT_ID_ANNOTATION: &str = "nodekeeper.io/boot-id-before";
@@ -206,6 +212,10 @@ pub enum RebootPhase {
     Done,
     /// Not rebooted; the message says why. Not tried again in this boot.
     Failed,
+    /// Whether it needs a reboot is not known: its agent could not read
+    /// the host's reboot signal (reason `SentinelFailed`; the message says
+    /// why).
+    Unknown,
 }
 
 impl RebootPhase {
@@ -219,6 +229,7 @@ impl RebootPhase {
             RebootPhase::Settling => "Settling",
             RebootPhase::Done => "Done",
             RebootPhase::Failed => "Failed",
+            RebootPhase::Unknown => "Unknown",
         }
     }
 

@@ -32,6 +32,7 @@ use kube::ResourceExt;
 use super::budget::Member;
 use super::disrupt;
 use super::drain::selector_matches;
+use super::maintenance::annotation;
 use super::{Effect, Plan, Then, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
@@ -67,6 +68,8 @@ pub const WAIT_INVALID: &str = "InvalidSpec";
 /// An older RebootPolicy selects the node too and governs it.
 pub const WAIT_OTHER_POLICY: &str = "OtherPolicy";
 pub const NOT_RETURNED: &str = "NotReturned";
+/// The node's agent cannot read the host's reboot signal.
+pub const SENTINEL_FAILED: &str = "SentinelFailed";
 
 /// NodeMaintenances a RebootPolicy took nodes with whose policy is gone:
 /// give those nodes back (see [`crate::decide::disrupt::orphans`]).
@@ -292,7 +295,29 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
     }
 
-    // 3. History: verified and failed nodes stay listed while selected.
+    // 3. Nodes whose agent cannot read the host's reboot signal (this
+    // policy's sentinel): whether they need a reboot is not known. It was
+    // only logged on the node, every period.
+    for node in &selected {
+        let n = node.name_any();
+        let Some(why) = annotation(node, SENTINEL_FAILED_ANNOTATION) else {
+            continue;
+        };
+        if d.entries.contains_key(&n)
+            || node::governing(node, s.policies).is_some_and(|g| g.name_any() != name)
+        {
+            continue;
+        }
+        let msg = format!("its agent cannot read the host's reboot signal: {why}");
+        if d.prev(&n).map(|e| (e.phase, e.message.as_deref()))
+            != Some((RebootPhase::Unknown, Some(msg.as_str())))
+        {
+            d.event(node, true, "RebootSignalUnreadable", &msg);
+        }
+        d.set(&n, RebootPhase::Unknown, None, Some(SENTINEL_FAILED), msg);
+    }
+
+    // 4. History: verified and failed nodes stay listed while selected.
     for e in &old.nodes {
         if !d.entries.contains_key(&e.name)
             && matches!(e.phase, RebootPhase::Done | RebootPhase::Failed)

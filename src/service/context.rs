@@ -31,6 +31,8 @@ pub struct HostSignal {
     pub at: k8s_openapi::jiff::Timestamp,
     /// `None`: the look failed (the error was logged).
     pub needed: Option<bool>,
+    /// Why the look failed, in one line (recorded on the node).
+    pub error: Option<String>,
 }
 
 /// Shared state of the one loop.

@@ -154,7 +154,12 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
     };
     let policies = ctx.policies();
     let Some(governing) = node::governing(&n, &policies).cloned() else {
-        // No policy covers this node: nothing reads its signals.
+        // No policy covers this node: nothing reads its signals (and a
+        // failure recorded under a policy that is gone is taken back).
+        if let Some(e) = node::sentinel_record(&n, None) {
+            let outcome = ctx.effects.perform(&e).await?;
+            ctx.remember(&outcome);
+        }
         return Ok(None);
     };
     let now = Timestamp::now();
@@ -164,6 +169,7 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
+    let last_known = last.is_some();
     let due = last
         .as_ref()
         .is_none_or(|s| now.duration_since(s.at) >= SignedDuration::from_secs(period));
@@ -181,7 +187,18 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
     let signal = last.unwrap_or(HostSignal {
         at: now,
         needed: None,
+        error: None,
     });
+    // A look that failed is reported on the node (the policy shows it per
+    // node), once per change; one that works takes it back.
+    if last_known && let Some(e) = node::sentinel_record(&n, signal.error.as_deref()) {
+        match &signal.error {
+            Some(why) => log::warn!("node {name}: reboot signal unreadable: {why}"),
+            None => log::info!("node {name}: reboot signal readable again"),
+        }
+        let outcome = ctx.effects.perform(&e).await?;
+        ctx.remember(&outcome);
+    }
     let next_look = if due {
         // The look's end kicks a reconcile; this is a backstop.
         SENTINEL_TIMEOUT.as_secs() as i64
@@ -228,25 +245,35 @@ const SENTINEL_TIMEOUT: Duration = Duration::from_secs(60);
 /// One look at the host: the sentinel file, then the sentinel command.
 async fn look(ctx: &Context, policy: &Arc<RebootPolicy>, now: Timestamp) -> HostSignal {
     let detect = &policy.spec.detect;
+    let mut error = None;
     let mut needed = match host::sentinel_file(&ctx.host_root, &detect.sentinel_file) {
         Ok(v) => Some(v),
         Err(e) => {
-            log::warn!("reboot sentinel: {e}");
+            error = Some(format!("sentinel file: {e}"));
             None
         }
     };
     if needed != Some(true) && !detect.sentinel_command.is_empty() {
+        let shown = detect.sentinel_command.join(" ");
+        // Checked first: an empty or missing program is named as such,
+        // also where commands start through `host-exec`.
+        let runs = host::can_run(&detect.sentinel_command, ctx.effects.exec);
         let argv = host::command_line(&detect.sentinel_command, ctx.effects.exec);
-        needed = match host::sentinel_command(&argv, SENTINEL_TIMEOUT).await {
+        let answer = match runs {
+            Ok(()) => host::sentinel_command(&argv, SENTINEL_TIMEOUT).await,
+            Err(e) => Err(e),
+        };
+        needed = match answer {
             Ok(v) => Some(v),
             Err(e) => {
-                log::warn!(
-                    "reboot sentinel command {:?}: {e}",
-                    detect.sentinel_command.join(" ")
-                );
+                error = Some(format!("sentinel command {shown:?}: {e}"));
                 needed
             }
         };
     }
-    HostSignal { at: now, needed }
+    HostSignal {
+        at: now,
+        needed,
+        error,
+    }
 }

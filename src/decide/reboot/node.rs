@@ -104,6 +104,21 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
     Vec::new()
 }
 
+/// Record the last look's failure on the node (`None`: the look worked, or
+/// no policy reads this node's signals), unless the node says so already.
+pub fn sentinel_record(node: &Node, error: Option<&str>) -> Option<Effect> {
+    let current = node
+        .annotations()
+        .get(SENTINEL_FAILED_ANNOTATION)
+        .map(String::as_str);
+    (current != error).then(|| Effect::PatchNode {
+        node: node.name_any(),
+        // One key of our own; nothing to lose in a concurrent change.
+        resource_version: None,
+        patch: json!({"metadata": {"annotations": {SENTINEL_FAILED_ANNOTATION: error}}}),
+    })
+}
+
 /// Issue a reboot in `boot`: first record it on the node, guarded by the
 /// resourceVersion (of two writers only one succeeds, and a failed write
 /// stops the plan before the command), then run the command.

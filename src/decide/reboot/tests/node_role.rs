@@ -81,3 +81,64 @@ fn a_failed_command_is_recorded_with_its_boot() {
         .is_none()
     );
 }
+
+#[test]
+fn an_unreadable_reboot_signal_is_recorded_once_and_taken_back() {
+    let a = node("a", "b0");
+    let why = "sentinel command \"/no/such\": /no/such: not found";
+    let Some(Effect::PatchNode { patch, .. }) = super::super::node::sentinel_record(&a, Some(why))
+    else {
+        panic!("not recorded");
+    };
+    assert_eq!(
+        patch["metadata"]["annotations"][SENTINEL_FAILED_ANNOTATION],
+        why
+    );
+    let recorded = annotate(a.clone(), SENTINEL_FAILED_ANNOTATION, why);
+    assert!(super::super::node::sentinel_record(&recorded, Some(why)).is_none());
+    let Some(Effect::PatchNode { patch, .. }) =
+        super::super::node::sentinel_record(&recorded, None)
+    else {
+        panic!("not taken back");
+    };
+    assert!(patch["metadata"]["annotations"][SENTINEL_FAILED_ANNOTATION].is_null());
+    assert!(super::super::node::sentinel_record(&a, None).is_none());
+}
+
+#[test]
+fn the_governing_policy_reports_a_node_whose_signal_is_unreadable() {
+    let why = "sentinel command \"sleep 3600\": still running after 60 s";
+    let a = annotate(no_need(node("a", "b0")), SENTINEL_FAILED_ANNOTATION, why);
+    let b = no_need(node("b", "b0"));
+    let mut w = World::new(policy(1), vec![a, b]);
+    let plan = w.plan();
+    let st = status_of(&plan);
+    let (phase, msg) = phase_of(&st, "a");
+    assert_eq!(phase, RebootPhase::Unknown);
+    assert!(msg.contains("still running after 60 s"), "{msg}");
+    assert_eq!(
+        st.nodes[0].reason.as_deref(),
+        Some(crate::decide::reboot::SENTINEL_FAILED)
+    );
+    assert!(st.nodes.iter().all(|e| e.name != "b"), "{st:?}");
+    assert_eq!(st.needing, 0, "not known to need one");
+    assert!(created(&plan).is_empty());
+    let events = |p: &Plan| {
+        p.effects
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    Effect::Event {
+                        reason: "RebootSignalUnreadable",
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    assert_eq!(events(&plan), 2, "on the node and the policy");
+    // Reported once, not on every decision.
+    w.policy.status = Some(st);
+    assert_eq!(events(&w.plan()), 0);
+}
