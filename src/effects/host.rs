@@ -303,12 +303,12 @@ mod tests {
         std::fs::write(&plain, "#!/bin/sh\n").unwrap();
         let plain = plain.display().to_string();
         assert_eq!(
-            can_run(&[plain.clone()], Exec::Direct),
+            can_run(std::slice::from_ref(&plain), Exec::Direct),
             Err(format!("{plain}: not executable"))
         );
         let d = dir.display().to_string();
         assert_eq!(
-            can_run(&[d.clone()], Exec::Direct),
+            can_run(std::slice::from_ref(&d), Exec::Direct),
             Err(format!("{d}: not a file"))
         );
         std::fs::remove_dir_all(&dir).unwrap();
