@@ -194,7 +194,7 @@ fn up_to_date(v: &Value) -> bool {
     c.as_array().map(|a| a.len()) == Some(1)
         && c[0]["type"] == "Outdated"
         && c[0]["status"] == "False"
-        && c[0]["message"] == "Node version of every node is up to date"
+        && c[0]["reason"] == "NodeVersionsUpToDate"
 }
 
 async fn set_image(client: &Client, name: &str, image: &str) {
@@ -657,13 +657,28 @@ fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing()
         }));
         let strategies: Api<kube::api::DynamicObject> =
             Api::all_with(client.clone(), &Kind::AutoscalingStrategy.resource());
-        // The other NodeVersion's first status, before the rollout starts.
+        // The other NodeVersion's first status, before the rollout starts:
+        // nothing outdated, and it says it selects no node.
         wait_nv(
             &client,
             &other,
             "the other NodeVersion's status",
             LIMIT,
-            up_to_date,
+            |v| up_to_date(v) && v["status"]["message"] == "the nodeSelector selects no node",
+        )
+        .await;
+        // The strategy whose Deployment does not exist says so.
+        wait_for(
+            "the bad strategy reporting its Deployment",
+            LIMIT,
+            || async {
+                let s = strategies.get(&bad).await.ok()?;
+                let c = s.data["status"]["conditions"].as_array()?.first()?.clone();
+                (c["type"] == "DeploymentFound"
+                    && c["status"] == "False"
+                    && c["reason"] == "NotFound")
+                    .then_some(())
+            },
         )
         .await;
         // Every change of the strategy's spec.enabled, polled 20 times a

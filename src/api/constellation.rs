@@ -318,6 +318,10 @@ pub struct AutoscalingStrategyStatus {
     pub enabled: bool,
     #[serde(default)]
     pub replicas: i32,
+    /// nodekeeper: `DeploymentFound=False` (reason `NotFound`) while the
+    /// Deployment the spec names does not exist; absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 /// A joining node's Kubernetes components, stamped on its Node.

@@ -36,7 +36,10 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-pub use lifecycle::{autoscaler_command, joining_nodes as lifecycle_joining, strategy};
+pub use lifecycle::{
+    CONDITION_DEPLOYMENT_FOUND, CONDITION_NODE_VERSION_FOUND, JOINING_NODE_DEADLINE_SECONDS,
+    autoscaler_command, joining_nodes as lifecycle_joining, strategy, unfollowed_groups,
+};
 
 use super::disrupt::{self, node_ref, ready};
 use super::{Effect, Plan, set_condition};
@@ -114,6 +117,9 @@ pub struct Snapshot<'a> {
     /// NodeVersion is done: each decides the same value, so none writes
     /// back what another wrote.
     pub others_busy: bool,
+    /// Nodes the selector matches that an older NodeVersion governs (with
+    /// `nodes` empty: why this one has none).
+    pub governed_elsewhere: usize,
     pub now: Timestamp,
 }
 

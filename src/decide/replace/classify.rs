@@ -146,13 +146,20 @@ pub fn status(
         + c.awaiting.len()
         + c.donors.len();
     if out == 0 {
+        // No node selected: none is outdated, but "every node is up to
+        // date" would say it governs some.
+        let msg = if s.nodes.is_empty() {
+            "No node is selected, so none is out of date"
+        } else {
+            "Node version of every node is up to date"
+        };
         set_condition(
             &mut conditions,
             s.now,
             CONDITION_OUTDATED,
             "False",
             "NodeVersionsUpToDate",
-            "Node version of every node is up to date",
+            msg,
         );
     } else {
         set_condition(
@@ -195,6 +202,13 @@ pub fn status(
 /// overdue.
 pub(super) fn message(s: &Snapshot, c: &Classes) -> (Option<String>, Option<Duration>) {
     let mut parts: Vec<String> = Vec::new();
+    if s.nodes.is_empty() {
+        parts.push(match (s.governed_elsewhere, &s.nv.spec.node_selector) {
+            (0, Some(_)) => "the nodeSelector selects no node".to_string(),
+            (0, None) => "there is no node to govern".to_string(),
+            (n, _) => format!("every node it selects ({n}) is governed by an older NodeVersion"),
+        });
+    }
     for (n, why) in &c.invalid {
         parts.push(format!("node {}: {why}", n.name_any()));
     }

@@ -253,23 +253,59 @@ pub fn strategy(
     st: &AutoscalingStrategy,
     groups: &[Arc<ScalingGroup>],
     deployment: Option<&Value>,
+    now: Timestamp,
 ) -> Vec<Effect> {
+    let old = st.status.clone().unwrap_or_default();
+    let write = |status: &AutoscalingStrategyStatus| Effect::WriteObjectStatus {
+        kind: Kind::AutoscalingStrategy,
+        name: st.name_any(),
+        resource_version: st.resource_version(),
+        status: serde_json::to_value(status).unwrap_or_default(),
+    };
     let Some(d) = deployment else {
-        return Vec::new();
+        // Nothing to scale: say so on the strategy (it had no status at
+        // all), once.
+        let msg = format!(
+            "Deployment {}/{} does not exist; nothing is scaled until it does",
+            st.spec.deployment_namespace, st.spec.deployment_name
+        );
+        let mut status = AutoscalingStrategyStatus {
+            enabled: false,
+            replicas: 0,
+            conditions: old.conditions.clone(),
+        };
+        set_condition(
+            &mut status.conditions,
+            now,
+            CONDITION_DEPLOYMENT_FOUND,
+            "False",
+            "NotFound",
+            &msg,
+        );
+        if st.status.as_ref() == Some(&status) {
+            return Vec::new();
+        }
+        return vec![
+            write(&status),
+            Effect::Event {
+                object: object_ref(st, "AutoscalingStrategy"),
+                warning: true,
+                reason: "DeploymentNotFound",
+                note: msg,
+            },
+        ];
     };
     let replicas = d["spec"]["replicas"].as_i64();
+    let mut conditions = old.conditions.clone();
+    conditions.retain(|c| c.type_ != CONDITION_DEPLOYMENT_FOUND);
     let status = AutoscalingStrategyStatus {
         enabled: replicas.unwrap_or(0) > 0,
         replicas: replicas.unwrap_or(0) as i32,
+        conditions,
     };
     let mut fx = Vec::new();
     if st.status.as_ref() != Some(&status) {
-        fx.push(Effect::WriteObjectStatus {
-            kind: Kind::AutoscalingStrategy,
-            name: st.name_any(),
-            resource_version: st.resource_version(),
-            status: serde_json::to_value(&status).unwrap_or_default(),
-        });
+        fx.push(write(&status));
     }
     let expected = if st.spec.enabled { 1 } else { 0 };
     let command = autoscaler_command(st, groups);
@@ -296,6 +332,93 @@ pub fn strategy(
             status: false,
             strategic: true,
         });
+    }
+    fx
+}
+
+/// How long a JoiningNode waits for its node when it came without a
+/// deadline: what Constellation's join service gives one.
+pub const JOINING_NODE_DEADLINE_SECONDS: i64 = 48 * 3600;
+
+/// The condition an AutoscalingStrategy reports a missing Deployment with,
+/// and a ScalingGroup a missing NodeVersion.
+pub const CONDITION_DEPLOYMENT_FOUND: &str = "DeploymentFound";
+pub const CONDITION_NODE_VERSION_FOUND: &str = "NodeVersionFound";
+
+/// A reference to one of Constellation's cluster-scoped objects, for an
+/// event.
+fn object_ref<K: kube::Resource<DynamicType = ()>>(
+    o: &K,
+    kind: &str,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(format!("{GROUP}/v1alpha1")),
+        kind: Some(kind.to_string()),
+        name: Some(o.name_any()),
+        uid: o.uid(),
+        ..Default::default()
+    }
+}
+
+/// ScalingGroups no NodeVersion governs because the one their `nodeImage`
+/// names does not exist: reported on the group (`NodeVersionFound=False`,
+/// an event), the condition dropped once it exists. (They were reported
+/// nowhere: no NodeVersion's pass looks at them.)
+pub fn unfollowed_groups(
+    groups: &[Arc<ScalingGroup>],
+    versions: &[String],
+    now: Timestamp,
+) -> Vec<Effect> {
+    let mut fx = Vec::new();
+    for g in groups {
+        let wanted = g.spec.node_image.as_deref().unwrap_or_default();
+        let mut status = g.status.clone().unwrap_or_default();
+        let mut event = None;
+        if versions.iter().any(|v| v == wanted) {
+            status
+                .conditions
+                .retain(|c| c.type_ != CONDITION_NODE_VERSION_FOUND);
+        } else {
+            let msg = if wanted.is_empty() {
+                "spec.nodeImage names no NodeVersion: the group's image is not kept and no node is created in it".to_string()
+            } else {
+                format!(
+                    "spec.nodeImage names NodeVersion {wanted}, which does not exist: the group's image is not kept and no node is created in it"
+                )
+            };
+            let was = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == CONDITION_NODE_VERSION_FOUND && c.message == msg);
+            set_condition(
+                &mut status.conditions,
+                now,
+                CONDITION_NODE_VERSION_FOUND,
+                "False",
+                "NotFound",
+                &msg,
+            );
+            if !was {
+                event = Some(msg);
+            }
+        }
+        if g.status.clone().unwrap_or_default() == status {
+            continue;
+        }
+        fx.push(Effect::WriteObjectStatus {
+            kind: Kind::ScalingGroup,
+            name: g.name_any(),
+            resource_version: g.resource_version(),
+            status: serde_json::to_value(&status).unwrap_or_default(),
+        });
+        if let Some(note) = event {
+            fx.push(Effect::Event {
+                object: object_ref(g.as_ref(), "ScalingGroup"),
+                warning: true,
+                reason: "NodeVersionNotFound",
+                note,
+            });
+        }
     }
     fx
 }
@@ -336,7 +459,21 @@ pub fn joining_nodes(
             None => match &j.spec.deadline {
                 Some(d) if now >= d.0 => fx.push(delete),
                 Some(d) => wake = crate::decide::earliest(wake, Some(duration_until(now, d.0))),
-                None => {}
+                // Without a deadline it stayed for ever: give it the one
+                // Constellation's join service gives (48 h from its
+                // creation), visibly, in its spec.
+                None => {
+                    let created = j.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+                    let deadline = super::plus(created, JOINING_NODE_DEADLINE_SECONDS);
+                    fx.push(Effect::PatchObject {
+                        kind: Kind::JoiningNode,
+                        namespace: None,
+                        name: j.name_any(),
+                        patch: json!({ "spec": { "deadline": deadline.to_string() } }),
+                        status: false,
+                        strategic: false,
+                    });
+                }
             },
         }
     }

@@ -122,6 +122,7 @@ struct World {
     failures: BTreeMap<String, Failure>,
     strategies: Vec<Arc<AutoscalingStrategy>>,
     others_busy: bool,
+    governed_elsewhere: usize,
 }
 
 impl World {
@@ -136,6 +137,7 @@ impl World {
             failures: BTreeMap::new(),
             strategies: vec![],
             others_busy: false,
+            governed_elsewhere: 0,
         }
     }
 
@@ -151,6 +153,7 @@ impl World {
             failures: &self.failures,
             server_version: None,
             others_busy: self.others_busy,
+            governed_elsewhere: self.governed_elsewhere,
             now: now(),
         }
     }
@@ -299,4 +302,5 @@ fn reserved_label_keys() {
 }
 
 mod objects;
+mod reports;
 mod surge;

@@ -3,7 +3,7 @@
 //! Deployment brought in line, each strategy on its own).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
@@ -47,6 +47,20 @@ pub(super) async fn joining(
     for e in &effects {
         let outcome = ctx.effects.perform(e).await?;
         ctx.remember(&outcome);
+        if let (
+            Effect::PatchObject { name, .. },
+            Outcome::ObjectWritten {
+                kind,
+                resource_version,
+                ..
+            },
+        ) = (e, &outcome)
+        {
+            log::info!("JoiningNode {name}: had no deadline; given one (48 h from its creation)");
+            expect
+                .written
+                .push((*kind, name.clone(), resource_version.clone()));
+        }
         if let Effect::DeleteObject { kind, name, .. } = e {
             log::info!(
                 "JoiningNode {name}: components stamped on its node (or its deadline passed); deleted"
@@ -55,6 +69,50 @@ pub(super) async fn joining(
         }
     }
     Ok(!effects.is_empty())
+}
+
+/// How often a strategy whose Deployment does not exist looks for it.
+const MISSING_DEPLOYMENT_LOOK: Duration = Duration::from_secs(300);
+
+/// ScalingGroups whose NodeVersion does not exist: reported on them.
+pub(super) async fn groups(
+    ctx: &Context,
+    r: &Replace,
+    now: Timestamp,
+    expect: &mut Expect,
+) -> Result<bool> {
+    let groups: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
+    if groups.is_empty() {
+        return Ok(false);
+    }
+    let versions: Vec<String> = r
+        .stores
+        .versions
+        .state()
+        .iter()
+        .map(|v| v.name_any())
+        .collect();
+    let effects = replace::unfollowed_groups(&groups, &versions, now);
+    for e in &effects {
+        let outcome = ctx.effects.perform(e).await?;
+        match (e, outcome) {
+            (
+                Effect::WriteObjectStatus { name, .. },
+                Outcome::ObjectWritten {
+                    kind,
+                    resource_version,
+                    ..
+                },
+            ) => {
+                log::info!("ScalingGroup {name}: the NodeVersion it names is reported");
+                expect.written.push((kind, name.clone(), resource_version));
+            }
+            _ => {}
+        }
+    }
+    Ok(effects
+        .iter()
+        .any(|e| matches!(e, Effect::WriteObjectStatus { .. })))
 }
 
 /// AutoscalingStrategies: read the Deployment when the strategy or the
@@ -78,8 +136,19 @@ pub(super) async fn strategies(
     let mut acted = false;
     for st in &strategies {
         let seen = format!("{}/{groups_rv}", st.resource_version().unwrap_or_default());
-        if lock(&r.strategy_checked).get(&st.name_any()) == Some(&seen) {
-            continue;
+        if let Some((checked, again)) = lock(&r.strategy_checked).get(&st.name_any())
+            && *checked == seen
+        {
+            // A missing Deployment is looked for again now and then (the
+            // role does not watch Deployments); otherwise only on change.
+            match again {
+                Some(t) if Instant::now() >= *t => {}
+                Some(t) => {
+                    *wake = earliest(*wake, Some(t.saturating_duration_since(Instant::now())));
+                    continue;
+                }
+                None => continue,
+            }
         }
         // Each strategy on its own: one whose Deployment cannot be read
         // (a bad name, a failed GET) is reported on it and backed off.
@@ -126,10 +195,13 @@ async fn strategy(
             "reading Deployment {ns}/{name}"
         )))?;
     let value = deployment.map(|d| serde_json::to_value(d).unwrap_or_default());
-    let effects = replace::strategy(st, groups, value.as_ref());
+    let effects = replace::strategy(st, groups, value.as_ref(), Timestamp::now());
     if effects.is_empty() {
-        lock(&r.strategy_checked).insert(st.name_any(), seen);
-        return Ok(None);
+        let again = value
+            .is_none()
+            .then(|| Instant::now() + MISSING_DEPLOYMENT_LOOK);
+        lock(&r.strategy_checked).insert(st.name_any(), (seen, again));
+        return Ok(again.map(|_| MISSING_DEPLOYMENT_LOOK));
     }
     for e in &effects {
         if let Effect::PatchObject { name, .. } = e {

@@ -83,7 +83,8 @@ pub struct Replace {
     failing: Failing,
     /// Per strategy: the resourceVersions it was last checked at (its own
     /// and the groups'), so the Deployment is read only when they change.
-    strategy_checked: Mutex<HashMap<String, String>>,
+    /// With a missing Deployment, also when to look for it again.
+    strategy_checked: Mutex<HashMap<String, (String, Option<Instant>)>>,
     groups_listed: Mutex<Listed>,
 }
 
@@ -264,8 +265,9 @@ async fn pass(
         let now = Timestamp::now();
         let acted_joining = kinds::joining(ctx, r, now, &mut expect, &mut wake).await?;
         let acted_strategies = kinds::strategies(ctx, r, &mut expect, &mut wake).await?;
+        let acted_groups = kinds::groups(ctx, r, now, &mut expect).await?;
         let (acted, w) = versions::versions(ctx, r, now, &mut expect).await?;
-        if !(acted || acted_joining || acted_strategies) {
+        if !(acted || acted_joining || acted_strategies || acted_groups) {
             // A replaced node's maintenance, deleted after its Node, is
             // finished here: its deletion event may have mapped to the Node
             // while the store still had it, and nothing else would look

@@ -46,14 +46,13 @@ pub(super) async fn versions(
         if !crate::service::roles::handles_node_version(&ctx.scope, selector) {
             continue;
         }
-        let nodes: Vec<Arc<Node>> = all_nodes
+        let (nodes, elsewhere): (Vec<Arc<Node>>, Vec<Arc<Node>>) = all_nodes
             .iter()
-            .filter(|n| !taken.contains(&n.name_any()))
             .filter(|n| {
                 selector.is_none_or(|s| crate::decide::drain::selector_matches(s, n.labels()))
             })
             .cloned()
-            .collect();
+            .partition(|n| !taken.contains(&n.name_any()));
         taken.extend(nodes.iter().map(|n| n.name_any()));
         let owned: Vec<Arc<PendingNode>> = pending
             .iter()
@@ -94,6 +93,7 @@ pub(super) async fn versions(
             failures: &failures,
             server_version: r.server_version.as_deref(),
             others_busy,
+            governed_elsewhere: elsewhere.len(),
             now,
         };
         let facts = super::ask::ask(ctx, r, replace::questions(&snap)).await;
