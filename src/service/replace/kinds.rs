@@ -95,19 +95,17 @@ pub(super) async fn groups(
     let effects = replace::unfollowed_groups(&groups, &versions, now);
     for e in &effects {
         let outcome = ctx.effects.perform(e).await?;
-        match (e, outcome) {
-            (
-                Effect::WriteObjectStatus { name, .. },
-                Outcome::ObjectWritten {
-                    kind,
-                    resource_version,
-                    ..
-                },
-            ) => {
-                log::info!("ScalingGroup {name}: the NodeVersion it names is reported");
-                expect.written.push((kind, name.clone(), resource_version));
-            }
-            _ => {}
+        if let (
+            Effect::WriteObjectStatus { name, .. },
+            Outcome::ObjectWritten {
+                kind,
+                resource_version,
+                ..
+            },
+        ) = (e, outcome)
+        {
+            log::info!("ScalingGroup {name}: the NodeVersion it names is reported");
+            expect.written.push((kind, name.clone(), resource_version));
         }
     }
     Ok(effects
