@@ -5,7 +5,7 @@
 //!   that has one, as Kubernetes refuses its own (before, `operator: Bogus`
 //!   in a pod selector was stored and the policy said it was valid);
 //! - names that become part of a request's path (a Deployment's name and
-//!   namespace, node names, a NodeVersion's name): traversal, slashes,
+//!   namespace, a hook Job's namespace, node names, a NodeVersion's name): traversal, slashes,
 //!   empty and upper-case names (before, `../../../../api/v1/nodes/x` as a
 //!   Deployment name was sent as a GET of that path).
 
@@ -150,25 +150,35 @@ fn names_that_reach_a_url_are_refused_with_the_field_named() {
     install_crds();
     install_constellation_crds();
     const CS: &str = "update.edgeless.systems/v1alpha1";
-    // (kind, the spec with NAME where the name goes, the field named)
-    let fields: Vec<(&str, &str, &str)> = vec![
+    const NK: &str = "nodekeeper.io/v1alpha1";
+    // (api, kind, the spec with NAME where the name goes, the field named)
+    let fields: Vec<(&str, &str, &str, &str)> = vec![
         (
+            NK,
+            "UpgradePlan",
+            "{version: v2, strategy: {command: [x]}, hooks: {before: [{name: h, namespace: NAME, job: {template: {spec: {restartPolicy: Never, containers: [{name: c, image: x}]}}}}]}}",
+            "spec.hooks.before[0].namespace",
+        ),
+        (
+            CS,
             "AutoscalingStrategy",
             "{enabled: true, deploymentName: NAME, deploymentNamespace: kube-system}",
             "spec.deploymentName",
         ),
         (
+            CS,
             "AutoscalingStrategy",
             "{enabled: true, deploymentName: autoscaler, deploymentNamespace: NAME}",
             "spec.deploymentNamespace",
         ),
         (
+            CS,
             "PendingNode",
             "{goal: Join, nodeName: NAME}",
             "spec.nodeName",
         ),
-        ("JoiningNode", "{name: NAME}", "spec.name"),
-        ("ScalingGroup", "{nodeImage: NAME}", "spec.nodeImage"),
+        (CS, "JoiningNode", "{name: NAME}", "spec.name"),
+        (CS, "ScalingGroup", "{nodeImage: NAME}", "spec.nodeImage"),
     ];
     let bad = [
         "'../../../../api/v1/nodes/x'",
@@ -179,13 +189,13 @@ fn names_that_reach_a_url_are_refused_with_the_field_named() {
         "'x?watch=true'",
     ];
     let mut failures = Vec::new();
-    for (kind, spec, field) in &fields {
-        let (ok, said) = dry_run(&manifest(CS, kind, &spec.replace("NAME", "good-name-1")));
+    for (api, kind, spec, field) in &fields {
+        let (ok, said) = dry_run(&manifest(api, kind, &spec.replace("NAME", "good-name-1")));
         if !ok {
             failures.push(format!("{kind} {field}: a right name refused: {said}"));
         }
         for name in bad {
-            let (ok, said) = dry_run(&manifest(CS, kind, &spec.replace("NAME", name)));
+            let (ok, said) = dry_run(&manifest(api, kind, &spec.replace("NAME", name)));
             if ok {
                 failures.push(format!("{kind} {field}: {name} accepted"));
             } else if !said.contains(field) {

@@ -257,8 +257,10 @@ pub struct Hook {
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("hook names are lowercase letters, digits and '-'"))]
     #[schemars(length(min = 1, max = 40))]
     pub name: String,
-    /// Namespace the Job runs in.
+    /// Namespace the Job runs in. It becomes part of a request's path, so
+    /// it must be a namespace name.
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("a hook's namespace must be a lowercase RFC 1123 label (a-z, 0-9 and '-')"))]
     pub namespace: String,
     /// Seconds the Job may run (its `activeDeadlineSeconds` is at most
     /// this). Default 600.

@@ -82,6 +82,16 @@ pub fn check(plan: &UpgradePlan) -> Vec<String> {
                 .iter()
                 .enumerate()
                 .filter_map(move |(i, h)| {
+                    // The namespace becomes part of the Job's URL: checked
+                    // again here for objects stored before the schema did.
+                    if !crate::api::common::is_dns_label(&h.namespace) {
+                        return Some(format!(
+                            "hooks.{}[{i}] ({}): namespace {:?} is not a namespace name",
+                            stage.as_str(),
+                            h.name,
+                            h.namespace
+                        ));
+                    }
                     jobs::check(&h.job).err().map(|e| {
                         format!(
                             "hooks.{}[{i}] ({}): job is not a batch/v1 JobSpec: {e}",
