@@ -81,11 +81,17 @@ fn optional_job_spec(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MutexRuleSpec {
-    /// Prefix of the Jobs' names.
+    /// Prefix of the Jobs' names. Both it and the namespace become part
+    /// of a request's path, so they must be names (empty is stored, as the
+    /// original's, and reported on the rule).
     #[serde(default)]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self == '' || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("jobName must be a lowercase RFC 1123 label (a-z, 0-9 and '-')"))]
     pub job_name: String,
     /// Namespace the Jobs run in.
     #[serde(default)]
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self == '' || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("jobNamespace must be a lowercase RFC 1123 label (a-z, 0-9 and '-')"))]
     pub job_namespace: String,
     /// A batch/v1 JobSpec.
     #[serde(default)]

@@ -92,6 +92,15 @@ pub fn rule(r: &MutexRule, now: Timestamp) -> Option<Effect> {
         Some("spec.jobName is empty".to_string())
     } else if r.spec.job_namespace.is_empty() {
         Some("spec.jobNamespace is empty".to_string())
+    } else if !crate::api::common::is_dns_label(&r.spec.job_name) {
+        // Both reach a Job's URL: checked again for rules stored before
+        // the schema refused such names.
+        Some(format!("spec.jobName {:?} is not a name", r.spec.job_name))
+    } else if !crate::api::common::is_dns_label(&r.spec.job_namespace) {
+        Some(format!(
+            "spec.jobNamespace {:?} is not a namespace name",
+            r.spec.job_namespace
+        ))
     } else {
         let check = |what: &str, v: &serde_json::Value| {
             jobs::check(v)
