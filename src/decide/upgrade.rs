@@ -71,6 +71,9 @@ pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
 pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const WAIT_FAILURE: &str = "Failure";
 pub const WAIT_OTHER_PLAN: &str = "OtherPlan";
+/// The upgrade to this version already ran on the node in this boot,
+/// under another plan, and did not bring it there.
+pub const WAIT_ISSUED: &str = "IssuedThisBoot";
 /// The node's agent has not yet said the plan's commands can run there.
 pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
 /// The node's agent found the plan's command cannot run there.
@@ -373,6 +376,20 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             Some((
                 WAIT_NOT_READY,
                 "the node reports no boot ID, so its upgrade could not be tracked".into(),
+            ))
+        } else if let Some(other) = boot_id(node)
+            .and_then(|b| node::issued_for(node, &p.spec.version, b))
+            .filter(|o| *o != name)
+        {
+            // Another plan's attempt in this boot is not repeated: a
+            // plan deleted after its upgrade failed gave the node back,
+            // and the next plan drained it and ran the command again.
+            Some((
+                WAIT_ISSUED,
+                format!(
+                    "the upgrade to {} already ran on it in this boot (UpgradePlan {other}) and it does not report that version; not run again until the node reboots",
+                    p.spec.version
+                ),
             ))
         } else if let Some(w) = agent_check(&mut d, node, p) {
             Some(w)

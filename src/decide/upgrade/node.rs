@@ -71,6 +71,11 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         if at_version(node, &plan.spec.version_from, version) && !strategy.reboot {
             continue;
         }
+        // At most one command per node, version and boot, whichever plan
+        // asks: another plan's failed attempt is not repeated by this one.
+        if issued_for(node, version, boot).is_some() {
+            continue;
+        }
         return vec![
             Effect::PatchNode {
                 node: n.clone(),
@@ -90,6 +95,14 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         ];
     }
     Vec::new()
+}
+
+/// The plan that already issued the upgrade to `version` on this node in
+/// `boot`, if one did.
+pub fn issued_for(node: &Node, version: &str, boot: &str) -> Option<String> {
+    annotation(node, ISSUED_ANNOTATION)?
+        .strip_suffix(&format!("/{version}/{boot}"))
+        .map(str::to_string)
 }
 
 /// What the node's agent said about a plan's commands on this host.

@@ -1,16 +1,19 @@
-//! Property test of the reboot decision core over random worlds: nodes in
-//! two pools that need reboots, NotReady spells and reboots that fail,
-//! up to three overlapping RebootPolicies with random budgets, an
-//! administrator's NodeMaintenances coming and going, decisions taken on
-//! a stale copy of a policy (the guarded status write must refuse them),
-//! and policies deleted at the end. Each step runs the same pure functions
+//! Property test of the disruption decision core over random worlds:
+//! nodes in two pools that need reboots, NotReady spells and reboots that
+//! fail, up to three overlapping RebootPolicies with random budgets and up
+//! to two overlapping UpgradePlans beside them (`worlds/upgrades.rs`: some
+//! nodes cannot run the upgrade command, some upgrades fail, a plan may be
+//! deleted mid-run), an administrator's NodeMaintenances coming and going,
+//! decisions taken on a stale copy of a policy or plan (the guarded status
+//! write must refuse them), and everything deleted at the end. Each step runs the same pure functions
 //! the service calls (`decide`, `node::decide`, `orphans`) in a random
 //! order and applies their effects to the world as the API server would
 //! (resourceVersion guards included).
 //!
 //! Invariants, checked by the world and never read from the product's
 //! status: a node has at most one NodeMaintenance a feature created, and
-//! none is created on a node that already has one; an admission never
+//! none is created on a node that already has one (so at most one
+//! disruption at a time, across kinds); an admission never
 //! leaves more of a policy's nodes unavailable than its budget; the
 //! policy that admits a node is the oldest that selects it; a node gets at
 //! most one reboot command per boot, and none while a person has paused
@@ -26,7 +29,11 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::world_tools::{Rng, merge};
 use super::*;
+use crate::api::upgrade::UpgradePlan;
 use crate::decide::Outcome;
+
+mod people;
+mod upgrades;
 
 /// How many worlds, and steps in each.
 const WORLDS: u64 = 2000;
@@ -46,6 +53,12 @@ struct World {
     nms: Vec<NodeMaintenance>,
     /// Reboot commands per (node, boot).
     commands: BTreeMap<(String, String), u32>,
+    plans: Vec<UpgradePlan>,
+    stale_plans: BTreeMap<String, UpgradePlan>,
+    /// Nodes whose host lacks the upgrade command.
+    cannot_run: std::collections::BTreeSet<String>,
+    /// Upgrade commands per (node, version, boot).
+    upgrades: BTreeMap<(String, String, String), u32>,
     /// What the run did, for the message of a broken invariant.
     trace: Vec<String>,
 }
@@ -91,11 +104,12 @@ impl World {
         for i in 0..count {
             let name = format!("n{i}");
             let mut n = node(&name, &format!("{name}-boot-0"));
+            let pool = if rng.chance(50) { "a" } else { "b" };
             n.metadata.labels = Some(
-                [(
-                    "pool".to_string(),
-                    if rng.chance(50) { "a" } else { "b" }.to_string(),
-                )]
+                [
+                    ("pool".to_string(), pool.to_string()),
+                    (upgrades::VERSION.to_string(), "v1".to_string()),
+                ]
                 .into(),
             );
             if !rng.chance(70) {
@@ -128,7 +142,17 @@ impl World {
             };
             policies.push(p);
         }
+        let plans = upgrades::plans(&mut rng);
+        let cannot_run = nodes
+            .iter()
+            .map(|n| n.name_any())
+            .filter(|_| rng.chance(10))
+            .collect();
         World {
+            stale_plans: plans.iter().map(|p| (p.name_any(), p.clone())).collect(),
+            plans,
+            cannot_run,
+            upgrades: BTreeMap::new(),
             rng,
             now: now(),
             rv: 10,
@@ -179,6 +203,11 @@ impl World {
                 p.status = Some((**status).clone());
                 p.metadata.resource_version = Some(rv);
             }
+            Effect::WriteUpgradeStatus {
+                plan,
+                resource_version,
+                status,
+            } => self.write_plan_status(who, plan, resource_version, status)?,
             Effect::CreateMaintenance { nm } => {
                 let node = nm.spec.node_name.clone();
                 let Some(n) = self.nodes.iter().find(|n| n.name_any() == node).cloned() else {
@@ -194,18 +223,22 @@ impl World {
                         m.name_any()
                     );
                 }
-                let owner = nm
+                let (kind, owner) = nm
                     .owner_references()
                     .first()
-                    .map(|o| o.name.clone())
+                    .map(|o| (o.kind.clone(), o.name.clone()))
                     .unwrap_or_default();
+                if kind == crate::api::upgrade::OWNER_KIND {
+                    self.check_plan_admission(who, &n, &owner);
+                }
                 let governor = oldest_selecting(&n, &self.policies).map(|p| p.name_any());
-                assert_eq!(
-                    governor.as_deref(),
-                    Some(owner.as_str()),
+                assert!(
+                    kind != OWNER_KIND || governor.as_deref() == Some(owner.as_str()),
                     "{node} admitted by {owner}, not by the oldest policy selecting it"
                 );
-                if let Some(p) = self.policies.iter().find(|p| p.name_any() == owner) {
+                if kind != OWNER_KIND {
+                    // An UpgradePlan's: checked above.
+                } else if let Some(p) = self.policies.iter().find(|p| p.name_any() == owner) {
                     let budget = match &p.spec.budget.max_unavailable {
                         IntOrString::Int(i) => *i as usize,
                         IntOrString::String(_) => usize::MAX,
@@ -270,6 +303,7 @@ impl World {
                 *n = serde_json::from_value(v).map_err(|e| e.to_string())?;
                 n.metadata.resource_version = Some(rv);
             }
+            Effect::RunHost { .. } if upgrades::is_upgrade(e) => self.run_upgrade(who, e)?,
             Effect::RunHost { node, .. } => {
                 let boot = self
                     .nodes
@@ -374,6 +408,7 @@ impl World {
             now: self.now,
         });
         self.run(&format!("agent {}", n.name_any()), &effects);
+        self.upgrade_agent(i);
     }
 
     /// What the rest of the cluster does in a step: drains finish, nodes
@@ -435,71 +470,18 @@ impl World {
                 c[0].status = "False".into();
             }
         }
-        // Someone asks for a reboot of a node.
-        if self.rng.chance(20) {
-            let i = self.rng.below(self.nodes.len() as u64) as usize;
-            let stamp = self.now.to_string();
-            let n = &mut self.nodes[i];
-            n.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(NEEDED_ANNOTATION.into(), stamp);
-        }
-        // A person pauses or unpauses a node's reboots, or withdraws its
-        // need (`reboot-required --clear`).
-        if self.rng.chance(6) {
-            let i = self.rng.below(self.nodes.len() as u64) as usize;
-            let a = self.nodes[i]
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default);
-            if a.remove(crate::api::reboot::PAUSED_ANNOTATION).is_none() {
-                a.insert(crate::api::reboot::PAUSED_ANNOTATION.into(), "true".into());
-            }
-        }
-        if self.rng.chance(4) {
-            let i = self.rng.below(self.nodes.len() as u64) as usize;
-            if let Some(a) = self.nodes[i].metadata.annotations.as_mut() {
-                a.remove(NEEDED_ANNOTATION);
-            }
-        }
-        // An administrator's maintenance comes or goes.
-        if self.rng.chance(8) {
-            let i = self.rng.below(self.nodes.len() as u64) as usize;
-            let node = self.nodes[i].name_any();
-            let admin = format!("admin-{node}");
-            if self.nms.iter().any(|m| m.name_any() == admin) {
-                self.nms.retain(|m| m.name_any() != admin);
-                self.uncordon_free();
-            } else if !self
-                .nms
-                .iter()
-                .any(|m| m.spec.node_name == node && !failed(m))
-            {
-                let mut m = NodeMaintenance::new(
-                    &admin,
-                    NodeMaintenanceSpec {
-                        node_name: node,
-                        reason: Some("admin".into()),
-                    },
-                );
-                m.metadata.uid = Some(format!("uid-{admin}"));
-                // Some end Failed at once (invalid drain options): they
-                // must hold nothing.
-                if self.rng.chance(30) {
-                    m.status = Some(NodeMaintenanceStatus {
-                        phase: Some(Phase::Failed),
-                        ..Default::default()
-                    });
-                }
-                self.nms.push(m);
-            }
-        }
+        self.people();
         self.stale = self
             .policies
             .iter()
             .map(|p| (p.name_any(), p.clone()))
             .collect();
+        self.stale_plans = self
+            .plans
+            .iter()
+            .map(|p| (p.name_any(), p.clone()))
+            .collect();
+        self.maybe_delete_plan();
         self.now = self
             .now
             .checked_add(SignedDuration::from_secs(1 + self.rng.below(20) as i64))
@@ -507,9 +489,11 @@ impl World {
     }
 
     fn step(&mut self) {
-        let mut actors: Vec<(bool, usize)> = (0..self.policies.len())
-            .map(|i| (true, i))
-            .chain((0..self.nodes.len()).map(|i| (false, i)))
+        // 0: a policy's pass, 1: a plan's, 2: a node's agent.
+        let mut actors: Vec<(u8, usize)> = (0..self.policies.len())
+            .map(|i| (0, i))
+            .chain((0..self.plans.len()).map(|i| (1, i)))
+            .chain((0..self.nodes.len()).map(|i| (2, i)))
             .collect();
         // Fisher-Yates: a random interleaving of the cluster role's
         // decisions and the agents'.
@@ -517,11 +501,12 @@ impl World {
             let j = self.rng.below(i as u64 + 1) as usize;
             actors.swap(i, j);
         }
-        for (cluster, i) in actors {
-            if cluster {
-                self.cluster(i);
-            } else {
-                self.agent(i);
+        for (who, i) in actors {
+            match who {
+                0 => self.cluster(i),
+                1 if i < self.plans.len() => self.plan_pass(i),
+                1 => {}
+                _ => self.agent(i),
             }
         }
         self.settle();
@@ -535,18 +520,21 @@ fn random_worlds_keep_one_owner_budgets_one_reboot_per_boot_and_give_every_node_
         Err(_) => (1..=WORLDS).collect(),
     };
     let mut commands = 0;
+    let mut totals = BTreeMap::new();
     for seed in seeds {
         let mut w = World::new(seed);
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             for _ in 0..STEPS {
                 w.step();
             }
-            // Every policy goes; what they held comes back.
+            // Every policy and plan goes; what they held comes back.
             w.policies.clear();
+            w.plans.clear();
             w.nms.retain(|m| !m.name_any().starts_with("admin-"));
             for _ in 0..5 {
                 let effects = orphans(&World::arcs(&w.nms), &[]);
                 w.run("give-back", &effects);
+                w.give_back_plans();
                 w.settle();
                 w.nms.retain(|m| !m.name_any().starts_with("admin-"));
             }
@@ -574,10 +562,19 @@ fn random_worlds_keep_one_owner_budgets_one_reboot_per_boot_and_give_every_node_
             );
         }
         commands += w.commands.len();
+        upgrades::tally(&w, &mut totals);
     }
     // The worlds must exercise reboots, not only waiting.
-    assert!(
-        commands > WORLDS as usize,
-        "only {commands} reboots in all worlds"
-    );
+    println!("{WORLDS} worlds of {STEPS} steps: {commands} reboot commands, {totals:?}");
+    if std::env::var("NODEKEEPER_WORLD_SEED").is_err() {
+        assert!(
+            commands > WORLDS as usize,
+            "only {commands} reboots in all worlds"
+        );
+        // And upgrades, some of them on hosts that cannot run them.
+        assert!(
+            totals.values().all(|n| *n > WORLDS as usize / 10),
+            "too few of each in all worlds: {totals:?}"
+        );
+    }
 }

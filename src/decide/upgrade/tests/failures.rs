@@ -367,3 +367,43 @@ fn the_agent_checks_its_governing_plans_commands_until_they_can_run() {
     // At the version: nothing to check.
     assert!(node::to_check(&node("a", "v2", false), &plans).is_none());
 }
+
+#[test]
+fn an_upgrade_another_plan_ran_in_this_boot_is_not_run_again() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Default::default();
+    let mut w = World::new(p.clone(), vec![node("a", "v1", false)]);
+    // A deleted plan ran the upgrade to v2 in this boot; it failed and the
+    // node was given back when that plan went.
+    w.edit_node("a", |x| {
+        x.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ISSUED_ANNOTATION.into(), "gone/v2/boot-a-1".into());
+    });
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Waiting, Some(WAIT_ISSUED))
+    );
+    assert!(w.nms.is_empty(), "not taken");
+    // What the node role reads too (it runs no second command for this
+    // version and boot, whichever plan asks).
+    let n = w.node("a");
+    assert_eq!(
+        node::issued_for(&n, "v2", "boot-a-1").as_deref(),
+        Some("gone")
+    );
+    assert_eq!(node::issued_for(&n, "v3", "boot-a-1"), None);
+    assert_eq!(node::issued_for(&n, "v2", "boot-a-2"), None);
+    // After a reboot (a new boot ID) it is taken again.
+    w.edit_node("a", |x| {
+        if let Some(i) = x.status.as_mut().and_then(|s| s.node_info.as_mut()) {
+            i.boot_id = "boot-a-2".into();
+        }
+    });
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Draining);
+}

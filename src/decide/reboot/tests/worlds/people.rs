@@ -1,0 +1,70 @@
+//! What people do in the random worlds, between decisions: ask for a
+//! node's reboot, pause or unpause one, withdraw a need, and create or
+//! delete an administrator's NodeMaintenance (some ending Failed at once).
+
+use super::*;
+
+impl World {
+    pub(super) fn people(&mut self) {
+        // Someone asks for a reboot of a node.
+        if self.rng.chance(20) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let stamp = self.now.to_string();
+            let n = &mut self.nodes[i];
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(NEEDED_ANNOTATION.into(), stamp);
+        }
+        // A person pauses or unpauses a node's reboots, or withdraws its
+        // need (`reboot-required --clear`).
+        if self.rng.chance(6) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let a = self.nodes[i]
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            if a.remove(crate::api::reboot::PAUSED_ANNOTATION).is_none() {
+                a.insert(crate::api::reboot::PAUSED_ANNOTATION.into(), "true".into());
+            }
+        }
+        if self.rng.chance(4) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            if let Some(a) = self.nodes[i].metadata.annotations.as_mut() {
+                a.remove(NEEDED_ANNOTATION);
+            }
+        }
+        // An administrator's maintenance comes or goes.
+        if self.rng.chance(8) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let node = self.nodes[i].name_any();
+            let admin = format!("admin-{node}");
+            if self.nms.iter().any(|m| m.name_any() == admin) {
+                self.nms.retain(|m| m.name_any() != admin);
+                self.uncordon_free();
+            } else if !self
+                .nms
+                .iter()
+                .any(|m| m.spec.node_name == node && !failed(m))
+            {
+                let mut m = NodeMaintenance::new(
+                    &admin,
+                    NodeMaintenanceSpec {
+                        node_name: node,
+                        reason: Some("admin".into()),
+                    },
+                );
+                m.metadata.uid = Some(format!("uid-{admin}"));
+                // Some end Failed at once (invalid drain options): they
+                // must hold nothing.
+                if self.rng.chance(30) {
+                    m.status = Some(NodeMaintenanceStatus {
+                        phase: Some(Phase::Failed),
+                        ..Default::default()
+                    });
+                }
+                self.nms.push(m);
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The random worlds' UpgradePlans: up to two overlapping plans (random
+//! pools, versions and budgets) beside the RebootPolicies, decided by
+//! `upgrade::decide` on fresh or stale copies, their nodes upgraded by
+//! the node role's `upgrade::node` (its command check first), a plan now
+//! and then deleted mid-run. Invariants: a plan takes only a node its
+//! agent said can run the command, the oldest plan selecting it, within
+//! its budget; at most one upgrade command per node, version and boot.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use serde_json::json;
+
+use super::super::world_tools::Rng;
+use super::*;
+use crate::api::upgrade::{CHECK_ANNOTATION, RESULT_ANNOTATION, UpgradePlan, UpgradePlanSpec};
+use crate::decide::upgrade::{self, node as upgrade_node};
+
+/// The label the worlds' nodes report their version in.
+pub(super) const VERSION: &str = "version";
+
+/// Up to two plans, created at random times over random pools.
+pub(super) fn plans(rng: &mut Rng) -> Vec<UpgradePlan> {
+    let mut plans = Vec::new();
+    for i in 0..rng.below(3) {
+        let spec: UpgradePlanSpec = serde_json::from_value(json!({
+            "version": if rng.chance(50) { "v2" } else { "v3" },
+            "versionFrom": {"source": "Label", "key": VERSION},
+            "strategy": {"command": ["/sbin/upgrade", "{version}"]},
+            "budget": {"maxUnavailable": 1 + rng.below(2)},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let name = format!("u{i}");
+        let mut p = UpgradePlan::new(&name, spec);
+        p.metadata.uid = Some(format!("uid-{name}"));
+        p.metadata.generation = Some(1);
+        p.metadata.resource_version = Some("1".into());
+        p.metadata.creation_timestamp = Some(Time(
+            now()
+                .checked_sub(SignedDuration::from_secs(3600 - 60 * rng.below(30) as i64))
+                .unwrap_or_default(),
+        ));
+        p.spec.node_selector = pool_selector(rng);
+        plans.push(p);
+    }
+    plans
+}
+
+fn pool_selector(rng: &mut Rng) -> Option<LabelSelector> {
+    let pool = match rng.below(3) {
+        0 => return None,
+        1 => "a",
+        _ => "b",
+    };
+    Some(LabelSelector {
+        match_labels: Some([("pool".to_string(), pool.to_string())].into()),
+        ..Default::default()
+    })
+}
+
+fn plan_selects(p: &UpgradePlan, node: &Node) -> bool {
+    p.spec.node_selector.as_ref().is_none_or(|s| {
+        s.match_labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels_of(node).get(k) == Some(v))
+    })
+}
+
+impl World {
+    /// The cluster role's pass for one plan (fresh or stale), then the
+    /// give-back of nodes whose plan is gone.
+    pub(super) fn plan_pass(&mut self, i: usize) {
+        let stale = self.rng.chance(15);
+        let name = self.plans[i].name_any();
+        let p = match self.stale_plans.get(&name) {
+            Some(old) if stale => old.clone(),
+            _ => self.plans[i].clone(),
+        };
+        let nodes = Self::arcs(&self.nodes);
+        let nms = Self::arcs(&self.nms);
+        let plans = Self::arcs(&self.plans);
+        let no_pods = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+        let plan = upgrade::decide(&upgrade::Snapshot {
+            plan: &p,
+            nodes: &nodes,
+            maintenances: &nms,
+            jobs: &Default::default(),
+            job_errors: &Default::default(),
+            pods_on: &no_pods,
+            now: self.now,
+            plans: &plans,
+            failing: None,
+        });
+        self.run(&format!("plan {name}"), &plan.effects);
+        self.give_back_plans();
+    }
+
+    pub(super) fn give_back_plans(&mut self) {
+        let effects = upgrade::orphans(&Self::arcs(&self.nms), &Self::arcs(&self.plans));
+        self.run("plan give-back", &effects);
+    }
+
+    /// The node role's upgrade half on node `i`: check the governing
+    /// plan's command, then run what is due.
+    pub(super) fn upgrade_agent(&mut self, i: usize) {
+        let n = self.nodes[i].clone();
+        let name = n.name_any();
+        let plans = Self::arcs(&self.plans);
+        if let Some((key, _)) = upgrade_node::to_check(&n, &plans) {
+            let answer = if self.cannot_run.contains(&name) {
+                Err("/sbin/upgrade: not found".to_string())
+            } else {
+                Ok(())
+            };
+            if let Some(e) = upgrade_node::record_check(&n, &key, &answer) {
+                self.run(&format!("agent {name}"), &[e]);
+            }
+        }
+        let n = self.nodes[i].clone();
+        let on: Vec<&NodeMaintenance> = self
+            .nms
+            .iter()
+            .filter(|m| m.spec.node_name == name)
+            .collect();
+        let effects = upgrade_node::decide(&upgrade_node::Snapshot {
+            node: &n,
+            maintenances: on,
+            plans: &plans,
+        });
+        self.run(&format!("agent {name}"), &effects);
+    }
+
+    /// A plan taking `n`: its agent said the command runs there, it is the
+    /// oldest plan selecting it, and its budget holds.
+    pub(super) fn check_plan_admission(&mut self, who: &str, n: &Node, owner: &str) {
+        let node = n.name_any();
+        let Some(p) = self.plans.iter().find(|p| p.name_any() == owner) else {
+            return;
+        };
+        assert_eq!(
+            upgrade_node::check_of(n, p),
+            upgrade_node::Check::Runnable,
+            "{who} took {node} without its agent saying the command runs there"
+        );
+        let governor = self
+            .plans
+            .iter()
+            .filter(|q| plan_selects(q, n))
+            .min_by_key(|q| {
+                (
+                    q.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    q.name_any(),
+                )
+            })
+            .map(|q| q.name_any());
+        assert_eq!(
+            governor.as_deref(),
+            Some(owner),
+            "{node} taken by {owner}, not by the oldest plan selecting it"
+        );
+        let budget = match &p.spec.budget.max_unavailable {
+            IntOrString::Int(i) => *i as usize,
+            IntOrString::String(_) => usize::MAX,
+        };
+        let selected: Vec<&Node> = self.nodes.iter().filter(|x| plan_selects(p, x)).collect();
+        let down = selected
+            .iter()
+            .filter(|x| x.name_any() == node || self.unavailable(x))
+            .count();
+        self.trace.push(format!("{who} takes {node} ({down} down)"));
+        assert!(
+            self.unavailable(n) || down <= budget,
+            "{owner} took {node}: {down} of its nodes unavailable, budget {budget}"
+        );
+    }
+
+    /// The API server's side of a plan's status write (guarded).
+    pub(super) fn write_plan_status(
+        &mut self,
+        who: &str,
+        plan: &str,
+        resource_version: &Option<String>,
+        status: &crate::api::upgrade::UpgradePlanStatus,
+    ) -> Result<(), String> {
+        let rv = self.bump();
+        let Some(p) = self.plans.iter_mut().find(|p| p.name_any() == plan) else {
+            return Err("plan gone".into());
+        };
+        if resource_version.is_some() && *resource_version != p.metadata.resource_version {
+            return Err(format!("{who}: status write on a stale plan refused"));
+        }
+        p.status = Some(status.clone());
+        p.metadata.resource_version = Some(rv);
+        Ok(())
+    }
+
+    /// The host's side of an upgrade command: counted per node, version
+    /// and boot; it succeeds most of the time (the node then reports the
+    /// version), and its result is recorded as the agent would.
+    pub(super) fn run_upgrade(&mut self, who: &str, e: &Effect) -> Result<(), String> {
+        let Effect::RunHost { node, argv, .. } = e else {
+            return Ok(());
+        };
+        let version = argv.get(1).cloned().unwrap_or_default();
+        let boot = self
+            .nodes
+            .iter()
+            .find(|n| n.name_any() == *node)
+            .and_then(|n| boot_id(n).map(str::to_string))
+            .unwrap_or_default();
+        let count = self
+            .upgrades
+            .entry((node.clone(), version.clone(), boot))
+            .or_default();
+        *count += 1;
+        assert!(
+            *count <= 1,
+            "{node}: a second upgrade command to {version} in one boot"
+        );
+        let ok = !self.rng.chance(15);
+        self.trace
+            .push(format!("{node}: upgrade command to {version}, ok={ok}"));
+        let outcome = crate::decide::Outcome::HostRan {
+            ok,
+            output: if ok { String::new() } else { "exit 1".into() },
+        };
+        if ok && let Some(n) = self.nodes.iter_mut().find(|n| n.name_any() == *node) {
+            n.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(VERSION.into(), version);
+        }
+        if let Some(follow) = node::after_command(e, &outcome) {
+            self.apply(who, &follow)?;
+        }
+        Ok(())
+    }
+
+    /// Now and then a plan is deleted mid-run (its nodes are given back).
+    pub(super) fn maybe_delete_plan(&mut self) {
+        if !self.plans.is_empty() && self.rng.chance(3) {
+            let i = self.rng.below(self.plans.len() as u64) as usize;
+            let gone = self.plans.remove(i);
+            self.trace.push(format!("plan {} deleted", gone.name_any()));
+        }
+    }
+}
+
+/// Upgrade commands are told from reboot commands by what they record.
+pub(super) fn is_upgrade(e: &Effect) -> bool {
+    matches!(e, Effect::RunHost { record, .. } if record.annotation == RESULT_ANNOTATION)
+}
+
+/// How many upgrade commands ran in all worlds, and how many nodes said
+/// their command could not run (the worlds must exercise both).
+pub(super) fn tally(w: &World, totals: &mut BTreeMap<&'static str, usize>) {
+    *totals.entry("upgrade commands").or_default() += w.upgrades.len();
+    *totals.entry("nodes that cannot run").or_default() += w
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(CHECK_ANNOTATION))
+                .is_some_and(|v| v.contains("cannot run"))
+        })
+        .count();
+}
