@@ -198,7 +198,19 @@
 //! **Architecture invariant:** nothing a feature starts runs twice for one
 //! step: hook and rule Jobs are named from the admission (owner, node,
 //! stage, version, generation), so a repeated create is a 409; an upgrade
-//! command runs at most once per plan, version and boot.
+//! command runs at most once per node, version and boot, whichever plan
+//! asks (`nodekeeper.io/upgrade-issued`; another plan waits with
+//! `IssuedThisBoot`).
+//!
+//! **Architecture invariant:** a node is never taken for a host command
+//! that cannot run. The node role checks the governing plan's commands on
+//! its host before admission (`nodekeeper.io/upgrade-command-check`) and the
+//! plan admits only on its `ok`; host commands (sentinel, reboot, upgrade)
+//! run beside the loop with a deadline, and a reboot signal the agent
+//! cannot read is recorded on its node (`nodekeeper.io/reboot-sentinel-failed`)
+//! for the policy to report. The agent reports through its own node's
+//! `nodekeeper.io/*` annotations only, so it needs no write access to any
+//! policy.
 //!
 //! **Architecture invariant:** one owner per node. Every feature takes a
 //! node with a NodeMaintenance; of the objects of one kind that select a
@@ -208,7 +220,11 @@
 //! with a NodeMaintenance that has not Failed is held (`InMaintenance`), and
 //! an administrator's preempts a feature's. A selector that cannot be used
 //! selects nothing. `decide/reboot/tests/worlds.rs` checks this over random
-//! worlds; the README's "Who owns a node" table is the user's version.
+//! worlds of RebootPolicies, UpgradePlans and administrators'
+//! maintenances; the README's "Who owns a node" table is the user's
+//! version. Objects that name what does not exist (a NodeVersion, a
+//! Deployment, a node) report it on themselves; names that reach a URL are
+//! refused by the schema and checked again before the request is built.
 //!
 //! **Architecture invariant:** the cluster role is the only writer of
 //! admissions, and each admission is written guarded by the policy's
