@@ -3,7 +3,8 @@
 //! fail, up to three overlapping RebootPolicies with random budgets and up
 //! to two overlapping UpgradePlans beside them (`worlds/upgrades.rs`: some
 //! nodes cannot run the upgrade command, some upgrades fail, a plan may be
-//! deleted mid-run), an administrator's NodeMaintenances coming and going,
+//! deleted mid-run), nodes deleted now and then, an administrator's
+//! NodeMaintenances coming and going,
 //! decisions taken on a stale copy of a policy or plan (the guarded status
 //! write must refuse them), and everything deleted at the end. Each step runs the same pure functions
 //! the service calls (`decide`, `node::decide`, `orphans`) in a random

@@ -1,6 +1,7 @@
 //! What people do in the random worlds, between decisions: ask for a
 //! node's reboot, pause or unpause one, withdraw a need, and create or
-//! delete an administrator's NodeMaintenance (some ending Failed at once).
+//! delete an administrator's NodeMaintenance (some ending Failed at once),
+//! delete a node.
 
 use super::*;
 
@@ -65,6 +66,14 @@ impl World {
                 }
                 self.nms.push(m);
             }
+        }
+        // A node is deleted now and then (scaled in, or replaced by hand),
+        // whatever holds it; what held it must be given back.
+        if self.nodes.len() > 1 && self.rng.chance(2) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let gone = self.nodes.remove(i).name_any();
+            self.down.remove(&gone);
+            self.trace.push(format!("node {gone} deleted"));
         }
     }
 }
