@@ -5,7 +5,10 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli: nodekeeper::cli::Cli = argh::from_env();
+    let cli = match nodekeeper::cli::args::from_env() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     nodekeeper::logging::init(cli.verbose);
     match nodekeeper::cli::dispatch(cli) {
         Ok(code) => code,

@@ -31,7 +31,7 @@ pub struct CrdsArgs {
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "manifests")]
 pub struct ManifestsArgs {
-    /// what to generate: crds, rbac, admission, daemonset, deployment, k3s, static-pod, systemd, talos, containerfile
+    /// what to generate: crds, rbac, admission, daemonset, deployment, k3s, static-pod, systemd, talos, containerfile, webhook, webhook-service
     #[argh(option, long = "for")]
     pub target: String,
     /// write the files into this folder instead of printing them
@@ -207,7 +207,7 @@ pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
     }
 
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
-    let node = connect::require_node(&client, &args.node).await?;
+    let node = super::named_node(&client, &args.node).await?;
     let account = crate::deploy::AGENT_ACCOUNT;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &args.namespace);
     let request = TokenRequest {
@@ -270,7 +270,7 @@ pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
             eprintln!(
                 "token for {whose} expires {expires}; put this at the host's --kubeconfig path (e.g. /etc/nodekeeper/kubeconfig), readable by the agent's user only (--out FILE writes it so; add --group 65532 for the static pod)"
             );
-            print!("{text}");
+            super::args::out(format_args!("{text}"));
         }
     }
     Ok(ExitCode::SUCCESS)

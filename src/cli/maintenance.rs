@@ -83,7 +83,7 @@ async fn maintenances_of(api: &Api<NodeMaintenance>, node: &str) -> Result<Vec<N
 pub async fn maintain(args: MaintainArgs) -> Result<ExitCode> {
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
     service::require_crds(&client).await?;
-    connect::require_node(&client, &args.node).await?;
+    super::named_node(&client, &args.node).await?;
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     let existing = maintenances_of(&api, &args.node)
         .await?
@@ -146,7 +146,7 @@ async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<Ex
                 Ok(next) => next,
                 Err(()) => {
                     if tty {
-                        println!();
+                        super::args::outln(format_args!(""));
                     }
                     eprintln!(
                         "nodekeeper: no agent has acted on NodeMaintenance {name} after {} s; \
@@ -188,14 +188,16 @@ async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<Ex
         match nm.phase() {
             Some(Phase::Succeeded) => {
                 if tty {
-                    println!();
+                    super::args::outln(format_args!(""));
                 }
-                println!("node {node} is in maintenance: cordoned and drained");
+                super::args::outln(format_args!(
+                    "node {node} is in maintenance: cordoned and drained"
+                ));
                 return Ok(ExitCode::SUCCESS);
             }
             Some(Phase::Failed) => {
                 if tty {
-                    println!();
+                    super::args::outln(format_args!(""));
                 }
                 let err = nm
                     .status
@@ -276,7 +278,7 @@ pub async fn unmaintain(args: UnmaintainArgs) -> Result<ExitCode> {
                 })?;
         }
         if held.is_empty() {
-            println!("node {} is out of maintenance", args.node);
+            super::args::outln(format_args!("node {} is out of maintenance", args.node));
         }
     }
     if !held.is_empty() {
@@ -309,7 +311,7 @@ fn held_by(nm: &NodeMaintenance) -> String {
 /// `nodekeeper drain --dry-run NODE`: the plan, changing nothing.
 pub async fn drain_dry_run(args: DrainArgs) -> Result<ExitCode> {
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
-    connect::require_node(&client, &args.node).await?;
+    super::named_node(&client, &args.node).await?;
     let pods: Api<Pod> = Api::all(client.clone());
     let pods = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={}", args.node)))
@@ -322,7 +324,7 @@ pub async fn drain_dry_run(args: DrainArgs) -> Result<ExitCode> {
         .await
         .map_err(Error::kube("listing PodDisruptionBudgets"))?
         .items;
-    print!("{}", plan_table(&args.node, &pods, &pdbs));
+    super::args::out(format_args!("{}", plan_table(&args.node, &pods, &pdbs)));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -4,8 +4,9 @@
 //! [`maintenance`]: maintain, unmaintain, drain --dry-run; [`deploy`]:
 //! crds, manifests, host-kubeconfig), and
 //! [`dispatch`], which validates and runs the chosen subcommand on the async
-//! runtime. Every node name a command takes is checked here first.
+//! runtime; [`args`] reads the command line and writes to stdout. Every node name a command takes is checked here first.
 
+pub mod args;
 pub mod deploy;
 pub mod maintenance;
 pub mod run;
@@ -72,12 +73,29 @@ pub fn validate_node_name(name: &str) -> Result<()> {
     }
 }
 
+/// The node a command names, which must exist. The hint is about the name
+/// given (the service's own `require_node` error says to set --node or
+/// NODE_NAME, which these commands do not take).
+pub(crate) async fn named_node(
+    client: &kube::Client,
+    name: &str,
+) -> Result<k8s_openapi::api::core::v1::Node> {
+    crate::service::connect::require_node(client, name)
+        .await
+        .map_err(|e| match e {
+            Error::NodeNotFound(n) => Error::Invalid(format!(
+                "node {n:?} does not exist in the cluster (kubectl get nodes lists the names)"
+            )),
+            e => e,
+        })
+}
+
 /// Run the parsed command line; the `ExitCode` is for commands whose success
 /// has shades (such as `maintain --wait`).
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Version(_) => {
-            println!("nodekeeper {}", env!("CARGO_PKG_VERSION"));
+            args::outln(format_args!("nodekeeper {}", env!("CARGO_PKG_VERSION")));
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => {
@@ -87,17 +105,17 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             runtime::block_on(crate::service::run(config, shutdown))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Crds(args) => {
-            print!(
+        Command::Crds(a) => {
+            args::out(format_args!(
                 "{}",
-                if args.mutex {
+                if a.mutex {
                     crate::api::mutex::CRDS_YAML
-                } else if args.constellation {
+                } else if a.constellation {
                     crate::api::constellation::CRDS_YAML
                 } else {
                     crate::api::CRDS_YAML
                 }
-            );
+            ));
             Ok(ExitCode::SUCCESS)
         }
         Command::Manifests(args) => {
@@ -109,7 +127,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                         eprintln!("wrote {}", dir.join(&f.path).display());
                     }
                 }
-                None => print!("{}", crate::deploy::to_stdout(&args.target, &files)?),
+                None => args::out(format_args!(
+                    "{}",
+                    crate::deploy::to_stdout(&args.target, &files)?
+                )),
             }
             Ok(ExitCode::SUCCESS)
         }

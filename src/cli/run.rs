@@ -25,8 +25,8 @@ pub struct RunArgs {
     /// with --all-nodes: only nodes matching this label selector (e.g. pool=blue)
     #[argh(option)]
     pub node_selector: Option<String>,
-    /// seconds a drain may take before status and a Warning event say what blocks it (default 30; it keeps retrying)
-    #[argh(option, default = "30")]
+    /// how long a drain may take before status and a Warning event say what blocks it: seconds or 90s, 2m, 1h (default 30; it keeps retrying)
+    #[argh(option, default = "30", from_str_fn(super::args::parse_seconds))]
     pub drain_timeout: u64,
     /// namespace of the leader lease in --all-nodes mode (default: $POD_NAMESPACE, else kube-system)
     #[argh(option)]
@@ -34,7 +34,7 @@ pub struct RunArgs {
     /// with --all-nodes: node agents run on the nodes, so only admit (reboots) and leave draining and rebooting to them
     #[argh(switch)]
     pub node_agents: bool,
-    /// where the host's root file system is, for reboot sentinels (default /; /host in the reboot DaemonSet)
+    /// where the host's root file system is, for reboot sentinels (default /; /proc/1/root in the reboot DaemonSet)
     #[argh(option, default = "PathBuf::from(\"/\")")]
     pub host_root: PathBuf,
     /// run host commands (reboot, sentinel command) in PID 1's mount namespace: for the reboot DaemonSet, which has host PID
@@ -49,8 +49,8 @@ pub struct RunArgs {
     /// with --all-nodes: the cloud provider plugin for node replacement (NodeVersion); see README "Node replacement"
     #[argh(option)]
     pub provider_command: Option<PathBuf>,
-    /// seconds one provider call may take before it is killed (default 300)
-    #[argh(option, default = "300")]
+    /// how long one provider call may take before it is killed: seconds or 90s, 2m, 1h (default 300)
+    #[argh(option, default = "300", from_str_fn(super::args::parse_seconds))]
     pub provider_timeout: u64,
     /// where to serve /metrics, /healthz and /readyz: HOST:PORT, :PORT or off (default 127.0.0.1:9477)
     #[argh(

@@ -57,7 +57,7 @@ pub async fn reboot_required(args: RebootRequiredArgs) -> Result<ExitCode> {
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
     crate::service::require_crds(&client).await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    let node = connect::require_node(&client, &args.node).await?;
+    let node = super::named_node(&client, &args.node).await?;
     let n = &args.node;
     let patch = if args.clear {
         // Every need marker we honour goes, so the node is not rebooted
@@ -76,7 +76,7 @@ pub async fn reboot_required(args: RebootRequiredArgs) -> Result<ExitCode> {
         .await
         .map_err(Error::kube(format!("marking node {n}")))?;
     if args.clear {
-        println!("node {n}: no reboot requested");
+        super::args::outln(format_args!("node {n}: no reboot requested"));
         return Ok(ExitCode::SUCCESS);
     }
     let policies: Api<RebootPolicy> = Api::all(client);
@@ -89,13 +89,13 @@ pub async fn reboot_required(args: RebootRequiredArgs) -> Result<ExitCode> {
         .map(Arc::new)
         .collect();
     match governing(&node, &policies) {
-        Some(p) => println!(
+        Some(p) => super::args::outln(format_args!(
             "node {n}: reboot requested; RebootPolicy {} schedules it (nodekeeper status shows progress)",
             p.name_any()
-        ),
-        None => println!(
+        )),
+        None => super::args::outln(format_args!(
             "node {n}: reboot requested, but no RebootPolicy selects this node, so nothing will reboot it yet"
-        ),
+        )),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -111,7 +111,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
             policies: &policies,
             plans: &plans,
         };
-        print!("{}", render(&world, Timestamp::now()));
+        super::args::out(format_args!("{}", render(&world, Timestamp::now())));
         return Ok(ExitCode::SUCCESS);
     }
     watch(client).await

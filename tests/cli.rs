@@ -1,0 +1,84 @@
+//! The command line as people type it: `--flag=value`, durations with a
+//! unit, output piped into `head`, usage errors with their own exit code,
+//! and a node name that does not exist answered with a hint about the name
+//! (not about `--node`, which these commands do not take).
+
+mod support;
+
+use std::process::Command;
+
+use support::run_cli;
+
+#[test]
+fn flags_take_an_equals_sign_as_well_as_a_space() {
+    let (spaced, with_space, _) = run_cli(&["manifests", "--for", "rbac"], &[]);
+    let (equals, with_equals, err) = run_cli(&["manifests", "--for=rbac"], &[]);
+    assert!(spaced.success() && equals.success(), "{err}");
+    assert!(!with_space.is_empty());
+    assert_eq!(with_space, with_equals);
+}
+
+#[test]
+fn durations_take_a_unit_and_a_bad_one_is_a_usage_error() {
+    // Accepted: the run goes on to look for credentials (and fails there).
+    let (status, _, err) = run_cli(
+        &[
+            "run",
+            "--drain-timeout",
+            "2m",
+            "--provider-timeout=90s",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--metrics-address",
+            "off",
+        ],
+        &[],
+    );
+    assert!(!status.success());
+    assert!(!err.contains("duration"), "{err}");
+    assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
+    // Refused as usage (exit 2), naming what a duration may be.
+    let (status, _, err) = run_cli(&["run", "--drain-timeout", "10d"], &[]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("the unit must be s, m or h"), "{err}");
+    let (status, _, err) = run_cli(&["maintain"], &[]);
+    assert_eq!(status.code(), Some(2), "a missing argument: {err}");
+}
+
+#[test]
+fn output_into_a_reader_that_goes_away_ends_quietly() {
+    // The CRDs are far more than a pipe holds, so the write meets the
+    // closed pipe (it panicked: exit 134 and a backtrace).
+    let out = Command::new("bash")
+        .args([
+            "-c",
+            "set -o pipefail; \"$0\" crds | head -1 >/dev/null",
+            env!("CARGO_BIN_EXE_nodekeeper"),
+        ])
+        .output()
+        .expect("running bash");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "exit {:?}: {err}", out.status.code());
+    assert!(err.is_empty(), "{err}");
+}
+
+#[test]
+fn a_node_that_does_not_exist_is_answered_about_its_name() {
+    let kc = support::cluster().to_string_lossy().to_string();
+    for args in [
+        vec!["maintain", "no-such-node-here"],
+        vec!["drain", "--dry-run", "no-such-node-here"],
+        vec!["reboot-required", "no-such-node-here"],
+    ] {
+        let mut full = args.clone();
+        full.extend(["--kubeconfig", &kc]);
+        let (status, _, err) = run_cli(&full, &[]);
+        assert!(!status.success(), "{args:?}");
+        assert!(
+            err.contains("\"no-such-node-here\" does not exist")
+                && err.contains("kubectl get nodes")
+                && !err.contains("NODE_NAME"),
+            "{args:?}: {err}"
+        );
+    }
+}
