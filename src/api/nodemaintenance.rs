@@ -95,7 +95,7 @@ pub fn lease_name(node: &str) -> String {
     printcolumn(
         name = "Pending",
         type_ = "integer",
-        json_path = ".status.pendingPods.length()",
+        json_path = ".status.pendingCount",
         priority = 1
     ),
     printcolumn(
@@ -184,6 +184,10 @@ pub struct NodeMaintenanceStatus {
     /// Namespaces and names of the pods still to be drained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_pods_refs: Option<Vec<PodReference>>,
+    /// nodekeeper: how many pods are still to be drained (kubectl's
+    /// PENDING column: a printer column's JSONPath cannot count a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_count: Option<i32>,
     /// Pods on the node when maintenance began.
     #[serde(default, rename = "totalpods", skip_serializing_if = "Option::is_none")]
     pub total_pods: Option<i32>,
@@ -241,6 +245,37 @@ impl NodeMaintenance {
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
+
+    /// Every printer column reads a field the status really has (the
+    /// PENDING column read `.status.pendingPods.length()`, which kubectl's
+    /// JSONPath cannot evaluate, so it was always empty).
+    #[test]
+    fn printer_columns_read_fields_that_are_written() {
+        let crd = NodeMaintenance::crd();
+        let columns = crd.spec.versions[0]
+            .additional_printer_columns
+            .clone()
+            .unwrap_or_default();
+        let status = serde_json::to_value(NodeMaintenanceStatus {
+            phase: Some(Phase::Running),
+            drain_progress: Some(50),
+            pending_count: Some(3),
+            ..Default::default()
+        })
+        .unwrap_or_default();
+        for c in &columns {
+            let Some(field) = c.json_path.strip_prefix(".status.") else {
+                continue;
+            };
+            assert!(
+                status.get(field).is_some(),
+                "column {} reads {}, which the status does not have: {status}",
+                c.name,
+                c.json_path
+            );
+        }
+        assert!(columns.iter().any(|c| c.name == "Pending"));
+    }
 
     #[test]
     fn crd_matches_medik8s_names() {

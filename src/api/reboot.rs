@@ -75,6 +75,12 @@ pub const DEFAULT_SENTINEL: &str = "/var/run/reboot-required";
         description = "nodes whose reboot was verified"
     ),
     printcolumn(
+        name = "Not Returned",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"NodeNotReturned\")].status",
+        description = "True while a rebooted node has missed its return deadline (the condition's message names it)"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"

@@ -35,6 +35,7 @@ pub(super) fn initial_status(s: &Snapshot, fates: &[(Arc<Pod>, Fate)]) -> NodeMa
         total_pods: Some(s.pods.len() as i32),
         eviction_pods: Some(refs.len() as i32),
         pending_pods: Some(refs.iter().map(|r| r.name.clone()).collect()),
+        pending_count: Some(refs.len() as i32),
         pending_pods_refs: Some(refs),
         error_on_lease_count: Some(0),
         ..Default::default()
@@ -86,6 +87,7 @@ pub(super) fn progress_status(
         _ => gone * 100 / eviction,
     });
     st.pending_pods = Some(refs.iter().map(|r| r.name.clone()).collect());
+    st.pending_count = Some(refs.len() as i32);
     st.pending_pods_refs = Some(refs.clone());
 
     let blockers: Vec<String> = fates
