@@ -27,6 +27,7 @@ lint:
 # All tests: unit tests and integration tests on the local control plane and
 # one real node (kubelet + containerd, tests/realnode/node.sh), started for
 # the run and stopped after it. The real node runs the static binary's image.
+[doc('All tests: unit, integration on the local control plane, and the real node.')]
 test: build-static cluster-up
     #!/usr/bin/env bash
     set -euo pipefail
@@ -36,6 +37,7 @@ test: build-static cluster-up
 
 # OCI image archives without a container daemon (agent image and Talos
 # extension) into target/image, plus the Containerfile's build context.
+[doc('OCI image archives (agent image, Talos extension) into target/image, no daemon needed.')]
 image: build-static
     image/oci-archive.sh {{static_bin}} target/image
 
@@ -48,29 +50,34 @@ bench-startup: image
 
 # Drain benchmark (110 pods; cordon and drain latency, agent RSS, API requests)
 # for the static binary we ship; prints a table, asserts nothing.
+[doc('Drain benchmark: 110 pods, cordon and drain latency, agent RSS, API requests.')]
 bench-drain: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench drain
 
 # 100 drains in one pair of agents: each agent's RSS before its drains, and
 # the growth per drain; prints a curve. ~10 min.
+[doc('100 drains in one pair of agents: RSS before each drain, growth per drain (~10 min).')]
 bench-drain-soak: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} NODEKEEPER_DRAIN_SOAK=100 cargo bench --bench drain
 
 # Reboot wave benchmark (20 simulated machines, maxUnavailable 4): wave time
 # against the ideal, admission latency, requests per reboot, RSS; prints a
 # table, asserts nothing.
+[doc('Reboot wave: 20 simulated machines, wave time vs ideal, admission latency, requests, RSS.')]
 bench-reboot: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench reboot
 
 # Upgrade benchmark (10 simulated hosts in 2 groups, maxUnavailable 2, a
 # 2 s before hook, 3 s upgrades): plan time against the ideal, per-node
 # overhead, requests per node, RSS; prints a table, asserts nothing.
+[doc('Upgrade plan: 10 simulated hosts in 2 groups, plan time vs ideal, overhead, requests, RSS.')]
 bench-upgrade: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench upgrade
 
 # Replacement benchmark (10 nodes behind the simulated cloud, 2 s join
 # delay): rollout time against the ideal for maxSurge 1 and 3, requests
 # per replaced node, RSS; prints a table, asserts nothing.
+[doc('Node replacement: 10 nodes, simulated cloud, rollout time vs ideal for maxSurge 1 and 3, requests.')]
 bench-replace: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench replace
 
@@ -78,6 +85,7 @@ bench-replace: build-static cluster-up
 # per store, start-to-ready and cordon latency in that cluster; then 100
 # node agents: idle API requests, memory per agent, 100 maintenances at
 # once. Prints a table, asserts nothing; takes several minutes.
+[doc('1000 nodes, 30 000 pods: cluster-role memory, start, cordon; 100 node agents (several minutes).')]
 bench-scale: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench scale
 

@@ -82,3 +82,56 @@ fn a_node_that_does_not_exist_is_answered_about_its_name() {
         );
     }
 }
+
+#[test]
+fn withdrawing_a_reboot_request_says_what_changed() {
+    support::install_crds();
+    let (_env, node) = support::block_on(async {
+        let mut env = support::TestEnv::new("cli-clear").await;
+        let n = env.add_node("a").await;
+        (env, n)
+    });
+    let kc = support::cluster().to_string_lossy().to_string();
+    let ask = |extra: &[&str]| {
+        let mut args = vec!["reboot-required", node.as_str(), "--kubeconfig", &kc];
+        args.extend(extra);
+        let (status, out, err) = run_cli(&args, &[]);
+        assert!(status.success(), "{args:?}: {err}");
+        out
+    };
+    ask(&[]);
+    let out = ask(&["--clear"]);
+    assert!(out.contains("reboot request withdrawn"), "{out}");
+    let out = ask(&["--clear"]);
+    assert!(out.contains("had no reboot request"), "{out}");
+}
+
+/// `just --list` shows only the comment line right above a recipe: every
+/// recipe with a longer comment carries a one-line `[doc]` (the list
+/// showed the last line of each, "table, asserts nothing.").
+#[test]
+fn every_recipe_is_listed_with_a_whole_sentence() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Justfile"))
+        .expect("reading the Justfile");
+    let lines: Vec<&str> = text.lines().collect();
+    let mut bad = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let is_recipe = line.split_once(':').is_some_and(|(name, _)| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '-' || c == ' ' || c.is_ascii_digit())
+        }) && !line.starts_with(' ')
+            && !line.contains(":=");
+        if !is_recipe || i == 0 {
+            continue;
+        }
+        let above = lines[i - 1];
+        let ok = above.starts_with("[doc(")
+            || (above.starts_with("# ") && (i < 2 || !lines[i - 2].starts_with('#')));
+        if !ok {
+            bad.push(line.to_string());
+        }
+    }
+    assert!(bad.is_empty(), "recipes listed with a fragment: {bad:?}");
+}

@@ -76,7 +76,17 @@ pub async fn reboot_required(args: RebootRequiredArgs) -> Result<ExitCode> {
         .await
         .map_err(Error::kube(format!("marking node {n}")))?;
     if args.clear {
-        super::args::outln(format_args!("node {n}: no reboot requested"));
+        // Say what changed ("no reboot requested" read as if there had
+        // been none).
+        if crate::decide::reboot::needs_reboot(&node) {
+            super::args::outln(format_args!(
+                "node {n}: reboot request withdrawn (a reboot admitted but not yet issued is given back)"
+            ));
+        } else {
+            super::args::outln(format_args!(
+                "node {n}: had no reboot request; nothing to withdraw"
+            ));
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let policies: Api<RebootPolicy> = Api::all(client);

@@ -279,6 +279,11 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         if at_version(node, &p.spec.version_from, &p.spec.version) {
             let msg = format!("at version {}", p.spec.version);
             d.set(&n, UpgradePhase::Done, group_name(g), None, msg);
+            // The README lists `version` on every entry; a node found at
+            // the version had none.
+            if let Some(e) = d.entries.get_mut(&n) {
+                e.version = Some(p.spec.version.clone());
+            }
             continue;
         }
         if let Some(other) = governing(node, s.plans).filter(|o| o.name_any() != name) {

@@ -407,3 +407,14 @@ fn an_upgrade_another_plan_ran_in_this_boot_is_not_run_again() {
     w.step();
     assert_eq!(w.phase("a"), UpgradePhase::Draining);
 }
+
+#[test]
+fn a_node_found_at_the_version_is_done_and_says_which() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    let mut w = World::new(p, vec![node("a", "v2", false)]);
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(e.phase, UpgradePhase::Done);
+    assert_eq!(e.version.as_deref(), Some("v2"));
+}
