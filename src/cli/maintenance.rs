@@ -10,6 +10,7 @@ use crate::api::pod::Pod;
 use argh::FromArgs;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use smol::stream::StreamExt;
@@ -126,13 +127,25 @@ pub async fn maintain(args: MaintainArgs) -> Result<ExitCode> {
 /// that no agent seems to be running for the node.
 const NO_AGENT_HINT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long `maintain --wait` keeps watching again through errors (an API
+/// server restart takes seconds) before it gives up observing: exit 3, the
+/// maintenance carrying on without it.
+const OBSERVE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `maintain --wait` could not observe the maintenance (it goes on).
+pub const EXIT_NOT_OBSERVED: u8 = 3;
+
 /// Print one progress line per change (rewritten in place on a terminal)
 /// until the maintenance succeeds or fails.
 async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<ExitCode> {
     let tty = std::io::stdout().is_terminal();
     let mut last = String::new();
     let wc = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = std::pin::pin!(watcher::watcher(api.clone(), wc));
+    // Backed off and re-listed on errors: a watch broken by an API server
+    // restart is watched again (it ended the command with exit 1 while the
+    // maintenance carried on).
+    let mut events = std::pin::pin!(watcher::watcher(api.clone(), wc).default_backoff());
+    let mut failing_since: Option<std::time::Instant> = None;
     // Until an agent writes a status, nothing shows progress; say why once
     // rather than sit at "Pending" in silence.
     let hint_at = std::time::Instant::now() + NO_AGENT_HINT;
@@ -168,11 +181,27 @@ async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<Ex
             }
             Ok(_) => continue,
             Err(e) => {
-                return Err(Error::Invalid(format!(
-                    "watching NodeMaintenance {name}: {e}"
-                )));
+                let since = *failing_since.get_or_insert_with(|| {
+                    eprintln!("nodekeeper: watching NodeMaintenance {name}: {e} (watching again)");
+                    std::time::Instant::now()
+                });
+                if since.elapsed() >= OBSERVE_LIMIT {
+                    if tty {
+                        super::args::outln(format_args!(""));
+                    }
+                    eprintln!(
+                        "nodekeeper: could not observe NodeMaintenance {name} for {} s ({e}); \
+                         it carries on without this command (kubectl get nm {name})",
+                        OBSERVE_LIMIT.as_secs()
+                    );
+                    return Ok(ExitCode::from(EXIT_NOT_OBSERVED));
+                }
+                continue;
             }
         };
+        if failing_since.take().is_some() {
+            eprintln!("nodekeeper: watching NodeMaintenance {name} again");
+        }
         started |= nm.phase().is_some();
         let line = progress_line(&nm);
         if line != last {
