@@ -3,7 +3,7 @@
 //! command to run) and
 //! `reboot-required NODE [--clear]`. They talk to the API server only.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -170,25 +170,38 @@ async fn watch(client: Client) -> Result<ExitCode> {
     let (policies, pw) = reflector::store::<RebootPolicy>();
     let (plans, uw) = reflector::store::<UpgradePlan>();
     let cfg = || watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent);
+    // Each change says which watch it came from and whether that watch
+    // has its first full list: nothing is drawn before all four have
+    // (the first frames showed nodes without their maintenances).
+    fn listed<K>(
+        i: usize,
+    ) -> impl FnMut(std::result::Result<watcher::Event<K>, watcher::Error>) -> (usize, bool) {
+        move |e| (i, matches!(e, Ok(watcher::Event::InitDone)))
+    }
     let n = watcher(Api::<Node>::all(client.clone()), cfg())
         .reflect(nw)
-        .map(|_| ());
+        .map(listed(0));
     let m = watcher(Api::<NodeMaintenance>::all(client.clone()), cfg())
         .reflect(mw)
-        .map(|_| ());
+        .map(listed(1));
     let p = watcher(Api::<RebootPolicy>::all(client.clone()), cfg())
         .reflect(pw)
-        .map(|_| ());
+        .map(listed(2));
     let u = watcher(Api::<UpgradePlan>::all(client), cfg())
         .reflect(uw)
-        .map(|_| ());
+        .map(listed(3));
     let mut changes = std::pin::pin!(smol::stream::or(
         smol::stream::or(n, m),
         smol::stream::or(p, u)
     ));
     let tty = std::io::stdout().is_terminal();
     let mut last = String::new();
-    while changes.next().await.is_some() {
+    let mut ready = [false; 4];
+    while let Some((i, done)) = changes.next().await {
+        ready[i] |= done;
+        if !ready.iter().all(|r| *r) {
+            continue;
+        }
         // Let a burst of changes settle into one frame.
         crate::runtime::sleep(Duration::from_millis(200)).await;
         let (n, m, p, u) = (nodes.state(), nms.state(), policies.state(), plans.state());
@@ -200,14 +213,11 @@ async fn watch(client: Client) -> Result<ExitCode> {
         };
         let table = render(&world, Timestamp::now());
         if table != last {
-            let mut out = std::io::stdout().lock();
             if tty {
-                let _ = write!(out, "\x1b[2J\x1b[H");
+                super::args::out(format_args!("\x1b[2J\x1b[H{table}"));
             } else {
-                let _ = writeln!(out, "--- {}", Timestamp::now());
+                super::args::out(format_args!("--- {}\n{table}", Timestamp::now()));
             }
-            let _ = write!(out, "{table}");
-            let _ = out.flush();
             last = table;
         }
     }
@@ -253,7 +263,15 @@ pub fn render(w: &World, now: Timestamp) -> String {
         });
         let policy = governing(node, policies);
         let entry = policy.and_then(|p| p.entry(&name).map(|e| (p, e)));
+        // SINCE and NOTE say what is happening now: a verified reboot is
+        // history (its "reboot verified" stayed in NOTE for good), and a
+        // maintenance no feature is driving speaks for itself.
         let (reboot, mut since, mut note) = match entry {
+            Some((p, e)) if e.phase == crate::api::reboot::RebootPhase::Done => (
+                format!("{}: {}", p.name_any(), e.phase.as_str()),
+                "-".into(),
+                String::new(),
+            ),
             Some((p, e)) => (
                 format!("{}: {}", p.name_any(), e.phase.as_str()),
                 age(now, e.since.0),
@@ -276,12 +294,27 @@ pub fn render(w: &World, now: Timestamp) -> String {
             format!("{}: {}", p.name_any(), e.phase.as_str())
         });
         if let Some((_, e)) = upgrade_entry
-            && (e.phase.admitted() || entry.is_none())
+            && (e.phase.admitted()
+                || (entry.is_none() && e.phase != crate::api::upgrade::UpgradePhase::Done))
         {
             since = age(now, e.since.0);
             note = e.message.clone().unwrap_or_default();
         }
-        if note.is_empty()
+        let feature_holds = entry.is_some_and(|(_, e)| e.phase.admitted())
+            || upgrade_entry.is_some_and(|(_, e)| e.phase.admitted());
+        if let Some(m) = nm
+            && !feature_holds
+        {
+            if let Some(t) = &m.metadata.creation_timestamp {
+                since = age(now, t.0);
+            }
+            note = m
+                .status
+                .as_ref()
+                .and_then(|s| s.last_error.clone())
+                .or_else(|| m.spec.reason.clone())
+                .unwrap_or_default();
+        } else if note.is_empty()
             && let Some(err) = nm.and_then(|m| m.status.as_ref()?.last_error.clone())
         {
             note = err;
@@ -452,6 +485,61 @@ mod tests {
             line.ends_with("before hook backup: running Job ops/x"),
             "{table}"
         );
+    }
+
+    /// A person's maintenance on a node whose reboot was verified earlier:
+    /// SINCE is the maintenance's age and NOTE its reason, not "-" and the
+    /// stale "reboot verified".
+    #[test]
+    fn a_maintenance_shows_its_own_age_and_note_over_a_finished_reboot() {
+        let now: Timestamp = "2026-11-23T12:00:00Z".parse().unwrap_or_default();
+        let earlier = |s: i64| {
+            Time(
+                now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+                    .unwrap_or(now),
+            )
+        };
+        let node = Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let mut p = RebootPolicy::new("weekly", RebootPolicySpec::default());
+        p.status = Some(RebootPolicyStatus {
+            nodes: vec![NodeReboot {
+                name: "a".into(),
+                phase: RebootPhase::Done,
+                since: earlier(7200),
+                boot_id_before: None,
+                message: Some("reboot verified".into()),
+                reason: None,
+            }],
+            ..Default::default()
+        });
+        let mut nm = NodeMaintenance::new(
+            "kernel-a",
+            crate::api::nodemaintenance::NodeMaintenanceSpec {
+                node_name: "a".into(),
+                reason: Some("swap the disk".into()),
+            },
+        );
+        nm.metadata.creation_timestamp = Some(earlier(180));
+        let table = render(
+            &World {
+                nodes: &[node],
+                nms: &[Arc::new(nm)],
+                policies: &[Arc::new(p)],
+                plans: &[],
+            },
+            now,
+        );
+        let line = table.lines().nth(1).unwrap_or_default();
+        assert!(line.contains("weekly: Done"), "{table}");
+        assert!(line.contains(" 3m "), "SINCE is the maintenance's: {table}");
+        assert!(line.ends_with("swap the disk"), "{table}");
+        assert!(!line.contains("reboot verified"), "{table}");
     }
 
     #[test]
