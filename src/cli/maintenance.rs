@@ -203,7 +203,13 @@ async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<Ex
             eprintln!("nodekeeper: watching NodeMaintenance {name} again");
         }
         started |= nm.phase().is_some();
-        let line = progress_line(&nm);
+        let mut line = progress_line(&nm, k8s_openapi::jiff::Timestamp::now());
+        if tty
+            && let Some(w) = terminal_width()
+            && line.chars().count() >= w
+        {
+            line = line.chars().take(w.saturating_sub(2)).collect::<String>() + "…";
+        }
         if line != last {
             let mut out = std::io::stdout().lock();
             if tty {
@@ -245,7 +251,7 @@ async fn follow(api: &Api<NodeMaintenance>, name: &str, node: &str) -> Result<Ex
 }
 
 /// "Running  40%  3 pods left  blocked: pod ns/a: ..." in one line.
-pub fn progress_line(nm: &NodeMaintenance) -> String {
+pub fn progress_line(nm: &NodeMaintenance, now: k8s_openapi::jiff::Timestamp) -> String {
     let st = nm.status.clone().unwrap_or_default();
     let phase = st.phase.map(Phase::as_str).unwrap_or("Pending");
     let pending = st.pending_pods.as_ref().map(Vec::len).unwrap_or(0);
@@ -255,10 +261,69 @@ pub fn progress_line(nm: &NodeMaintenance) -> String {
         st.drain_progress.unwrap_or(0)
     );
     if let Some(err) = st.last_error.filter(|e| !e.is_empty()) {
+        let (short, pdb) = short_blockers(&err);
         line.push_str("  blocked: ");
-        line.push_str(&err);
+        line.push_str(&short);
+        if let Some(t) = &nm.metadata.creation_timestamp {
+            let secs = now.duration_since(t.0).as_secs().max(0);
+            line.push_str(&format!(" (after {}m{:02}s", secs / 60, secs % 60));
+            line.push_str(if pdb {
+                "; a PodDisruptionBudget allows no eviction now: wait for its pods to be healthy, scale the workload up, or relax the budget)"
+            } else {
+                ")"
+            });
+        }
     }
     line
+}
+
+/// The blockers of `lastError` as a person reads them: a PDB refusal as
+/// `pod ← PDB name: needs N healthy, has M` instead of the API's ~400
+/// characters; other causes as they are. Also says whether any is a PDB's.
+fn short_blockers(err: &str) -> (String, bool) {
+    let (list, more) = match err.rsplit_once("; and ") {
+        Some((l, m)) if m.ends_with(" more") => (l, Some(m)),
+        _ => (err, None),
+    };
+    let mut pdb = false;
+    let mut parts: Vec<String> = list
+        .split("; pod ")
+        .enumerate()
+        .map(|(i, b)| {
+            let b = if i == 0 {
+                b.strip_prefix("pod ").unwrap_or(b)
+            } else {
+                b
+            };
+            let Some((pod, cause)) = b.split_once(": ") else {
+                return b.to_string();
+            };
+            let numbers = cause.rfind("disruption budget ").and_then(|i| {
+                let rest = &cause[i + "disruption budget ".len()..];
+                let (name, rest) = rest.split_once(" needs ")?;
+                let (need, rest) = rest.split_once(" healthy pods and has ")?;
+                let (has, _) = rest.split_once(" currently")?;
+                Some(format!(
+                    "{pod} ← PDB {name}: needs {need} healthy, has {has}"
+                ))
+            });
+            pdb |= numbers.is_some();
+            numbers.unwrap_or_else(|| format!("{pod}: {cause}"))
+        })
+        .collect();
+    if let Some(m) = more {
+        parts.push(format!("and {m}"));
+    }
+    (parts.join("; "), pdb)
+}
+
+/// The terminal's width, for `--wait` lines drawn in place (a line longer
+/// than the terminal wraps, and `\r` then redraws only its last part).
+fn terminal_width() -> Option<usize> {
+    rustix::termios::tcgetwinsize(std::io::stdout())
+        .ok()
+        .map(|w| w.ws_col as usize)
+        .filter(|w| *w > 0)
 }
 
 /// `nodekeeper unmaintain NODE [--wait]`.
@@ -398,4 +463,52 @@ pub fn plan_table(node: &str, pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> Str
         count("skip")
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REFUSED: &str = "Cannot evict pod as it would violate the pod's disruption budget (The disruption budget web-pdb needs 2 healthy pods and has 2 currently)";
+
+    #[test]
+    fn a_blocked_drain_reads_as_the_pdb_and_its_numbers() {
+        let err = format!(
+            "pod shop/web-1: {REFUSED}; pod shop/web-2: {REFUSED}; pod ops/x: the API server is busy; and 4 more"
+        );
+        let (short, pdb) = short_blockers(&err);
+        assert!(pdb);
+        assert_eq!(
+            short,
+            "shop/web-1 ← PDB web-pdb: needs 2 healthy, has 2; shop/web-2 ← PDB web-pdb: needs 2 healthy, has 2; ops/x: the API server is busy; and 4 more"
+        );
+        let (short, pdb) = short_blockers("pod a/b: connection refused");
+        assert_eq!((short.as_str(), pdb), ("a/b: connection refused", false));
+    }
+
+    #[test]
+    fn the_progress_line_says_how_long_and_what_to_do() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-24T12:02:05Z".parse().unwrap_or_default();
+        let mut nm = NodeMaintenance::new(
+            "a",
+            NodeMaintenanceSpec {
+                node_name: "a".into(),
+                reason: None,
+            },
+        );
+        nm.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-11-24T12:00:00Z".parse().unwrap_or_default(),
+            ));
+        nm.status = Some(crate::api::nodemaintenance::NodeMaintenanceStatus {
+            phase: Some(Phase::Running),
+            drain_progress: Some(50),
+            pending_pods: Some(vec!["web-1".into()]),
+            last_error: Some(format!("pod shop/web-1: {REFUSED}")),
+            ..Default::default()
+        });
+        let line = progress_line(&nm, now);
+        assert!(line.starts_with("Running    50%  1 pod left  blocked: shop/web-1 ← PDB web-pdb: needs 2 healthy, has 2 (after 2m05s; a PodDisruptionBudget allows no eviction now"), "{line}");
+        assert!(!line.contains("Cannot evict"), "{line}");
+    }
 }
