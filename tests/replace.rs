@@ -706,6 +706,12 @@ fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing()
                 }
             })
         };
+        // The poller must have seen the starting state before the rollout
+        // starts: once it began late and recorded [false, true].
+        wait_for("the poller's first look", LIMIT, || async {
+            (flips.lock().unwrap().first() == Some(&true)).then_some(())
+        })
+        .await;
         set_image(&client, &r.env.id, "img-2").await;
         wait_replaced(&r, "img-2", 2).await;
         wait_for("the autoscaler enabled again", LIMIT, || async {
