@@ -70,12 +70,39 @@ fn labels_of(n: &Node) -> BTreeMap<String, String> {
 
 /// Does `p` select `node`? (The worlds' selectors are matchLabels only.)
 fn selects(p: &RebootPolicy, node: &Node) -> bool {
-    p.spec.node_selector.as_ref().is_none_or(|s| {
+    matches(p.spec.node_selector.as_ref(), node)
+}
+
+/// The test's own reading of a selector (matchLabels only; none selects
+/// every node).
+fn matches(sel: Option<&LabelSelector>, node: &Node) -> bool {
+    sel.is_none_or(|s| {
         s.match_labels
             .iter()
             .flatten()
             .all(|(k, v)| labels_of(node).get(k) == Some(v))
     })
+}
+
+/// Every node, pool a or pool b, a third of the time each.
+fn pool_selector(rng: &mut Rng) -> Option<LabelSelector> {
+    let pool = match rng.below(3) {
+        0 => return None,
+        1 => "a",
+        _ => "b",
+    };
+    Some(LabelSelector {
+        match_labels: Some([("pool".to_string(), pool.to_string())].into()),
+        ..Default::default()
+    })
+}
+
+/// A budget's node count (a percentage never limits the worlds' pools).
+fn budget_of(max_unavailable: &IntOrString) -> usize {
+    match max_unavailable {
+        IntOrString::Int(i) => *i as usize,
+        IntOrString::String(_) => usize::MAX,
+    }
 }
 
 /// The oldest policy selecting `node`, by the test's own reading of the
@@ -130,17 +157,7 @@ impl World {
                     .checked_sub(SignedDuration::from_secs(3600 - 60 * rng.below(30) as i64))
                     .unwrap_or_default(),
             ));
-            p.spec.node_selector = match rng.below(3) {
-                0 => None,
-                1 => Some(LabelSelector {
-                    match_labels: Some([("pool".to_string(), "a".to_string())].into()),
-                    ..Default::default()
-                }),
-                _ => Some(LabelSelector {
-                    match_labels: Some([("pool".to_string(), "b".to_string())].into()),
-                    ..Default::default()
-                }),
-            };
+            p.spec.node_selector = pool_selector(&mut rng);
             policies.push(p);
         }
         let plans = upgrades::plans(&mut rng);
@@ -240,10 +257,7 @@ impl World {
                 if kind != OWNER_KIND {
                     // An UpgradePlan's: checked above.
                 } else if let Some(p) = self.policies.iter().find(|p| p.name_any() == owner) {
-                    let budget = match &p.spec.budget.max_unavailable {
-                        IntOrString::Int(i) => *i as usize,
-                        IntOrString::String(_) => usize::MAX,
-                    };
+                    let budget = budget_of(&p.spec.budget.max_unavailable);
                     let selected: Vec<&Node> =
                         self.nodes.iter().filter(|x| selects(p, x)).collect();
                     let down = selected

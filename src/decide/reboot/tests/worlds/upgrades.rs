@@ -46,25 +46,8 @@ pub(super) fn plans(rng: &mut Rng) -> Vec<UpgradePlan> {
     plans
 }
 
-fn pool_selector(rng: &mut Rng) -> Option<LabelSelector> {
-    let pool = match rng.below(3) {
-        0 => return None,
-        1 => "a",
-        _ => "b",
-    };
-    Some(LabelSelector {
-        match_labels: Some([("pool".to_string(), pool.to_string())].into()),
-        ..Default::default()
-    })
-}
-
 fn plan_selects(p: &UpgradePlan, node: &Node) -> bool {
-    p.spec.node_selector.as_ref().is_none_or(|s| {
-        s.match_labels
-            .iter()
-            .flatten()
-            .all(|(k, v)| labels_of(node).get(k) == Some(v))
-    })
+    matches(p.spec.node_selector.as_ref(), node)
 }
 
 impl World {
@@ -159,10 +142,7 @@ impl World {
             Some(owner),
             "{node} taken by {owner}, not by the oldest plan selecting it"
         );
-        let budget = match &p.spec.budget.max_unavailable {
-            IntOrString::Int(i) => *i as usize,
-            IntOrString::String(_) => usize::MAX,
-        };
+        let budget = budget_of(&p.spec.budget.max_unavailable);
         let selected: Vec<&Node> = self.nodes.iter().filter(|x| plan_selects(p, x)).collect();
         let down = selected
             .iter()
