@@ -79,7 +79,9 @@
 //!   [`effects::host`], the only module that
 //!   touches the machine: argv commands with a timeout (directly, or in PID
 //!   1's mount namespace through `nodekeeper host-exec`), the sentinel file
-//!   and command. [`effects::provider`] runs the provider plugin (one JSON
+//!   and command; a host path under `--host-root` resolves every symlink
+//!   inside that root (`effects::host::in_root`: the kernel would follow
+//!   `/var/run -> /run` from the container's root). [`effects::provider`] runs the provider plugin (one JSON
 //!   request, one answer, a timeout, every failure one line); `objects.rs`
 //!   writes Constellation's kinds and the autoscaler Deployment untyped.
 //! - `service/`: wiring the loop ([`service::run`]). Each file imports

@@ -82,7 +82,7 @@ pub fn can_run(argv: &[String], exec: Exec) -> Result<(), String> {
     };
     let mut why = format!("{program}: not found");
     for candidate in &search {
-        let on_host = root.join(candidate.strip_prefix("/").unwrap_or(candidate));
+        let on_host = in_root(&root, candidate);
         match std::fs::metadata(&on_host) {
             Ok(m)
                 if m.is_file()
@@ -194,8 +194,56 @@ pub struct HostRoot(pub PathBuf);
 
 impl HostRoot {
     fn path(&self, p: &str) -> PathBuf {
-        self.0.join(p.trim_start_matches('/'))
+        in_root(&self.0, Path::new(p))
     }
+}
+
+/// `path` as a process whose root is `root` sees it: each symlink on the
+/// way, the last one too, resolved inside `root` (an absolute target starts
+/// again at `root`, `..` stops there). Needed because through `/proc/1/root`
+/// the kernel resolves an absolute symlink against the *caller's* root:
+/// `/var/run` is `-> /run` on nearly every distribution, so the DaemonSet's
+/// agent looked for kured's `/var/run/reboot-required` in its own
+/// container's `/run` and never saw one (found on the test machines,
+/// tests/real_machines.rs). At most 40 links, as the kernel.
+pub fn in_root(root: &Path, path: &Path) -> PathBuf {
+    use std::path::Component;
+    if root == Path::new("/") {
+        return path.to_path_buf();
+    }
+    let mut pending: Vec<std::ffi::OsString> = path
+        .components()
+        .rev()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .collect();
+    let mut inside = PathBuf::new();
+    let mut links = 0;
+    while let Some(part) = pending.pop() {
+        if part == ".." {
+            inside.pop();
+            continue;
+        }
+        let next = inside.join(&part);
+        match std::fs::read_link(root.join(&next)) {
+            Ok(target) if links < 40 => {
+                links += 1;
+                if target.is_absolute() {
+                    inside = PathBuf::new();
+                }
+                pending.extend(target.components().rev().filter_map(|c| match c {
+                    Component::Normal(n) => Some(n.to_os_string()),
+                    Component::ParentDir => Some("..".into()),
+                    _ => None,
+                }));
+            }
+            _ => inside = next,
+        }
+    }
+    root.join(inside)
 }
 
 /// Does the sentinel file say a reboot is needed? Only a file written in
@@ -323,6 +371,34 @@ mod tests {
         let _ = std::fs::write(dir.join("reboot-required"), "");
         assert_eq!(sentinel_file(&root, "/reboot-required"), Ok(true));
         assert_eq!(sentinel_file(&root, ""), Ok(false), "empty turns it off");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A host root whose `/var/run` is `-> /run` (absolute, as on Debian,
+    /// Ubuntu, Fedora): the sentinel is found in the host's /run, never
+    /// in ours; `..` and chains of links stay inside the root.
+    #[test]
+    fn symlinks_under_the_host_root_resolve_inside_it() {
+        let dir = std::env::temp_dir().join(format!("nk-in-root-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("run")).unwrap();
+        std::fs::create_dir_all(dir.join("var")).unwrap();
+        std::fs::create_dir_all(dir.join("usr/bin")).unwrap();
+        std::os::unix::fs::symlink("/run", dir.join("var/run")).unwrap();
+        std::os::unix::fs::symlink("usr/bin", dir.join("bin")).unwrap();
+        std::os::unix::fs::symlink("../../../../../run/x", dir.join("usr/up")).unwrap();
+        std::os::unix::fs::symlink("/loop", dir.join("loop")).unwrap();
+        let root = HostRoot(dir.clone());
+        assert_eq!(sentinel_file(&root, "/var/run/reboot-required"), Ok(false));
+        std::fs::write(dir.join("run/reboot-required"), "").unwrap();
+        assert_eq!(sentinel_file(&root, "/var/run/reboot-required"), Ok(true));
+        assert_eq!(in_root(&dir, Path::new("/bin/sh")), dir.join("usr/bin/sh"));
+        assert_eq!(in_root(&dir, Path::new("/usr/up")), dir.join("run/x"));
+        assert_eq!(in_root(&dir, Path::new("/loop/a")), dir.join("loop/a"));
+        assert_eq!(
+            in_root(Path::new("/"), Path::new("/var/run")),
+            PathBuf::from("/var/run")
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
