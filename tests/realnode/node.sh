@@ -3,8 +3,17 @@
 # kubelet (same release as the control plane, `cluster.sh build-kubelet`) and
 # a private containerd + runc per node, on this machine, as root.
 #
-#   node.sh up [N]          start N nodes real-0 … real-(N-1) (default 1), wait
-#                           until each Node is Ready, print the env lines
+#   node.sh up [N] [--machine]
+#                           start N nodes real-0 … real-(N-1) (default 1), wait
+#                           until each Node is Ready, print the env lines.
+#                           --machine: each node is a machine that can reboot
+#                           (tests/realnode/machine.sh: a PID + mount namespace
+#                           with its own init, boot ID, /run, /var, os-release)
+#   node.sh reboot NODE     reboot a machine as `systemctl reboot` in it would;
+#                           returns once it is down (it boots again by itself)
+#   node.sh off NODE / on NODE
+#                           power a machine off and keep it off / boot it again
+#   node.sh exec NODE CMD…  run CMD inside a machine (nsenter into its PID 1)
 #   node.sh down            stop everything, remove every trace (idempotent)
 #   node.sh status          exit 0 when the recorded nodes are up and Ready
 #   node.sh logs            tails of each node's containerd and kubelet logs
@@ -32,21 +41,36 @@
 # shared by two kubelets: a kubelet kills every pod sandbox it finds in the
 # runtime that it did not start itself (HandlePodCleanups: "Clean up
 # containers for orphaned pod we had not seen before"). Each kubelet also gets
-# its own cgroup root (/nodekeeper-real-<i>, so pods live in
-# /nodekeeper-real-<i>/kubepods — a kubelet removes pod cgroups under its
-# kubepods that it does not know), ports, bridge and subnet. What they still
-# share is fixed by the kubelet: /var/lib/kubelet/device-plugins (each
-# kubelet's registration socket replaces the previous one's: no device plugin
-# can register with any but the last started; nothing here uses them) and
-# /var/log/containers (symlinks, names unique per container).
+# its own cgroup root (/nodekeeper-<run>-<i>, so pods live in
+# /nodekeeper-<run>-<i>/kubepods — a kubelet removes pod cgroups under its
+# kubepods that it does not know), ports, bridge and subnet. Process-mode
+# nodes still share what the kubelet fixes: /var/lib/kubelet/device-plugins
+# (each kubelet's registration socket replaces the previous one's; nothing
+# here uses device plugins) and /var/log/containers (symlinks, names unique
+# per container). Machines have their own /var and /run.
+#
+# Machines (`up N --machine`, tests/realnode/machine.sh): each node is a PID
+# + mount namespace whose PID 1 is machine.sh's init, which starts containerd
+# and the kubelet (and restarts them if they exit). `systemctl reboot` or
+# `reboot` inside it ends that PID 1, which ends everything in the machine,
+# containers included; its supervisor boots it again with a new boot ID, the
+# same disks (containerd's store, the kubelet's folder, /var), and a fresh
+# /run. Its records (machine.log) say when each reboot was asked for, when
+# PID 1 ended and when it booted, on the host's clock.
+#
+# <run> is six hex digits of a hash of NODEKEEPER_REALNODE_DIR: two runs with
+# different folders use different cgroups, bridges and subnets, and `down`
+# touches only its own (kube-proxy's nftables tables are the one exception:
+# there is one kube-proxy per host, and `up` refuses to start while another
+# run's tables exist).
 #
 # The kubelets serve on 127.0.0.1 only, with webhook authentication off and
 # no client certificate in the API server: `kubectl logs/exec/port-forward`
 # do not reach them. Read container logs from the pod-logs folder (env) or
 # use ctr. `down` kills everything at once (SIGKILL): no graceful pod stop.
 #
-# Pod network: Debian's bridge + host-local CNI plugins, bridge nkbr<i>,
-# 10.88.<i>.0/24, no masquerade, no portmap (hostPort unsupported). Host-network
+# Pod network: Debian's bridge + host-local CNI plugins, bridge nk<run>b<i>,
+# the first 10.88.x.0/24 no route uses, no masquerade, no portmap (hostPort unsupported). Host-network
 # pods need none of it.
 #
 # Services: one kube-proxy (nftables mode) for the whole machine, as node
@@ -67,8 +91,8 @@
 # sysctls vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
 # kernel.panic_on_oops, kernel.keys.root_maxkeys/root_maxbytes (kubelet) and
 # net.ipv4.ip_forward (CNI bridge), kube-proxy's nftables tables
-# `ip kube-proxy` and `ip6 kube-proxy`, the cgroups /nodekeeper-real-*, bridges
-# nkbr*, network namespaces /run/netns/cni-*, /var/lib/cni, /var/log/containers,
+# `ip kube-proxy` and `ip6 kube-proxy`, the cgroups /nodekeeper-<run>-*, bridges
+# nk<run>b*, network namespaces /run/netns/cni-*, /var/lib/cni, /var/log/containers,
 # /var/lib/kubelet (device-plugins), /run/containerd/s (shim sockets), and
 # the Nodes (and pods bound to them) in the API.
 #
@@ -90,7 +114,18 @@ taint=${NODEKEEPER_REALNODE_TAINT-nodekeeper.test/real-node=true:NoSchedule}
 label=nodekeeper.test/real-node
 pause_ref=localhost/pause:nodekeeper
 snapshotter=native
-cgroup_prefix=nodekeeper-real-
+# What this run makes outside its folder is named after the folder, so two
+# runs (two folders) on one machine never touch each other's: cgroups
+# /nodekeeper-<run>-<i>, bridges nk<run>b<i>; subnets are the first free
+# 10.88.x.0/24 (recorded per node).
+run_id=$(printf '%s' "$dir" | sha1sum | cut -c1-6)
+cgroup_prefix=nodekeeper-$run_id-
+bridge_of() { echo "nk${run_id}b$1"; }
+subnet_of() { echo "10.88.$(cat "$(node_dir "$1")/subnet").0/24"; }
+# "machine" (each node a PID + mount namespace of its own that can reboot,
+# tests/realnode/machine.sh) or "process" (the daemons run on the host).
+mode() { cat "$dir/mode" 2>/dev/null || echo process; }
+machines() { [[ $(mode) == machine ]]; }
 sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward)
 
@@ -204,11 +239,17 @@ write_containerd_config() {
   local i=$1 d cni
   d=$(node_dir "$i")
   cni=$(cni_bin)
-  mkdir -p "$d/containerd/root" "$d/containerd/state" "$d/containerd/opt" "$d/cni-conf" "$d/cni-ipam"
+  # A machine's runtime state is per boot (its own /run), as on a host.
+  local state=$d/containerd/state runc_root=$d/runc
+  if machines; then
+    state=/run/nk/containerd runc_root=/run/nk/runc
+  fi
+  mkdir -p "$d/containerd/root" "$d/containerd/opt" "$d/cni-conf" "$d/cni-ipam"
+  machines || mkdir -p "$state"
   cat >"$d/containerd.toml" <<EOF
 version = 2
 root = "$d/containerd/root"
-state = "$d/containerd/state"
+state = "$state"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
 
 [grpc]
@@ -242,7 +283,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         # runc's state, by default /run/containerd/runc, shared by every containerd.
-        Root = "$d/runc"
+        Root = "$runc_root"
 
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$cni"
@@ -255,24 +296,27 @@ EOF
 cni_conf() { echo "$(node_dir "$1")/cni-conf/10-nodekeeper.conflist"; }
 
 write_cni_conf() {
-  local i=$1 d
+  local i=$1 d ipam
   d=$(node_dir "$i")
+  # A machine's leases are per boot: every pod network is gone after a reboot.
+  ipam=$d/cni-ipam
+  machines && ipam=/run/nk/cni-ipam
   cat >"$d/cni-conf/.10-nodekeeper.conflist.tmp" <<EOF
 {
   "cniVersion": "0.4.0",
-  "name": "nk-real-$i",
+  "name": "nk$run_id-$i",
   "plugins": [
     {
       "type": "bridge",
-      "bridge": "nkbr$i",
+      "bridge": "$(bridge_of "$i")",
       "isGateway": true,
       "ipMasq": false,
       "hairpinMode": false,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "10.88.$i.0/24"}]],
+        "ranges": [[{"subnet": "$(subnet_of "$i")"}]],
         "routes": [{"dst": "0.0.0.0/0"}],
-        "dataDir": "$d/cni-ipam"
+        "dataDir": "$ipam"
       }
     }
   ]
@@ -419,20 +463,64 @@ wait_until() {
   done
 }
 
+# How the node's containerd and kubelet start: a script each, run on the
+# host (process mode) or by the machine's init at every boot.
+write_start_scripts() {
+  local i=$1 d
+  d=$(node_dir "$i")
+  cat >"$d/start-containerd" <<EOF
+#!/bin/sh
+exec containerd --config '$d/containerd.toml'
+EOF
+  cat >"$d/start-kubelet" <<EOF
+#!/bin/sh
+exec '$(cat "$dir/kubelet-bin")' --config='$d/kubelet.yaml' --kubeconfig='$d/kubeconfig' \\
+  --root-dir='$d/kubelet' --cert-dir='$d/certs' --volume-plugin-dir='$d/volume-plugins' \\
+  --hostname-override='$(node_name "$i")' --node-labels='$label=true' --v=2
+EOF
+  chmod +x "$d/start-containerd" "$d/start-kubelet"
+}
+
 # Logs are appended to, so a restart keeps what came before.
 start_containerd() {
   local d
   d=$(node_dir "$1")
-  start_bg "$d/containerd.pid" "$d/containerd.log" containerd --config "$d/containerd.toml"
+  start_bg "$d/containerd.pid" "$d/containerd.log" "$d/start-containerd"
 }
 
 start_kubelet() {
+  local d
+  d=$(node_dir "$1")
+  start_bg "$d/kubelet.pid" "$d/kubelet.log" "$d/start-kubelet"
+}
+
+# A machine's own files (tests/realnode/machine.sh): its OS release (the
+# kubelet's osImage), its reboot command, its cgroup root; then its
+# supervisor, which boots it.
+machine_os_release() {
+  printf 'NAME="nodekeeper test machine"\nID=nktest\nVERSION_ID=%s\nPRETTY_NAME="nodekeeper test machine %s"\n' "$1" "$1"
+}
+
+start_machine() {
   local i=$1 d
   d=$(node_dir "$i")
-  start_bg "$d/kubelet.pid" "$d/kubelet.log" "$(cat "$dir/kubelet-bin")" \
-    --config="$d/kubelet.yaml" --kubeconfig="$d/kubeconfig" \
-    --root-dir="$d/kubelet" --cert-dir="$d/certs" --volume-plugin-dir="$d/volume-plugins" \
-    --hostname-override="$(node_name "$i")" --node-labels="$label=true" --v=2
+  [[ -f $d/os-release ]] || machine_os_release 1 >"$d/os-release"
+  cat >"$d/reboot" <<EOF
+#!/bin/bash
+exec bash '$here/machine.sh' request-reboot '$d' "\$@"
+EOF
+  chmod +x "$d/reboot"
+  echo "/$cgroup_prefix$i" >"$d/cgroup-root"
+  rm -f "$d/halt" "$d/off"
+  start_bg "$d/supervisor.pid" "$d/supervisor.log" bash "$here/machine.sh" supervise "$d"
+}
+
+# The host PID of a machine's PID 1 (its current boot), when it runs.
+machine_init() {
+  local d pid
+  d=$(node_dir "$1")
+  pid=$(cat "$d/init.pid" 2>/dev/null) || return 1
+  [[ -n $pid ]] && running "$pid" && echo "$pid"
 }
 
 # kube-proxy: one for the machine (see the header), as node real-0, in
@@ -502,8 +590,14 @@ on_up_exit() {
 }
 
 cmd_up() {
-  local n=${1:-1}
-  [[ $n =~ ^[1-9][0-9]*$ ]] || die "usage: node.sh up [N], N >= 1"
+  local n=1 want=process a
+  for a in "$@"; do
+    case $a in
+      --machine) want=machine ;;
+      *) n=$a ;;
+    esac
+  done
+  [[ $n =~ ^[1-9][0-9]*$ ]] || die "usage: node.sh up [N] [--machine], N >= 1"
   ((n <= 50)) || die "at most 50 nodes (subnets 10.88.<i>.0/24)"
   [[ $(id -u) == 0 ]] || die "real nodes need root (the kubelet and containerd manage cgroups, mounts, network)"
   cluster_up || die "the control plane is not up: run tests/controlplane/cluster.sh up first"
@@ -517,7 +611,7 @@ cmd_up() {
   ((${#longest} < 108)) || die "socket path $longest is too long for a unix socket: set NODEKEEPER_REALNODE_DIR to a shorter folder"
   setup_kubectl
 
-  if [[ -f $dir/count && $(cat "$dir/count") == "$n" ]] && all_up; then
+  if [[ -f $dir/count && $(cat "$dir/count") == "$n" && $(mode) == "$want" ]] && all_up; then
     log "already up: $n node(s)"
     cmd_env
     return
@@ -535,14 +629,10 @@ cmd_up() {
   [[ -x $node_bins/kube-proxy ]] || die "no kube-proxy at $node_bins/kube-proxy"
   ! foreign_proxy_tables || die "this machine already has kube-proxy's nftables tables (another kube-proxy runs here?): nft list tables"
   local i
-  for i in $(seq 0 $((n - 1))); do
-    if ip -4 route show | grep -q "^10\.88\.$i\."; then
-      ip link show "nkbr$i" >/dev/null 2>&1 || die "10.88.$i.0/24 is already routed on this machine (ip route): cannot give it to real-$i"
-    fi
-  done
   mkdir -p "$dir"
   trap on_up_exit EXIT
   save_host_state
+  echo "$want" >"$dir/mode"
   echo "$n" >"$dir/count"
   echo "$kubelet_bin" >"$dir/kubelet-bin"
   echo "$node_bins/kube-proxy" >"$dir/kube-proxy-bin"
@@ -560,23 +650,19 @@ subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:nodes"}
 EOF
 
-  local d
+  # Each node: its subnet (the first 10.88.x.0/24 nothing routes), its
+  # configuration, credentials and ports.
+  local d x=0 taken=" "
   for i in $(seq 0 $((n - 1))); do
     d=$(node_dir "$i")
     mkdir -p "$d"
+    while [[ $taken == *" $x "* ]] || ip -4 route show | grep -q "^10\.88\.$x\."; do
+      x=$((x + 1))
+      ((x < 256)) || fail_up "no free 10.88.x.0/24 for $(node_name "$i") (ip route)"
+    done
+    taken+="$x "
+    echo "$x" >"$d/subnet"
     write_containerd_config "$i"
-    start_containerd "$i"
-  done
-  for i in $(seq 0 $((n - 1))); do
-    wait_until 30 ctr_ok "$i" || fail_up "$(node_name "$i")'s containerd did not answer within 30 s"
-    import_into "$i" "$pause_archive"
-    local a
-    for a in ${NODEKEEPER_REALNODE_IMPORT:-}; do import_into "$i" "$a"; done
-  done
-  log "containerd up, images imported in $((SECONDS - start)) s"
-
-  for i in $(seq 0 $((n - 1))); do
-    d=$(node_dir "$i")
     # The kubelet insists its cgroup root exists (in every v1 hierarchy).
     local h
     for h in $(hierarchies); do mkdir -p "$h$cgroup_prefix$i"; done
@@ -588,8 +674,20 @@ EOF
     echo "$port" >"$d/port"
     echo "$healthz" >"$d/healthz-port"
     write_kubelet_config "$i" "$port" "$healthz"
-    start_kubelet "$i"
+    write_start_scripts "$i"
   done
+  # Process mode: containerd first, images in, then the kubelet. A machine
+  # boots both at once (the kubelet waits for the sandbox image it needs).
+  for i in $(seq 0 $((n - 1))); do
+    if machines; then start_machine "$i"; else start_containerd "$i"; fi
+  done
+  for i in $(seq 0 $((n - 1))); do
+    wait_until 30 ctr_ok "$i" || fail_up "$(node_name "$i")'s containerd did not answer within 30 s"
+    import_into "$i" "$pause_archive"
+    for a in ${NODEKEEPER_REALNODE_IMPORT:-}; do import_into "$i" "$a"; done
+  done
+  log "containerd up, images imported in $((SECONDS - start)) s"
+  machines || for i in $(seq 0 $((n - 1))); do start_kubelet "$i"; done
   for i in $(seq 0 $((n - 1))); do
     wait_until "$ready_timeout" node_ready_or_dead "$i" || true
     node_ready "$i" || fail_up "node $(node_name "$i") is not Ready within ${ready_timeout}s"
@@ -622,6 +720,10 @@ kube_proxy_ready_or_dead() {
 
 node_ready_or_dead() {
   node_ready "$1" && return 0
+  if machines; then
+    alive "$(node_dir "$1")/supervisor.pid" || fail_up "the supervisor of machine $(node_name "$1") exited"
+    return 1
+  fi
   alive "$(node_dir "$1")/kubelet.pid" || fail_up "the kubelet of $(node_name "$1") exited"
   alive "$(node_dir "$1")/containerd.pid" || fail_up "the containerd of $(node_name "$1") exited"
   return 1
@@ -632,7 +734,11 @@ all_up() {
   [[ -f $dir/env ]] || return 1
   for i in $(recorded); do
     d=$(node_dir "$i")
-    alive "$d/kubelet.pid" && alive "$d/containerd.pid" && node_ready "$i" || return 1
+    if machines; then
+      alive "$d/supervisor.pid" && machine_init "$i" >/dev/null && kubelet_healthy "$i" && node_ready "$i" || return 1
+    else
+      alive "$d/kubelet.pid" && alive "$d/containerd.pid" && node_ready "$i" || return 1
+    fi
   done
   alive "$(proxy_dir)/kube-proxy.pid" && kube_proxy_healthy
 }
@@ -646,6 +752,7 @@ write_env() {
     echo "# tests/realnode/node.sh env: KEY='value' lines, values never hold a quote"
     echo "NODEKEEPER_REALNODE_DIR='$dir'"
     echo "NODEKEEPER_REALNODE_COUNT='$n'"
+    echo "NODEKEEPER_REALNODE_MODE='$(mode)'"
     echo "NODEKEEPER_REALNODE_NODES='$(for i in $(recorded); do printf '%s ' "$(node_name "$i")"; done | sed 's/ $//')'"
     echo "NODEKEEPER_REALNODE_KUBELET='$kubelet_bin'"
     echo "NODEKEEPER_REALNODE_CTR_BIN='$(command -v ctr)'"
@@ -675,6 +782,7 @@ write_env() {
       echo "NODEKEEPER_REALNODE_${i}_CGROUP_ROOT='/$cgroup_prefix$i'"
       echo "NODEKEEPER_REALNODE_${i}_KUBELET_LOG='$d/kubelet.log'"
       echo "NODEKEEPER_REALNODE_${i}_CONTAINERD_LOG='$d/containerd.log'"
+      echo "NODEKEEPER_REALNODE_${i}_DIR='$d'"
     done
   } >"$dir/env.tmp"
   mv "$dir/env.tmp" "$dir/env"
@@ -697,9 +805,17 @@ cmd_status() {
   for i in $(recorded); do
     d=$(node_dir "$i")
     k=dead c=dead r=NotReady
-    alive "$d/kubelet.pid" && k="pid $(cat "$d/kubelet.pid")"
-    alive "$d/containerd.pid" && c="pid $(cat "$d/containerd.pid")"
     cluster_up && node_ready "$i" && r=Ready
+    if machines; then
+      local init
+      init=$(machine_init "$i") && k="machine PID 1 $init, boot $(cat "$d/boot_id")" c=$k
+      kubelet_healthy "$i" || k=dead
+      ctr_ok "$i" || c=dead
+      [[ -f $d/off ]] && k="off" c="off"
+    else
+      alive "$d/kubelet.pid" && k="pid $(cat "$d/kubelet.pid")"
+      alive "$d/containerd.pid" && c="pid $(cat "$d/containerd.pid")"
+    fi
     echo "$(node_name "$i"): $r, kubelet $k, containerd $c ($(sock "$i"))"
     [[ $r == Ready && $k != dead && $c != dead ]] || ok=1
   done
@@ -747,6 +863,7 @@ cmd_restart() {
   local what=${1:-} only=${2:-} i d pidfile found=0
   [[ $what == containerd || $what == kubelet ]] || die "usage: node.sh restart containerd|kubelet [NODE]"
   [[ -f $dir/count ]] || die "no real nodes are up (node.sh up)"
+  machines && die "restart works on process-mode nodes; a machine reboots instead (node.sh reboot NODE)"
   for i in $(recorded); do
     [[ -z $only || $only == "$(node_name "$i")" ]] || continue
     found=1
@@ -771,6 +888,61 @@ cmd_restart() {
     log "$what of $(node_name "$i") restarted"
   done
   ((found)) || die "no real node named $only is up"
+}
+
+# ------------------------------------------------------------------ machines
+
+machine_index() {
+  local node=$1 i
+  [[ -f $dir/count ]] || die "no real nodes are up (node.sh up)"
+  machines || die "the nodes are not machines (node.sh up N --machine)"
+  for i in $(recorded); do
+    [[ $(node_name "$i") == "$node" ]] && { echo "$i"; return; }
+  done
+  die "no machine named $node is up"
+}
+
+# reboot NODE: what `systemctl reboot` inside it does (PID 1 shuts down);
+# the supervisor boots it again. Returns once the old boot is gone, not
+# when the node is back.
+cmd_reboot() {
+  local i d init
+  i=$(machine_index "${1:?usage: node.sh reboot NODE}")
+  d=$(node_dir "$i")
+  init=$(machine_init "$i") || die "machine $1 is not running (off?)"
+  nsenter -t "$init" -p -m -- "$d/reboot" reboot || die "cannot reboot $1"
+  wait_until 120 eval '! running '"$init" || die "machine $1 did not go down within 120 s"
+}
+
+# off NODE: power it off (PID 1 ends at once) and keep it off; on NODE boots
+# it again.
+cmd_off() {
+  local i d init
+  i=$(machine_index "${1:?usage: node.sh off NODE}")
+  d=$(node_dir "$i")
+  touch "$d/off"
+  if init=$(machine_init "$i"); then
+    kill -KILL "$init" 2>/dev/null || true
+    wait_until 30 eval '! running '"$init" || die "machine $1 did not stop within 30 s"
+  fi
+}
+
+cmd_on() {
+  local i
+  i=$(machine_index "${1:?usage: node.sh on NODE}")
+  rm -f "$(node_dir "$i")/off"
+}
+
+# exec NODE CMD...: run CMD inside the machine (its PID and mount
+# namespaces), as root.
+cmd_exec() {
+  local i init
+  i=$(machine_index "${1:?usage: node.sh exec NODE CMD...}")
+  shift
+  (($#)) || die "usage: node.sh exec NODE CMD..."
+  init=$(machine_init "$i") || die "machine $(node_name "$i") is not running"
+  exec 9>&-
+  exec nsenter -t "$init" -p -m -- "$@"
 }
 
 manifests_of() {
@@ -809,7 +981,7 @@ our_pids() {
     p=${f%/cmdline}
     exe=$(readlink "$p/exe" 2>/dev/null) || continue
     case ${exe##*/} in
-      kubelet | containerd | containerd-shim-runc-v2 | containerd-shim | runc | kube-proxy) echo "${p#/proc/}" ;;
+      kubelet | containerd | containerd-shim-runc-v2 | containerd-shim | runc | kube-proxy | unshare) echo "${p#/proc/}" ;;
     esac
   done
   return 0
@@ -865,9 +1037,18 @@ cmd_down() {
     inodes+="$(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null) "
   done
 
+  # 0. Machines: their supervisors (so nothing boots again), then their PID
+  # 1s, which takes everything inside with them.
+  local d
+  for d in "$dir"/real-*; do
+    [[ -d $d ]] || continue
+    touch "$d/halt"
+    [[ -f $d/supervisor.pid ]] && kill_pid "$(cat "$d/supervisor.pid")"
+    [[ -f $d/init.pid && -n $(cat "$d/init.pid") ]] && kill_pid "$(cat "$d/init.pid")"
+  done
+
   # 1. kubelets first (they would restart what we stop), then pods,
   # containerd, shims.
-  local d
   for d in "$dir"/real-*; do
     [[ -f $d/kubelet.pid ]] && kill_pid "$(cat "$d/kubelet.pid")"
   done
@@ -918,8 +1099,9 @@ cmd_down() {
       nft list table "$family" kube-proxy >/dev/null 2>&1 && { nft delete table "$family" kube-proxy || log "warning: could not delete nftables table $family kube-proxy"; }
     done
   fi
+  # This run's bridges only (named after its folder).
   local br
-  for br in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep '^nkbr[0-9]*$' || true); do
+  for br in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep "^nk${run_id}b[0-9]*\$" || true); do
     ip link delete "$br" 2>/dev/null || true
   done
 
@@ -941,7 +1123,7 @@ cmd_down() {
       rm -rf --one-file-system /var/lib/cni
     else
       # The CNI's cached results: <network>-<sandbox id>-<interface>.
-      rm -f /var/lib/cni/results/nk-real-[0-9]*-* 2>/dev/null || true
+      rm -f /var/lib/cni/results/nk"$run_id"-[0-9]*-* 2>/dev/null || true
       local sb
       for sb in "$dir"/real-*/containerd/state/io.containerd.grpc.v1.cri/sandboxes/*; do
         [[ -e $sb ]] && rm -f /var/lib/cni/results/*-"${sb##*/}"-* 2>/dev/null
@@ -1004,7 +1186,7 @@ lock() {
 }
 
 case ${1:-} in
-  up) lock; cmd_up "${2:-1}" ;;
+  up) shift; lock; cmd_up "$@" ;;
   down) lock; cmd_down ;;
   status) cmd_status ;;
   logs) cmd_logs ;;
@@ -1014,5 +1196,9 @@ case ${1:-} in
   cni) shift; lock; cmd_cni "$@" ;;
   put-manifest) shift; cmd_put_manifest "$@" ;;
   rm-manifest) shift; cmd_rm_manifest "$@" ;;
-  *) die "usage: $0 up [N]|down|status|logs|env|import ARCHIVE...|restart containerd|kubelet [NODE]|cni on|off [NODE]|put-manifest NODE FILE|rm-manifest NODE FILE" ;;
+  reboot) shift; cmd_reboot "$@" ;;
+  off) shift; cmd_off "$@" ;;
+  on) shift; cmd_on "$@" ;;
+  exec) shift; cmd_exec "$@" ;;
+  *) die "usage: $0 up [N] [--machine]|reboot NODE|off NODE|on NODE|exec NODE CMD...|down|status|logs|env|import ARCHIVE...|restart containerd|kubelet [NODE]|cni on|off [NODE]|put-manifest NODE FILE|rm-manifest NODE FILE" ;;
 esac
