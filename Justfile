@@ -24,10 +24,11 @@ lint:
     cargo fmt --check
     cargo clippy --all-targets -- -D warnings
 
-# All tests: unit tests and integration tests on the local control plane and
-# one real node (kubelet + containerd, tests/realnode/node.sh), started for
-# the run and stopped after it. The real node runs the static binary's image.
-[doc('All tests: unit, integration on the local control plane, and the real node.')]
+# All tests: unit tests and integration tests on the local control plane,
+# one real node and three machines that reboot for real (kubelet +
+# containerd, tests/realnode/node.sh), started for the run and stopped after
+# it. They run the static binary's image.
+[doc('All tests: unit, integration on the local control plane, real nodes and rebooting machines.')]
 test: build-static cluster-up
     #!/usr/bin/env bash
     set -euo pipefail

@@ -1,3 +1,5 @@
+//! Shared by the real-node and real-machine test binaries: each uses a part.
+#![allow(dead_code)]
 //! Real nodes for the tests that kwok cannot answer: a real kubelet and a
 //! private containerd with runc, and one kube-proxy for the machine
 //! (`tests/realnode/node.sh`), registered with the test control plane beside
