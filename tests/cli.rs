@@ -64,6 +64,9 @@ fn output_into_a_reader_that_goes_away_ends_quietly() {
 
 #[test]
 fn a_node_that_does_not_exist_is_answered_about_its_name() {
+    // The commands check the CRDs first; alone on a fresh cluster this
+    // test found none.
+    support::install_crds();
     let kc = support::cluster().to_string_lossy().to_string();
     for args in [
         vec!["maintain", "no-such-node-here"],
@@ -134,4 +137,46 @@ fn every_recipe_is_listed_with_a_whole_sentence() {
         }
     }
     assert!(bad.is_empty(), "recipes listed with a fragment: {bad:?}");
+}
+
+/// Linked as `kubectl-nodekeeper` on PATH, the binary is a kubectl plugin:
+/// the real kubectl finds it, runs `kubectl nodekeeper status` against the
+/// test cluster, and the usage line names the command as typed.
+#[test]
+fn linked_as_kubectl_nodekeeper_it_runs_as_a_kubectl_plugin() {
+    support::install_crds();
+    let dir = support::scratch().join(format!("kubectl-plugin-{}", support::rand_u64()));
+    std::fs::create_dir_all(&dir).expect("a plugin folder");
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_nodekeeper"),
+        dir.join("kubectl-nodekeeper"),
+    )
+    .expect("linking the plugin");
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kubectl = |args: &[&str]| {
+        Command::new(support::bin_dir().join("kubectl"))
+            .args(args)
+            .env("PATH", &path)
+            .env("KUBECONFIG", support::cluster())
+            .output()
+            .expect("running kubectl")
+    };
+    let list = kubectl(&["plugin", "list"]);
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(listed.contains("kubectl-nodekeeper"), "{listed}");
+    let help = kubectl(&["nodekeeper", "--help"]);
+    let usage = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{usage}");
+    assert!(usage.starts_with("Usage: kubectl nodekeeper"), "{usage}");
+    let status = kubectl(&["nodekeeper", "status"]);
+    assert!(
+        status.status.success() && String::from_utf8_lossy(&status.stdout).contains("NODE"),
+        "{}{}",
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr)
+    );
 }

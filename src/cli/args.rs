@@ -20,8 +20,13 @@ pub fn from_env() -> Result<Cli, ExitCode> {
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
         .and_then(|n| n.to_str())
-        .unwrap_or("nodekeeper")
-        .to_string();
+        .unwrap_or("nodekeeper");
+    // As a kubectl plugin (a `kubectl-nodekeeper` link on PATH), kubectl
+    // runs it with the same arguments: only the usage line's name differs.
+    let name = match name {
+        "kubectl-nodekeeper" => "kubectl nodekeeper".to_string(),
+        n => n.to_string(),
+    };
     let args = split_equals(all.get(1..).unwrap_or_default());
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     Cli::from_args(&[&name], &refs).map_err(|exit| {
