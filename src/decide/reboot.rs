@@ -407,7 +407,9 @@ fn status(
             "NodeNotReturned",
             "False",
             "AllReturned",
-            "every rebooted node came back in time",
+            // Present tense: a node that came back late is history,
+            // kept in the NodeNotReturned event and the metric.
+            "no rebooted node is past its return deadline",
         );
     } else {
         let msg = format!(
