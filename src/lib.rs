@@ -60,6 +60,8 @@
 //!   node role's half (`node.rs`: the upgrade command once per plan,
 //!   version and boot, then the reboot). [`decide::mutex`]: the mutex
 //!   operator's validation, node lists and run. What features share:
+//!   [`decide::claim`]: one node agent per node (each claims its node;
+//!   the earlier one reports a second).
 //!   [`decide::disrupt`] (node facts admissions read, the NodeMaintenance a
 //!   feature takes a node with, orphans) and [`decide::jobs`] (env appended,
 //!   kept off the node, a Job's state). `decide/mod.rs` holds the closed

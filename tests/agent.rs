@@ -35,6 +35,72 @@ fn run_sees_its_node_and_exits_zero_on_sigterm() {
     assert!(agent.log_text().contains("stopped"), "{}", agent.log_text());
 }
 
+/// Two agents for one node (a DaemonSet beside a static pod, say) each
+/// drain and reboot it on their own: the one that was there first sees the
+/// other's claim on the node and says so in its log and one Event naming
+/// the other; the newer one, which cannot tell a live claim from a dead
+/// one, says nothing.
+#[test]
+fn a_second_agent_for_the_same_node_is_reported_by_the_first() {
+    use k8s_openapi::api::core::v1::{Event, Node};
+    use kube::{Api, ResourceExt, api::ListParams};
+    support::install_crds();
+    let mut env = block_on(TestEnv::new("twoagents"));
+    let node = block_on(env.add_node("a"));
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let claim = || async {
+        let n = nodes.get(&node).await.ok()?;
+        n.annotations().get("nodekeeper.io/agent").cloned()
+    };
+    let first = Agent::start(&["run", "--node", &node]);
+    let first_pid = format!("pid {},", first.child.id());
+    block_on(wait_for(
+        "the first agent's claim",
+        Duration::from_secs(30),
+        || async { claim().await.filter(|c| c.contains(&first_pid)) },
+    ));
+    let second = Agent::start(&["run", "--node", &node]);
+    let second_pid = format!("pid {},", second.child.id());
+    let events: Api<Event> = Api::all(env.client.clone());
+    let lp = ListParams::default().fields(&format!("involvedObject.name={node}"));
+    let notes = block_on(wait_for(
+        "an AnotherAgent event",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&lp).await.ok()?;
+            let notes: Vec<String> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("AnotherAgent"))
+                .filter_map(|e| e.message)
+                .collect();
+            (!notes.is_empty()).then_some(notes)
+        },
+    ));
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains(&second_pid) && notes[0].contains(&first_pid),
+        "the event names both agents: {}",
+        notes[0]
+    );
+    assert!(
+        first
+            .log_text()
+            .contains("another nodekeeper agent runs for this node"),
+        "{}",
+        first.log_text()
+    );
+    assert!(
+        !second.log_text().contains("another nodekeeper agent"),
+        "{}",
+        second.log_text()
+    );
+    assert!(
+        block_on(claim()).is_some_and(|c| c.contains(&second_pid)),
+        "not claimed back"
+    );
+}
+
 #[test]
 fn run_with_a_bad_kubeconfig_exits_nonzero_with_one_line() {
     let dir = support::scratch().join(format!("nk-badkc-{:x}", support::rand_u64()));

@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod budget;
+pub mod claim;
 pub mod disrupt;
 pub mod drain;
 pub mod foreign;

@@ -79,10 +79,33 @@ pub struct Context {
     seen: Mutex<HashMap<String, String>>,
     /// Per foreign NodeMaintenance (node role): the last look at its node.
     foreign_checked: Mutex<HashMap<String, LastCheck>>,
+    /// Node role: this process's claim on its node (`decide::claim`): who
+    /// it is, and what it knows of the claim.
+    pub agent: Mutex<(String, crate::decide::claim::Claim)>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How this process names itself in its node claim: its pod (or host),
+/// PID and start, so the other agent's warning says which one to stop.
+fn agent_name() -> String {
+    let who = std::env::var("POD_NAME")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map(|p| format!("pod {p}"))
+        .unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("host {}", host.trim())
+        });
+    format!(
+        "{who}, pid {}, started {}",
+        std::process::id(),
+        jiff::Timestamp::now()
+            .round(jiff::Unit::Second)
+            .unwrap_or_else(|_| jiff::Timestamp::now())
+    )
 }
 
 impl Context {
@@ -119,6 +142,7 @@ impl Context {
             memory: Mutex::default(),
             seen: Mutex::default(),
             foreign_checked: Mutex::default(),
+            agent: Mutex::new((agent_name(), Default::default())),
         }
     }
 

@@ -20,6 +20,7 @@ use kube::{Api, ResourceExt};
 use super::context::Context;
 use super::roles::{Scope, anchor};
 use crate::api::common::is_node_name;
+use crate::decide::Effect;
 use crate::decide::foreign::{self, LastCheck};
 use crate::decide::maintenance::{self, Snapshot};
 use crate::decide::{Then, duration_until, earliest};
@@ -66,6 +67,7 @@ async fn reconcile_inner(node: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> 
     // The node role's own reboot and upgrade; the cluster role's
     // cluster-wide work has its own scheduler (`cluster.rs`).
     if let Scope::Node(_) = ctx.scope {
+        claim_node(ctx, &node).await;
         super::upgrades::reconcile_own_node(ctx, &name).await?;
         wake = earliest(wake, super::reboots::reconcile_own_node(ctx, &name).await?);
     }
@@ -73,6 +75,31 @@ async fn reconcile_inner(node: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> 
         Some(d) => Action::requeue(d),
         None => Action::await_change(),
     })
+}
+
+/// The node role's claim on its node (`decide::claim`). A failed write is
+/// tried at the next reconcile; it never holds up the node's own work.
+async fn claim_node(ctx: &Context, node: &Node) {
+    let effects = {
+        let mut agent = super::context::lock(&ctx.agent);
+        let (me, state) = &mut *agent;
+        crate::decide::claim::decide(node, me, state)
+    };
+    for effect in effects {
+        if let Effect::Event { note, .. } = &effect {
+            log::warn!("node {}: {note}", node.name_any());
+        }
+        match ctx.effects.perform(&effect).await {
+            Ok(_) if matches!(effect, Effect::PatchNode { .. }) => {
+                super::context::lock(&ctx.agent).1.claimed = true;
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!(
+                "node {}: cannot claim it for this agent: {e}",
+                node.name_any()
+            ),
+        }
+    }
 }
 
 /// What an operator wants to see in the log about a node, in one line.
