@@ -795,7 +795,10 @@ fn the_static_pod_with_reboot_reboots_its_own_machine_once() {
         })
     });
     let _cleanup = StaticPod(m);
-    let kubeconfig_line = readme_line("Static pod", "host-kubeconfig");
+    let kubeconfig_line = realnode::readme_recipe("Static pod")
+        .into_iter()
+        .find(|l| l.contains("host-kubeconfig"))
+        .expect("the README's static-pod recipe writes a host kubeconfig");
     let line = kubeconfig_line
         .replacen("nodekeeper ", &format!("{} ", shipped_bin().display()), 1)
         .replace("worker-1", &m.name);
@@ -849,23 +852,4 @@ impl Drop for StaticPod<'_> {
         let _ = std::fs::remove_file("/etc/nodekeeper/kubeconfig");
         let _ = std::fs::remove_dir("/etc/nodekeeper");
     }
-}
-
-/// The line of the README's `### {heading}` sh block that contains `word`,
-/// its comment dropped.
-fn readme_line(heading: &str, word: &str) -> String {
-    let readme =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-            .expect("README.md");
-    let section = readme
-        .split(&format!("\n### {heading}\n"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("README has no '### {heading}' section"));
-    section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .and_then(|b| b.lines().find(|l| l.contains(word)))
-        .map(|l| l.split(" #").next().unwrap_or(l).trim().to_string())
-        .unwrap_or_else(|| panic!("the README's '{heading}' block has no line with {word}"))
 }

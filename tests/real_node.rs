@@ -22,30 +22,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
-use realnode::{RealNode, exclusive, processes_with, real_node, wait_host};
+use realnode::{RealNode, exclusive, processes_with, readme_recipe, real_node, wait_host};
 use support::{TestEnv, block_on, install_agent_identity, install_crds, wait_for};
-
-/// A README recipe, as a list of command lines, comments dropped: the first
-/// `sh` block under the heading `### {heading}`.
-fn readme_recipe(heading: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    let section = readme
-        .split(&format!("\n### {heading}\n"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("README has no '### {heading}' section"));
-    let block = section
-        .split("\n### ")
-        .next()
-        .and_then(|s| s.split("```sh\n").nth(1))
-        .and_then(|b| b.split("\n```").next())
-        .unwrap_or_else(|| panic!("the README's '{heading}' section has no sh block"));
-    block
-        .lines()
-        .map(|l| l.split(" #").next().unwrap_or(l).trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect()
-}
 
 /// Swap what is this test machine's own in a recipe line: the node's name,
 /// containerd's socket, the kubelet's folder, where the binary, the archive

@@ -68,25 +68,8 @@ fn node_sh(args: &[&str]) -> (bool, String) {
 pub fn machines() -> &'static [Machine] {
     static MACHINES: OnceLock<Vec<Machine>> = OnceLock::new();
     MACHINES.get_or_init(|| {
-        crate::support::cluster();
         let archive = realnode::image_archive();
-        let out = Command::new("bash")
-            .arg(script())
-            .args(["up", "3", "--machine"])
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
-        assert!(
-            out.status.success(),
-            "the test machines did not start ({}); node.sh's output and log tails are above",
-            out.status
-        );
-        let env: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
-            .collect();
+        let env = realnode::up(&["3", "--machine"], "the test machines");
         let get = |k: String| {
             env.get(&k)
                 .cloned()

@@ -58,24 +58,7 @@ fn script() -> PathBuf {
 pub fn real_node() -> &'static RealNode {
     static NODE: OnceLock<RealNode> = OnceLock::new();
     NODE.get_or_init(|| {
-        crate::support::cluster();
-        let out = Command::new("bash")
-            .arg(script())
-            .args(["up", "1"])
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
-        assert!(
-            out.status.success(),
-            "the real node did not start ({}); node.sh's output and log tails are above",
-            out.status
-        );
-        let env: HashMap<String, String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
-            .collect();
+        let env = up(&["1"], "the real node");
         let get = |k: &str| {
             env.get(k)
                 .cloned()
@@ -90,6 +73,53 @@ pub fn real_node() -> &'static RealNode {
             manifests: PathBuf::from(get("NODEKEEPER_REALNODE_MANIFESTS")),
         }
     })
+}
+
+/// `node.sh up ARGS` (the control plane started first) and the `KEY=value`
+/// lines it prints. Fails loudly, with the components' logs, if `what`
+/// cannot start: never a skip.
+pub fn up(args: &[&str], what: &str) -> HashMap<String, String> {
+    crate::support::cluster();
+    let out = Command::new("bash")
+        .arg(script())
+        .arg("up")
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
+    assert!(
+        out.status.success(),
+        "{what} did not start ({}); node.sh's output and log tails are above",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+        .collect()
+}
+
+/// A README recipe, as a list of command lines, comments dropped: the first
+/// `sh` block under the heading `### {heading}`.
+pub fn readme_recipe(heading: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let section = readme
+        .split(&format!("\n### {heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has no '### {heading}' section"));
+    let block = section
+        .split("\n### ")
+        .next()
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|b| b.split("\n```").next())
+        .unwrap_or_else(|| panic!("the README's '{heading}' section has no sh block"));
+    block
+        .lines()
+        .map(|l| l.split(" #").next().unwrap_or(l).trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 /// One real-node test at a time: they share the node, its static pod
