@@ -187,7 +187,7 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
         let err = create(&cp_nm, &cp[0]).expect_err("cp1 is refused while cp2 is cordoned");
         assert!(
             err.contains(&refusal(&format!(
-                "can not put master/control-plane node {} into maintenance at this moment, it would violate the etcd quorum: 1 of 3 control-plane nodes would stay Ready and schedulable, a quorum needs 2",
+                "can not put master/control-plane node into maintenance at this moment, disrupting node {} will violate etcd quorum: 1 of 3 control-plane nodes would stay Ready and schedulable, a quorum needs 2",
                 cp[0]
             ))),
             "{err}"

@@ -77,7 +77,7 @@ fn malformed_node_maintenances_are_refused_or_failed_with_a_message_and_touch_no
         ];
 
         let long = "x".repeat(254);
-        let name_rule = "invalid nodeName, a node name is a lowercase RFC 1123 subdomain";
+        let name_rule = "a node name is a lowercase RFC 1123 subdomain";
         // (what is wrong, spec as written, what the refusal must say)
         let refused: Vec<(&str, String, &str)> = vec![
             ("empty name", "spec: {nodeName: ''}".into(), name_rule),
@@ -102,6 +102,17 @@ fn malformed_node_maintenances_are_refused_or_failed_with_a_message_and_touch_no
                 name_rule,
             ),
             ("slash", "spec: {nodeName: ns/node}".into(), name_rule),
+            // NMO's e2e suite creates this one and looks for its webhook's words.
+            (
+                "NMO's missing node",
+                "spec: {nodeName: doesNotExist}".into(),
+                "invalid nodeName, no node with name doesNotExist found",
+            ),
+            (
+                "line break",
+                r#"spec: {nodeName: "a\nb"}"#.into(),
+                "invalid nodeName, no node with name (with a line break) found",
+            ),
             ("non-ASCII", "spec: {nodeName: nodé}".into(), name_rule),
             (
                 "too long",

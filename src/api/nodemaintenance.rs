@@ -34,8 +34,13 @@ pub const CORDONED_ANNOTATION: &str = "nodekeeper.io/cordoned-by-maintenance";
 /// CEL: `spec.nodeName` is a name a Node can have.
 pub const NODE_NAME_RULE: &str =
     "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
-/// What `kubectl apply` says when that rule refuses an object.
-pub const NODE_NAME_MESSAGE: &str = "invalid nodeName, a node name is a lowercase RFC 1123 subdomain: a-z, 0-9, '-' and '.', starting and ending with a letter or digit, at most 253 characters";
+/// What `kubectl apply` says when that rule refuses an object (CEL
+/// `messageExpression`). It starts with NMO's webhook wording for a missing
+/// node, `invalid nodeName, no node with name <name> found`, because NMO's
+/// tools and e2e suite look for that text and a name no Node can have is
+/// refused here, before any webhook sees it. A name with a line break is
+/// not repeated (a message with one would be dropped by the API server).
+pub const NODE_NAME_MESSAGE_CEL: &str = "'invalid nodeName, no node with name ' + (self.matches('^[^\\n\\r]*$') ? self : '(with a line break)') + ' found: a node name is a lowercase RFC 1123 subdomain: a-z, 0-9, \\'-\\' and \\'.\\', starting and ending with a letter or digit, at most 253 characters'";
 
 /// Label on a NodeMaintenance that a nodekeeper feature created to take a
 /// node, naming the owner's kind (e.g. `RebootPolicy`: a label value cannot
@@ -116,7 +121,7 @@ pub struct NodeMaintenanceSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("updating spec.NodeName isn't allowed"))]
     // The API server's own rule for Node names (a lowercase RFC 1123
     // subdomain); maxLength also bounds the CEL cost of matches().
-    #[x_kube(validation = Rule::new(NODE_NAME_RULE).message(NODE_NAME_MESSAGE))]
+    #[x_kube(validation = Rule::new(NODE_NAME_RULE).message(kube::core::Message::Expression(NODE_NAME_MESSAGE_CEL.into())))]
     #[schemars(length(max = 253))]
     pub node_name: String,
     /// Why the node is in maintenance (free text, shown by `kubectl get nm -o wide`).

@@ -76,10 +76,11 @@ pub fn review(r: &Request) -> Result<(), String> {
     Ok(())
 }
 
-/// NMO's wording for its etcd-quorum refusal, with the numbers behind it.
+/// NMO's wording for its etcd-quorum refusal, word for word (NMO's e2e
+/// suite and its users match on it), then the numbers behind it.
 pub fn quorum_message(node: &str, available: usize, members: usize, quorum: usize) -> String {
     format!(
-        "can not put master/control-plane node {node} into maintenance at this moment, it would violate the etcd quorum: {available} of {members} control-plane nodes would stay Ready and schedulable, a quorum needs {quorum}"
+        "can not put master/control-plane node into maintenance at this moment, disrupting node {node} will violate etcd quorum: {available} of {members} control-plane nodes would stay Ready and schedulable, a quorum needs {quorum}"
     )
 }
 
