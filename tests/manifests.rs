@@ -499,6 +499,44 @@ fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
         )
         .unwrap_or_default();
         assert!(foreign_annotation.contains("403"), "{foreign_annotation}");
+        // In status, only the lifecycle conditions of its own node.
+        let status = |c: &Client, node: &str, body: serde_json::Value| {
+            let api: Api<Node> = Api::all(c.clone());
+            let node = node.to_string();
+            async move {
+                api.patch_status(&node, &PatchParams::default(), &Patch::Strategic(body))
+                    .await
+            }
+        };
+        let condition = |type_: &str| {
+            json!({"status": {"conditions": [{"type": type_, "status": "True", "reason": "Test",
+                "message": "NodeMaintenance t", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}})
+        };
+        assert_eq!(
+            denial(status(&as_a, &a, condition("DrainInProgress")).await),
+            None,
+            "a lifecycle condition on its own node"
+        );
+        let other_node =
+            denial(status(&as_a, &b, condition("DrainInProgress")).await).unwrap_or_default();
+        assert!(
+            other_node.contains("403") && other_node.contains("may not modify node"),
+            "{other_node}"
+        );
+        let ready = denial(status(&as_a, &a, condition("Ready")).await).unwrap_or_default();
+        assert!(
+            ready.contains("403")
+                && ready.contains("only the node lifecycle conditions (KEP-5683), not Ready"),
+            "{ready}"
+        );
+        let capacity =
+            denial(status(&as_a, &a, json!({"status": {"capacity": {"pods": "1000"}}})).await)
+                .unwrap_or_default();
+        assert!(
+            capacity.contains("403") && capacity.contains("may not change node status capacity"),
+            "{capacity}"
+        );
         let no_binding = denial(patch(&unbound, &a, cordon.clone()).await).unwrap_or_default();
         assert!(
             no_binding.contains("403") && no_binding.contains("bound to a pod or a node"),

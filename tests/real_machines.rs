@@ -221,7 +221,7 @@ fn needs_reboot(m: &Machine) {
 /// reboot request and the PID-1 exit inside a cordon of its node, a new
 /// boot ID reported and Ready afterwards. Prints the timings; returns the
 /// ms of the PID-1 exit.
-fn assert_one_reboot(log: &[Seen], m: &Machine, from: u64, boot_before: &str) -> u64 {
+fn assert_one_reboot(log: &[Seen], m: &Machine, from: u64, boot_before: &str, cause: &str) -> u64 {
     assert_eq!(
         m.count_since("reboot-requested", from),
         1,
@@ -246,6 +246,21 @@ fn assert_one_reboot(log: &[Seen], m: &Machine, from: u64, boot_before: &str) ->
             m.name
         );
     }
+    // KEP-5683: the node said why it was going away when it went.
+    assert!(
+        state_at(log, &m.name, asked).is_some_and(|s| s
+            .lifecycle
+            .contains(&format!("MaintenanceInProgress=True/{cause}"))),
+        "{}: the reboot request at {asked} came while the node did not say MaintenanceInProgress ({cause}): {log:?}",
+        m.name
+    );
+    assert!(
+        log.iter().any(|s| s.node == m.name
+            && s.ms >= from
+            && s.lifecycle.contains("Drained=True/DrainCompleted")),
+        "{}: never said Drained: {log:?}",
+        m.name
+    );
     let boot = m.boot_id();
     assert_ne!(boot, boot_before, "{}: the boot ID changed", m.name);
     let reported = first_after(log, &m.name, down, |s| s.boot == boot)
@@ -418,7 +433,7 @@ fn kureds_contract_reboots_each_machine_once_one_at_a_time() {
         "{most} machines unavailable at once: {which:?}; {seen:?}"
     );
     for (i, m) in [(0, &ms[0]), (2, &ms[2])] {
-        let down = assert_one_reboot(&seen, m, from, &boots[i]);
+        let down = assert_one_reboot(&seen, m, from, &boots[i], "RebootRequested");
         let term = term_mark(&out.join(&m.name))
             .unwrap_or_else(|| panic!("{}: the workload never got SIGTERM", m.name));
         assert!(
@@ -445,6 +460,12 @@ fn kureds_contract_reboots_each_machine_once_one_at_a_time() {
         assert!(
             !m.exec(&["test", "-e", "/var/run/reboot-required"]),
             "{}: the sentinel outlived the reboot",
+            m.name
+        );
+        let end = seen.iter().rev().find(|s| s.node == m.name);
+        assert!(
+            end.is_some_and(|s| !s.lifecycle.contains("=True/")),
+            "{}: a lifecycle condition still True at the end: {end:?}",
             m.name
         );
     }
@@ -532,7 +553,7 @@ fn an_agent_killed_at_the_worst_moment_reboots_its_machine_once() {
     );
     wait_done(&env, &m.name);
     let seen = log.finish();
-    assert_one_reboot(&seen, m, from, &boot);
+    assert_one_reboot(&seen, m, from, &boot, "RebootRequested");
     assert_none_cordoned(&env);
 }
 
@@ -624,8 +645,8 @@ fn a_machine_that_does_not_come_back_holds_its_slot_until_it_does() {
     wait_done(&env, &a.name);
     wait_done(&env, &b.name);
     let seen = log.finish();
-    assert_one_reboot(&seen, a, from, boot_a);
-    assert_one_reboot(&seen, b, from, boot_b);
+    assert_one_reboot(&seen, a, from, boot_a, "RebootRequested");
+    assert_one_reboot(&seen, b, from, boot_b, "RebootRequested");
     let a_back = first_after(&seen, &a.name, turned_on, |s| s.boot != *boot_a && s.ready)
         .map(|s| s.ms)
         .unwrap_or_default();
@@ -737,7 +758,7 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
         .items;
     let ran_on = ran_on.into_inner();
     for (i, m) in ms.iter().enumerate() {
-        assert_one_reboot(&seen, m, from, &boots[i]);
+        assert_one_reboot(&seen, m, from, &boots[i], "UpgradeRequested");
         let job = jobs
             .iter()
             .find(|j| j.labels().values().any(|v| v == &m.name))
@@ -839,7 +860,7 @@ fn the_static_pod_with_reboot_reboots_its_own_machine_once() {
         || m.boot_id() != boot && !m.processes_with(&agent).is_empty(),
     );
     let seen = log.finish();
-    assert_one_reboot(&seen, m, from, &boot);
+    assert_one_reboot(&seen, m, from, &boot, "RebootRequested");
     assert_none_cordoned(&env);
 }
 

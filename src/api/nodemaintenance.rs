@@ -42,6 +42,22 @@ pub const NODE_NAME_RULE: &str =
 /// not repeated (a message with one would be dropped by the API server).
 pub const NODE_NAME_MESSAGE_CEL: &str = "'invalid nodeName, no node with name ' + (self.matches('^[^\\n\\r]*$') ? self : '(with a line break)') + ' found: a node name is a lowercase RFC 1123 subdomain: a-z, 0-9, \\'-\\' and \\'.\\', starting and ending with a letter or digit, at most 253 characters'";
 
+/// KEP-5683's Node lifecycle conditions (sig-node "Node Lifecycle
+/// Conditions"): well-known Node condition types a maintenance controller
+/// sets on the node it takes out of service.
+pub const MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
+pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
+pub const DRAINED: &str = "Drained";
+pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
+/// Every lifecycle condition type: the only Node conditions a node agent
+/// may change (the own-node admission policy).
+pub const LIFECYCLE_CONDITIONS: [&str; 4] = [
+    MAINTENANCE_IN_PROGRESS,
+    DRAIN_IN_PROGRESS,
+    DRAINED,
+    MAINTENANCE_PLANNED,
+];
+
 /// Label on a NodeMaintenance that a nodekeeper feature created to take a
 /// node, naming the owner's kind (e.g. `RebootPolicy`: a label value cannot
 /// hold `Kind/name`, and a name may be longer than a label value); the

@@ -22,6 +22,7 @@ use kube::ResourceExt;
 
 use super::drain::{self, Attempt, Fate};
 use super::duration_until;
+use super::node_conditions;
 use crate::api::common::{DrainOptions, Escalation, is_node_name};
 use crate::api::nodemaintenance::*;
 
@@ -97,6 +98,9 @@ pub enum Step {
         status: Box<NodeMaintenanceStatus>,
         announce: Option<Announce>,
     },
+    /// Set the node's lifecycle conditions ([`node_conditions`]): this
+    /// strategic-merge patch of its status.
+    SetConditions { patch: serde_json::Value },
     /// Undo ApplyToNode; uncordon only if we cordoned.
     RemoveFromNode { nm: String, uncordon: bool },
     /// Release the lease (if `release_lease`), drop the finalizer, announce RemovedMaintenance.
@@ -255,6 +259,9 @@ pub fn decide(s: &Snapshot) -> Step {
     if let Some(nm) = nms.iter().find(|m| m.is_deleting() && m.has_finalizer()) {
         let name = nm.name_any();
         if applied == Some(name.as_str()) {
+            if let Some(step) = withdraw_conditions(node, s.now) {
+                return step;
+            }
             return Step::RemoveFromNode {
                 nm: name,
                 uncordon: annotation(node, CORDONED_ANNOTATION).is_some(),
@@ -315,6 +322,11 @@ pub fn decide(s: &Snapshot) -> Step {
     let Some(p) = primary else {
         // Our changes are on the node but nothing asks for them any more
         // (the object failed, or was removed without its finalizer).
+        // What we published goes False first, so no reader sees a node
+        // in maintenance that is schedulable again.
+        if let Some(step) = withdraw_conditions(node, s.now) {
+            return step;
+        }
         if let Some(name) = applied {
             return Step::RemoveFromNode {
                 nm: name.to_string(),
@@ -371,6 +383,13 @@ pub fn decide(s: &Snapshot) -> Step {
     if applied != Some(name.as_str()) || !node_conforms(node, &name) {
         let cordon = !is_unschedulable(node) || annotation(node, CORDONED_ANNOTATION).is_some();
         return Step::ApplyToNode { nm: name, cordon };
+    }
+    // Published once the node carries the maintenance, before the drain
+    // starts, so readers see DrainInProgress while pods go.
+    if let Some(patch) =
+        node_conditions::patch(node, &node_conditions::while_held(p, owner_of(p)), s.now)
+    {
+        return Step::SetConditions { patch };
     }
 
     let due: Vec<(Arc<Pod>, Fate)> = fates
@@ -443,6 +462,13 @@ pub fn decide(s: &Snapshot) -> Step {
     Step::Wait(wake.into_iter().min().map(|t| duration_until(s.now, t)))
 }
 
+/// Set the lifecycle conditions we published `False` (the maintenance
+/// ends), if any is still `True`.
+fn withdraw_conditions(node: &Node, now: Timestamp) -> Option<Step> {
+    node_conditions::patch(node, &node_conditions::after_release(node), now)
+        .map(|patch| Step::SetConditions { patch })
+}
+
 /// No Node object: new objects fail as NMO's webhook would have refused
 /// them; objects whose node went away keep their finalizer until deleted.
 fn decide_without_node(s: &Snapshot, nms: &[&NodeMaintenance]) -> Step {
@@ -502,3 +528,8 @@ fn drain_deadline(nm: &NodeMaintenance, timeout: Duration) -> Option<Timestamp> 
 
 #[cfg(test)]
 mod tests;
+/// What other modules' tests borrow from these.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    pub(crate) use super::tests::apply_conditions;
+}

@@ -22,6 +22,7 @@ pub mod foreign;
 pub mod jobs;
 pub mod maintenance;
 pub mod mutex;
+pub mod node_conditions;
 pub mod reboot;
 pub mod replace;
 pub mod upgrade;
@@ -51,6 +52,11 @@ pub enum Effect {
         resource_version: Option<String>,
         patch: Value,
     },
+    /// Strategic-merge patch a Node's status (`nodes/status`): the
+    /// lifecycle conditions of [`node_conditions`], merged by type so the
+    /// kubelet's stay. Unguarded: the patch names only our condition types,
+    /// and a stale decision is corrected by the next one.
+    PatchNodeStatus { node: String, patch: Value },
     /// Replace a NodeMaintenance's whole status (server-side apply, one
     /// field manager), guarded by the resourceVersion decided on. `clear`
     /// names the keys the stored status has and this one drops: they are

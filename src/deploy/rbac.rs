@@ -6,6 +6,8 @@
 
 use serde_json::{Value, json};
 
+use crate::api::nodemaintenance::LIFECYCLE_CONDITIONS;
+
 use super::*;
 
 /// Who a permission is granted to.
@@ -49,7 +51,7 @@ const CLUSTER: &[Identity] = &[Identity::Cluster];
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 26] = [
+pub const GRANTS: [Grant; 27] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -57,6 +59,14 @@ pub const GRANTS: [Grant; 26] = [
         resource: "nodes",
         verbs: &["get", "list", "watch", "patch"],
         why: "watch its node (field-selected); get a node a NodeMaintenance names; patch cordon, taints, label, annotations",
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "",
+        resource: "nodes/status",
+        verbs: &["patch"],
+        why: "publish the Node lifecycle conditions (KEP-5683: MaintenanceInProgress, DrainInProgress, Drained); the agent's confined to its node's",
     },
     Grant {
         feature: MAINTENANCE,
@@ -340,10 +350,25 @@ pub fn rbac(o: &Options) -> Vec<Value> {
     docs
 }
 
+/// Node status fields besides conditions, compared old to new.
+const STATUS_FIELDS: [&str; 10] = [
+    "addresses",
+    "allocatable",
+    "capacity",
+    "daemonEndpoints",
+    "nodeInfo",
+    "phase",
+    "config",
+    "images",
+    "volumesInUse",
+    "volumesAttached",
+];
+
 /// The ValidatingAdmissionPolicy: a request from the node agent's
 /// ServiceAccount may update a Node only if its token is bound to that node
 /// (directly, or through a pod scheduled there), and may change only
-/// nodekeeper's own label and annotations on it. Taints and cordon are not
+/// nodekeeper's own label and annotations on it, and in its status only
+/// the lifecycle conditions. Taints and cordon are not
 /// restricted by key: maintenance needs both, and they are spec fields of
 /// the node the agent owns anyway.
 pub fn admission(o: &Options) -> Vec<Value> {
@@ -360,6 +385,30 @@ pub fn admission(o: &Options) -> Vec<Value> {
              oldObject.metadata.?{field}.orValue({{}}).filter(k, !(k in object.metadata.?{field}.orValue({{}})))"
         )
     };
+    // Condition types whose entry was added, changed or removed.
+    let changed_conditions = "object.status.?conditions.orValue([]).filter(c, !oldObject.status.?conditions.orValue([]).exists(o, o == c)).map(c, c.type) + \
+         oldObject.status.?conditions.orValue([]).filter(o, !object.status.?conditions.orValue([]).exists(c, c.type == o.type)).map(o, o.type)";
+    let lifecycle = format!(
+        "[{}]",
+        LIFECYCLE_CONDITIONS
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    // Every other field the kubelet reports stays as it was (fields of
+    // every supported Kubernetes version; newer ones are the kubelet's to
+    // write and no agent writes them).
+    let changed_status = format!(
+        "[{}].filter(f, f != '')",
+        STATUS_FIELDS
+            .iter()
+            .map(|f| format!(
+                "has(object.status.{f}) != has(oldObject.status.{f}) || (has(object.status.{f}) && object.status.{f} != oldObject.status.{f}) ? '{f}' : ''"
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     vec![
         json!({
           "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
@@ -367,14 +416,16 @@ pub fn admission(o: &Options) -> Vec<Value> {
           "spec": {
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": [{
-              "apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["nodes"]
+              "apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["nodes", "nodes/status"]
             }]},
             "matchConditions": [{"name": "node-agent", "expression": format!("request.userInfo.username == '{user}'")}],
             "variables": [
               {"name": "boundNode", "expression": format!(
                 "'{NODE_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{NODE_NAME_EXTRA}'][0] : ''")},
               {"name": "changedLabels", "expression": changed("labels")},
-              {"name": "changedAnnotations", "expression": changed("annotations")}
+              {"name": "changedAnnotations", "expression": changed("annotations")},
+              {"name": "changedConditions", "expression": changed_conditions},
+              {"name": "changedStatus", "expression": changed_status}
             ],
             "validations": [
               {"expression": "variables.boundNode != ''", "reason": "Forbidden",
@@ -384,7 +435,11 @@ pub fn admission(o: &Options) -> Vec<Value> {
               {"expression": format!("variables.changedLabels.all(k, k == '{EXCLUDE_REMEDIATION_LABEL}')"), "reason": "Forbidden",
                "messageExpression": format!("'nodekeeper agent may change only the label {EXCLUDE_REMEDIATION_LABEL}, not ' + variables.changedLabels.join(', ')")},
               {"expression": format!("variables.changedAnnotations.all(k, k.startsWith('{annotation_prefix}'))"), "reason": "Forbidden",
-               "messageExpression": format!("'nodekeeper agent may change only {annotation_prefix}* annotations, not ' + variables.changedAnnotations.join(', ')")}
+               "messageExpression": format!("'nodekeeper agent may change only {annotation_prefix}* annotations, not ' + variables.changedAnnotations.join(', ')")},
+              {"expression": format!("variables.changedConditions.all(t, t in {lifecycle})"), "reason": "Forbidden",
+               "messageExpression": "'nodekeeper agent may change only the node lifecycle conditions (KEP-5683), not ' + variables.changedConditions.join(', ')"},
+              {"expression": "variables.changedStatus.size() == 0", "reason": "Forbidden",
+               "messageExpression": "'nodekeeper agent may not change node status ' + variables.changedStatus.join(', ')"}
             ]
           }
         }),

@@ -55,6 +55,16 @@ impl Interpreter {
                 resource_version,
                 patch,
             } => self.patch_node(node, resource_version, patch).await,
+            Effect::PatchNodeStatus { node, patch } => {
+                let api: Api<Node> = Api::all(self.client.clone());
+                let updated = api
+                    .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .map_err(Error::kube(format!(
+                        "updating the lifecycle conditions of node {node}"
+                    )))?;
+                Ok(Outcome::NodeWritten(Box::new(updated)))
+            }
             Effect::WriteStatus {
                 nm,
                 resource_version,
@@ -465,6 +475,9 @@ pub fn describe(effect: &Effect) -> String {
             job.metadata.namespace.as_deref().unwrap_or_default(),
             job.metadata.name.as_deref().unwrap_or_default()
         ),
+        Effect::PatchNodeStatus { node, patch } => {
+            format!("PatchNodeStatus {{ node: {node:?}, patch: {patch} }}")
+        }
         Effect::PatchNode { node, patch, .. } => {
             format!("PatchNode {{ node: {node:?}, patch: {patch} }}")
         }

@@ -175,7 +175,7 @@ impl Machine {
 }
 
 /// What the node watch saw: one entry per change of a node's cordon,
-/// readiness or boot ID.
+/// readiness, boot ID or lifecycle conditions.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Seen {
     pub ms: u64,
@@ -183,6 +183,9 @@ pub struct Seen {
     pub cordoned: bool,
     pub ready: bool,
     pub boot: String,
+    /// The KEP-5683 lifecycle conditions, `Type=Status/Reason` joined by
+    /// spaces, in type order.
+    pub lifecycle: String,
 }
 
 /// An independent watch of the machines' Nodes, from the test's start.
@@ -211,6 +214,24 @@ impl NodeLog {
                             _ => continue,
                         };
                         let status = n.status.clone().unwrap_or_default();
+                        let mut lifecycle: Vec<String> = status
+                            .conditions
+                            .iter()
+                            .flatten()
+                            .filter(|c| {
+                                nodekeeper::api::nodemaintenance::LIFECYCLE_CONDITIONS
+                                    .contains(&c.type_.as_str())
+                            })
+                            .map(|c| {
+                                format!(
+                                    "{}={}/{}",
+                                    c.type_,
+                                    c.status,
+                                    c.reason.as_deref().unwrap_or_default()
+                                )
+                            })
+                            .collect();
+                        lifecycle.sort();
                         let s = Seen {
                             ms: now_ms(),
                             node: n.name_any(),
@@ -221,9 +242,11 @@ impl NodeLog {
                                 .iter()
                                 .any(|c| c.type_ == "Ready" && c.status == "True"),
                             boot: status.node_info.map(|i| i.boot_id).unwrap_or_default(),
+                            lifecycle: lifecycle.join(" "),
                         };
                         let changed = last.get(&s.node).is_none_or(|l| {
-                            (l.cordoned, l.ready, &l.boot) != (s.cordoned, s.ready, &s.boot)
+                            (l.cordoned, l.ready, &l.boot, &l.lifecycle)
+                                != (s.cordoned, s.ready, &s.boot, &s.lifecycle)
                         });
                         if changed {
                             last.insert(s.node.clone(), s.clone());

@@ -146,6 +146,25 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                 "node {node}: {what} and tainted for NodeMaintenance {nm}"
             ))
         }
+        Step::SetConditions { patch } => {
+            let said: Vec<String> = patch["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    format!(
+                        "{}={}",
+                        c["type"].as_str().unwrap_or_default(),
+                        c["status"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect();
+            Plan::steps(vec![Effect::PatchNodeStatus {
+                node: node.into(),
+                patch,
+            }])
+            .info(format!("node {node}: {}", said.join(" ")))
+        }
         Step::Drain {
             pods, grace_period, ..
         } => Plan::steps(vec![Effect::Drain { pods, grace_period }]),

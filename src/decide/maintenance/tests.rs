@@ -115,10 +115,54 @@ struct World {
     now: Timestamp,
 }
 
+/// The node with the lifecycle conditions of the maintenance it carries
+/// already published, as after an earlier round: tests of the drain start
+/// past that step (node_conditions' own tests cover it).
+fn published(mut node: Node, nms: &[NodeMaintenance]) -> Node {
+    let applied = annotation(&node, APPLIED_ANNOTATION).map(str::to_string);
+    let Some(m) = nms.iter().find(|m| Some(m.name_any()) == applied) else {
+        return node;
+    };
+    if m.phase().is_none() {
+        return node;
+    }
+    let wanted = node_conditions::while_held(m, owner_of(m));
+    if let Some(patch) = node_conditions::patch(&node, &wanted, ts(0)) {
+        apply_conditions(&mut node, &patch);
+    }
+    // Being deleted: withdrawn too, as the round before the uncordon does.
+    if m.is_deleting()
+        && let Some(patch) =
+            node_conditions::patch(&node, &node_conditions::after_release(&node), ts(0))
+    {
+        apply_conditions(&mut node, &patch);
+    }
+    node
+}
+
+/// Merge a lifecycle-condition patch into a node by type, as the API
+/// server's strategic merge does.
+pub(crate) fn apply_conditions(node: &mut Node, patch: &serde_json::Value) {
+    let status = node.status.get_or_insert_with(Default::default);
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    for c in patch["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Ok(c) = serde_json::from_value::<k8s_openapi::api::core::v1::NodeCondition>(c.clone())
+        else {
+            continue;
+        };
+        conditions.retain(|o| o.type_ != c.type_);
+        conditions.push(c);
+    }
+}
+
 impl World {
     fn new(node: Option<Node>, nms: Vec<NodeMaintenance>) -> World {
         World {
-            node,
+            node: node.map(|n| published(n, &nms)),
             nms,
             pods: vec![],
             attempts: HashMap::new(),

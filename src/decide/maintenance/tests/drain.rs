@@ -161,3 +161,44 @@ fn empty_node_succeeds_with_full_progress() {
     assert_eq!(status.drain_progress, Some(100));
     assert_eq!(announce, Some(Announce::Succeeded));
 }
+
+#[test]
+fn lifecycle_conditions_are_published_before_the_drain_and_withdrawn_before_the_uncordon() {
+    // The node carries the maintenance but not yet its conditions: they
+    // come first, then the drain.
+    let mut w = World::draining(nm("m", 0, Some(Phase::Running)), Attempt::default());
+    if let Some(status) = w.node.as_mut().and_then(|n| n.status.as_mut()) {
+        status.conditions = None;
+    }
+    let Step::SetConditions { patch } = w.decide() else {
+        panic!("conditions first, got {:?}", w.decide());
+    };
+    apply_conditions(w.node.as_mut().expect("node"), &patch);
+    assert!(matches!(w.decide(), Step::Drain { .. }));
+
+    // Deleted: what we published goes False while the node is still
+    // cordoned, once; then the node is given back.
+    w.nms = vec![deleting(nm("m", 0, Some(Phase::Running)))];
+    let Step::SetConditions { patch } = w.decide() else {
+        panic!("withdrawn first, got {:?}", w.decide());
+    };
+    let statuses: Vec<&str> = patch["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["status"].as_str())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["False", "False"],
+        "MaintenanceInProgress and DrainInProgress"
+    );
+    apply_conditions(w.node.as_mut().expect("node"), &patch);
+    assert_eq!(
+        w.decide(),
+        Step::RemoveFromNode {
+            nm: "m".into(),
+            uncordon: true
+        }
+    );
+}

@@ -1,0 +1,273 @@
+//! KEP-5683's Node lifecycle conditions through a maintenance, as an
+//! independent watch of the Node sees them: MaintenanceInProgress and
+//! DrainInProgress True before any pod goes, DrainInProgress while a PDB
+//! blocks, Drained once empty, every one False when the node is given
+//! back; the kubelet's Ready never touched. Once with a node agent, once
+//! with the cluster role.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use nodekeeper::api::nodemaintenance::*;
+use smol::stream::StreamExt;
+use support::{Agent, TestEnv, block_on, install_crds, wait_for};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// The lifecycle conditions of a node, as `type=status/reason`.
+fn lifecycle(node: &Node) -> BTreeMap<String, String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| LIFECYCLE_CONDITIONS.contains(&c.type_.as_str()))
+        .map(|c| {
+            (
+                c.type_.clone(),
+                format!("{}/{}", c.status, c.reason.as_deref().unwrap_or_default()),
+            )
+        })
+        .collect()
+}
+
+/// One observation of the node by the test's own watch.
+#[derive(Debug, Clone)]
+struct Seen {
+    conditions: BTreeMap<String, String>,
+    cordoned: bool,
+    ready: bool,
+    /// Pods of the test's Deployment bound to the node, as listed right then.
+    pods: usize,
+}
+
+async fn run(role: &str) {
+    install_crds();
+    let mut env = TestEnv::new(&format!("kep-{role}")).await;
+    // Both pods on a (b comes after them), so a has pods to drain.
+    let a = env.add_node("a").await;
+    env.wait_node_ready(&a).await;
+    let deploys: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+    deploys
+        .create(&PostParams::default(), &env.deployment("web", 2))
+        .await
+        .expect("deploy");
+    wait_for("2 pods running", LONG, || async {
+        let running = env
+            .pods("app=web")
+            .await
+            .into_iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        (running == 2).then_some(())
+    })
+    .await;
+    let b = env.add_node("b").await;
+    env.wait_node_ready(&b).await;
+    // No eviction allowed until the test says so: the drain stays in progress.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.ns);
+    pdbs.create(&PostParams::default(), &env.pdb("web", "web", 2))
+        .await
+        .expect("pdb");
+
+    // The independent watch: every change of node a.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Seen>::new()));
+    let watch = {
+        let seen = seen.clone();
+        let client = env.client.clone();
+        let (ns, a) = (env.ns.clone(), a.clone());
+        smol::spawn(async_compat::Compat::new(async move {
+            let nodes = watcher(
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={a}")),
+            );
+            let mut nodes = std::pin::pin!(nodes);
+            let pods: Api<Pod> = Api::namespaced(client, &ns);
+            while let Some(ev) = nodes.next().await {
+                let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev else {
+                    continue;
+                };
+                let on_node = pods
+                    .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={a}")))
+                    .await
+                    .map(|l| {
+                        l.items
+                            .iter()
+                            .filter(|p| p.metadata.deletion_timestamp.is_none())
+                            .count()
+                    })
+                    .unwrap_or(usize::MAX);
+                let s = Seen {
+                    conditions: lifecycle(&n),
+                    cordoned: n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+                    ready: n
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True"),
+                    pods: on_node,
+                };
+                if let Ok(mut v) = seen.lock() {
+                    v.push(s);
+                }
+            }
+        }))
+    };
+
+    let mut agent = if role == "node" {
+        Agent::start(&["run", "--node", &a])
+    } else {
+        let selector = format!("{}={}", support::GROUP_LABEL, env.id);
+        Agent::start(&[
+            "run",
+            "--all-nodes",
+            "--node-selector",
+            &selector,
+            "--leader-namespace",
+            &env.ns,
+        ])
+    };
+    let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let name = format!("{}-m", env.id);
+    nms.create(
+        &PostParams::default(),
+        &NodeMaintenance::new(
+            &name,
+            NodeMaintenanceSpec {
+                node_name: a.clone(),
+                reason: Some("firmware".into()),
+            },
+        ),
+    )
+    .await
+    .expect("create nm");
+
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let held = "True/AdminRequested".to_string();
+    // Blocked by the PDB: in maintenance and draining, not drained.
+    let blocked = wait_for("DrainInProgress while the PDB blocks", LONG, || async {
+        let c = lifecycle(&nodes.get(&a).await.ok()?);
+        (c.get(DRAIN_IN_PROGRESS).map(String::as_str) == Some("True/DrainStarted")).then_some(c)
+    })
+    .await;
+    assert_eq!(blocked.get(MAINTENANCE_IN_PROGRESS), Some(&held));
+    assert_eq!(
+        blocked.get(DRAINED).map(String::as_str),
+        Some("False/DrainStarted")
+    );
+    let message = nodes
+        .get(&a)
+        .await
+        .expect("node")
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == MAINTENANCE_IN_PROGRESS)
+        .and_then(|c| c.message)
+        .unwrap_or_default();
+    assert_eq!(
+        message,
+        format!("NodeMaintenance {name} of an administrator holds the node: firmware")
+    );
+
+    pdbs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"minAvailable": 0}})),
+    )
+    .await
+    .expect("relax pdb");
+    wait_for("Drained", LONG, || async {
+        let c = lifecycle(&nodes.get(&a).await.ok()?);
+        (c.get(DRAINED).map(String::as_str) == Some("True/DrainCompleted")).then_some(())
+    })
+    .await;
+    nms.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete nm");
+    wait_for("every lifecycle condition False", LONG, || async {
+        let n = nodes.get(&a).await.ok()?;
+        let c = lifecycle(&n);
+        let uncordoned = n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true);
+        (uncordoned && c.len() == 3 && c.values().all(|v| v.starts_with("False/"))).then_some(())
+    })
+    .await;
+    // The watch has seen the end too.
+    wait_for("the watch to see the end", LONG, || async {
+        let seen = seen.lock().ok()?;
+        let last = seen.last()?;
+        (last.conditions.len() == 3 && last.conditions.values().all(|v| v.starts_with("False/")))
+            .then_some(())
+    })
+    .await;
+    agent.signal("TERM");
+    assert!(agent.wait_exit(Duration::from_secs(15)).success());
+    drop(watch);
+
+    let seen = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    let label = |s: &Seen, t: &str| s.conditions.get(t).cloned().unwrap_or_default();
+    // Before any pod went, the node said it was in maintenance and draining.
+    let first_held = seen
+        .iter()
+        .position(|s| label(s, MAINTENANCE_IN_PROGRESS) == held)
+        .unwrap_or_else(|| panic!("MaintenanceInProgress never seen: {seen:#?}"));
+    assert_eq!(
+        label(&seen[first_held], DRAIN_IN_PROGRESS),
+        "True/DrainStarted",
+        "{seen:#?}"
+    );
+    assert_eq!(
+        seen[first_held].pods, 2,
+        "published before the drain: {seen:#?}"
+    );
+    // Drained only once the node was empty, and only while still cordoned.
+    for s in seen
+        .iter()
+        .filter(|s| label(s, DRAINED) == "True/DrainCompleted")
+    {
+        assert_eq!(s.pods, 0, "Drained with pods on the node: {seen:#?}");
+        assert!(s.cordoned, "Drained on an uncordoned node: {seen:#?}");
+        assert_eq!(label(s, DRAIN_IN_PROGRESS), "False/DrainCompleted");
+    }
+    // Never in maintenance on an uncordoned node after it began; the
+    // kubelet's Ready untouched throughout.
+    for s in &seen[first_held..] {
+        assert!(s.ready, "Ready lost: {seen:#?}");
+        if label(s, MAINTENANCE_IN_PROGRESS) == held {
+            assert!(s.cordoned, "in maintenance but schedulable: {seen:#?}");
+        }
+    }
+    let last = seen.last().expect("observations");
+    for t in [MAINTENANCE_IN_PROGRESS, DRAIN_IN_PROGRESS, DRAINED] {
+        assert!(
+            label(last, t).starts_with("False/"),
+            "{t} at the end: {seen:#?}"
+        );
+    }
+    assert!(
+        !agent.log_text().contains("forbidden"),
+        "{}",
+        agent.log_text()
+    );
+}
+
+#[test]
+fn a_node_agent_publishes_the_lifecycle_conditions_of_its_maintenance() {
+    block_on(run("node"));
+}
+
+#[test]
+fn the_cluster_role_publishes_the_lifecycle_conditions_of_a_maintenance() {
+    block_on(run("cluster"));
+}
