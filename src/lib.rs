@@ -25,7 +25,7 @@
 //!   [`cli::dispatch`], prints an error as one line and exits non-zero.
 //! - [`cli::dispatch`]: validates raw flags into configs and runs a command.
 //! - [`service::run`]: the service loop.
-//! - [`api::crds`] and [`deploy::render`]: everything `kubectl apply` gets.
+//! - [`api::crds_yaml`] and [`deploy::render`]: everything `kubectl apply` gets.
 //!
 //! ## Code map
 //! - `api/`: the CRD types, one file per API family
@@ -61,7 +61,10 @@
 //!   version and boot, then the reboot). [`decide::mutex`]: the mutex
 //!   operator's validation, node lists and run. What features share:
 //!   [`decide::claim`]: one node agent per node (each claims its node;
-//!   the earlier one reports a second).
+//!   the earlier one reports a second). [`decide::node_conditions`]: the
+//!   KEP-5683 Node lifecycle conditions (MaintenanceInProgress,
+//!   DrainInProgress, Drained) the NodeMaintenance life publishes for
+//!   every disruption, withdrawn before the uncordon.
 //!   [`decide::disrupt`] (node facts admissions read, the NodeMaintenance a
 //!   feature takes a node with, orphans) and [`decide::jobs`] (env appended,
 //!   kept off the node, a Job's state). `decide/mod.rs` holds the closed
@@ -130,7 +133,11 @@
 //!   the `--reboot` profile: host PID and three capabilities),
 //!   `host.rs` (systemd, Talos, Containerfile), `webhook.rs` (the opt-in
 //!   webhook's configuration by loopback URL or Service, and its one
-//!   named-object permission). `k3s-manifests/` and
+//!   named-object permission), `helm.rs` (the chart: the same objects as
+//!   JSON templates, placeholders replaced by template actions, one render
+//!   per shape-changing choice picked by `if`, a values schema). The CRDs
+//!   are embedded as compact JSON and printed as YAML (`api::crds_yaml`).
+//!   `k3s-manifests/` and
 //!   `image/` hold its output; a test fails when they drift. The k3s files
 //!   are numbered in the order they must apply (`kubectl apply -f` takes a
 //!   folder's files in lexical order).

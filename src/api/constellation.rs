@@ -402,8 +402,13 @@ impl Kind {
     }
 }
 
-/// The CRDs, as checked in (see `api::CRDS_YAML`).
-pub const CRDS_YAML: &str = include_str!("constellation-crds.yaml");
+/// The CRDs, as checked in (see `api::CRDS_JSON`).
+pub(crate) const CRDS_JSON: &str = include_str!("constellation-crds.json");
+
+/// The CRDs as YAML, for `nodekeeper crds --constellation`.
+pub fn crds_yaml() -> crate::error::Result<String> {
+    super::as_yaml(CRDS_JSON)
+}
 
 #[cfg(test)]
 pub fn crds()
@@ -425,8 +430,8 @@ mod tests {
     fn checked_in_crds_match_the_types() {
         crate::api::check_generated(
             super::crds(),
-            "src/api/constellation-crds.yaml",
-            super::CRDS_YAML,
+            "src/api/constellation-crds.json",
+            super::CRDS_JSON,
         );
     }
 }

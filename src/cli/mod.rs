@@ -106,16 +106,14 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Crds(a) => {
-            args::out(format_args!(
-                "{}",
-                if a.mutex {
-                    crate::api::mutex::CRDS_YAML
-                } else if a.constellation {
-                    crate::api::constellation::CRDS_YAML
-                } else {
-                    crate::api::CRDS_YAML
-                }
-            ));
+            let yaml = if a.mutex {
+                crate::api::mutex::crds_yaml()
+            } else if a.constellation {
+                crate::api::constellation::crds_yaml()
+            } else {
+                crate::api::crds_yaml()
+            }?;
+            args::out(format_args!("{yaml}"));
             Ok(ExitCode::SUCCESS)
         }
         Command::Manifests(args) => {

@@ -267,7 +267,7 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
         "crds" => vec![file(
             "crds.yaml",
             "nodekeeper's CRDs",
-            crate::api::CRDS_YAML.into(),
+            crate::api::crds_yaml()?,
         )],
         "rbac" => vec![file(
             "rbac.yaml",
@@ -303,7 +303,7 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
             file(
                 "00-nodekeeper-crds.yaml",
                 "nodekeeper for k3s: copy this folder into /var/lib/rancher/k3s/server/manifests/",
-                crate::api::CRDS_YAML.into(),
+                crate::api::crds_yaml()?,
             ),
             file(
                 "01-nodekeeper-rbac.yaml",
