@@ -13,6 +13,7 @@
 
 use serde_json::Value;
 
+mod helm;
 mod host;
 mod rbac;
 #[cfg(test)]
@@ -173,7 +174,7 @@ pub struct File {
 
 /// Every target, what it is for, and where its checked-in copy lives
 /// (relative to the repository root; `None`: not checked in).
-pub const TARGETS: [(&str, &str, Option<&str>); 12] = [
+pub const TARGETS: [(&str, &str, Option<&str>); 13] = [
     ("crds", "the CustomResourceDefinitions", None),
     (
         "rbac",
@@ -195,6 +196,11 @@ pub const TARGETS: [(&str, &str, Option<&str>); 12] = [
         "k3s",
         "crds + rbac + admission + daemonset + the cluster role (admissions) as files for k3s's auto-deploy folder",
         Some("k3s-manifests"),
+    ),
+    (
+        "helm",
+        "a Helm chart of the k3s layout (node agents, cluster role), with values for each knob",
+        Some("image/helm"),
     ),
     (
         "static-pod",
@@ -231,7 +237,7 @@ pub const TARGETS: [(&str, &str, Option<&str>); 12] = [
 /// Render one target's files.
 pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
     o.validate()?;
-    if o.reboot && !["daemonset", "static-pod", "systemd", "k3s"].contains(&target) {
+    if o.reboot && !["daemonset", "static-pod", "systemd", "k3s", "helm"].contains(&target) {
         return Err(Error::Invalid(format!(
             "--reboot applies to the node-role modes (daemonset, static-pod, systemd, k3s), not {target}{}",
             if target == "talos" {
@@ -337,6 +343,7 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
                 })),
             ),
         ],
+        "helm" => helm::chart(o)?,
         "static-pod" => vec![file(
             "static-pod.yaml",
             &format!(
