@@ -10,7 +10,16 @@ pub fn init(verbose: bool) {
     } else {
         "nodekeeper=info"
     };
+    // env_logger's own layout (`[time LEVEL] message`), with the time
+    // written by jiff, which the binary carries anyway: env_logger's
+    // `humantime` feature cost more bytes than this closure.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
-        .format_target(false)
+        .format(|buf, record| {
+            use std::io::Write as _;
+            let now = jiff::Timestamp::now()
+                .round(jiff::Unit::Second)
+                .unwrap_or_else(|_| jiff::Timestamp::now());
+            writeln!(buf, "[{now} {:<5}] {}", record.level(), record.args())
+        })
         .init();
 }
