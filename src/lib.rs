@@ -135,7 +135,10 @@
 //!   webhook's configuration by loopback URL or Service, and its one
 //!   named-object permission), `helm.rs` (the chart: the same objects as
 //!   JSON templates, placeholders replaced by template actions, one render
-//!   per shape-changing choice picked by `if`, a values schema). The CRDs
+//!   per shape-changing choice picked by `if`, a values schema),
+//!   `monitoring.rs` (alerting rules, PrometheusRule and PodMonitor, the
+//!   Grafana dashboard; every expression names a metric the exposition
+//!   writes). The CRDs
 //!   are embedded as compact JSON and printed as YAML (`api::crds_yaml`).
 //!   `k3s-manifests/` and
 //!   `image/` hold its output; a test fails when they drift. The k3s files

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 mod helm;
 mod host;
+mod monitoring;
 mod rbac;
 #[cfg(test)]
 mod tests;
@@ -174,7 +175,7 @@ pub struct File {
 
 /// Every target, what it is for, and where its checked-in copy lives
 /// (relative to the repository root; `None`: not checked in).
-pub const TARGETS: [(&str, &str, Option<&str>); 13] = [
+pub const TARGETS: [(&str, &str, Option<&str>); 14] = [
     ("crds", "the CustomResourceDefinitions", None),
     (
         "rbac",
@@ -201,6 +202,11 @@ pub const TARGETS: [(&str, &str, Option<&str>); 13] = [
         "helm",
         "a Helm chart of the k3s layout (node agents, cluster role), with values for each knob",
         Some("image/helm"),
+    ),
+    (
+        "prometheus",
+        "alerting rules (a rules file and a PrometheusRule), a PodMonitor and a Grafana dashboard",
+        Some("image/monitoring"),
     ),
     (
         "static-pod",
@@ -344,6 +350,7 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
             ),
         ],
         "helm" => helm::chart(o)?,
+        "prometheus" => monitoring::files(o),
         "static-pod" => vec![file(
             "static-pod.yaml",
             &format!(

@@ -126,6 +126,10 @@ pub async fn run(
         })
         .detach();
     }
+    metrics::set_role(match &scope {
+        Scope::Node(n) => metrics::Role::Node(n.clone()),
+        Scope::AllNodes { .. } => metrics::Role::Cluster,
+    });
     let lost_leadership: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let mut gate = crate::effects::lease::LeaderGate::always();
     if matches!(scope, Scope::AllNodes { .. }) {

@@ -37,6 +37,25 @@ fn cluster_gauges(
         "NodeMaintenance objects this agent sees, by phase.",
         &phases,
     );
+    let not_returned: Vec<(String, u64)> = policies
+        .state()
+        .iter()
+        .flat_map(|p| {
+            let policy = kube::ResourceExt::name_any(p.as_ref());
+            p.status
+                .iter()
+                .flat_map(|s| s.nodes.iter())
+                .filter(|e| e.reason.as_deref() == Some(crate::decide::reboot::NOT_RETURNED))
+                .map(move |e| (format!("{{policy=\"{policy}\",node=\"{}\"}}", e.name), 1))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    metric(
+        "nodekeeper_reboot_not_returned_nodes",
+        "gauge",
+        "1 per rebooted node past its return deadline (returnTimeoutSeconds), per RebootPolicy; gone once it is back.",
+        &not_returned,
+    );
     let per_policy = |f: fn(&crate::api::reboot::RebootPolicyStatus) -> i32| -> Vec<(String, u64)> {
         policies
             .state()
@@ -82,11 +101,15 @@ pub(super) fn render((nms, policies): &Stores) -> String {
         "Always 1; the version label says which nodekeeper runs.",
         &[(format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)],
     );
+    let node_label = match ROLE.get() {
+        Some(Role::Node(n)) => format!("{{node=\"{n}\"}}"),
+        _ => String::new(),
+    };
     metric(
         "nodekeeper_ready",
         "gauge",
-        "1 once every watch has listed once.",
-        &[(String::new(), u64::from(READY.load(Ordering::SeqCst)))],
+        "1 once every watch has listed once (a node agent's carries its node).",
+        &[(node_label, u64::from(READY.load(Ordering::SeqCst)))],
     );
     metric(
         "nodekeeper_reconciles_total",
@@ -198,6 +221,53 @@ pub(super) fn render((nms, policies): &Stores) -> String {
         "Objects held in this process's watch caches, by kind (most of its memory in a big cluster).",
         &watched,
     );
+    let role = ROLE.get();
+    if role == Some(&Role::Cluster) {
+        metric(
+            "nodekeeper_leader",
+            "gauge",
+            "1 while this cluster-role replica holds the leader Lease, else 0.",
+            &[(
+                String::new(),
+                u64::from(CLUSTER_GAUGES.load(Ordering::SeqCst)),
+            )],
+        );
+    }
+    // A drain past its deadline: each maintenance by its node, from the
+    // agent of that node or, for every node, from the leader (alerts take
+    // the max over both).
+    let own = match role {
+        Some(Role::Node(n)) => Some(n.as_str()),
+        _ => None,
+    };
+    if own.is_some() || CLUSTER_GAUGES.load(Ordering::SeqCst) {
+        let overdue: Vec<(String, u64)> = nms
+            .state()
+            .iter()
+            .filter(|m| own.is_none_or(|n| m.spec.node_name == n))
+            .filter(|m| m.phase() == Some(crate::api::nodemaintenance::Phase::Running))
+            .filter(|m| {
+                m.condition("Drained")
+                    .is_some_and(|c| c.reason == crate::decide::maintenance::REASON_DRAIN_TIMEOUT)
+            })
+            .map(|m| {
+                (
+                    format!(
+                        "{{node=\"{}\",nodemaintenance=\"{}\"}}",
+                        m.spec.node_name,
+                        kube::ResourceExt::name_any(m.as_ref())
+                    ),
+                    1,
+                )
+            })
+            .collect();
+        metric(
+            "nodekeeper_maintenance_drain_overdue",
+            "gauge",
+            "1 per NodeMaintenance still draining past its drain deadline, by node.",
+            &overdue,
+        );
+    }
     if CLUSTER_GAUGES.load(Ordering::SeqCst) {
         cluster_gauges(&mut metric, nms, policies);
     }

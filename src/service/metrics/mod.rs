@@ -177,6 +177,23 @@ pub fn export_cluster_gauges() {
     CLUSTER_GAUGES.store(true, Ordering::SeqCst);
 }
 
+/// Which role this process runs, for the labels and gauges that depend on
+/// it: the node role's node (its per-node gauges carry `node`, so an alert
+/// names the node without relabelling), or the cluster role (it reports
+/// `nodekeeper_leader`).
+static ROLE: std::sync::OnceLock<Role> = std::sync::OnceLock::new();
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Node(String),
+    Cluster,
+}
+
+/// Set once at start-up.
+pub fn set_role(role: Role) {
+    let _ = ROLE.set(role);
+}
+
 /// The loop reconciles its anchor node at least this often, busy or not.
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
 /// `/healthz` fails once the loop has made no progress for this long: three

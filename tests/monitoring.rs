@@ -1,0 +1,422 @@
+//! The monitoring artifacts (image/monitoring, `nodekeeper manifests --for
+//! prometheus`) with a real Prometheus and promtool built from their Go
+//! module (tests/prometheus/build.sh, cached like the control plane):
+//! promtool accepts the rules and lints the live metrics of a node agent
+//! and a cluster role clean; a Prometheus scraping them with the shipped
+//! rules fires NodekeeperDrainStuck and NodekeeperNodeNotReturned when a
+//! drain passes its deadline and a rebooted machine stays away, and
+//! resolves each once the cause is gone.
+
+mod support;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec};
+use serde_json::{Value, json};
+use support::machines::*;
+use support::{Agent, TestEnv, block_on, free_port, http_get, install_crds, wait_for};
+
+const LONG: Duration = Duration::from_secs(90);
+
+/// The folder holding `prometheus` and `promtool`, built once per run.
+fn bin_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/prometheus/build.sh");
+        let out = Command::new(&script)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "building Prometheus failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+fn rules_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("image/monitoring/rules.yaml")
+}
+
+/// promtool with `stdin`; (exit code, stdout, stderr).
+fn promtool(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = Command::new(bin_dir().join("promtool"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool");
+    if let Some(mut input) = child.stdin.take() {
+        input
+            .write_all(stdin.unwrap_or_default().as_bytes())
+            .expect("promtool's stdin");
+    }
+    let out = child.wait_with_output().expect("promtool");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Wait for /readyz and return the /metrics text of the process on `port`.
+fn metrics_of(port: u16) -> String {
+    block_on(wait_for("/readyz to answer 200", LONG, || async {
+        http_get(port, "/readyz").filter(|(s, _)| s.contains(" 200 "))
+    }));
+    http_get(port, "/metrics").expect("/metrics").1
+}
+
+#[test]
+fn promtool_accepts_the_rules_and_lints_the_live_metrics_clean() {
+    install_crds();
+    let rules = rules_file();
+    let (code, out, err) = promtool(&["check", "rules", &rules.to_string_lossy()], None);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
+
+    let mut env = block_on(TestEnv::new("promlint"));
+    let node = block_on(env.add_node("a"));
+    block_on(env.wait_node_ready(&node));
+    let (agent_port, cluster_port) = (free_port(), free_port());
+    let agent_addr = format!("127.0.0.1:{agent_port}");
+    let _agent = Agent::start(&["run", "--node", &node, "--metrics-address", &agent_addr]);
+    let cluster_addr = format!("127.0.0.1:{cluster_port}");
+    let _cluster = cluster_role(&env, &["--metrics-address", &cluster_addr]);
+    let agent = metrics_of(agent_port);
+    assert!(
+        agent.contains(&format!("nodekeeper_ready{{node=\"{node}\"}} 1")),
+        "the agent's series name its node:\n{agent}"
+    );
+    let cluster = block_on(wait_for("the cluster role to lead", LONG, || async {
+        let text = http_get(cluster_port, "/metrics")?.1;
+        text.contains("nodekeeper_leader 1").then_some(text)
+    }));
+    for (who, text) in [("node agent", &agent), ("cluster role", &cluster)] {
+        let (code, out, err) = promtool(&["check", "metrics"], Some(text));
+        assert!(
+            code == 0 && err.trim().is_empty(),
+            "promtool check metrics on the {who}'s /metrics: exit {code}\n{out}{err}"
+        );
+    }
+}
+
+/// One GET to Prometheus (Go's server keeps connections open and chunks
+/// longer bodies): (status line, body).
+fn get(port: u16, path: &str) -> Option<(String, String)> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.lines().next()?.to_string();
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return Some((status, body.to_string()));
+    }
+    let (mut rest, mut out) = (body, String::new());
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let n = usize::from_str_radix(size.trim(), 16).ok()?;
+        if n == 0 {
+            return Some((status, out));
+        }
+        out.push_str(after.get(..n)?);
+        rest = after.get(n + 2..)?;
+    }
+}
+
+/// Percent-encode a query parameter.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A Prometheus on loopback scraping `targets` every second with the
+/// shipped rules, evaluated every second; stopped on drop.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    fn start(targets: &[String]) -> Prometheus {
+        let dir = support::scratch().join(format!("nk-prometheus-{:x}", support::rand_u64()));
+        std::fs::create_dir_all(&dir).expect("prometheus dir");
+        std::fs::copy(rules_file(), dir.join("rules.yaml")).expect("rules");
+        let config = json!({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["rules.yaml"],
+            "scrape_configs": [{"job_name": "nodekeeper", "static_configs": [{"targets": targets}]}]
+        });
+        std::fs::write(dir.join("prometheus.yml"), config.to_string()).expect("config");
+        let port = free_port();
+        let log = std::fs::File::create(dir.join("prometheus.log")).expect("log");
+        let child = Command::new(bin_dir().join("prometheus"))
+            .current_dir(&dir)
+            .args([
+                &format!("--config.file={}", dir.join("prometheus.yml").display()),
+                &format!("--storage.tsdb.path={}", dir.join("data").display()),
+                &format!("--web.listen-address=127.0.0.1:{port}"),
+                "--scrape.discovery-reload-interval=1s",
+            ])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("starting prometheus");
+        let p = Prometheus { child, port, dir };
+        block_on(wait_for("Prometheus ready", LONG, || async {
+            get(p.port, "/-/ready").filter(|(s, _)| s.contains(" 200 "))
+        }));
+        p
+    }
+
+    fn api(&self, path: &str) -> Option<Value> {
+        let (status, body) = get(self.port, path)?;
+        status
+            .contains(" 200 ")
+            .then(|| serde_json::from_str(&body).ok())
+            .flatten()
+    }
+
+    /// The labels of every firing instance of `alert`.
+    fn firing(&self, alert: &str) -> Vec<Value> {
+        self.api("/api/v1/alerts")
+            .and_then(|v| v["data"]["alerts"].as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a["labels"]["alertname"] == alert && a["state"] == "firing")
+            .map(|a| a["labels"].clone())
+            .collect()
+    }
+
+    /// The rule's state: inactive, pending or firing.
+    fn state(&self, alert: &str) -> Option<String> {
+        let v = self.api("/api/v1/rules?type=alert")?;
+        v["data"]["groups"]
+            .as_array()?
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .find(|r| r["name"] == alert)
+            .and_then(|r| r["state"].as_str().map(str::to_string))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn alerts_fire_and_resolve_in_a_real_prometheus() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("alerts").await;
+        let names = nodes(&mut env, 3).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let (lost, stuck) = (&names[0], &names[2]);
+    fleet
+        .lost
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(lost.clone());
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let cluster = cluster_role(&env, &["--drain-timeout", "2", "--metrics-address", &addr]);
+    let prometheus = Prometheus::start(std::slice::from_ref(&addr));
+    block_on(wait_for("the cluster role scraped", LONG, || async {
+        (prometheus.state("NodekeeperNoLeader").as_deref() == Some("inactive")
+            && prometheus
+                .api("/api/v1/query?query=nodekeeper_leader")
+                .is_some_and(|v| v["data"]["result"][0]["value"][1] == "1"))
+        .then_some(())
+    }));
+
+    // A drain that cannot finish: one pod pinned to the node, a PDB that
+    // allows no eviction, a 2 s drain deadline.
+    let began = Instant::now();
+    let nm_name = format!("{}-stuck", env.id);
+    block_on(async {
+        let mut dep = env.deployment("pinned", 1);
+        if let Some(pod) = dep.spec.template.spec.as_mut() {
+            pod.node_selector =
+                Some([("kubernetes.io/hostname".to_string(), stuck.clone())].into());
+        }
+        Api::<Deployment>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &dep)
+            .await
+            .expect("deployment");
+        wait_for("the pinned pod running", LONG, || async {
+            let pods = env.pods("app=pinned").await;
+            pods.iter()
+                .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .then_some(())
+        })
+        .await;
+        Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &env.pdb("pinned", "pinned", 1))
+            .await
+            .expect("pdb");
+        Api::<NodeMaintenance>::all(env.client.clone())
+            .create(
+                &PostParams::default(),
+                &NodeMaintenance::new(
+                    &nm_name,
+                    NodeMaintenanceSpec {
+                        node_name: stuck.clone(),
+                        reason: Some("alert test".into()),
+                    },
+                ),
+            )
+            .await
+            .expect("nm");
+    });
+    let labels = block_on(wait_for("NodekeeperDrainStuck firing", LONG, || async {
+        prometheus.firing("NodekeeperDrainStuck").into_iter().next()
+    }));
+    let fired = began.elapsed();
+    assert_eq!(labels["node"], stuck.as_str(), "{labels}");
+    assert_eq!(labels["nodemaintenance"], nm_name.as_str(), "{labels}");
+    assert_eq!(labels["severity"], "warning");
+    let freed = Instant::now();
+    block_on(async {
+        Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.ns)
+            .delete("pinned", &DeleteParams::default())
+            .await
+            .expect("delete pdb");
+    });
+    block_on(wait_for("NodekeeperDrainStuck resolved", LONG, || async {
+        (prometheus.state("NodekeeperDrainStuck").as_deref() == Some("inactive")).then_some(())
+    }));
+    let resolved = freed.elapsed();
+    block_on(async {
+        Api::<NodeMaintenance>::all(env.client.clone())
+            .delete(&nm_name, &DeleteParams::default())
+            .await
+            .expect("delete nm");
+        wait_for("the stuck node given back", LONG, || async {
+            let node = Api::<Node>::all(env.client.clone()).get(stuck).await.ok()?;
+            let gone = Api::<NodeMaintenance>::all(env.client.clone())
+                .get_opt(&nm_name)
+                .await
+                .ok()?
+                .is_none();
+            (gone && node.spec.and_then(|s| s.unschedulable) != Some(true)).then_some(())
+        })
+        .await;
+    });
+
+    // A machine that does not come back from its reboot.
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"reboot": {"returnTimeoutSeconds": 10}}),
+    ));
+    block_on(annotate(
+        &env.client,
+        lost,
+        "nodekeeper.io/reboot-needed",
+        Some("now"),
+    ));
+    let asked = Instant::now();
+    let seen = std::cell::RefCell::new(Value::Null);
+    fleet.serve(&names[..1], LONG, || {
+        let first = prometheus
+            .firing("NodekeeperNodeNotReturned")
+            .into_iter()
+            .next()
+            .unwrap_or(Value::Null);
+        let fired = !first.is_null();
+        *seen.borrow_mut() = first;
+        fired
+    });
+    let not_returned = asked.elapsed();
+    let labels = seen.into_inner();
+    assert_eq!(labels["node"], lost.as_str(), "{labels}");
+    assert_eq!(labels["policy"], policy.as_str(), "{labels}");
+    assert_eq!(labels["severity"], "critical");
+    // Written off: the node is deleted, its slot freed, the alert resolves.
+    let deleted = Instant::now();
+    block_on(async {
+        Api::<Node>::all(env.client.clone())
+            .delete(lost, &DeleteParams::default())
+            .await
+            .expect("deleting the lost node");
+    });
+    block_on(wait_for(
+        "NodekeeperNodeNotReturned resolved",
+        LONG,
+        || async {
+            (prometheus.state("NodekeeperNodeNotReturned").as_deref() == Some("inactive"))
+                .then_some(())
+        },
+    ));
+    let written_off = deleted.elapsed();
+    // Every panel of the shipped dashboard is a query Prometheus accepts.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("image/monitoring/grafana-dashboard.json"),
+        )
+        .expect("the dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().cloned().unwrap_or_default();
+    assert!(panels.len() >= 10, "{dashboard}");
+    for panel in &panels {
+        let expr = panel["targets"][0]["expr"].as_str().unwrap_or_default();
+        let answer = prometheus.api(&format!("/api/v1/query?query={}", encode(expr)));
+        assert!(
+            answer.as_ref().is_some_and(|a| a["status"] == "success"),
+            "panel {}: {expr}: {answer:?}",
+            panel["title"]
+        );
+    }
+    eprintln!(
+        "alerts: DrainStuck fired {} ms after the NodeMaintenance (2 s deadline), resolved {} ms after the PDB went; NodeNotReturned fired {} ms after the reboot was asked (10 s deadline), resolved {} ms after the node was deleted",
+        fired.as_millis(),
+        resolved.as_millis(),
+        not_returned.as_millis(),
+        written_off.as_millis()
+    );
+    assert!(
+        !cluster.log_text().contains("panicked"),
+        "{}\n{}",
+        cluster.log_text(),
+        prometheus.log()
+    );
+}
