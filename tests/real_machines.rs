@@ -684,6 +684,10 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
     let boots: Vec<String> = ms.iter().map(Machine::boot_id).collect();
     let log = NodeLog::start(env.client.clone());
     let from = now_ms();
+    // A version no earlier run left on these machines (their os-release
+    // persists across runs on one host), of fixed width so that no other
+    // run's contains it.
+    let version = format!("r{from:015}");
     let hook_job = json!({"template": {"spec": {
         "restartPolicy": "Never",
         "nodeSelector": {REAL_NODE_KEY: "true"},
@@ -695,7 +699,7 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
         "metadata": {"name": env.id},
         "spec": {
             "nodeSelector": {"matchLabels": {REAL_NODE_KEY: "true"}},
-            "version": "2",
+            "version": version,
             "versionFrom": {"source": "OSImage"},
             "budget": {"maxUnavailable": 1},
             "strategy": {"type": "InPlace", "reboot": true, "command": ["sh", "-c",
@@ -711,26 +715,31 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
     // goes with the drain of the machine it ran on.
     let job_pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     let ran_on = std::cell::RefCell::new(std::collections::BTreeMap::<String, String>::new());
-    block_on(wait_for("every machine on version 2", WAVE, || async {
-        let lp = ListParams::default().labels("batch.kubernetes.io/job-name");
-        for p in job_pods
-            .list(&lp)
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            let job = p.labels().get("batch.kubernetes.io/job-name").cloned();
-            if let (Some(job), Some(node)) = (job, p.spec.and_then(|s| s.node_name)) {
-                ran_on.borrow_mut().insert(job, node);
+    let upgraded = format!("nodekeeper test machine {version}");
+    block_on(wait_for(
+        "every machine on the new version",
+        WAVE,
+        || async {
+            let lp = ListParams::default().labels("batch.kubernetes.io/job-name");
+            for p in job_pods
+                .list(&lp)
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let job = p.labels().get("batch.kubernetes.io/job-name").cloned();
+                if let (Some(job), Some(node)) = (job, p.spec.and_then(|s| s.node_name)) {
+                    ran_on.borrow_mut().insert(job, node);
+                }
             }
-        }
-        for m in ms {
-            let n = nodes.get(&m.name).await.ok()?;
-            let info = n.status?.node_info?;
-            (info.os_image == "nodekeeper test machine 2").then_some(())?;
-        }
-        Some(())
-    }));
+            for m in ms {
+                let n = nodes.get(&m.name).await.ok()?;
+                let info = n.status?.node_info?;
+                (info.os_image == upgraded).then_some(())?;
+            }
+            Some(())
+        },
+    ));
     let plans: Api<UpgradePlan> = Api::all(env.client.clone());
     block_on(wait_for(
         "the plan done with every machine",
