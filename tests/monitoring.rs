@@ -167,12 +167,18 @@ struct Prometheus {
 
 impl Prometheus {
     fn start(targets: &[String]) -> Prometheus {
+        Prometheus::start_with(targets, "groups: []\n")
+    }
+
+    /// [`Prometheus::start`] with more rules (a rules file's text).
+    fn start_with(targets: &[String], extra_rules: &str) -> Prometheus {
         let dir = support::scratch().join(format!("nk-prometheus-{:x}", support::rand_u64()));
         std::fs::create_dir_all(&dir).expect("prometheus dir");
         std::fs::copy(rules_file(), dir.join("rules.yaml")).expect("rules");
+        std::fs::write(dir.join("extra.yaml"), extra_rules).expect("extra rules");
         let config = json!({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": ["rules.yaml"],
+            "rule_files": ["rules.yaml", "extra.yaml"],
             "scrape_configs": [{"job_name": "nodekeeper", "static_configs": [{"targets": targets}]}]
         });
         std::fs::write(dir.join("prometheus.yml"), config.to_string()).expect("config");
@@ -419,4 +425,102 @@ fn alerts_fire_and_resolve_in_a_real_prometheus() {
         cluster.log_text(),
         prometheus.log()
     );
+}
+
+/// kured's Prometheus gate (`gates.prometheus`): a node needing a reboot
+/// waits with reason Alert, naming the alert, while a matching alert fires
+/// in a real Prometheus, and is rebooted once the gate ignores it; an https
+/// URL is refused by the schema.
+#[test]
+fn a_prometheus_gate_holds_reboots_while_a_matching_alert_fires() {
+    install_crds();
+    let prometheus = Prometheus::start_with(
+        &[],
+        "groups: [{name: test, rules: [{alert: NodekeeperTestAlways, expr: vector(1)}]}]\n",
+    );
+    block_on(wait_for("the test alert firing", LONG, || async {
+        prometheus.firing("NodekeeperTestAlways").into_iter().next()
+    }));
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("alertgate").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    let url = format!("http://127.0.0.1:{}", prometheus.port);
+
+    // The schema refuses what nodekeeper cannot ask.
+    let refused = block_on(async {
+        let mut p = serde_json::to_value(nodekeeper::api::reboot::RebootPolicy::new(
+            &format!("{}-https", env.id),
+            serde_json::from_value(json!({"gates": {"prometheus": {"url": "https://p:9090"}}}))
+                .expect("spec"),
+        ))
+        .expect("json");
+        p["spec"]["nodeSelector"] = json!({"matchLabels": {"none": "none"}});
+        let p: nodekeeper::api::reboot::RebootPolicy = serde_json::from_value(p).expect("policy");
+        Api::<nodekeeper::api::reboot::RebootPolicy>::all(env.client.clone())
+            .create(&PostParams::default(), &p)
+            .await
+            .expect_err("refused")
+            .to_string()
+    });
+    assert!(
+        refused.contains("gates.prometheus.url must be an http:// URL"),
+        "{refused}"
+    );
+
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"gates": {"prometheus": {"url": url, "alerts": "NodekeeperTest.*", "firingOnly": true}}}),
+    ));
+    let _cluster = cluster_role(&env, &[]);
+    block_on(annotate(
+        &env.client,
+        a,
+        "nodekeeper.io/reboot-needed",
+        Some("now"),
+    ));
+    let message = block_on(wait_phase(
+        &env.client,
+        &policy,
+        a,
+        nodekeeper::api::reboot::RebootPhase::Waiting,
+    ));
+    let entry = block_on(wait_for("the node waiting on the alert", LONG, || async {
+        let p = Api::<nodekeeper::api::reboot::RebootPolicy>::all(env.client.clone())
+            .get(&policy)
+            .await
+            .ok()?;
+        p.status?
+            .nodes
+            .into_iter()
+            .find(|e| e.name == *a && e.reason.as_deref() == Some("Alert"))
+    }));
+    let said = entry.message.unwrap_or_default();
+    assert!(
+        said.contains("alert NodekeeperTestAlways active in Prometheus"),
+        "{said} (first: {message})"
+    );
+    assert_eq!(fleet.commands(a), 0, "no reboot while the alert fires");
+
+    // The gate ignores it now: the node is admitted and rebooted once.
+    block_on(async {
+        let patch =
+            json!({"spec": {"gates": {"prometheus": {"ignoreAlerts": "NodekeeperTestAlways"}}}});
+        Api::<nodekeeper::api::reboot::RebootPolicy>::all(env.client.clone())
+            .patch(
+                &policy,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .expect("patch the gate");
+    });
+    fleet.serve(&names[..1], LONG, || {
+        block_on(settled(&env.client, &names[..1]))
+    });
+    assert_eq!(fleet.commands(a), 1);
 }

@@ -221,6 +221,39 @@ pub struct Gates {
     /// this feature is NotReady.
     #[serde(default)]
     pub require_ready: bool,
+    /// Admit nothing while Prometheus reports a matching alert (kured's
+    /// `--prometheus-url`, `--alert-filter-regexp`, `--alert-firing-only`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusGate>,
+}
+
+/// CEL: an http:// URL with a host and an optional path, nothing else.
+pub const PROMETHEUS_URL_RULE: &str =
+    "self.matches('^http://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$')";
+
+/// Alerts in Prometheus that hold admissions.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusGate {
+    /// Prometheus's address, e.g. `http://prometheus.monitoring:9090`
+    /// (plain http; its `/api/v1/alerts` is asked every 15 s).
+    #[x_kube(validation = Rule::new(PROMETHEUS_URL_RULE).message("gates.prometheus.url must be an http:// URL with a host, an optional port and path, e.g. http://prometheus.monitoring:9090 (https is not supported)"))]
+    #[schemars(length(max = 512))]
+    pub url: String,
+    /// Only alerts whose name matches this regular expression hold
+    /// admissions (default: every alert).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub alerts: Option<String>,
+    /// Alerts whose name matches this regular expression never hold
+    /// admissions (kured's `--alert-filter-regexp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub ignore_alerts: Option<String>,
+    /// Only firing alerts hold admissions, not pending ones (kured's
+    /// `--alert-firing-only`).
+    #[serde(default)]
+    pub firing_only: bool,
 }
 
 /// Pods that block a disruption of the node they run on.

@@ -80,9 +80,72 @@ pub const WAIT_NOT_READY: &str = "NotReady";
 pub const WAIT_GATE: &str = "Gate";
 pub const WAIT_BLOCKING_POD: &str = "BlockingPod";
 pub const WAIT_BUDGET: &str = "Budget";
+pub const WAIT_ALERT: &str = "Alert";
+
+/// What Prometheus last said about its active alerts, for a gate's URL.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Alerts {
+    /// Every active alert as (alertname, state: `firing` or `pending`).
+    Active(Vec<(String, String)>),
+    /// Not known: not asked yet, or the last question failed (why).
+    Unknown(String),
+}
+
+/// The alerts that hold admissions under `gate`, names sorted and
+/// deduplicated; `Err` when Prometheus's answer is not known (an unknown
+/// answer holds admissions, as in kured) or a pattern is not a regular
+/// expression.
+pub fn blocking_alerts(
+    gate: &crate::api::common::PrometheusGate,
+    alerts: &Alerts,
+) -> Result<Vec<String>, String> {
+    let pattern = |field: &str, p: &Option<String>| -> Result<Option<regex::Regex>, String> {
+        p.as_deref()
+            .map(|p| {
+                regex::Regex::new(&format!("^(?:{p})$"))
+                    .map_err(|e| format!("gates.prometheus.{field}: not a regular expression: {e}"))
+            })
+            .transpose()
+    };
+    let only = pattern("alerts", &gate.alerts)?;
+    let ignore = pattern("ignoreAlerts", &gate.ignore_alerts)?;
+    let active = match alerts {
+        Alerts::Active(v) => v,
+        Alerts::Unknown(why) => return Err(why.clone()),
+    };
+    let mut names: Vec<String> = active
+        .iter()
+        .filter(|(_, state)| !gate.firing_only || state == "firing")
+        .filter(|(name, _)| only.as_ref().is_none_or(|r| r.is_match(name)))
+        .filter(|(name, _)| !ignore.as_ref().is_some_and(|r| r.is_match(name)))
+        .map(|(name, _)| name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// Why a Prometheus gate holds admissions now, if it does.
+fn alert_wait(a: &Admission) -> Option<String> {
+    let gate = a.gates.prometheus.as_ref()?;
+    let unknown = Alerts::Unknown("Prometheus not asked yet".into());
+    match blocking_alerts(gate, a.alerts.unwrap_or(&unknown)) {
+        Ok(names) if names.is_empty() => None,
+        Ok(names) => Some(format!(
+            "alert {} active in Prometheus ({})",
+            names.join(", "),
+            gate.url
+        )),
+        Err(why) => Some(format!(
+            "cannot tell whether an alert is active in Prometheus ({}): {why}",
+            gate.url
+        )),
+    }
+}
 
 /// The admission checks every feature ends with, in order: the window, the
-/// node's readiness, `requireReady`, blocking pods, the budget. `None`
+/// node's readiness, `requireReady`, Prometheus's alerts, blocking pods,
+/// the budget. `None`
 /// admits; otherwise the reason and the message (`what`: "reboot",
 /// "upgrade", for the window's message).
 pub struct Admission<'a> {
@@ -95,6 +158,9 @@ pub struct Admission<'a> {
     pub pods: &'a [Arc<Pod>],
     pub budget: &'a Budget,
     pub members: &'a [Member<'a>],
+    /// Prometheus's last answer for the gate's URL, if the feature has a
+    /// Prometheus gate.
+    pub alerts: Option<&'a Alerts>,
 }
 
 pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
@@ -111,6 +177,8 @@ pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
                 a.others_not_ready.join(", ")
             ),
         ))
+    } else if let Some(why) = alert_wait(a) {
+        Some((WAIT_ALERT, why))
     } else if let Some(pod) = blocking_pod(a.gates, a.pods) {
         Some((WAIT_BLOCKING_POD, format!("blocked by pod {pod}")))
     } else {
@@ -171,6 +239,12 @@ pub fn check_pod_selectors(
     }
     if let Some(sel) = &drain.pod_selector
         && let Err(e) = check_selector_at("drain.podSelector", sel)
+    {
+        problems.push(e);
+    }
+    // A pattern that is not a regular expression makes the gate unusable.
+    if let Some(gate) = &gates.prometheus
+        && let Err(e) = blocking_alerts(gate, &Alerts::Active(Vec::new()))
     {
         problems.push(e);
     }
@@ -299,3 +373,6 @@ pub fn orphans(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

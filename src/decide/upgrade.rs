@@ -60,10 +60,14 @@ pub struct Snapshot<'a> {
     /// Why the plan's last pass failed, if it did (see
     /// [`super::set_failing`]).
     pub failing: Option<&'a str>,
+    /// Prometheus's last answer for the URL of the gate, if it has one.
+    pub alerts: Option<&'a disrupt::Alerts>,
 }
 
 /// Machine-readable reasons of Waiting and Failed entries.
-pub use disrupt::{WAIT_BLOCKING_POD, WAIT_BUDGET, WAIT_GATE, WAIT_NOT_READY, WAIT_WINDOW};
+pub use disrupt::{
+    WAIT_ALERT, WAIT_BLOCKING_POD, WAIT_BUDGET, WAIT_GATE, WAIT_NOT_READY, WAIT_WINDOW,
+};
 pub const WAIT_PAUSED: &str = "Paused";
 pub const WAIT_GROUP: &str = "Group";
 
@@ -408,6 +412,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 pods: &(s.pods_on)(&n),
                 budget: &p.spec.budget,
                 members: &members,
+                alerts: s.alerts,
             })
         };
         match wait {

@@ -11,6 +11,7 @@ pub mod evict;
 pub mod host;
 pub mod lease;
 mod objects;
+pub mod prometheus;
 pub mod provider;
 
 use k8s_openapi::api::core::v1::Node;

@@ -53,6 +53,18 @@ pub fn start(ctx: Arc<Context>, mutex: Option<MutexStores>, kicks: smol::channel
 async fn pass(ctx: &Context, mutex: Option<&MutexStores>) -> Option<Duration> {
     metrics::inc(&metrics::COUNTERS.cluster_passes);
     ctx.prune_cluster(&live(ctx, mutex));
+    let (policies, plans) = (ctx.policies.state(), ctx.plans.state());
+    let urls: Vec<&str> = policies
+        .iter()
+        .filter_map(|p| p.spec.gates.prometheus.as_ref())
+        .chain(
+            plans
+                .iter()
+                .filter_map(|p| p.spec.gates.prometheus.as_ref()),
+        )
+        .map(|g| g.url.as_str())
+        .collect();
+    ctx.alerts.retain(&urls);
     let mut wake = super::reboots::pass(ctx).await;
     wake = earliest(wake, super::upgrades::pass(ctx).await);
     if let Some(m) = mutex {

@@ -82,6 +82,8 @@ pub struct Context {
     /// Node role: this process's claim on its node (`decide::claim`): who
     /// it is, and what it knows of the claim.
     pub agent: Mutex<(String, crate::decide::claim::Claim)>,
+    /// Cluster role: Prometheus's answers for the features' alert gates.
+    pub alerts: super::alerts::AlertCache,
 }
 
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -137,6 +139,7 @@ impl Context {
             host_look_running: std::sync::atomic::AtomicBool::new(false),
             failing: Failing::default(),
             anchor,
+            alerts: Default::default(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,
             memory: Mutex::default(),

@@ -13,6 +13,7 @@
 //! replacement task ([`replace`]) instead of a node.
 
 pub mod admission;
+pub mod alerts;
 pub mod cluster;
 pub mod connect;
 pub mod context;

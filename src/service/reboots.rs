@@ -53,6 +53,15 @@ async fn reconcile_policy(
     failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
+    // Prometheus's last answer (asked in the background), and, while a
+    // node waits on it, when to look again.
+    let gate = policy.spec.gates.prometheus.as_ref();
+    let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
+    let on_alert = policy.status.as_ref().is_some_and(|s| {
+        s.nodes
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(reboot::WAIT_ALERT))
+    });
     let plan = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -67,6 +76,7 @@ async fn reconcile_policy(
             now,
             remote: !ctx.node_agents,
             failing,
+            alerts: alerts.as_ref(),
         })
     };
     let name = policy.name_any();
@@ -83,9 +93,14 @@ async fn reconcile_policy(
     if let Some((level, line)) = &plan.note {
         log::log!(*level, "{line}");
     }
-    Ok(match plan.then {
+    let wake = match plan.then {
         crate::decide::Then::Wait(d) => d,
         crate::decide::Then::Again => Some(Duration::from_millis(100)),
+    };
+    Ok(if on_alert {
+        crate::decide::earliest(wake, again)
+    } else {
+        wake
     })
 }
 

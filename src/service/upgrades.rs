@@ -54,6 +54,15 @@ async fn reconcile_plan(
     failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
+    // Prometheus's last answer (asked in the background), and, while a
+    // node waits on it, when to look again.
+    let gate = plan.spec.gates.prometheus.as_ref();
+    let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
+    let on_alert = plan.status.as_ref().is_some_and(|s| {
+        s.nodes
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(upgrade::WAIT_ALERT))
+    });
     let plan_fx = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -70,6 +79,7 @@ async fn reconcile_plan(
             now,
             plans,
             failing,
+            alerts: alerts.as_ref(),
         })
     };
     let name = plan.name_any();
@@ -91,11 +101,16 @@ async fn reconcile_plan(
     if let Some((level, line)) = &plan_fx.note {
         log::log!(*level, "{line}");
     }
-    Ok(match plan_fx.then {
+    let wake = match plan_fx.then {
         // A refused Job is a failure the next decision records at once.
         _ if refused => Some(Duration::from_millis(50)),
         crate::decide::Then::Wait(d) => d,
         crate::decide::Then::Again => Some(Duration::from_millis(100)),
+    };
+    Ok(if on_alert {
+        crate::decide::earliest(wake, again)
+    } else {
+        wake
     })
 }
 

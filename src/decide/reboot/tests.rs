@@ -149,6 +149,7 @@ impl World {
             now: self.now,
             remote: self.remote,
             failing: None,
+            alerts: None,
         })
     }
 }

@@ -155,6 +155,7 @@ impl World {
             now: self.now,
             plans: &[Arc::new(self.plan.clone())],
             failing: None,
+            alerts: None,
         })
     }
 
@@ -550,6 +551,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
             now: now(),
             plans: &plans,
             failing: None,
+            alerts: None,
         })
     };
     let status_of = |plan: Plan| match &plan.effects[0] {

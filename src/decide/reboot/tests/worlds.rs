@@ -399,6 +399,7 @@ impl World {
             now: self.now,
             remote: false,
             failing: None,
+            alerts: None,
         });
         self.run(&format!("policy {name}"), &plan.effects);
     }

@@ -74,6 +74,7 @@ impl World {
             now: self.now,
             plans: &plans,
             failing: None,
+            alerts: None,
         });
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();

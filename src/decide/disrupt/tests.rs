@@ -1,0 +1,130 @@
+//! The Prometheus gate: which active alerts hold admissions, and what a
+//! waiting node is told.
+
+use super::*;
+use crate::api::common::PrometheusGate;
+use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+
+fn gate(alerts: Option<&str>, ignore: Option<&str>, firing_only: bool) -> PrometheusGate {
+    PrometheusGate {
+        url: "http://prometheus.monitoring:9090".into(),
+        alerts: alerts.map(str::to_string),
+        ignore_alerts: ignore.map(str::to_string),
+        firing_only,
+    }
+}
+
+fn active() -> Alerts {
+    Alerts::Active(
+        [
+            ("KubeNodeNotReady", "firing"),
+            ("Watchdog", "firing"),
+            ("DiskFilling", "pending"),
+            ("KubeNodeNotReady", "firing"),
+        ]
+        .iter()
+        .map(|(n, s)| (n.to_string(), s.to_string()))
+        .collect(),
+    )
+}
+
+#[test]
+fn matching_alerts_hold_admissions_as_kureds_flags_say() {
+    // Every active alert, pending ones included, once each, sorted.
+    assert_eq!(
+        blocking_alerts(&gate(None, None, false), &active()),
+        Ok(vec![
+            "DiskFilling".into(),
+            "KubeNodeNotReady".into(),
+            "Watchdog".into()
+        ])
+    );
+    // --alert-firing-only; --alert-filter-regexp (ignored names).
+    assert_eq!(
+        blocking_alerts(&gate(None, Some("Watchdog"), true), &active()),
+        Ok(vec!["KubeNodeNotReady".into()])
+    );
+    // Only names that match the whole pattern.
+    assert_eq!(
+        blocking_alerts(&gate(Some("Kube.*"), None, false), &active()),
+        Ok(vec!["KubeNodeNotReady".into()])
+    );
+    assert_eq!(
+        blocking_alerts(&gate(Some("Node"), None, false), &active()),
+        Ok(vec![])
+    );
+    // Not known holds, saying why.
+    assert_eq!(
+        blocking_alerts(
+            &gate(None, None, false),
+            &Alerts::Unknown("no answer within 5 s".into())
+        ),
+        Err("no answer within 5 s".into())
+    );
+}
+
+#[test]
+fn a_pattern_that_is_not_a_regular_expression_makes_the_object_unusable() {
+    let gates = Gates {
+        prometheus: Some(gate(Some("Kube(.*"), None, false)),
+        ..Default::default()
+    };
+    let drain: crate::api::common::DrainSpec =
+        serde_json::from_value(serde_json::json!({})).unwrap_or_else(|e| panic!("{e}"));
+    let problems = check_pod_selectors(&gates, &drain);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("gates.prometheus.alerts: not a regular expression"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn a_ready_node_waits_with_reason_alert_naming_the_alert() {
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some("a".into()),
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let gates = Gates {
+        prometheus: Some(gate(None, Some("Watchdog"), true)),
+        ..Default::default()
+    };
+    let budget = Budget::default();
+    let admission = |alerts: Option<&Alerts>| {
+        wait(&Admission {
+            what: "reboot",
+            window_open: true,
+            node: &node,
+            gates: &gates,
+            others_not_ready: &[],
+            pods: &[],
+            budget: &budget,
+            members: &[],
+            alerts,
+        })
+    };
+    assert_eq!(
+        admission(Some(&active())),
+        Some((
+            WAIT_ALERT,
+            "alert KubeNodeNotReady active in Prometheus (http://prometheus.monitoring:9090)"
+                .into()
+        ))
+    );
+    let (reason, why) = admission(None).unwrap_or_default();
+    assert_eq!(reason, WAIT_ALERT);
+    assert!(why.contains("Prometheus not asked yet"), "{why}");
+    let quiet = Alerts::Active(vec![("Watchdog".into(), "firing".into())]);
+    assert_ne!(admission(Some(&quiet)).map(|w| w.0), Some(WAIT_ALERT));
+}
