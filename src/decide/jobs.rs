@@ -15,8 +15,9 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "nodekeeper";
 
 /// Is `spec` shaped like a batch/v1 JobSpec? The shape a Job needs and
-/// people get wrong: a pod template with containers, each named and with an
-/// image, and the fields a Job reads of the right kinds. The API server
+/// people get wrong: a pod template with named containers, the fields a
+/// Job reads of the right kinds, and every level `build` writes into (env
+/// lists, the node affinity) of the kind it expects. The API server
 /// checks the rest when the Job is created (a refusal is reported on the
 /// owner). Parsing into the typed `JobSpec` instead linked the whole pod
 /// spec's deserializer, ~150 KiB of an 8 MiB binary, for this check alone.
@@ -74,11 +75,54 @@ pub fn check(spec: &Value) -> Result<(), String> {
         };
         for (i, c) in items.iter().enumerate() {
             object(c, &format!("{at}[{i}]"))?;
-            for field in ["name", "image"] {
-                if !c[field].is_string() {
-                    return Err(format!("{at}[{i}].{field}: expected a string"));
+            if !c["name"].is_string() {
+                return Err(format!("{at}[{i}].name: expected a string"));
+            }
+            // `image` may be left to a defaulting webhook; `env` we append to.
+            if let Some(v) = c.get("env").filter(|v| !v.is_null() && !v.is_array()) {
+                return Err(format!("{at}[{i}].env: expected a list, found {}", kind(v)));
+            }
+        }
+    }
+    // What `build` adds the keep-off term to: each level an object, the
+    // terms a list of objects, each term's expressions a list.
+    let mut at = String::from("template.spec");
+    let mut v = pod;
+    for field in [
+        "affinity",
+        "nodeAffinity",
+        "requiredDuringSchedulingIgnoredDuringExecution",
+    ] {
+        at = format!("{at}.{field}");
+        match v.get(field) {
+            None | Some(Value::Null) => return Ok(()),
+            Some(next) => {
+                object(next, &at)?;
+                v = next;
+            }
+        }
+    }
+    match v.get("nodeSelectorTerms") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(terms)) => {
+            for (i, t) in terms.iter().enumerate() {
+                object(t, &format!("{at}.nodeSelectorTerms[{i}]"))?;
+                if let Some(e) = t
+                    .get("matchExpressions")
+                    .filter(|e| !e.is_null() && !e.is_array())
+                {
+                    return Err(format!(
+                        "{at}.nodeSelectorTerms[{i}].matchExpressions: expected a list, found {}",
+                        kind(e)
+                    ));
                 }
             }
+        }
+        Some(other) => {
+            return Err(format!(
+                "{at}.nodeSelectorTerms: expected a list, found {}",
+                kind(other)
+            ));
         }
     }
     Ok(())
@@ -152,14 +196,31 @@ fn append_env(container: &mut Value, env: &[(&str, &str)]) {
 /// added to every required term (terms are ORed, so each needs it), or is
 /// the one term when there is none. Preferences and pod affinities stay.
 fn keep_off(pod: &mut Value, node: &str) {
+    // `check` refused every other shape; indexing a JSON value that is not
+    // an object panics, so each level is made one first all the same.
+    fn object_at<'a>(v: &'a mut Value, key: &str) -> &'a mut Value {
+        if !v.is_object() {
+            *v = json!({});
+        }
+        let slot = &mut v[key];
+        if !slot.is_object() {
+            *slot = json!({});
+        }
+        slot
+    }
     let req = json!({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [node]});
-    let required =
-        &mut pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    let required = object_at(
+        object_at(object_at(pod, "affinity"), "nodeAffinity"),
+        "requiredDuringSchedulingIgnoredDuringExecution",
+    );
     let terms = &mut required["nodeSelectorTerms"];
     if terms.as_array().is_none_or(|t| t.is_empty()) {
         *terms = json!([{}]);
     }
     for term in terms.as_array_mut().into_iter().flatten() {
+        if !term.is_object() {
+            *term = json!({});
+        }
         if !term["matchExpressions"].is_array() {
             term["matchExpressions"] = json!([]);
         }
@@ -236,8 +297,18 @@ mod tests {
                 "a Job needs at least one container",
             ),
             (
-                json!({"template": {"spec": {"containers": [{"name": "c"}]}}}),
-                "template.spec.containers[0].image: expected a string",
+                json!({"template": {"spec": {"containers": [{"image": "i"}]}}}),
+                "template.spec.containers[0].name: expected a string",
+            ),
+            (
+                json!({"template": {"spec": {"containers": [{"name": "c", "image": "i"}],
+                    "affinity": "anywhere"}}}),
+                "template.spec.affinity: expected an object, found a string",
+            ),
+            (
+                json!({"template": {"spec": {"containers": [{"name": "c", "image": "i"}],
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [1]}}}}}}),
+                "nodeSelectorTerms[0]: expected an object, found a number",
             ),
             (
                 json!({"template": {"spec": {"restartPolicy": "Always",
