@@ -56,6 +56,10 @@ pub struct Snapshot<'a> {
     pub lease_renew_at: Option<Timestamp>,
     pub now: Timestamp,
     pub drain_timeout: Duration,
+    /// The node's lifecycle conditions cannot be written now
+    /// ([`super::NodeMemory::conditions_refused_until`]): the maintenance
+    /// goes on without them. A drain or an uncordon never waits on them.
+    pub conditions_paused: bool,
 }
 
 /// An event a step announces once its write succeeded.
@@ -259,7 +263,7 @@ pub fn decide(s: &Snapshot) -> Step {
     if let Some(nm) = nms.iter().find(|m| m.is_deleting() && m.has_finalizer()) {
         let name = nm.name_any();
         if applied == Some(name.as_str()) {
-            if let Some(step) = withdraw_conditions(node, s.now) {
+            if let Some(step) = withdraw_conditions(s, node) {
                 return step;
             }
             return Step::RemoveFromNode {
@@ -324,7 +328,7 @@ pub fn decide(s: &Snapshot) -> Step {
         // (the object failed, or was removed without its finalizer).
         // What we published goes False first, so no reader sees a node
         // in maintenance that is schedulable again.
-        if let Some(step) = withdraw_conditions(node, s.now) {
+        if let Some(step) = withdraw_conditions(s, node) {
             return step;
         }
         if let Some(name) = applied {
@@ -386,8 +390,9 @@ pub fn decide(s: &Snapshot) -> Step {
     }
     // Published once the node carries the maintenance, before the drain
     // starts, so readers see DrainInProgress while pods go.
-    if let Some(patch) =
-        node_conditions::patch(node, &node_conditions::while_held(p, owner_of(p)), s.now)
+    if !s.conditions_paused
+        && let Some(patch) =
+            node_conditions::patch(node, &node_conditions::while_held(p, owner_of(p)), s.now)
     {
         return Step::SetConditions { patch };
     }
@@ -464,8 +469,11 @@ pub fn decide(s: &Snapshot) -> Step {
 
 /// Set the lifecycle conditions we published `False` (the maintenance
 /// ends), if any is still `True`.
-fn withdraw_conditions(node: &Node, now: Timestamp) -> Option<Step> {
-    node_conditions::patch(node, &node_conditions::after_release(node), now)
+fn withdraw_conditions(s: &Snapshot, node: &Node) -> Option<Step> {
+    if s.conditions_paused {
+        return None;
+    }
+    node_conditions::patch(node, &node_conditions::after_release(node), s.now)
         .map(|patch| Step::SetConditions { patch })
 }
 

@@ -252,6 +252,9 @@ pub enum Outcome {
     Done,
     /// The Node as the server stored our write.
     NodeWritten(Box<k8s_openapi::api::core::v1::Node>),
+    /// A node status write (lifecycle conditions) failed; the maintenance
+    /// goes on without them for a while ([`NodeMemory`]).
+    StatusRefused,
     /// The NodeMaintenance as the server stored our write.
     MaintenanceWritten(Box<NodeMaintenance>),
     /// Our finalizer was the last: the NodeMaintenance is deleted. Every
@@ -300,6 +303,10 @@ pub struct NodeMemory {
     pub attempts: HashMap<String, Attempt>,
     /// When the medik8s lease must be renewed; `None` if we do not hold it.
     pub lease_renew_at: Option<Timestamp>,
+    /// The node's lifecycle conditions could not be written (RBAC not yet
+    /// updated, a policy refusing status writes): until then the
+    /// maintenance goes on without them, and tries again after.
+    pub conditions_refused_until: Option<Timestamp>,
 }
 
 impl NodeMemory {
@@ -314,6 +321,9 @@ impl NodeMemory {
                 self.lease_renew_at = now.checked_add(half).ok();
             }
             (Effect::ReleaseLease { .. }, _) => self.lease_renew_at = None,
+            (Effect::PatchNodeStatus { .. }, Outcome::StatusRefused) => {
+                self.conditions_refused_until = now.checked_add(SignedDuration::from_secs(60)).ok();
+            }
             (Effect::Drain { pods, .. }, Outcome::Drained(removals)) => {
                 drain::record(&mut self.attempts, pods, removals, now)
             }

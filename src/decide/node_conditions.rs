@@ -12,10 +12,12 @@
 //! the node, `MaintenanceInProgress=True` names it and its owner; through
 //! the drain `DrainInProgress=True`/`Drained=False`, once drained
 //! `False`/`True`, as `kubectl drain` does in the KEP; when the node is given
-//! back, each condition nodekeeper set `True` is set `False`. A condition
-//! is nodekeeper's to change only if its message starts with
-//! `NodeMaintenance ` and its reason is one of [`OUR_REASONS`]: `kubectl
-//! drain`'s, an administrator's or another controller's are left alone.
+//! back, each condition nodekeeper set `True` is set `False`. While a
+//! NodeMaintenance holds the node these three types are nodekeeper's (the
+//! node is in its maintenance); outside one, a condition is nodekeeper's
+//! to set `False` only if its message starts with `NodeMaintenance ` and
+//! its reason is one of [`OUR_REASONS`]: `kubectl drain`'s, an
+//! administrator's or another controller's are left alone then.
 //!
 //! The patch names only these condition types: Node conditions merge by
 //! `type`, so the kubelet's (Ready, pressure conditions) stay untouched.

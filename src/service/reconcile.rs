@@ -20,9 +20,9 @@ use kube::{Api, ResourceExt};
 use super::context::Context;
 use super::roles::{Scope, anchor};
 use crate::api::common::is_node_name;
-use crate::decide::Effect;
 use crate::decide::foreign::{self, LastCheck};
 use crate::decide::maintenance::{self, Snapshot};
+use crate::decide::{Effect, Outcome};
 use crate::decide::{Then, duration_until, earliest};
 use crate::error::{Error, Result};
 
@@ -235,6 +235,7 @@ async fn reconcile_node(
             lease_renew_at: mem.lease_renew_at,
             now,
             drain_timeout: ctx.drain_timeout,
+            conditions_paused: mem.conditions_refused_until.is_some_and(|t| t > now),
         };
         let step = maintenance::decide(&snapshot);
         let mut plan = maintenance::plan(&snapshot, step.clone());
@@ -242,7 +243,18 @@ async fn reconcile_node(
         while i < plan.effects.len() {
             let effect = &plan.effects[i];
             log::debug!("node {node_name}: {}", crate::effects::describe(effect));
-            let outcome = ctx.effects.perform(effect).await?;
+            let outcome = match ctx.effects.perform(effect).await {
+                // The lifecycle conditions are a courtesy to other
+                // readers: a refused write never holds up the drain or the
+                // uncordon.
+                Err(e) if matches!(effect, Effect::PatchNodeStatus { .. }) => {
+                    log::warn!(
+                        "node {node_name}: {e}; the maintenance goes on without its lifecycle conditions and tries again in 60 s"
+                    );
+                    Outcome::StatusRefused
+                }
+                other => other?,
+            };
             ctx.record(node_name, effect, &outcome, now);
             if let Some(follow) = maintenance::after(&snapshot, &step, &outcome) {
                 plan = follow;

@@ -113,6 +113,7 @@ struct World {
     attempts: HashMap<String, Attempt>,
     lease_renew_at: Option<Timestamp>,
     now: Timestamp,
+    conditions_paused: bool,
 }
 
 /// The node with the lifecycle conditions of the maintenance it carries
@@ -168,6 +169,7 @@ impl World {
             attempts: HashMap::new(),
             lease_renew_at: Some(ts(3000)),
             now: ts(10),
+            conditions_paused: false,
         }
     }
 
@@ -190,6 +192,7 @@ impl World {
             lease_renew_at: self.lease_renew_at,
             now: self.now,
             drain_timeout: Duration::from_secs(30),
+            conditions_paused: self.conditions_paused,
         }
     }
 
@@ -489,6 +492,7 @@ fn a_stored_object_with_an_impossible_node_name_fails_with_a_message_not_a_looku
             lease_renew_at: None,
             now: ts(10),
             drain_timeout: Duration::from_secs(30),
+            conditions_paused: false,
         });
         let Step::Fail {
             reason, message, ..
