@@ -350,20 +350,6 @@ pub fn rbac(o: &Options) -> Vec<Value> {
     docs
 }
 
-/// Node status fields besides conditions, compared old to new.
-const STATUS_FIELDS: [&str; 10] = [
-    "addresses",
-    "allocatable",
-    "capacity",
-    "daemonEndpoints",
-    "nodeInfo",
-    "phase",
-    "config",
-    "images",
-    "volumesInUse",
-    "volumesAttached",
-];
-
 /// The ValidatingAdmissionPolicy: a request from the node agent's
 /// ServiceAccount may update a Node only if its token is bound to that node
 /// (directly, or through a pod scheduled there), and may change only
@@ -396,19 +382,10 @@ pub fn admission(o: &Options) -> Vec<Value> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    // Every other field the kubelet reports stays as it was (fields of
-    // every supported Kubernetes version; newer ones are the kubelet's to
-    // write and no agent writes them).
-    let changed_status = format!(
-        "[{}].filter(f, f != '')",
-        STATUS_FIELDS
-            .iter()
-            .map(|f| format!(
-                "has(object.status.{f}) != has(oldObject.status.{f}) || (has(object.status.{f}) && object.status.{f} != oldObject.status.{f}) ? '{f}' : ''"
-            ))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    // Every other status field stays as it was, whatever fields this
+    // Kubernetes version has (status is a map to CEL at run time).
+    let changed_status = "object.status.filter(k, k != 'conditions' && (!(k in oldObject.status) || object.status[k] != oldObject.status[k])) + \
+         oldObject.status.filter(k, k != 'conditions' && !(k in object.status))";
     vec![
         json!({
           "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
