@@ -110,6 +110,15 @@ fn the_chart_lints_and_renders_each_choice() {
         "cluster.extraArgs={--drain-timeout,10m}",
     ]);
     assert!(!alone.contains("kind\": \"DaemonSet"), "no agents");
+    // The cluster role drains then, so it needs the medik8s lease Role.
+    assert!(
+        alone.contains("\"name\": \"nodekeeper-medik8s-lease\"")
+            && alone.contains("\"kind\": \"Role\""),
+        "{alone}"
+    );
+    for out in [&plain, &reboot, &alone] {
+        assert!(!out.contains('@'), "a placeholder left: {out}");
+    }
     assert!(!alone.contains("--node-agents"));
     assert!(alone.contains("ValidatingWebhookConfiguration"));
     assert!(

@@ -47,8 +47,8 @@ const SUBSTITUTIONS: [(&str, &str); 13] = [
         "\"@CLUSTER_VOLUME_MOUNTS@\"",
         "{{ toJson .Values.cluster.extraVolumeMounts }}",
     ),
-    ("@PULL_POLICY@", "{{ .Values.imagePullPolicy }}"),
-    ("@IMAGE@", "{{ .Values.image }}"),
+    ("\"@PULL_POLICY@\"", "{{ toJson .Values.imagePullPolicy }}"),
+    ("\"@IMAGE@\"", "{{ toJson .Values.image }}"),
     ("@LOG_LEVEL@", "{{ .Values.logLevel }}"),
     ("@NAMESPACE@", "{{ .Release.Namespace }}"),
 ];
@@ -76,10 +76,20 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
     };
 
     // RBAC: the agent identity without the namespaces (the release's is
-    // Helm's; medik8s's lease namespace may exist already, NMO's).
-    let rbac_docs: Vec<Value> = rbac(&t)
+    // Helm's; medik8s's lease namespace may exist already, NMO's). The
+    // lease Role serves the cluster role too (it drains when there are no
+    // agents), so it comes whenever either runs.
+    let is_lease_role =
+        |d: &Value| d["kind"] == "Role" && d["metadata"]["namespace"] == LEASE_NAMESPACE;
+    let all_rbac = rbac(&t);
+    let lease_role: Vec<Value> = all_rbac
+        .iter()
+        .filter(|d| is_lease_role(d))
+        .cloned()
+        .collect();
+    let rbac_docs: Vec<Value> = all_rbac
         .into_iter()
-        .filter(|d| d["kind"] != "Namespace")
+        .filter(|d| d["kind"] != "Namespace" && !is_lease_role(d))
         .collect();
     let leases_ns = format!(
         "{{{{- if not (lookup \"v1\" \"Namespace\" \"\" \"{LEASE_NAMESPACE}\") }}}}\n{}\n---\n{{{{- end }}}}\n",
@@ -158,9 +168,16 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
         file("values.schema.json", format!("{:#}\n", schema())),
         file("crds/crds.yaml", crate::api::crds_yaml()?),
         template(
+            "leases.yaml",
+            format!(
+                "{{{{- if or .Values.nodeAgents.enabled .Values.cluster.enabled }}}}\n{leases_ns}{}{{{{- end }}}}\n",
+                docs(&lease_role)
+            ),
+        ),
+        template(
             "rbac.yaml",
             format!(
-                "{{{{- if .Values.nodeAgents.enabled }}}}\n{leases_ns}{}{{{{- end }}}}\n",
+                "{{{{- if .Values.nodeAgents.enabled }}}}\n{}{{{{- end }}}}\n",
                 docs(&rbac_docs)
             ),
         ),
@@ -235,7 +252,7 @@ fn substitute(text: &str) -> String {
         out.replace_range(
             start..start + 7 + len + 2,
             &format!(
-                "{{{{ toJson (concat (list {inner}) $provider .Values.cluster.extraArgs) }}}}"
+                "{{{{ toJson (concat (list {inner}) $provider (.Values.cluster.extraArgs | default list)) }}}}"
             ),
         );
     }
@@ -322,7 +339,8 @@ fn schema() -> Value {
       "additionalProperties": false,
       "required": ["image", "logLevel", "nodeAgents", "cluster"],
       "properties": {
-        "image": {"type": "string", "minLength": 1, "pattern": "^\\S+$"},
+        "global": {"type": "object"},
+        "image": {"type": "string", "minLength": 1, "pattern": "^[^\\s\"\\\\]+$"},
         "imagePullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
         "logLevel": {"enum": ["error", "warn", "info", "debug", "trace"]},
         "ownNodePolicy": {"type": "boolean"},
