@@ -46,7 +46,9 @@ const ALERTS: [Alert; 8] = [
     ),
     (
         "NodekeeperUpgradeFailed",
-        "sum by (reason) (increase(nodekeeper_events_total{kind=\"UpgradePlan\",type=\"Warning\"}[30m])) > 0",
+        // A reason's first event creates its series at 1, which increase()
+        // does not see: a series 30 minutes old or younger counts too.
+        "sum by (reason) ((nodekeeper_events_total{kind=\"UpgradePlan\",type=\"Warning\"} unless nodekeeper_events_total{kind=\"UpgradePlan\",type=\"Warning\"} offset 30m) or increase(nodekeeper_events_total{kind=\"UpgradePlan\",type=\"Warning\"}[30m])) > 0",
         "0s",
         "warning",
         "An UpgradePlan reported a failure ({{ $labels.reason }})",
@@ -54,7 +56,7 @@ const ALERTS: [Alert; 8] = [
     ),
     (
         "NodekeeperReplacementStalled",
-        "sum by (kind, reason) (increase(nodekeeper_events_total{kind=~\"NodeVersion|ScalingGroup|PendingNode|JoiningNode\",type=\"Warning\"}[30m])) > 0",
+        "sum by (kind, reason) ((nodekeeper_events_total{kind=~\"NodeVersion|ScalingGroup|PendingNode|JoiningNode\",type=\"Warning\"} unless nodekeeper_events_total{kind=~\"NodeVersion|ScalingGroup|PendingNode|JoiningNode\",type=\"Warning\"} offset 30m) or increase(nodekeeper_events_total{kind=~\"NodeVersion|ScalingGroup|PendingNode|JoiningNode\",type=\"Warning\"}[30m])) > 0",
         "0s",
         "warning",
         "Node replacement reported a problem ({{ $labels.kind }} {{ $labels.reason }})",
@@ -70,7 +72,8 @@ const ALERTS: [Alert; 8] = [
     ),
     (
         "NodekeeperNotReady",
-        "nodekeeper_ready == 0",
+        // A standby replica lists nothing until it leads.
+        "nodekeeper_ready == 0 unless on (instance) (nodekeeper_leader == 0)",
         "5m",
         "warning",
         "nodekeeper on {{ $labels.node }}{{ $labels.instance }} has not listed its watches",
