@@ -87,7 +87,9 @@
 //!   and command; a host path under `--host-root` resolves every symlink
 //!   inside that root (`effects::host::in_root`: the kernel would follow
 //!   `/var/run -> /run` from the container's root). [`effects::provider`] runs the provider plugin (one JSON
-//!   request, one answer, a timeout, every failure one line); `objects.rs`
+//!   request, one answer, a timeout, every failure one line);
+//!   [`effects::prometheus`] asks a gate's Prometheus for its active alerts
+//!   (plain HTTP, a deadline, every failure one line); `objects.rs`
 //!   writes Constellation's kinds and the autoscaler Deployment untyped.
 //! - `service/`: wiring the loop ([`service::run`]). Each file imports
 //!   only from those listed before it:
@@ -103,7 +105,9 @@
 //!   node), [`service::context`] (stores, the interpreter, per-node memory
 //!   and its pruning, the give-back of orphaned maintenances),
 //!   [`service::cluster`] (the cluster role's one scheduler, and the
-//!   per-object failure memory every pass reports through), one module per
+//!   per-object failure memory every pass reports through),
+//!   [`service::alerts`] (Prometheus's answers for alert gates, asked in the
+//!   background so no pass waits on Prometheus), one module per
 //!   feature's half in the loop ([`service::reboots`], [`service::upgrades`],
 //!   [`service::mutex`], [`service::replace`]: each the cluster role's pass
 //!   over its objects and, for reboots and upgrades, the node role's own

@@ -240,13 +240,14 @@ pub struct PrometheusGate {
     #[x_kube(validation = Rule::new(PROMETHEUS_URL_RULE).message("gates.prometheus.url must be an http:// URL with a host, an optional port and path, e.g. http://prometheus.monitoring:9090 (https is not supported)"))]
     #[schemars(length(max = 512))]
     pub url: String,
-    /// Only alerts whose name matches this regular expression hold
-    /// admissions (default: every alert).
+    /// Only alerts whose name matches this regular expression (anywhere in
+    /// the name, as kured's; `^…$` for the whole name) hold admissions
+    /// (default: every alert).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub alerts: Option<String>,
-    /// Alerts whose name matches this regular expression never hold
-    /// admissions (kured's `--alert-filter-regexp`).
+    /// Alerts whose name matches this regular expression (anywhere in the
+    /// name) never hold admissions (kured's `--alert-filter-regexp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub ignore_alerts: Option<String>,

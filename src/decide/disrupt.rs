@@ -92,7 +92,8 @@ pub enum Alerts {
 }
 
 /// The alerts that hold admissions under `gate`, names sorted and
-/// deduplicated; `Err` when Prometheus's answer is not known (an unknown
+/// deduplicated. A pattern matches anywhere in a name, as kured's do
+/// (anchor it with `^…$` for the whole name); `Err` when Prometheus's answer is not known (an unknown
 /// answer holds admissions, as in kured) or a pattern is not a regular
 /// expression.
 pub fn blocking_alerts(
@@ -102,7 +103,7 @@ pub fn blocking_alerts(
     let pattern = |field: &str, p: &Option<String>| -> Result<Option<regex::Regex>, String> {
         p.as_deref()
             .map(|p| {
-                regex::Regex::new(&format!("^(?:{p})$"))
+                regex::Regex::new(p)
                     .map_err(|e| format!("gates.prometheus.{field}: not a regular expression: {e}"))
             })
             .transpose()

@@ -76,21 +76,26 @@ pub async fn active_alerts(url: &str, deadline: Duration) -> Result<Vec<(String,
 
 /// The alerts in an HTTP answer to `/api/v1/alerts`.
 fn parse(raw: &[u8]) -> Result<Vec<(String, String)>, String> {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("not an HTTP answer")?;
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("not an HTTP answer")?;
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let body = &raw[end + 4..];
     let status = head.lines().next().unwrap_or_default();
     if status.split(' ').nth(1).is_none_or(|c| c != "200") {
         return Err(format!("answered {status:?}"));
     }
+    // Chunks count bytes: undone before the text is decoded.
     let body = if head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
         dechunk(body).ok_or("a broken chunked answer")?
     } else {
-        body.to_string()
+        body.to_vec()
     };
-    let v: Value = serde_json::from_str(&body)
+    let v: Value = serde_json::from_slice(&body)
         .map_err(|e| format!("the answer is not Prometheus's JSON: {e}"))?;
     let alerts = v["data"]["alerts"]
         .as_array()
@@ -106,15 +111,17 @@ fn parse(raw: &[u8]) -> Result<Vec<(String, String)>, String> {
         .collect())
 }
 
-fn dechunk(mut rest: &str) -> Option<String> {
-    let mut out = String::new();
+fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
     loop {
-        let (size, after) = rest.split_once("\r\n")?;
+        let line = rest.windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&rest[..line]).ok()?;
         let n = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        let after = &rest[line + 2..];
         if n == 0 {
             return Some(out);
         }
-        out.push_str(after.get(..n)?);
+        out.extend_from_slice(after.get(..n)?);
         rest = after.get(n + 2..)?;
     }
 }

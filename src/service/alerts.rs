@@ -3,7 +3,8 @@
 //! Prometheus (a Prometheus that hangs must not hold up every other
 //! feature's admissions). A question is asked when the last answer is
 //! older than [`EVERY`], bounded by [`DEADLINE`]; while one is out the pass
-//! looks again soon, so the first answer is used within about a second.
+//! looks again soon, so the first answer is used within about a second, and
+//! an answer older than both counts as not known (it admits nothing).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -67,7 +68,16 @@ impl AlertCache {
                 .asked
                 .map_or(SOON, |t| EVERY.saturating_sub(t.elapsed()).max(SOON))
         };
-        (entry.answer.clone(), again)
+        // An old answer admits nothing: a quiet cluster's first pass in
+        // minutes would otherwise admit on what Prometheus said then.
+        let answer = match entry.asked.map(|t| t.elapsed()) {
+            Some(age) if age > EVERY + DEADLINE => Alerts::Unknown(format!(
+                "asking Prometheus again (its last answer is {} s old)",
+                age.as_secs()
+            )),
+            _ => entry.answer.clone(),
+        };
+        (answer, again)
     }
 
     /// Forget URLs no gate names any more.

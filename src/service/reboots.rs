@@ -53,15 +53,10 @@ async fn reconcile_policy(
     failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
-    // Prometheus's last answer (asked in the background), and, while a
-    // node waits on it, when to look again.
+    // Prometheus's last answer (asked in the background), and when to look
+    // again: alerts come and go without an event to wake the pass.
     let gate = policy.spec.gates.prometheus.as_ref();
     let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
-    let on_alert = policy.status.as_ref().is_some_and(|s| {
-        s.nodes
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(reboot::WAIT_ALERT))
-    });
     let plan = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -97,11 +92,7 @@ async fn reconcile_policy(
         crate::decide::Then::Wait(d) => d,
         crate::decide::Then::Again => Some(Duration::from_millis(100)),
     };
-    Ok(if on_alert {
-        crate::decide::earliest(wake, again)
-    } else {
-        wake
-    })
+    Ok(crate::decide::earliest(wake, again))
 }
 
 /// Metrics from what a policy's effects did: admissions, outcomes, reboot

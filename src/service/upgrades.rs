@@ -54,15 +54,10 @@ async fn reconcile_plan(
     failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
-    // Prometheus's last answer (asked in the background), and, while a
-    // node waits on it, when to look again.
+    // Prometheus's last answer (asked in the background), and when to look
+    // again: alerts come and go without an event to wake the pass.
     let gate = plan.spec.gates.prometheus.as_ref();
     let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
-    let on_alert = plan.status.as_ref().is_some_and(|s| {
-        s.nodes
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(upgrade::WAIT_ALERT))
-    });
     let plan_fx = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -107,11 +102,7 @@ async fn reconcile_plan(
         crate::decide::Then::Wait(d) => d,
         crate::decide::Then::Again => Some(Duration::from_millis(100)),
     };
-    Ok(if on_alert {
-        crate::decide::earliest(wake, again)
-    } else {
-        wake
-    })
+    Ok(crate::decide::earliest(wake, again))
 }
 
 /// Node role: run the own node's upgrade command (in the background) or
