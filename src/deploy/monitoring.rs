@@ -102,57 +102,90 @@ fn groups() -> Value {
     json!([{"name": "nodekeeper", "rules": rules}])
 }
 
-/// The dashboard's panels: title, query, legend.
-const PANELS: [(&str, &str, &str); 10] = [
+/// The dashboard's panels: a title, and each query with its legend (one
+/// target each: series of two queries joined by `or` with equal labels
+/// would hide the second).
+type Panel = (&'static str, &'static [(&'static str, &'static str)]);
+
+const PANELS: [Panel; 10] = [
     (
         "NodeMaintenances by phase",
-        "max by (phase) (nodekeeper_nodemaintenances)",
-        "{{phase}}",
+        &[("max by (phase) (nodekeeper_nodemaintenances)", "{{phase}}")],
     ),
     (
         "Drains past their deadline",
-        "max by (node, nodemaintenance) (nodekeeper_maintenance_drain_overdue)",
-        "{{node}} {{nodemaintenance}}",
+        &[(
+            "max by (node, nodemaintenance) (nodekeeper_maintenance_drain_overdue)",
+            "{{node}} {{nodemaintenance}}",
+        )],
     ),
     (
         "Reboots per hour",
-        "sum(increase(nodekeeper_reboots_verified_total[1h]))",
-        "verified",
+        &[(
+            "sum(increase(nodekeeper_reboots_verified_total[1h]))",
+            "verified",
+        )],
     ),
     (
         "Reboots failed, not returned",
-        "sum(increase(nodekeeper_reboots_failed_total[1h])) or max by (node) (nodekeeper_reboot_not_returned_nodes)",
-        "{{node}}",
+        &[
+            (
+                "sum(increase(nodekeeper_reboots_failed_total[1h]))",
+                "failed",
+            ),
+            (
+                "max by (node) (nodekeeper_reboot_not_returned_nodes)",
+                "not returned: {{node}}",
+            ),
+        ],
     ),
     (
         "Nodes needing a reboot, rebooting",
-        "max by (policy) (nodekeeper_reboot_needed_nodes) or max by (policy) (nodekeeper_rebooting_nodes)",
-        "{{policy}}",
+        &[
+            (
+                "max by (policy) (nodekeeper_reboot_needed_nodes)",
+                "needing: {{policy}}",
+            ),
+            (
+                "max by (policy) (nodekeeper_rebooting_nodes)",
+                "rebooting: {{policy}}",
+            ),
+        ],
     ),
     (
         "Reboot duration p90 (admission to verified)",
-        "histogram_quantile(0.9, sum by (le) (rate(nodekeeper_reboot_duration_seconds_bucket[1h])))",
-        "p90",
+        &[(
+            "histogram_quantile(0.9, sum by (le) (rate(nodekeeper_reboot_duration_seconds_bucket[1h])))",
+            "p90",
+        )],
     ),
     (
         "Evictions per second",
-        "sum(rate(nodekeeper_pod_evictions_total[5m])) or sum(rate(nodekeeper_pod_eviction_refusals_total[5m]))",
-        "evictions",
+        &[
+            ("sum(rate(nodekeeper_pod_evictions_total[5m]))", "evicted"),
+            (
+                "sum(rate(nodekeeper_pod_eviction_refusals_total[5m]))",
+                "refused",
+            ),
+        ],
     ),
     (
         "API requests per second",
-        "sum by (verb) (rate(nodekeeper_api_requests_total[5m]))",
-        "{{verb}}",
+        &[(
+            "sum by (verb) (rate(nodekeeper_api_requests_total[5m]))",
+            "{{verb}}",
+        )],
     ),
     (
         "Objects held in watch caches",
-        "sum by (kind) (nodekeeper_watched_objects)",
-        "{{kind}}",
+        &[("sum by (kind) (nodekeeper_watched_objects)", "{{kind}}")],
     ),
     (
         "Ready agents, leader",
-        "sum(nodekeeper_ready) or max(nodekeeper_leader)",
-        "ready",
+        &[
+            ("sum(nodekeeper_ready)", "ready"),
+            ("max(nodekeeper_leader)", "leader"),
+        ],
     ),
 ];
 
@@ -160,11 +193,16 @@ fn dashboard() -> Value {
     let panels: Vec<Value> = PANELS
         .iter()
         .enumerate()
-        .map(|(i, (title, expr, legend))| {
+        .map(|(i, (title, queries))| {
+            let targets: Vec<Value> = queries
+                .iter()
+                .zip(["A", "B"])
+                .map(|((expr, legend), id)| json!({"refId": id, "expr": expr, "legendFormat": legend}))
+                .collect();
             json!({"id": i + 1, "type": "timeseries", "title": title,
                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
                    "gridPos": {"h": 8, "w": 12, "x": (i % 2) * 12, "y": (i / 2) * 8},
-                   "targets": [{"refId": "A", "expr": expr, "legendFormat": legend}]})
+                   "targets": targets})
         })
         .collect();
     json!({"title": "nodekeeper", "uid": "nodekeeper", "schemaVersion": 39,
