@@ -115,18 +115,7 @@ impl World {
     }
 
     async fn wait_running(&self, selector: &str, n: usize) -> Vec<Pod> {
-        wait_for(&format!("{n} running pods {selector}"), LONG, || async {
-            let pods: Vec<Pod> = self
-                .env
-                .pods(selector)
-                .await
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .collect();
-            (pods.len() == n).then_some(pods)
-        })
-        .await
+        self.env.wait_running(selector, n).await
     }
 
     async fn pdb(&self, name: &str, app: &str, min_available: i32) {

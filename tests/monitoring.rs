@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
@@ -278,26 +277,7 @@ fn alerts_fire_and_resolve_in_a_real_prometheus() {
     let began = Instant::now();
     let nm_name = format!("{}-stuck", env.id);
     block_on(async {
-        let mut dep = env.deployment("pinned", 1);
-        if let Some(pod) = dep.spec.template.spec.as_mut() {
-            pod.node_selector =
-                Some([("kubernetes.io/hostname".to_string(), stuck.clone())].into());
-        }
-        Api::<Deployment>::namespaced(env.client.clone(), &env.ns)
-            .create(&PostParams::default(), &dep)
-            .await
-            .expect("deployment");
-        wait_for("the pinned pod running", LONG, || async {
-            let pods = env.pods("app=pinned").await;
-            pods.iter()
-                .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .then_some(())
-        })
-        .await;
-        Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.ns)
-            .create(&PostParams::default(), &env.pdb("pinned", "pinned", 1))
-            .await
-            .expect("pdb");
+        env.blocking_pod_on("pinned", stuck).await;
         Api::<NodeMaintenance>::all(env.client.clone())
             .create(
                 &PostParams::default(),

@@ -60,16 +60,7 @@ async fn run(role: &str) {
         .create(&PostParams::default(), &env.deployment("web", 2))
         .await
         .expect("deploy");
-    wait_for("2 pods running", LONG, || async {
-        let running = env
-            .pods("app=web")
-            .await
-            .into_iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .count();
-        (running == 2).then_some(())
-    })
-    .await;
+    env.wait_running("app=web", 2).await;
     let b = env.add_node("b").await;
     env.wait_node_ready(&b).await;
     // No eviction allowed until the test says so: the drain stays in progress.
@@ -127,15 +118,7 @@ async fn run(role: &str) {
     let mut agent = if role == "node" {
         Agent::start(&["run", "--node", &a])
     } else {
-        let selector = format!("{}={}", support::GROUP_LABEL, env.id);
-        Agent::start(&[
-            "run",
-            "--all-nodes",
-            "--node-selector",
-            &selector,
-            "--leader-namespace",
-            &env.ns,
-        ])
+        support::machines::cluster_role(&env, &[])
     };
     let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
     let name = format!("{}-m", env.id);

@@ -9,14 +9,13 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, Phase};
 use serde_json::json;
 use support::machines::*;
-use support::{Agent, TestEnv, block_on, install_crds, wait_for};
+use support::{Agent, TestEnv, block_on, install_crds};
 
 /// The cluster role, restarted whenever it exits (as its Deployment would
 /// be): leadership lost while the API server is away ends the process.
@@ -99,28 +98,7 @@ fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reb
     ));
     // n1 gets a pod its PodDisruptionBudget will not let go of: its drain
     // stalls until the budget is removed.
-    block_on(async {
-        let mut d: Deployment = env.deployment("pinned", 1);
-        if let Some(spec) = d.spec.template.spec.as_mut() {
-            spec.node_selector =
-                Some([("kubernetes.io/hostname".to_string(), names[1].clone())].into());
-        }
-        Api::<Deployment>::namespaced(env.client.clone(), &env.ns)
-            .create(&PostParams::default(), &d)
-            .await
-            .expect("creating the pinned deployment");
-        Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.ns)
-            .create(&PostParams::default(), &env.pdb("pinned", "pinned", 1))
-            .await
-            .expect("creating the PDB");
-        wait_for("the pinned pod running", LONG, || async {
-            let pods = env.pods("app=pinned").await;
-            pods.iter()
-                .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .then_some(())
-        })
-        .await;
-    });
+    block_on(env.blocking_pod_on("pinned", &names[1]));
     for n in &names[1..] {
         fleet.start_agent(n);
     }

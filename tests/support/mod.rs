@@ -290,6 +290,48 @@ impl TestEnv {
             .expect("listing pods")
             .items
     }
+
+    /// Wait until exactly `n` pods matching `selector` run (and are not
+    /// being deleted); returns them.
+    pub async fn wait_running(&self, selector: &str, n: usize) -> Vec<Pod> {
+        wait_for(
+            &format!("{n} running pods {selector}"),
+            Duration::from_secs(60),
+            || async {
+                let pods: Vec<Pod> = self
+                    .pods(selector)
+                    .await
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .collect();
+                (pods.len() == n).then_some(pods)
+            },
+        )
+        .await
+    }
+
+    /// One pod of Deployment `name` pinned to `node`, with a
+    /// PodDisruptionBudget that lets none go: a drain of that node stalls
+    /// until the budget is removed. Returns once the pod runs.
+    pub async fn blocking_pod_on(&self, name: &str, node: &str) {
+        let mut d = self.deployment(name, 1);
+        if let Some(spec) = d.spec.template.spec.as_mut() {
+            spec.node_selector =
+                Some([("kubernetes.io/hostname".to_string(), node.to_string())].into());
+        }
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("creating the pinned deployment");
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &self.pdb(name, name, 1))
+            .await
+            .expect("creating the PDB");
+        self.wait_running(&format!("app={name}"), 1).await;
+    }
 }
 
 impl Drop for TestEnv {
