@@ -64,7 +64,10 @@
 //!   the earlier one reports a second). [`decide::node_conditions`]: the
 //!   KEP-5683 Node lifecycle conditions (MaintenanceInProgress,
 //!   DrainInProgress, Drained) the NodeMaintenance life publishes for
-//!   every disruption, withdrawn before the uncordon.
+//!   every disruption, withdrawn before the uncordon, and
+//!   MaintenancePlanned (`planned.rs`), which the cluster role alone
+//!   publishes from every feature's records (waiting reboots and
+//!   upgrades, outdated nodes to replace).
 //!   [`decide::disrupt`] (node facts admissions read, the NodeMaintenance a
 //!   feature takes a node with, orphans) and [`decide::jobs`] (env appended,
 //!   kept off the node, a Job's state). `decide/mod.rs` holds the closed
@@ -105,7 +108,8 @@
 //!   node), [`service::context`] (stores, the interpreter, per-node memory
 //!   and its pruning, the give-back of orphaned maintenances),
 //!   [`service::cluster`] (the cluster role's one scheduler, and the
-//!   per-object failure memory every pass reports through),
+//!   per-object failure memory every pass reports through; its last step,
+//!   [`service::planned`], publishes MaintenancePlanned),
 //!   [`service::alerts`] (Prometheus's answers for alert gates, asked in the
 //!   background so no pass waits on Prometheus), one module per
 //!   feature's half in the loop ([`service::reboots`], [`service::upgrades`],

@@ -254,3 +254,198 @@ fn a_node_agent_publishes_the_lifecycle_conditions_of_its_maintenance() {
 fn the_cluster_role_publishes_the_lifecycle_conditions_of_a_maintenance() {
     block_on(run("cluster"));
 }
+
+/// `MaintenancePlanned`, from the cluster role's pass, as an independent
+/// watch of the group's nodes sees it: three nodes need a reboot, one at
+/// a time; the ones waiting for their turn say `MaintenancePlanned=True`
+/// naming the policy before the maintenance of their reboot begins; a
+/// rebooted node says it no more; a paused node stays planned until its
+/// policy is deleted, then says `False` too.
+#[test]
+fn nodes_waiting_for_their_reboot_say_maintenance_planned() {
+    use nodekeeper::api::reboot::{RebootPhase, RebootPolicy};
+    use support::machines::{
+        Fleet, annotate, create_policy, nodes as fleet_nodes, settled, wait_phase,
+    };
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("kep-planned").await;
+        let names = fleet_nodes(&mut env, 3).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let fluo = "flatcar-linux-update.v1.flatcar-linux.net/";
+    // Per node, every distinct (MaintenancePlanned, MaintenanceInProgress)
+    // it was seen with, in order, as `status/reason|message`.
+    type Timeline = BTreeMap<String, Vec<(String, String)>>;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Timeline::new()));
+    let watch = {
+        let (seen, client, id) = (seen.clone(), env.client.clone(), env.id.clone());
+        smol::spawn(async_compat::Compat::new(async move {
+            let nodes = watcher(
+                Api::<Node>::all(client),
+                watcher::Config::default().labels(&format!("{}={id}", support::GROUP_LABEL)),
+            );
+            let mut nodes = std::pin::pin!(nodes);
+            while let Some(ev) = nodes.next().await {
+                let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev else {
+                    continue;
+                };
+                let said = |t: &str| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .find(|c| c.type_ == t)
+                        .map(|c| {
+                            format!(
+                                "{}/{}|{}",
+                                c.status,
+                                c.reason.as_deref().unwrap_or_default(),
+                                c.message.as_deref().unwrap_or_default()
+                            )
+                        })
+                        .unwrap_or_default()
+                };
+                let now = (said(MAINTENANCE_PLANNED), said(MAINTENANCE_IN_PROGRESS));
+                if let Ok(mut seen) = seen.lock() {
+                    let line = seen
+                        .entry(n.metadata.name.clone().unwrap_or_default())
+                        .or_default();
+                    if line.last() != Some(&now) {
+                        line.push(now);
+                    }
+                }
+            }
+        }))
+    };
+    block_on(async {
+        for n in &names {
+            annotate(
+                &env.client,
+                n,
+                &format!("{fluo}reboot-needed"),
+                Some("true"),
+            )
+            .await;
+        }
+        annotate(
+            &env.client,
+            &names[2],
+            &format!("{fluo}reboot-paused"),
+            Some("true"),
+        )
+        .await;
+    });
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        serde_json::json!({"budget": {"maxUnavailable": 1}}),
+    ));
+    let cluster = support::machines::cluster_role(&env, &[]);
+    let rebooted = &names[..2];
+    fleet.serve(rebooted, LONG * 2, || {
+        block_on(settled(&env.client, rebooted))
+    });
+    let planned_of = |node: &str| -> Option<String> {
+        let n = block_on(Api::<Node>::all(env.client.clone()).get(node)).ok()?;
+        n.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == MAINTENANCE_PLANNED)
+            .map(|c| {
+                format!(
+                    "{}/{}|{}",
+                    c.status,
+                    c.reason.unwrap_or_default(),
+                    c.message.unwrap_or_default()
+                )
+            })
+    };
+    // The paused node waits, planned, naming the policy and why.
+    block_on(wait_phase(
+        &env.client,
+        &policy,
+        &names[2],
+        RebootPhase::Waiting,
+    ));
+    let paused = block_on(wait_for("the paused node planned", LONG, || async {
+        planned_of(&names[2]).filter(|p| p.starts_with("True/RebootRequested|"))
+    }));
+    assert_eq!(
+        paused,
+        format!(
+            "True/RebootRequested|NodeMaintenance planned: RebootPolicy {policy} needs a reboot (Waiting: Paused)"
+        )
+    );
+    // Rebooted nodes are planned no more.
+    for n in rebooted {
+        block_on(wait_for(
+            "a rebooted node planned no more",
+            LONG,
+            || async {
+                planned_of(n)
+                    .is_none_or(|p| p.starts_with("False/NotPlanned|"))
+                    .then_some(())
+            },
+        ));
+    }
+    // The policy goes: its paused node is planned no more.
+    block_on(
+        Api::<RebootPolicy>::all(env.client.clone()).delete(&policy, &DeleteParams::default()),
+    )
+    .expect("delete policy");
+    block_on(wait_for(
+        "the paused node planned no more",
+        LONG,
+        || async { planned_of(&names[2]).filter(|p| p.starts_with("False/NotPlanned|")) },
+    ));
+    let mut cluster = cluster;
+    cluster.signal("TERM");
+    assert!(cluster.wait_exit(Duration::from_secs(15)).success());
+    drop(watch);
+
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    // One node waited for the other's reboot: it was seen planned, naming
+    // the policy, before its own maintenance began.
+    let waited = rebooted.iter().filter(|n| {
+        let line = seen.get(n.as_str()).cloned().unwrap_or_default();
+        let planned = line.iter().position(|(p, _)| {
+            p.starts_with(&format!(
+                "True/RebootRequested|NodeMaintenance planned: RebootPolicy {policy} needs a reboot"
+            ))
+        });
+        let began = line
+            .iter()
+            .position(|(_, m)| m.starts_with("True/RebootRequested|"));
+        matches!((planned, began), (Some(p), Some(b)) if p < b)
+    });
+    assert!(waited.count() >= 1, "{seen:#?}\n{}", cluster.log_text());
+    // Each rebooted node's maintenance was seen, and once it ended the
+    // node was never planned again.
+    for n in rebooted {
+        let line = seen.get(n.as_str()).cloned().unwrap_or_default();
+        let ended = line
+            .iter()
+            .rposition(|(_, m)| m.starts_with("True/RebootRequested|"))
+            .unwrap_or_else(|| panic!("{n}'s maintenance never seen: {seen:#?}"));
+        assert!(
+            line[ended + 1..]
+                .iter()
+                .all(|(p, _)| !p.starts_with("True/")),
+            "{n} planned again after its reboot: {seen:#?}"
+        );
+    }
+    // The paused node never began.
+    let line = seen.get(names[2].as_str()).cloned().unwrap_or_default();
+    assert!(
+        line.iter().all(|(_, m)| !m.starts_with("True/")),
+        "{seen:#?}"
+    );
+    assert!(
+        !cluster.log_text().contains("forbidden"),
+        "{}",
+        cluster.log_text()
+    );
+}

@@ -405,10 +405,12 @@ fn kureds_contract_reboots_each_machine_once_one_at_a_time() {
     let log = NodeLog::start(env.client.clone());
     let from = now_ms();
 
-    create_policy(&env, json!({}));
+    // Both sentinels before the policy: the agents look when it appears,
+    // so both needs reach the first pass and one machine waits its turn.
     for m in rebooting {
         needs_reboot(m);
     }
+    create_policy(&env, json!({}));
     for m in rebooting {
         wait_done(&env, &m.name);
     }
@@ -469,6 +471,29 @@ fn kureds_contract_reboots_each_machine_once_one_at_a_time() {
             m.name
         );
     }
+    // KEP-5683's MaintenancePlanned: the machine that waited said so
+    // before its reboot was asked for, and no machine said it after.
+    let planned = |m: &Machine| {
+        let asked = m.first_since("reboot-requested", from).unwrap_or_default();
+        let seen_planned = |s: &&realmachine::Seen| {
+            s.node == m.name
+                && s.lifecycle
+                    .contains("MaintenancePlanned=True/RebootRequested")
+        };
+        let before = seen.iter().filter(seen_planned).any(|s| s.ms < asked);
+        let after = seen.iter().filter(seen_planned).find(|s| s.ms > asked);
+        assert!(
+            after.is_none(),
+            "{}: planned after its reboot request: {after:?}",
+            m.name
+        );
+        before
+    };
+    let waited = rebooting.iter().filter(|m| planned(m)).count();
+    assert!(
+        waited >= 1,
+        "no machine said MaintenancePlanned while it waited: {seen:?}"
+    );
     assert_eq!(
         ms[1].count_since("down", from),
         0,

@@ -19,6 +19,10 @@
 //! its reason is one of [`OUR_REASONS`]: `kubectl drain`'s, an
 //! administrator's or another controller's are left alone then.
 //!
+//! `MaintenancePlanned` (a node a feature needs and has not begun on) is
+//! decided apart, in [`planned`], by the cluster role, which alone sees
+//! every feature's plan.
+//!
 //! The patch names only these condition types: Node conditions merge by
 //! `type`, so the kubelet's (Ready, pressure conditions) stay untouched.
 
@@ -30,8 +34,9 @@ use serde_json::{Value, json};
 pub use crate::api::nodemaintenance::{DRAIN_IN_PROGRESS, DRAINED, MAINTENANCE_IN_PROGRESS};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 
-/// The types this module writes, in the order they are patched
-/// (MaintenancePlanned, the KEP's fourth, is not published yet).
+/// The types a NodeMaintenance's life writes, in the order they are
+/// patched (MaintenancePlanned, the KEP's fourth, is the cluster role's:
+/// [`planned`]).
 pub const TYPES: [&str; 3] = [MAINTENANCE_IN_PROGRESS, DRAIN_IN_PROGRESS, DRAINED];
 
 pub const REASON_ADMIN: &str = "AdminRequested";
@@ -42,9 +47,9 @@ pub const REASON_FEATURE: &str = "MaintenanceRequested";
 pub const REASON_DRAIN_STARTED: &str = "DrainStarted";
 pub const REASON_DRAIN_COMPLETED: &str = "DrainCompleted";
 pub const REASON_ENDED: &str = "MaintenanceEnded";
-/// Every reason written here: a condition with one of them (and our
-/// message prefix) was set by nodekeeper.
-pub const OUR_REASONS: [&str; 8] = [
+/// Every reason written here and in [`planned`]: a condition with one of
+/// them (and our message prefix) was set by nodekeeper.
+pub const OUR_REASONS: [&str; 9] = [
     REASON_ADMIN,
     REASON_REBOOT,
     REASON_UPGRADE,
@@ -53,6 +58,7 @@ pub const OUR_REASONS: [&str; 8] = [
     REASON_DRAIN_STARTED,
     REASON_DRAIN_COMPLETED,
     REASON_ENDED,
+    planned::REASON_NOT_PLANNED,
 ];
 const MESSAGE_PREFIX: &str = "NodeMaintenance ";
 
@@ -216,5 +222,6 @@ pub fn patch(node: &Node, wanted: &[Wanted], now: Timestamp) -> Option<Value> {
     (!changed.is_empty()).then(|| json!({ "status": { "conditions": changed } }))
 }
 
+pub mod planned;
 #[cfg(test)]
 mod tests;

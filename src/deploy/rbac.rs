@@ -66,7 +66,7 @@ pub const GRANTS: [Grant; 27] = [
         group: "",
         resource: "nodes/status",
         verbs: &["patch"],
-        why: "publish the Node lifecycle conditions (KEP-5683: MaintenanceInProgress, DrainInProgress, Drained); the agent's confined to its node's",
+        why: "publish the Node lifecycle conditions (KEP-5683: MaintenanceInProgress, DrainInProgress, Drained; the cluster role also MaintenancePlanned); the agent's confined to its node's",
     },
     Grant {
         feature: MAINTENANCE,

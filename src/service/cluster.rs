@@ -17,6 +17,8 @@
 //!   gets an event and a `Reconciled=False` condition naming the cause, is
 //!   retried with backoff (at once if it changes), and every other object
 //!   goes on.
+//! - **Last, MaintenancePlanned** (`planned.rs`): each node says whether a
+//!   feature waits to disrupt it, from the records the passes wrote.
 //!
 //! Replacement has its own task (`replace.rs`): provider calls may take
 //! their whole timeout and must not hold these passes up.
@@ -24,6 +26,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use kube::api::DynamicObject;
+use kube::runtime::reflector::Store;
 
 use super::context::Context;
 use super::failing::Subject;
@@ -33,13 +38,20 @@ use super::watch::run_passes;
 use crate::decide::earliest;
 
 /// Run passes until `kicks` closes ([`run_passes`]).
-pub fn start(ctx: Arc<Context>, mutex: Option<MutexStores>, kicks: smol::channel::Receiver<()>) {
+/// `versions`: the NodeVersions, where replacement runs (their outdated
+/// nodes are planned, see `planned.rs`).
+pub fn start(
+    ctx: Arc<Context>,
+    mutex: Option<MutexStores>,
+    versions: Option<Store<DynamicObject>>,
+    kicks: smol::channel::Receiver<()>,
+) {
     crate::runtime::spawn(async move {
         ctx.synced.wait().await;
-        let (ctx, mutex) = (&*ctx, mutex.as_ref());
+        let (ctx, mutex, versions) = (&*ctx, mutex.as_ref(), versions.as_ref());
         run_passes(&ctx.effects.gate, &kicks, move || async move {
             let started = Instant::now();
-            let wake = pass(ctx, mutex).await;
+            let wake = pass(ctx, mutex, versions).await;
             metrics::observe_work(metrics::Timed::ClusterPass, started.elapsed());
             metrics::progress();
             wake
@@ -49,8 +61,13 @@ pub fn start(ctx: Arc<Context>, mutex: Option<MutexStores>, kicks: smol::channel
     .detach();
 }
 
-/// One pass: each feature decides for each of its objects.
-async fn pass(ctx: &Context, mutex: Option<&MutexStores>) -> Option<Duration> {
+/// One pass: each feature decides for each of its objects, then the
+/// nodes say what the features plan (MaintenancePlanned).
+async fn pass(
+    ctx: &Context,
+    mutex: Option<&MutexStores>,
+    versions: Option<&Store<DynamicObject>>,
+) -> Option<Duration> {
     metrics::inc(&metrics::COUNTERS.cluster_passes);
     ctx.prune_cluster(&live(ctx, mutex));
     let (policies, plans) = (ctx.policies.state(), ctx.plans.state());
@@ -70,7 +87,7 @@ async fn pass(ctx: &Context, mutex: Option<&MutexStores>) -> Option<Duration> {
     if let Some(m) = mutex {
         wake = earliest(wake, super::mutex::pass(ctx, m).await);
     }
-    wake
+    earliest(wake, super::planned::pass(ctx, versions).await)
 }
 
 /// The keys of every object a pass decides for (what its per-object memory

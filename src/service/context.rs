@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::api::pod::Pod;
 use k8s_openapi::api::core::v1::Node;
@@ -84,6 +84,9 @@ pub struct Context {
     pub agent: Mutex<(String, crate::decide::claim::Claim)>,
     /// Cluster role: Prometheus's answers for the features' alert gates.
     pub alerts: super::alerts::AlertCache,
+    /// Cluster role: nodes whose `MaintenancePlanned` write was refused,
+    /// and until when none is tried again (see `planned.rs`).
+    pub planned_refused: Mutex<HashMap<String, Instant>>,
 }
 
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -140,6 +143,7 @@ impl Context {
             failing: Failing::default(),
             anchor,
             alerts: Default::default(),
+            planned_refused: Default::default(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,
             memory: Mutex::default(),

@@ -21,6 +21,7 @@ pub mod failing;
 pub mod fresh;
 pub mod metrics;
 pub mod mutex;
+pub mod planned;
 pub mod reboots;
 pub mod reconcile;
 pub mod replace;
@@ -185,6 +186,7 @@ pub async fn run(
     // they read kicks them. The node role has neither.
     let cluster_role = matches!(scope, Scope::AllNodes { .. });
     let (kick, kicks) = watch::Kick::new();
+    let planned_kick = kick.clone();
     let (replace_kick, replace_kicks) = watch::Kick::new();
     let (anchor_kick, anchor_kicks) = watch::Kick::new();
     let (plans, plan_writer) = reflector::store::<UpgradePlan>();
@@ -378,7 +380,8 @@ pub async fn run(
         jobs: ctx.jobs.clone(),
     });
     if cluster_role {
-        cluster::start(ctx.clone(), mutex_stores, kicks);
+        let versions = replace_stores.as_ref().map(|r| r.stores.versions.clone());
+        cluster::start(ctx.clone(), mutex_stores, versions, kicks);
         replace::start_task(ctx.clone(), replace_stores, replace_kicks);
     }
 
@@ -444,7 +447,10 @@ pub async fn run(
             None::<ObjectRef<Node>>
         }))
         .reconcile_on(replace_events.filter_map(move |_| {
+            // The scheduler's pass publishes MaintenancePlanned from the
+            // NodeVersions' outdated nodes too.
             replace_kick.kick();
+            planned_kick.kick();
             None::<ObjectRef<Node>>
         }))
         // Work found outside the controller for NodeMaintenances no agent

@@ -19,7 +19,8 @@
 //! policy that admits a node is the oldest that selects it; a node gets at
 //! most one reboot command per boot, and none while a person has paused
 //! it or withdrawn its need; and once every policy is gone, every node is
-//! given back (no feature NodeMaintenance, nothing cordoned).
+//! given back (no feature NodeMaintenance, nothing cordoned, nothing
+//! planned: `worlds/planned.rs`).
 //!
 //! The generator is a seeded xorshift, not a crate: a failing case prints
 //! its seed, and `NODEKEEPER_WORLD_SEED=N` replays it.
@@ -34,6 +35,7 @@ use crate::api::upgrade::UpgradePlan;
 use crate::decide::Outcome;
 
 mod people;
+mod planned;
 mod upgrades;
 
 /// How many worlds, and steps in each.
@@ -62,6 +64,8 @@ struct World {
     upgrades: BTreeMap<(String, String, String), u32>,
     /// What the run did, for the message of a broken invariant.
     trace: Vec<String>,
+    /// MaintenancePlanned writes: (True, False).
+    planned_writes: (usize, usize),
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -182,6 +186,7 @@ impl World {
             nms: Vec::new(),
             commands: BTreeMap::new(),
             trace: Vec::new(),
+            planned_writes: (0, 0),
         }
     }
 
@@ -487,6 +492,7 @@ impl World {
             }
         }
         self.people();
+        self.admin_plans();
         self.stale = self
             .policies
             .iter()
@@ -505,11 +511,13 @@ impl World {
     }
 
     fn step(&mut self) {
-        // 0: a policy's pass, 1: a plan's, 2: a node's agent.
+        // 0: a policy's pass, 1: a plan's, 2: a node's agent, 3: the
+        // MaintenancePlanned pass.
         let mut actors: Vec<(u8, usize)> = (0..self.policies.len())
             .map(|i| (0, i))
             .chain((0..self.plans.len()).map(|i| (1, i)))
             .chain((0..self.nodes.len()).map(|i| (2, i)))
+            .chain(std::iter::once((3, 0)))
             .collect();
         // Fisher-Yates: a random interleaving of the cluster role's
         // decisions and the agents'.
@@ -522,7 +530,8 @@ impl World {
                 0 => self.cluster(i),
                 1 if i < self.plans.len() => self.plan_pass(i),
                 1 => {}
-                _ => self.agent(i),
+                2 => self.agent(i),
+                _ => self.planned_pass(),
             }
         }
         self.settle();
@@ -565,6 +574,7 @@ fn random_worlds_keep_one_owner_budgets_one_reboot_per_boot_and_give_every_node_
                     .all(|n| !crate::decide::disrupt::unschedulable(n)),
                 "a node left cordoned"
             );
+            w.assert_nothing_planned();
         }));
         if let Err(e) = run {
             let why = e

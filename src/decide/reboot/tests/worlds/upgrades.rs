@@ -237,6 +237,8 @@ pub(super) fn is_upgrade(e: &Effect) -> bool {
 /// their command could not run (the worlds must exercise both).
 pub(super) fn tally(w: &World, totals: &mut BTreeMap<&'static str, usize>) {
     *totals.entry("upgrade commands").or_default() += w.upgrades.len();
+    *totals.entry("MaintenancePlanned=True writes").or_default() += w.planned_writes.0;
+    *totals.entry("MaintenancePlanned=False writes").or_default() += w.planned_writes.1;
     *totals.entry("nodes that cannot run").or_default() += w
         .nodes
         .iter()
