@@ -229,10 +229,12 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
         );
 
         // 5. No webhook answering: the API server admits (Ignore), and the
-        // status path fails the object with the same message.
+        // status path fails the object with the same message (the cluster
+        // role's: an agent sees only its own node's objects).
         agent.signal("TERM");
         agent.wait_exit(Duration::from_secs(20));
         let _plain = Agent::start(&["run", "--node", &worker]);
+        let _cluster = support::machines::cluster_role(&env, &["--node-agents"]);
         let admitted = format!("{}-fallback", env.id);
         create(&admitted, &ghost).expect("admitted with no webhook answering");
         let nms: Api<NodeMaintenance> = Api::all(env.client.clone());

@@ -201,6 +201,7 @@ fn every_bad_object_is_refused_or_reported_and_touches_no_node() {
     let provider = cloud.command.display().to_string();
     let mut users = Vec::new();
     let mut agents = Vec::new();
+    let started = audit_offset();
     for n in &nodes {
         let (kubeconfig, user) = audited_identity();
         agents.push(Agent::start_with(
@@ -234,6 +235,31 @@ fn every_bad_object_is_refused_or_reported_and_touches_no_node() {
         Duration::from_secs(60),
         || async { cluster.log_text().contains("leading as").then_some(()) },
     ));
+    // Each agent lists and watches only the NodeMaintenances naming its
+    // node (the CRD's selectable spec.nodeName): what the rest of the
+    // cluster holds costs it nothing.
+    for ((who, user), n) in users.iter().zip(&nodes) {
+        let seen = block_on(support::wait_for(
+            &format!("the {who}'s NodeMaintenance watch in the audit log"),
+            Duration::from_secs(30),
+            || async {
+                let r: Vec<_> = requests_of(user, started)
+                    .into_iter()
+                    .filter(|r| r.resource == "nodemaintenances")
+                    .collect();
+                r.iter().any(|r| r.verb == "watch").then_some(r)
+            },
+        ));
+        let selector = format!("fieldSelector=spec.nodeName%3D{n}");
+        // Exempt: the start-up check that the CRD is served (one list of
+        // at most one object, every kind alike).
+        for r in seen.iter().filter(|r| !r.uri.ends_with("?&limit=1")) {
+            assert!(
+                r.uri.contains(&selector),
+                "{who}: a NodeMaintenance request without its node's field selector: {r:?}"
+            );
+        }
+    }
 
     let ours: BTreeSet<String> = entries
         .iter()

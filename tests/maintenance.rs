@@ -671,11 +671,15 @@ fn agent_killed_mid_drain_converges_after_restart() {
     })
 }
 
+/// A node agent sees only its own node's NodeMaintenances: one naming a
+/// node that does not exist is the cluster role's (here beside the agents,
+/// as the shipped manifests run it), which fails it with NMO's message.
 #[test]
 fn maintenance_for_a_missing_node_fails() {
     block_on(async {
         let mut w = world("missing", &["a"]).await;
         w.start_agents();
+        let _cluster = support::machines::cluster_role(&w.env, &["--node-agents"]);
         let name = w.nm_name("m");
         let ghost = format!("{}-ghost", w.env.id);
         w.maintain(&name, &ghost).await;

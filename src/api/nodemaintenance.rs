@@ -94,6 +94,9 @@ pub fn lease_name(node: &str) -> String {
     plural = "nodemaintenances",
     shortname = "nm",
     status = "NodeMaintenanceStatus",
+    // Node agents watch only their own node's objects
+    // (`fieldSelector=spec.nodeName=…`, Kubernetes ≥ 1.31).
+    selectable = ".spec.nodeName",
     doc = "NodeMaintenance puts a node into maintenance: cordoned, tainted and drained until the object is deleted.",
     printcolumn(
         name = "Node",

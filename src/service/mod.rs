@@ -236,9 +236,10 @@ pub async fn run(
             .touched_objects()
             .filter(|r| watch_ok(r, "pods"))
     };
+    let nm_wc = roles::maintenance_watch(&client, &scope).await;
     let nm_events = {
         let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
-        watcher(Api::<NodeMaintenance>::all(client.clone()), watch_config())
+        watcher(Api::<NodeMaintenance>::all(client.clone()), nm_wc)
             .backoff(WatchBackoff::default())
             .inspect(move |ev| order.note(ev))
             .reflect(nm_writer)

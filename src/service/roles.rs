@@ -11,7 +11,11 @@
 //! the node role, the first node by name in the cluster role.
 
 use kube::ResourceExt;
+use kube::api::ListParams;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+
+use super::watch::watch_config;
 
 use k8s_openapi::api::core::v1::Node;
 
@@ -95,6 +99,42 @@ pub fn equality_terms(selector: &str) -> Option<Vec<(String, String)>> {
             (!k.is_empty() && !k.ends_with('!')).then(|| (k.to_string(), v.to_string()))
         })
         .collect()
+}
+
+/// What the NodeMaintenance watch lists. The node role watches only the
+/// objects naming its node (`fieldSelector=spec.nodeName=<own>`, served
+/// where the CRD declares it selectable: Kubernetes ≥ 1.31 and this
+/// release's CRDs), so its watch costs the same in a 5-node and a
+/// 5 000-node cluster; the cluster role watches every one. Objects naming
+/// a node that has no agent are the cluster role's (`decide::foreign`,
+/// on its anchor node) or refused by the admission webhook.
+///
+/// Asked once at start-up: a server that refuses the selector (older
+/// CRDs or Kubernetes) gets the unfiltered watch and a warning saying
+/// what to apply; an answer that is no answer (the server unreachable)
+/// keeps the selector, which every server this release supports serves.
+pub async fn maintenance_watch(client: &kube::Client, scope: &Scope) -> watcher::Config {
+    let Scope::Node(own) = scope else {
+        return watch_config();
+    };
+    let selector = format!("spec.nodeName={own}");
+    let probe = kube::Api::<NodeMaintenance>::all(client.clone())
+        .list_metadata(&ListParams::default().fields(&selector).limit(1))
+        .await;
+    match probe {
+        Err(kube::Error::Api(e)) if e.code == 400 => {
+            log::warn!(
+                "the API server does not select NodeMaintenances by spec.nodeName ({}): this agent watches every NodeMaintenance in the cluster. Apply this release's CRDs (`nodekeeper crds | kubectl apply -f -`) on Kubernetes 1.31 or newer",
+                e.message
+            );
+            watch_config()
+        }
+        Err(e) => {
+            log::debug!("probing the NodeMaintenance field selector: {e}");
+            watch_config().fields(&selector)
+        }
+        Ok(_) => watch_config().fields(&selector),
+    }
 }
 
 /// The anchor node's name, if there is one yet.

@@ -16,8 +16,11 @@
 //! **Node role**: 100 agents, one process each, on the first 100 nodes:
 //! start to all ready, API requests over an idle minute (from the API
 //! server's audit log, which records only the bench identity), memory per
-//! agent, and the time for every node to be cordoned and drained when 100
-//! NodeMaintenances appear at once.
+//! agent, what 10 and then 100 NodeMaintenances on other nodes cost the
+//! agents (requests, CPU, objects held: an agent watches only its own
+//! node's), and the time for every node to be cordoned and drained when 100
+//! NodeMaintenances appear at once, with the NodeMaintenance watches
+//! reopened meanwhile.
 //!
 //! Sizes: `NODEKEEPER_SCALE_NODES` (1000), `NODEKEEPER_SCALE_PODS` (per
 //! node, 30), `NODEKEEPER_SCALE_AGENTS` (100), `NODEKEEPER_SCALE_IDLE`
@@ -46,6 +49,8 @@ use support::{
 const NAMESPACES: usize = 10;
 const CREATE_IN_FLIGHT: usize = 200;
 const CORDON_ROUNDS: usize = 3;
+/// How long the agents are watched while NodeMaintenances elsewhere appear.
+const ELSEWHERE_WINDOW: Duration = Duration::from_secs(5);
 
 fn setting(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -338,10 +343,50 @@ fn main() {
             ),
         );
 
+        // NodeMaintenances elsewhere in the cluster (on nodes no agent
+        // runs on): what they cost the agents. A node agent watches only
+        // its own node's, so 10 and 100 should cost the same: nothing.
+        let elsewhere: Vec<String> = node_names[agents_n..].to_vec();
+        for k in [10, 100] {
+            let k = k.min(elsewhere.len());
+            let audit_start = mark(&audit);
+            let cpu_start: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
+            let names: Vec<(String, String)> = elsewhere[..k]
+                .iter()
+                .map(|n| (format!("{id}-x{k}-{n}"), n.clone()))
+                .collect();
+            let nms: Api<NodeMaintenance> = Api::all(client.clone());
+            for (name, node) in &names {
+                nms.create(&PostParams::default(), &maintenance(name, node))
+                    .await
+                    .expect("creating a NodeMaintenance elsewhere");
+            }
+            // The window in which the agents would see them.
+            nodekeeper::runtime::sleep(ELSEWHERE_WINDOW).await;
+            let requests = audit_verbs_since(&audit, audit_start);
+            let cpu: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu_start;
+            let held = watched(ports[0], "nodemaintenances").unwrap_or(usize::MAX);
+            out.row(
+                &format!(
+                    "node role: {k} NodeMaintenances elsewhere, per agent in {} s",
+                    ELSEWHERE_WINDOW.as_secs()
+                ),
+                format!(
+                    "{:.2} requests, {:.1} ms CPU; an agent's store holds {held} NodeMaintenances",
+                    requests.values().sum::<usize>() as f64 / agents_n as f64,
+                    cpu * 1000.0 / agents_n as f64,
+                ),
+            );
+            for (name, _) in &names {
+                let _ = nms.delete(name, &DeleteParams::default()).await;
+            }
+        }
+
         // 100 NodeMaintenances at once.
         let audit_start = mark(&audit);
         let (cordoned, drained) = maintain_all(&client, &id, &owned, &selector).await;
         let requests = audit_verbs_since(&audit, audit_start);
+        let restarts = audit_count_since(&audit, audit_start, "watch", "nodemaintenances");
         out.row(
             &format!("node role: {agents_n} NodeMaintenances at once, cordoned p50 / p95 / all"),
             percentiles(&cordoned),
@@ -359,6 +404,10 @@ fn main() {
                 requests_text(&requests),
                 requests.values().sum::<usize>() as f64 / agents_n as f64
             ),
+        );
+        out.row(
+            "node role: NodeMaintenance watches (re)opened during those maintenances",
+            restarts.to_string(),
         );
         let peak = pids.iter().map(|p| rss_kib(*p, "VmHWM")).max().unwrap_or(0);
         out.row("node role: peak RSS of any agent", kib(peak));
@@ -472,6 +521,15 @@ async fn wait_ready(ports: &[u16], limit: Duration) {
     .await;
 }
 
+/// How many objects of `kind` the agent's store holds (its /metrics).
+fn watched(port: u16, kind: &str) -> Option<usize> {
+    let prefix = format!("nodekeeper_watched_objects{{kind=\"{kind}\"}} ");
+    let (_, body) = http_get(port, "/metrics")?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Wait until the agent's store of `kind` holds at least `n` objects.
 async fn wait_watched(port: u16, kind: &str, n: usize) {
     let prefix = format!("nodekeeper_watched_objects{{kind=\"{kind}\"}} ");
@@ -544,6 +602,20 @@ fn audit_verbs_since(audit: &Path, from: Mark) -> BTreeMap<String, usize> {
         *by_verb.entry(verb).or_insert(0) += 1;
     }
     by_verb
+}
+
+/// Distinct requests since `from` with this verb on this resource.
+fn audit_count_since(audit: &Path, from: Mark, verb: &str, resource: &str) -> usize {
+    let text = std::fs::read(audit).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[(from.offset as usize).min(text.len())..]).to_string();
+    let ids: std::collections::HashSet<String> = tail
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["verb"].as_str() == Some(verb))
+        .filter(|v| v["objectRef"]["resource"].as_str() == Some(resource))
+        .filter_map(|v| v["auditID"].as_str().map(str::to_string))
+        .collect();
+    ids.len()
 }
 
 fn requests_text(by_verb: &BTreeMap<String, usize>) -> String {
