@@ -291,7 +291,9 @@ pub fn decide(s: &Snapshot) -> Plan {
         return plan;
     }
     // 7. Heirs inherit labels; donors are drained once their heir is
-    // Ready, then deleted.
+    // Ready, then deleted. Every pair moves in the same round (each heir's
+    // labels go before its donor's drain, in order within the batch).
+    let mut fx = Vec::new();
     for heir in &c.heirs {
         let Some(donor) = c
             .donors
@@ -307,21 +309,23 @@ pub fn decide(s: &Snapshot) -> Plan {
             .map(|(k, v)| (*k, *v))
             .collect();
         if !missing.is_empty() {
-            return Plan::steps(vec![Effect::PatchNode {
+            fx.push(Effect::PatchNode {
                 node: heir.name_any(),
                 resource_version: heir.resource_version(),
                 patch: json!({ "metadata": { "labels": missing } }),
-            }])
-            .with(events);
+            });
         }
         if !ready(heir) {
             continue;
         }
         match retire(s, donor) {
-            Retire::Act(fx) => return Plan::steps(fx).with(events),
+            Retire::Act(more) => fx.extend(more),
             Retire::Wait(d) => wake = super::earliest(wake, d),
             Retire::Gone => {}
         }
+    }
+    if !fx.is_empty() {
+        return Plan::steps(fx).with(events);
     }
     // A heir whose donor is gone has inherited: it is up to date.
     let released: Vec<Effect> = c
@@ -350,13 +354,17 @@ pub fn decide(s: &Snapshot) -> Plan {
         Step::Wait(d) => wake = super::earliest(wake, d),
         Step::Idle => {}
     }
-    // 10. Obsolete nodes go.
+    // 10. Obsolete nodes go, all in one round.
+    let mut fx = Vec::new();
     for n in &c.obsolete {
         match retire(s, n) {
-            Retire::Act(fx) => return Plan::steps(fx).with(events),
+            Retire::Act(more) => fx.extend(more),
             Retire::Wait(d) => wake = super::earliest(wake, d),
             Retire::Gone => {}
         }
+    }
+    if !fx.is_empty() {
+        return Plan::steps(fx).with(events);
     }
     Plan::wait(wake).with(events)
 }

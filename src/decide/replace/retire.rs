@@ -44,42 +44,53 @@ pub(super) fn delete_pending(p: &PendingNode) -> Effect {
 }
 
 /// Each joined surge node pairs with an outdated node of its scaling group
-/// (by name, so the order is deterministic), or is obsolete when none is
-/// left. One pair per round.
+/// (mints and outdated nodes by name, so the order is deterministic), or
+/// is obsolete when none is left. Every joined node pairs in the same
+/// round: with maxSurge 3 a wave's three nodes pair at once instead of one
+/// per round, each round waiting for the watches and the provider.
 pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
-    let (mint, pn) = c.mints.first()?;
-    let group = pn
-        .spec
-        .group_id
-        .as_deref()
-        .unwrap_or_default()
-        .to_lowercase();
-    let mut outdated: Vec<&&Node> = c
-        .outdated
-        .iter()
-        .filter(|o| group_of(s, o).as_deref() == Some(group.as_str()))
-        .collect();
-    outdated.sort_by_key(|o| o.name_any());
-    Some(match outdated.first() {
-        Some(donor) => Plan::steps(vec![
-            set(mint, DONOR_ANNOTATION, &donor.name_any()),
-            set(donor, HEIR_ANNOTATION, &mint.name_any()),
-            delete_pending(pn),
-        ])
-        .info(format!(
-            "node {} replaces node {}",
-            mint.name_any(),
-            donor.name_any()
-        )),
-        None => Plan::steps(vec![
-            delete_pending(pn),
-            set(mint, OBSOLETE_ANNOTATION, "true"),
-        ])
-        .info(format!(
-            "node {} joined with nothing left to replace in its group: obsolete",
-            mint.name_any()
-        )),
-    })
+    let mut mints: Vec<&(&Node, &PendingNode)> = c.mints.iter().collect();
+    mints.sort_by_key(|(m, _)| m.name_any());
+    let mut taken: Vec<String> = Vec::new();
+    let (mut fx, mut lines) = (Vec::new(), Vec::new());
+    for (mint, pn) in mints {
+        let group = pn
+            .spec
+            .group_id
+            .as_deref()
+            .unwrap_or_default()
+            .to_lowercase();
+        let mut outdated: Vec<&&Node> = c
+            .outdated
+            .iter()
+            .filter(|o| group_of(s, o).as_deref() == Some(group.as_str()))
+            .filter(|o| !taken.contains(&o.name_any()))
+            .collect();
+        outdated.sort_by_key(|o| o.name_any());
+        match outdated.first() {
+            Some(donor) => {
+                taken.push(donor.name_any());
+                fx.extend([
+                    set(mint, DONOR_ANNOTATION, &donor.name_any()),
+                    set(donor, HEIR_ANNOTATION, &mint.name_any()),
+                    delete_pending(pn),
+                ]);
+                lines.push(format!(
+                    "node {} replaces node {}",
+                    mint.name_any(),
+                    donor.name_any()
+                ));
+            }
+            None => {
+                fx.extend([delete_pending(pn), set(mint, OBSOLETE_ANNOTATION, "true")]);
+                lines.push(format!(
+                    "node {} joined with nothing left to replace in its group: obsolete",
+                    mint.name_any()
+                ));
+            }
+        }
+    }
+    (!fx.is_empty()).then(|| Plan::steps(fx).info(lines.join("; ")))
 }
 
 /// Heirs whose donor does not name them back, and donors whose heir does

@@ -356,3 +356,80 @@ fn a_recorded_request_is_dropped_before_its_pending_node_pairs() {
         "{plan:?}"
     );
 }
+
+/// maxSurge 3: every joined node pairs in one round, each with its own
+/// donor, and every ready pair's donor is taken in one round (a round per
+/// pair made a surge-3 rollout 1.3 × its ideal).
+#[test]
+fn every_joined_node_pairs_and_every_ready_pair_moves_in_one_round() {
+    let mut w = World::new("img-2", 3);
+    w.nodes = vec![
+        node("a-old", "g", "img-1", &[]),
+        node("b-old", "g", "img-1", &[]),
+        node("c-old", "g", "img-1", &[]),
+        node("d-old", "g", "img-1", &[]),
+        node("new-1", "g", "img-2", &[]),
+        node("new-2", "g", "img-2", &[]),
+        node("new-3", "g", "img-2", &[]),
+    ];
+    w.pending = vec![
+        pending("new-2", "g", "Join", "Ready"),
+        pending("new-1", "g", "Join", "Ready"),
+        pending("new-3", "g", "Join", "Ready"),
+    ];
+    w.settle_status();
+    let plan = decide(&w.snap());
+    let pairs: Vec<String> = plan
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::PatchNode { node, patch, .. } => patch["metadata"]["annotations"]
+                [DONOR_ANNOTATION]
+                .as_str()
+                .map(|d| format!("{node}<-{d}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pairs, ["new-1<-a-old", "new-2<-b-old", "new-3<-c-old"]);
+    let deleted = plan
+        .effects
+        .iter()
+        .filter(|e| matches!(e, Effect::DeleteObject { .. }))
+        .count();
+    assert_eq!(deleted, 3, "each joined node's PendingNode: {plan:?}");
+
+    // Paired: both ready heirs' donors are taken in the same round.
+    w.nodes = vec![
+        node("a-old", "g", "img-1", &[(HEIR_ANNOTATION, "new-1")]),
+        node("b-old", "g", "img-1", &[(HEIR_ANNOTATION, "new-2")]),
+        node("new-1", "g", "img-2", &[(DONOR_ANNOTATION, "a-old")]),
+        node("new-2", "g", "img-2", &[(DONOR_ANNOTATION, "b-old")]),
+    ];
+    w.pending = vec![];
+    w.settle_status();
+    let plan = decide(&w.snap());
+    let taken: Vec<&str> = plan
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CreateMaintenance { nm } => Some(nm.spec.node_name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(taken, ["a-old", "b-old"], "{plan:?}");
+    // Both drained: both leave in one round.
+    w.maintenances = vec![
+        nm_for(&w, "a-old", Some(Phase::Succeeded)),
+        nm_for(&w, "b-old", Some(Phase::Succeeded)),
+    ];
+    let plan = decide(&w.snap());
+    let deleted: Vec<&str> = plan
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::DeleteNode { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["a-old", "b-old"], "{plan:?}");
+}
