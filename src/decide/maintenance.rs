@@ -374,12 +374,11 @@ pub fn decide(s: &Snapshot) -> Step {
             (pod.clone(), fate)
         })
         .collect();
-    if p.phase().is_none() {
-        return Step::Begin {
-            nm: name,
-            status: Box::new(initial_status(s, &fates)),
-        };
-    }
+    // The lease, then the node, then the first status: what a watcher of
+    // the node waits for comes first (NMO writes its first status before
+    // the lease; with 100 maintenances at once those two writes per node
+    // stood before every cordon). The finalizer above is already on, so a
+    // deletion in between still gives the node back.
     let lease_due = s.lease_renew_at.is_none_or(|at| at <= s.now);
     if lease_due {
         return Step::AcquireLease { nm: name };
@@ -387,6 +386,12 @@ pub fn decide(s: &Snapshot) -> Step {
     if applied != Some(name.as_str()) || !node_conforms(node, &name) {
         let cordon = !is_unschedulable(node) || annotation(node, CORDONED_ANNOTATION).is_some();
         return Step::ApplyToNode { nm: name, cordon };
+    }
+    if p.phase().is_none() {
+        return Step::Begin {
+            nm: name,
+            status: Box::new(initial_status(s, &fates)),
+        };
     }
     // Published once the node carries the maintenance, before the drain
     // starts, so readers see DrainInProgress while pods go.

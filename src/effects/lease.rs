@@ -50,58 +50,67 @@ pub async fn acquire(
         .checked_add(SignedDuration::from_secs(seconds as i64))
         .unwrap_or(now);
     let ctx = || format!("taking lease {namespace}/{name}");
-    match api.get_opt(name).await.map_err(Error::kube(ctx()))? {
-        None => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.into()),
-                    namespace: Some(namespace.into()),
-                    owner_references: owner.map(|o| vec![o]),
-                    ..Default::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(holder.into()),
-                    lease_duration_seconds: Some(seconds),
-                    acquire_time: Some(MicroTime(now)),
-                    renew_time: Some(MicroTime(now)),
-                    lease_transitions: Some(0),
-                    ..Default::default()
-                }),
-            };
-            match api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Acquired::Held { until }),
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    ensure_namespace(client, namespace).await?;
-                    api.create(&PostParams::default(), &lease)
-                        .await
-                        .map_err(Error::kube(ctx()))?;
-                    Ok(Acquired::Held { until })
-                }
-                Err(e) => Err(Error::kube(ctx())(e)),
+    // Created first: a maintenance that begins finds no lease (the last
+    // one released it by deleting it), so one request takes it where a
+    // read and then a create took two, before the cordon.
+    let fresh = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(seconds),
+            acquire_time: Some(MicroTime(now)),
+            renew_time: Some(MicroTime(now)),
+            lease_transitions: Some(0),
+            ..Default::default()
+        }),
+    };
+    let mut attempt = 0;
+    let mut lease = loop {
+        attempt += 1;
+        let created = match api.create(&PostParams::default(), &fresh).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                ensure_namespace(client, namespace).await?;
+                api.create(&PostParams::default(), &fresh).await
             }
+            other => other,
+        };
+        // It exists: ours to renew, free to take, or someone else's.
+        let conflict = match created {
+            Ok(_) => return Ok(Acquired::Held { until }),
+            Err(kube::Error::Api(s)) if s.code == 409 => kube::Error::Api(s),
+            Err(e) => return Err(Error::kube(ctx())(e)),
+        };
+        match api.get_opt(name).await.map_err(Error::kube(ctx()))? {
+            Some(lease) => break lease,
+            // Released between the create and the read: create again.
+            None if attempt < 3 => continue,
+            None => return Err(Error::kube(ctx())(conflict)),
         }
-        Some(mut lease) => {
-            let spec = lease.spec.get_or_insert_with(Default::default);
-            let current = spec.holder_identity.clone().unwrap_or_default();
-            let expired = expiry(&lease).is_none_or(|t| t <= now);
-            if current != holder && !current.is_empty() && !expired {
-                return Ok(Acquired::HeldBy(current));
-            }
-            let spec = lease.spec.get_or_insert_with(Default::default);
-            if current != holder {
-                spec.acquire_time = Some(MicroTime(now));
-                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-            }
-            spec.holder_identity = Some(holder.into());
-            spec.lease_duration_seconds = Some(seconds);
-            spec.renew_time = Some(MicroTime(now));
-            // replace() carries resourceVersion: a concurrent writer gets a 409.
-            api.replace(name, &PostParams::default(), &lease)
-                .await
-                .map_err(Error::kube(ctx()))?;
-            Ok(Acquired::Held { until })
-        }
+    };
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    let current = spec.holder_identity.clone().unwrap_or_default();
+    let expired = expiry(&lease).is_none_or(|t| t <= now);
+    if current != holder && !current.is_empty() && !expired {
+        return Ok(Acquired::HeldBy(current));
     }
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    if current != holder {
+        spec.acquire_time = Some(MicroTime(now));
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    }
+    spec.holder_identity = Some(holder.into());
+    spec.lease_duration_seconds = Some(seconds);
+    spec.renew_time = Some(MicroTime(now));
+    // replace() carries resourceVersion: a concurrent writer gets a 409.
+    api.replace(name, &PostParams::default(), &lease)
+        .await
+        .map_err(Error::kube(ctx()))?;
+    Ok(Acquired::Held { until })
 }
 
 /// Delete the lease if `holder` holds it; a lease someone else holds is theirs.

@@ -212,8 +212,10 @@ fn new_maintenance_gets_the_finalizer_first() {
     assert_eq!(w.decide(), Step::AddFinalizer { nm: "m".into() });
 }
 
+/// After the finalizer: the lease, the node, and only then the first
+/// status (the cordon is what a burst of maintenances waits for).
 #[test]
-fn then_begins_with_pod_counts() {
+fn then_the_lease_the_node_and_a_beginning_with_pod_counts() {
     let mut m = nm("m", 0, None);
     m.metadata.finalizers = Some(vec![FINALIZER.into()]);
     let mut w = World::new(Some(node()), vec![m]);
@@ -222,6 +224,17 @@ fn then_begins_with_pod_counts() {
         pod("b", "ReplicaSet"),
         pod("ds", "DaemonSet"),
     ];
+    w.lease_renew_at = None;
+    assert_eq!(w.decide(), Step::AcquireLease { nm: "m".into() });
+    w.lease_renew_at = Some(ts(3000));
+    assert_eq!(
+        w.decide(),
+        Step::ApplyToNode {
+            nm: "m".into(),
+            cordon: true
+        }
+    );
+    w.node = Some(maintained("m", false));
     let Step::Begin { status, .. } = w.decide() else {
         panic!("expected Begin, got {:?}", w.decide())
     };
