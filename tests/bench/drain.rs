@@ -8,9 +8,14 @@
 //! in 5 namespaces on A. Each run creates a NodeMaintenance for the node that
 //! holds the pods and measures, from the moment the create call is sent:
 //! - cordon: until a watch sees the Node unschedulable;
+//! - last pod gone: until a watch of the node's pods sees the last one
+//!   deleted (the drain's own work; Succeeded adds the status write);
 //! - drained: until a watch sees the NodeMaintenance Succeeded;
 //! - requests: API requests the agents made meanwhile, counted in the API
-//!   server's audit log, which records only the agents' identity.
+//!   server's audit log, which records only the agents' identity;
+//! - pod watches reopened meanwhile (audit log): the server closes a
+//!   node-scoped pod watch whose reader falls behind, and each reopening
+//!   is a pause in what the agent sees of its drain.
 //!
 //! The maintenance is then deleted, the node uncordoned, and the next run
 //! drains the other node, where the pods were recreated. Each setting in
@@ -56,11 +61,20 @@ const CONFIGS: [(&str, &[&str]); 4] = [
     ("HTTP/2, 110 in flight", &["--evictions-in-flight", "110"]),
 ];
 
-/// One configuration's figures: per-run (cordon, drained, requests), idle
-/// RSS and the agents' peak RSS (KiB).
+/// One run's figures.
+struct Run {
+    cordon: Duration,
+    last_pod_gone: Duration,
+    drained: Duration,
+    requests: usize,
+    pod_watches: usize,
+}
+
+/// One configuration's figures: per-run figures, idle RSS and the agents'
+/// peak RSS (KiB).
 struct Measured {
     label: &'static str,
-    rows: Vec<(Duration, Duration, usize)>,
+    rows: Vec<Run>,
     idle_rss: u64,
     peak_rss: u64,
 }
@@ -139,11 +153,13 @@ fn main() {
                 .await;
                 undo(&client, &env.id, run, &node).await;
                 println!(
-                    "  run {}: cordon {:>6.1} ms, drained {:>7.1} ms, {} API requests",
+                    "  run {}: cordon {:>6.1} ms, last pod gone {:>7.1} ms, drained {:>7.1} ms, {} API requests, {} pod watches reopened",
                     run + 1,
-                    row.0.as_secs_f64() * 1e3,
-                    row.1.as_secs_f64() * 1e3,
-                    row.2
+                    row.cordon.as_secs_f64() * 1e3,
+                    row.last_pod_gone.as_secs_f64() * 1e3,
+                    row.drained.as_secs_f64() * 1e3,
+                    row.requests,
+                    row.pod_watches,
                 );
                 rows.push(row);
                 run += 1;
@@ -249,7 +265,7 @@ async fn measure(
     run: usize,
     node: &str,
     audit: &std::path::Path,
-) -> (Duration, Duration, usize) {
+) -> Run {
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let name = format!("{id}-run{run}");
@@ -260,9 +276,21 @@ async fn measure(
     let mut node_events = Box::pin(watcher::watcher(nodes.clone(), node_wc));
     let nm_wc = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut nm_events = Box::pin(watcher::watcher(nms.clone(), nm_wc));
+    let pod_wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut pod_events = Box::pin(watcher::watcher(Api::<Pod>::all(client.clone()), pod_wc));
     // Drain each watch's initial list before starting the clock.
     for_init_done(&mut node_events).await;
     for_init_done(&mut nm_events).await;
+    let mut on_node = std::collections::HashSet::new();
+    while let Some(ev) = pod_events.next().await {
+        match ev {
+            Ok(Event::InitApply(p)) => {
+                on_node.insert(p.name_any());
+            }
+            Ok(Event::InitDone) => break,
+            _ => {}
+        }
+    }
 
     let nm = NodeMaintenance::new(
         &name,
@@ -295,9 +323,26 @@ async fn measure(
         }
         start.elapsed()
     };
-    let (t_cordon, t_drained) = smol::future::zip(cordon, drained).await;
-    let requests = audit_ids_since(audit, audit_start);
-    (t_cordon, t_drained, requests)
+    let gone = async {
+        while let Some(ev) = pod_events.next().await {
+            if let Ok(Event::Delete(p)) = ev {
+                on_node.remove(&p.name_any());
+                if on_node.is_empty() {
+                    return start.elapsed();
+                }
+            }
+        }
+        start.elapsed()
+    };
+    let ((t_cordon, t_drained), t_gone) =
+        smol::future::zip(smol::future::zip(cordon, drained), gone).await;
+    Run {
+        cordon: t_cordon,
+        last_pod_gone: t_gone,
+        drained: t_drained,
+        requests: audit_ids_since(audit, audit_start),
+        pod_watches: support::audit_count_since(audit, audit_start, "watch", "pods"),
+    }
 }
 
 /// Delete the maintenance and wait until the node is uncordoned.
@@ -395,20 +440,25 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
     println!("binary: {}", bin.display());
     println!("targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms, RSS ≤ 10 MiB");
     println!(
-        "| setting                | cordon    | Succeeded | idle RSS  | peak RSS  | requests |"
+        "| setting                | cordon    | last pod gone | Succeeded | idle RSS  | peak RSS  | requests | pod watches reopened |"
     );
     println!(
-        "|------------------------|-----------|-----------|-----------|-----------|----------|"
+        "|------------------------|-----------|---------------|-----------|-----------|-----------|----------|----------------------|"
     );
     for m in results {
-        let cordon = median(m.rows.iter().map(|r| r.0.as_secs_f64() * 1e3).collect());
-        let drained = median(m.rows.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
-        let requests = median(m.rows.iter().map(|r| r.2 as f64).collect());
+        let ms = |f: fn(&Run) -> Duration| {
+            median(m.rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
+        };
+        let (cordon, gone, drained) =
+            (ms(|r| r.cordon), ms(|r| r.last_pod_gone), ms(|r| r.drained));
+        let requests = median(m.rows.iter().map(|r| r.requests as f64).collect());
+        let reopened: usize = m.rows.iter().map(|r| r.pod_watches).sum();
         println!(
-            "| {:<23} | {cordon:>6.1} ms | {drained:>6.0} ms | {:>5.1} MiB | {:>5.1} MiB | {requests:>8.0} |",
+            "| {:<23} | {cordon:>6.1} ms | {gone:>10.0} ms | {drained:>6.0} ms | {:>5.1} MiB | {:>5.1} MiB | {requests:>8.0} | {reopened:>3} in {} runs |",
             m.label,
             m.idle_rss as f64 / 1024.0,
             m.peak_rss as f64 / 1024.0,
+            m.rows.len(),
         );
     }
 }

@@ -384,18 +384,27 @@ fn main() {
 
         // 100 NodeMaintenances at once.
         let audit_start = mark(&audit);
-        let (cordoned, drained) = maintain_all(&client, &id, &owned, &selector).await;
+        let burst = maintain_all(&client, &id, &owned, &selector).await;
         let requests = audit_verbs_since(&audit, audit_start);
-        let restarts = audit_count_since(&audit, audit_start, "watch", "nodemaintenances");
+        let restarts =
+            support::audit_count_since(&audit, audit_start.offset, "watch", "nodemaintenances");
         out.row(
             &format!("node role: {agents_n} NodeMaintenances at once, cordoned p50 / p95 / all"),
-            percentiles(&cordoned),
+            percentiles(&burst.cordoned),
+        );
+        out.row(
+            "node role: the same, each from its own NodeMaintenance's create, p50 / p95 / all",
+            percentiles(&burst.after_own),
+        );
+        out.row(
+            &format!("node role: the last of the {agents_n} creates returned after"),
+            format!("{:.0} ms", ms(burst.last_create)),
         );
         out.row(
             &format!(
                 "node role: {agents_n} NodeMaintenances at once, drained ({pods_per_node} pods each) p50 / p95 / all"
             ),
-            percentiles(&drained),
+            percentiles(&burst.drained),
         );
         out.row(
             "node role: API requests for those maintenances",
@@ -602,20 +611,6 @@ fn audit_verbs_since(audit: &Path, from: Mark) -> BTreeMap<String, usize> {
         *by_verb.entry(verb).or_insert(0) += 1;
     }
     by_verb
-}
-
-/// Distinct requests since `from` with this verb on this resource.
-fn audit_count_since(audit: &Path, from: Mark, verb: &str, resource: &str) -> usize {
-    let text = std::fs::read(audit).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from.offset as usize).min(text.len())..]).to_string();
-    let ids: std::collections::HashSet<String> = tail
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["verb"].as_str() == Some(verb))
-        .filter(|v| v["objectRef"]["resource"].as_str() == Some(resource))
-        .filter_map(|v| v["auditID"].as_str().map(str::to_string))
-        .collect();
-    ids.len()
 }
 
 fn requests_text(by_verb: &BTreeMap<String, usize>) -> String {
@@ -844,6 +839,16 @@ async fn maintain(client: &Client, name: &str, node: &str) -> (Duration, Duratio
     smol::future::or(smol::future::zip(cordon, drained), limit).await
 }
 
+/// What 100 NodeMaintenances at once took: each node's cordon from the
+/// first create call and from its own object's create returning, when the
+/// last create returned, each Succeeded from the first create call.
+struct Burst {
+    cordoned: Vec<Duration>,
+    after_own: Vec<Duration>,
+    last_create: Duration,
+    drained: Vec<Duration>,
+}
+
 /// Delete a maintenance and wait until its node is schedulable again.
 async fn undo(client: &Client, name: &str, node: &str) {
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
@@ -866,12 +871,7 @@ async fn undo(client: &Client, name: &str, node: &str) {
 /// A NodeMaintenance for every node in `owned`, all created at once: per
 /// node, (create to cordoned, create to Succeeded), seen by watches opened
 /// before the first create.
-async fn maintain_all(
-    client: &Client,
-    id: &str,
-    owned: &[String],
-    selector: &str,
-) -> (Vec<Duration>, Vec<Duration>) {
+async fn maintain_all(client: &Client, id: &str, owned: &[String], selector: &str) -> Burst {
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
     let mut node_events = Box::pin(watcher::watcher(
         Api::<Node>::all(client.clone()),
@@ -883,15 +883,18 @@ async fn maintain_all(
     let wanted: std::collections::HashSet<String> = owned.iter().cloned().collect();
     let name_of = |node: &str| format!("{id}-m-{node}");
     let start = Instant::now();
-    concurrently(owned.to_vec(), CREATE_IN_FLIGHT, |node| {
-        let (nms, name) = (nms.clone(), name_of(&node));
+    let created_at = std::sync::Arc::new(std::sync::Mutex::new(HashMap::new()));
+    let creates = concurrently(owned.to_vec(), CREATE_IN_FLIGHT, |node| {
+        let (nms, name, created_at) = (nms.clone(), name_of(&node), created_at.clone());
         async move {
             nms.create(&PostParams::default(), &maintenance(&name, &node))
                 .await
                 .expect("creating a NodeMaintenance");
+            if let Ok(mut c) = created_at.lock() {
+                c.insert(node, start.elapsed());
+            }
         }
-    })
-    .await;
+    });
     let cordon = async {
         let mut at = HashMap::new();
         while let Some(ev) = node_events.next().await {
@@ -901,11 +904,23 @@ async fn maintain_all(
             {
                 at.entry(n.name_any()).or_insert_with(|| start.elapsed());
                 if at.len() == wanted.len() {
-                    return at.into_values().collect::<Vec<_>>();
+                    return at;
                 }
             }
         }
         panic!("the node watch ended");
+    };
+    // The creates run beside the watches: a cordon may come before the
+    // last create returns.
+    let cordon = async {
+        let (at, ()) = smol::future::zip(cordon, creates).await;
+        let created = created_at.lock().map(|c| c.clone()).unwrap_or_default();
+        let after_own: Vec<Duration> = at
+            .iter()
+            .map(|(n, t)| t.saturating_sub(created.get(n).copied().unwrap_or_default()))
+            .collect();
+        let last_create = created.values().max().copied().unwrap_or_default();
+        (at.into_values().collect::<Vec<_>>(), after_own, last_create)
     };
     let drained = async {
         let mut at = HashMap::new();
@@ -929,7 +944,14 @@ async fn maintain_all(
             owned.len()
         );
     };
-    smol::future::or(smol::future::zip(cordon, drained), limit).await
+    let ((cordoned, after_own, last_create), drained) =
+        smol::future::or(smol::future::zip(cordon, drained), limit).await;
+    Burst {
+        cordoned,
+        after_own,
+        last_create,
+        drained,
+    }
 }
 
 /// What the benchmark made, deleted at the end. A run that fails half-way

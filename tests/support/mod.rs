@@ -694,6 +694,23 @@ pub fn audit_ids_since(path: &Path, from: u64) -> usize {
     ids.len()
 }
 
+/// Requests with this verb on this resource that began after byte offset
+/// `from` (their `ResponseStarted` entry, so a watch opened earlier and
+/// ending now is not counted): the benchmarks' watch reopenings.
+pub fn audit_count_since(path: &Path, from: u64, verb: &str, resource: &str) -> usize {
+    let text = std::fs::read(path).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
+    let ids: std::collections::HashSet<String> = tail
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["verb"].as_str() == Some(verb))
+        .filter(|v| v["stage"].as_str() == Some("ResponseStarted"))
+        .filter(|v| v["objectRef"]["resource"].as_str() == Some(resource))
+        .filter_map(|v| v["auditID"].as_str().map(str::to_string))
+        .collect();
+    ids.len()
+}
+
 /// One HTTP GET on loopback; (status line, body), or None if nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(String, String)> {
     use std::io::{Read, Write};
