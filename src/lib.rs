@@ -328,6 +328,15 @@
 //! `nodekeeper crds --mutex` was applied; MachineConfigPool and
 //! ClusterVersion are watched only if served.
 //!
+//! **What each role watches.** A node agent watches its own Node, the pods
+//! bound to it and the NodeMaintenances naming it (field selectors; the
+//! CRD declares `spec.nodeName` selectable), so a 5 000-node cluster costs
+//! it what a 5-node one does; NodeMaintenances naming a node without an
+//! agent are the cluster role's (`decide::foreign`) or the webhook's. The
+//! cluster role watches every node (slim), pod and NodeMaintenance
+//! (watching only the pods of nodes it drains and of its gates is not
+//! done yet: its pod store is what grows with the cluster).
+//!
 //! **Surviving an API server restart.** Watches re-list with consistent
 //! reads and retry after 0.5 s doubling to 5 s, each on its own: their
 //! errors never reach the Controller, whose trigger backoff (up to 30 s)

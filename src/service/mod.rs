@@ -78,6 +78,20 @@ pub async fn run(
         "talking {} to the API server; up to {evictions_in_flight} evictions in flight",
         if http2 { "HTTP/2" } else { "HTTP/1.1" }
     );
+    // The pod watch reads over an HTTP/1.1 connection of its own. A drain
+    // makes several hundred pod events in a second, and a pod watch
+    // selected by spec.nodeName has a buffer of only 10 events in the API
+    // server's watch cache: served over HTTP/2 (each event handed to the
+    // connection's writer) the server fell behind and closed it as
+    // unresponsive, 3–13 times in 5 drains of `just bench-drain`, and
+    // also with the watches on an HTTP/2 connection apart from the
+    // evictions; over HTTP/1.1 (the handler writes to the socket itself)
+    // never, in 15 drains.
+    let pod_client = if http2 {
+        connect::connect_with(config.kubeconfig.as_deref(), connect::Transport::Http1Only).await?
+    } else {
+        client.clone()
+    };
     let (scope, identity) = match &config.node {
         Some(node) => {
             log::info!("nodekeeper {} owns node {node}", env!("CARGO_PKG_VERSION"));
@@ -227,7 +241,7 @@ pub async fn run(
                 kick.kick();
             }
         };
-        watcher(Api::<Pod>::all(client.clone()), pod_wc)
+        watcher(Api::<Pod>::all(pod_client.clone()), pod_wc)
             .backoff(WatchBackoff::default())
             // No `modify`: `api::pod::Pod` reads only what the drain needs.
             .reflect(pod_writer)
