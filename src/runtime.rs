@@ -27,6 +27,31 @@ where
     smol::spawn(Compat::new(fut))
 }
 
+/// Await every future at once, their outputs in order (smol has `zip`
+/// for two; the futures crate's `join_all` is not a dependency).
+pub async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(done.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
+}
+
 /// Sleep without a tokio timer (smol's timer works everywhere).
 pub async fn sleep(d: Duration) {
     smol::Timer::after(d).await;

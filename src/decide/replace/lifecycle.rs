@@ -20,8 +20,48 @@ use crate::decide::{Effect, Plan, duration_until, set_condition};
 /// reached its goal, turn a join past its deadline into a leave, and ask
 /// the provider to delete a leaving instance (once, again past the
 /// deadline).
+///
+/// Every PendingNode's step goes in one round (a surge of three joins and
+/// three leaves took a round each, every round waiting for the watches):
+/// the writes first, in order, then the provider calls, which the service
+/// runs at once, then the events. Each node's write still comes before its
+/// call (the delete is recorded as issued before it is asked), and a
+/// failed call ends nothing but the events after it.
 pub fn pending(s: &Snapshot) -> Option<Plan> {
-    for p in s.pending {
+    let plans: Vec<Plan> = s.pending.iter().filter_map(|p| pending_one(s, p)).collect();
+    if plans.is_empty() {
+        return None;
+    }
+    let (mut writes, mut calls, mut events, mut notes) = (vec![], vec![], vec![], vec![]);
+    let mut level = log::Level::Info;
+    for plan in plans {
+        for e in plan.effects {
+            match e {
+                Effect::Provider { .. } => calls.push(e),
+                Effect::Event { .. } => events.push(e),
+                _ => writes.push(e),
+            }
+        }
+        if let Some((l, line)) = plan.note {
+            level = level.min(l);
+            notes.push(line);
+        }
+    }
+    writes.extend(calls);
+    writes.extend(events);
+    let plan = Plan::steps(writes);
+    Some(if notes.is_empty() {
+        plan
+    } else if level == log::Level::Warn {
+        plan.warn(notes.join("; "))
+    } else {
+        plan.info(notes.join("; "))
+    })
+}
+
+/// One PendingNode's step, if it has one.
+fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
+    {
         let goal = p.spec.goal.as_deref().unwrap_or_default();
         let node = p.spec.node_name.as_deref().unwrap_or_default();
         let node_exists = s.nodes.iter().any(|n| n.name_any() == node);
@@ -104,7 +144,7 @@ pub fn pending(s: &Snapshot) -> Option<Plan> {
                 let refused = s.failures.contains_key(&key);
                 if (issued.is_none() && !terminating) || again || refused {
                     if backing_off(s, &key).is_some() {
-                        continue;
+                        return None;
                     }
                     let mut fx = vec![
                         Effect::PatchObject {

@@ -137,7 +137,10 @@ async fn perform(
     // left for the next round; events are not (a JoinTimeout is news
     // whether or not deleting the instance worked).
     let mut failed = false;
-    for effect in effects {
+    let mut i = 0;
+    while i < effects.len() {
+        let effect = &effects[i];
+        i += 1;
         if failed && !matches!(effect, Effect::Event { .. }) {
             continue;
         }
@@ -147,86 +150,135 @@ async fn perform(
                 continue;
             }
         }
-        log::debug!("replace: {}", crate::effects::describe(effect));
-        let outcome = ctx.effects.perform(effect).await?;
-        ctx.remember(&outcome);
-        acted |= !matches!(effect, Effect::Event { .. });
-        match (effect, &outcome) {
-            (
-                _,
-                Outcome::ObjectWritten {
-                    kind,
-                    name,
-                    resource_version,
-                },
-            ) => {
-                expect
-                    .written
-                    .push((*kind, name.clone(), resource_version.clone()));
+        // Provider calls in a row are independent (a surge's create-node
+        // asks, a round's instance deletes): they run at once, each a
+        // process that may take seconds; their outcomes are taken in order.
+        let run: Vec<&Effect> = effects[i - 1..]
+            .iter()
+            .take_while(|e| matches!(e, Effect::Provider { .. }))
+            .collect();
+        let outcomes = if run.len() > 1 {
+            i += run.len() - 1;
+            for e in &run {
+                log::debug!("replace: {}", crate::effects::describe(e));
             }
-            (Effect::DeleteObject { kind, name, .. }, _) => {
-                expect.gone.push((Some(*kind), name.clone()))
-            }
-            (Effect::DeleteNode { name, .. }, _) => expect.gone.push((None, name.clone())),
-            _ => {}
-        }
-        let Effect::Provider { key, verb, request } = effect else {
-            continue;
+            crate::runtime::join_all(run.iter().map(|e| ctx.effects.perform(e)).collect()).await
+        } else {
+            log::debug!("replace: {}", crate::effects::describe(effect));
+            vec![ctx.effects.perform(effect).await]
         };
-        match outcome {
-            Outcome::ProviderFailed(message) => {
-                log::warn!("node replacement: {message}");
-                fail(key, message);
-                acted = true;
-                failed = true;
-            }
-            Outcome::ProviderAnswered(answer) => {
-                if let Some(per) = lock(&r.failures).get_mut(&nv_uid) {
-                    per.remove(key);
-                }
-                if *verb == "set-scaling-group-image" {
-                    let id = request["groupId"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_lowercase();
-                    lock(&r.answers).remove(&(Read::ScalingGroupImage, id));
-                }
-                if *verb == "create-node" {
-                    let id = request["requestId"].as_str().unwrap_or_default();
-                    let group = request["groupId"].as_str().unwrap_or_default();
-                    match replace::joining(snap, id, group, &answer) {
-                        Ok(pn) => {
-                            log::info!(
-                                "NodeVersion {}: surge node {} created in group {group}",
-                                snap.nv.name_any(),
-                                pn["metadata"]["name"].as_str().unwrap_or_default()
-                            );
-                            let o = ctx
-                                .effects
-                                .perform(&Effect::CreateObject {
-                                    kind: Kind::PendingNode,
-                                    object: pn,
-                                })
-                                .await?;
-                            if let Outcome::ObjectWritten {
-                                kind,
-                                name,
-                                resource_version,
-                            } = o
-                            {
-                                expect.written.push((kind, name, resource_version));
-                            }
-                        }
-                        Err(message) => {
-                            fail(key, message);
-                            acted = true;
-                            failed = true;
-                        }
-                    }
-                }
-            }
-            _ => {}
+        let run = if run.len() > 1 { run } else { vec![effect] };
+        for (effect, outcome) in run.into_iter().zip(outcomes) {
+            after(
+                ctx,
+                r,
+                snap,
+                effect,
+                outcome?,
+                expect,
+                &fail,
+                &mut acted,
+                &mut failed,
+            )
+            .await?;
         }
     }
     Ok(acted)
+}
+
+/// What an effect's outcome changes: our memory of writes, what the next
+/// round waits for, provider failures and answers (a create-node answer
+/// is recorded as its PendingNode at once).
+#[allow(clippy::too_many_arguments)]
+async fn after(
+    ctx: &Context,
+    r: &Replace,
+    snap: &replace::Snapshot<'_>,
+    effect: &Effect,
+    outcome: crate::decide::Outcome,
+    expect: &mut Expect,
+    fail: &(dyn Fn(&str, String) + Sync),
+    acted: &mut bool,
+    failed: &mut bool,
+) -> Result<()> {
+    let nv_uid = snap.nv.uid().unwrap_or_default();
+    ctx.remember(&outcome);
+    *acted |= !matches!(effect, Effect::Event { .. });
+    match (effect, &outcome) {
+        (
+            _,
+            Outcome::ObjectWritten {
+                kind,
+                name,
+                resource_version,
+            },
+        ) => {
+            expect
+                .written
+                .push((*kind, name.clone(), resource_version.clone()));
+        }
+        (Effect::DeleteObject { kind, name, .. }, _) => {
+            expect.gone.push((Some(*kind), name.clone()))
+        }
+        (Effect::DeleteNode { name, .. }, _) => expect.gone.push((None, name.clone())),
+        _ => {}
+    }
+    let Effect::Provider { key, verb, request } = effect else {
+        return Ok(());
+    };
+    match outcome {
+        Outcome::ProviderFailed(message) => {
+            log::warn!("node replacement: {message}");
+            fail(key, message);
+            *acted = true;
+            *failed = true;
+        }
+        Outcome::ProviderAnswered(answer) => {
+            if let Some(per) = lock(&r.failures).get_mut(&nv_uid) {
+                per.remove(key);
+            }
+            if *verb == "set-scaling-group-image" {
+                let id = request["groupId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_lowercase();
+                lock(&r.answers).remove(&(Read::ScalingGroupImage, id));
+            }
+            if *verb == "create-node" {
+                let id = request["requestId"].as_str().unwrap_or_default();
+                let group = request["groupId"].as_str().unwrap_or_default();
+                match replace::joining(snap, id, group, &answer) {
+                    Ok(pn) => {
+                        log::info!(
+                            "NodeVersion {}: surge node {} created in group {group}",
+                            snap.nv.name_any(),
+                            pn["metadata"]["name"].as_str().unwrap_or_default()
+                        );
+                        let o = ctx
+                            .effects
+                            .perform(&Effect::CreateObject {
+                                kind: Kind::PendingNode,
+                                object: pn,
+                            })
+                            .await?;
+                        if let Outcome::ObjectWritten {
+                            kind,
+                            name,
+                            resource_version,
+                        } = o
+                        {
+                            expect.written.push((kind, name, resource_version));
+                        }
+                    }
+                    Err(message) => {
+                        fail(key, message);
+                        *acted = true;
+                        *failed = true;
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
