@@ -1,7 +1,10 @@
 //! Tools of the random worlds (`worlds.rs`): a seeded xorshift generator
-//! (a failing world is replayed from its seed, no crate needed) and the
-//! JSON merge patch the worlds apply node patches with.
+//! (a failing world is replayed from its seed, no crate needed), the
+//! worlds' pool selectors and budgets, and the JSON merge patch the worlds
+//! apply node patches with.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 /// xorshift64: cheap, seeded, good enough to pick events.
@@ -40,5 +43,26 @@ pub(super) fn merge(target: &mut Value, patch: &Value) {
             }
         }
         other => *target = other.clone(),
+    }
+}
+
+/// Every node, pool a or pool b, a third of the time each.
+pub(super) fn pool_selector(rng: &mut Rng) -> Option<LabelSelector> {
+    let pool = match rng.below(3) {
+        0 => return None,
+        1 => "a",
+        _ => "b",
+    };
+    Some(LabelSelector {
+        match_labels: Some([("pool".to_string(), pool.to_string())].into()),
+        ..Default::default()
+    })
+}
+
+/// A budget's node count (a percentage never limits the worlds' pools).
+pub(super) fn budget_of(max_unavailable: &IntOrString) -> usize {
+    match max_unavailable {
+        IntOrString::Int(i) => *i as usize,
+        IntOrString::String(_) => usize::MAX,
     }
 }

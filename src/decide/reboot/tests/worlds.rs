@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::world_tools::{Rng, merge};
+use super::world_tools::{Rng, budget_of, merge, pool_selector};
 use super::*;
 use crate::api::upgrade::UpgradePlan;
 use crate::decide::Outcome;
@@ -86,27 +86,6 @@ fn matches(sel: Option<&LabelSelector>, node: &Node) -> bool {
             .flatten()
             .all(|(k, v)| labels_of(node).get(k) == Some(v))
     })
-}
-
-/// Every node, pool a or pool b, a third of the time each.
-fn pool_selector(rng: &mut Rng) -> Option<LabelSelector> {
-    let pool = match rng.below(3) {
-        0 => return None,
-        1 => "a",
-        _ => "b",
-    };
-    Some(LabelSelector {
-        match_labels: Some([("pool".to_string(), pool.to_string())].into()),
-        ..Default::default()
-    })
-}
-
-/// A budget's node count (a percentage never limits the worlds' pools).
-fn budget_of(max_unavailable: &IntOrString) -> usize {
-    match max_unavailable {
-        IntOrString::Int(i) => *i as usize,
-        IntOrString::String(_) => usize::MAX,
-    }
 }
 
 /// The oldest policy selecting `node`, by the test's own reading of the
