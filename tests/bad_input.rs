@@ -1,8 +1,9 @@
 //! Malformed NodeMaintenance objects, as users write them by mistake: each
 //! is refused by the API server with a message (the CRD's schema and CEL
 //! rules), or, where only other objects can tell, accepted and then ended
-//! Failed by an agent with a message. No node is touched, and no agent
-//! polls for a bad object.
+//! Failed with a message (by the cluster role: an agent sees only its own
+//! node's objects). No node is touched, and nothing polls for a bad
+//! object.
 
 mod support;
 
@@ -74,6 +75,7 @@ fn malformed_node_maintenances_are_refused_or_failed_with_a_message_and_touch_no
         let agents = [
             Agent::start(&["run", "--node", &a]),
             Agent::start(&["run", "--node", &b]),
+            support::machines::cluster_role(&env, &["--node-agents"]),
         ];
 
         let long = "x".repeat(254);
@@ -186,9 +188,9 @@ fn malformed_node_maintenances_are_refused_or_failed_with_a_message_and_touch_no
             fingerprint(&nodes.get(&b).await.expect("node b")),
         );
         assert_eq!(before, after, "a node was touched");
-        // The one object that reached the agents was looked up once and
-        // failed: no agent polls (a race to write Failed costs at most one
-        // retry each).
+        // The one object that reached the cluster role was looked up once
+        // and failed: nothing polls (a race to write Failed costs at most
+        // one retry each).
         for agent in &agents {
             let log = agent.log_text();
             let retries = log
