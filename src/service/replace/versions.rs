@@ -153,21 +153,19 @@ async fn perform(
         // Provider calls in a row are independent (a surge's create-node
         // asks, a round's instance deletes): they run at once, each a
         // process that may take seconds; their outcomes are taken in order.
-        let run: Vec<&Effect> = effects[i - 1..]
-            .iter()
-            .take_while(|e| matches!(e, Effect::Provider { .. }))
-            .collect();
-        let outcomes = if run.len() > 1 {
-            i += run.len() - 1;
-            for e in &run {
-                log::debug!("replace: {}", crate::effects::describe(e));
-            }
-            crate::runtime::join_all(run.iter().map(|e| ctx.effects.perform(e)).collect()).await
-        } else {
-            log::debug!("replace: {}", crate::effects::describe(effect));
-            vec![ctx.effects.perform(effect).await]
+        let run: Vec<&Effect> = match effect {
+            Effect::Provider { .. } => effects[i - 1..]
+                .iter()
+                .take_while(|e| matches!(e, Effect::Provider { .. }))
+                .collect(),
+            _ => vec![effect],
         };
-        let run = if run.len() > 1 { run } else { vec![effect] };
+        i += run.len() - 1;
+        for e in &run {
+            log::debug!("replace: {}", crate::effects::describe(e));
+        }
+        let outcomes =
+            crate::runtime::join_all(run.iter().map(|e| ctx.effects.perform(e)).collect()).await;
         for (effect, outcome) in run.into_iter().zip(outcomes) {
             after(
                 ctx,
