@@ -4,8 +4,9 @@
 //! as passes of one task:
 //!
 //! - **Triggers**: the kinds the passes read (nodes, NodeMaintenances,
-//!   policies, plans, Jobs, the mutex kinds; pods only while a gate reads
-//!   them) each [`Kick`] the scheduler. Kicks coalesce: any number of them
+//!   policies, plans, Jobs, the mutex kinds; the pods of blocking-pod gates,
+//!   watched by selector for as long as a gate names them) each [`Kick`]
+//!   the scheduler. Kicks coalesce: any number of them
 //!   during a pass make one more pass, never one each.
 //! - **One pass at a time**, each feature in turn; a feature's pass never
 //!   starts another's.
@@ -23,7 +24,7 @@
 //! Replacement has its own task (`replace.rs`): provider calls may take
 //! their whole timeout and must not hold these passes up.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +35,13 @@ use super::context::Context;
 use super::failing::Subject;
 use super::metrics;
 use super::mutex::MutexStores;
+use super::pod_watches::GateKey;
 use super::watch::run_passes;
 use crate::decide::earliest;
+
+/// How long a pass waits for a new gate's pods to be listed before it
+/// leaves reboots and upgrades for the next pass.
+const GATES_LISTED: Duration = Duration::from_secs(5);
 
 /// Run passes until `kicks` closes ([`run_passes`]).
 /// `versions`: the NodeVersions, where replacement runs (their outdated
@@ -82,8 +88,37 @@ async fn pass(
         .map(|g| g.url.as_str())
         .collect();
     ctx.alerts.retain(&urls);
-    let mut wake = super::reboots::pass(ctx).await;
-    wake = earliest(wake, super::upgrades::pass(ctx).await);
+    // Blocking-pod gates read the pods their selectors watch: a gate
+    // decided on a watch that has not listed yet would admit a node whose
+    // blocking pod it has not seen, so the features wait for it.
+    // Only the gates of the objects this replica decides for (a
+    // pool-scoped cluster role leaves other pools' to theirs).
+    let scope = &ctx.scope;
+    let gates: BTreeSet<GateKey> = policies
+        .iter()
+        .filter(|p| super::roles::handles_policy(scope, p))
+        .flat_map(|p| p.spec.gates.blocking_pods.iter())
+        .chain(
+            plans
+                .iter()
+                .filter(|p| super::roles::handles_plan(scope, p))
+                .flat_map(|p| p.spec.gates.blocking_pods.iter()),
+        )
+        .filter_map(GateKey::of)
+        .collect();
+    ctx.pods.want_gates(&gates);
+    let mut wake = if ctx.pods.gates_listed(GATES_LISTED).await {
+        earliest(
+            super::reboots::pass(ctx).await,
+            super::upgrades::pass(ctx).await,
+        )
+    } else {
+        log::warn!(
+            "the pods of the blocking-pod gates are not listed after {} s: no reboot or upgrade is admitted until they are",
+            GATES_LISTED.as_secs()
+        );
+        Some(GATES_LISTED)
+    };
     if let Some(m) = mutex {
         wake = earliest(wake, super::mutex::pass(ctx, m).await);
     }

@@ -40,7 +40,8 @@ pub struct Context {
     pub effects: Interpreter,
     pub scope: Scope,
     pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
+    /// The pods this process acts on (`pod_watches.rs`).
+    pub pods: Arc<super::pod_watches::PodWatches>,
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
@@ -268,13 +269,10 @@ impl Context {
             .collect()
     }
 
-    /// The pods bound to `node`. A scan under the store's read lock that
-    /// clones only the matches: the cluster role's store holds every pod in
-    /// the cluster, and cloning all of them per reconcile cost more than
-    /// the scan.
+    /// The pods on `node` a blocking-pod gate reads (see
+    /// `PodWatches::gate_pods_on`).
     pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
-        self.pods
-            .state_filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        self.pods.gate_pods_on(node)
     }
 
     /// What we remember of `node`, without attempts for pods that are gone.

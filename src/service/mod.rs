@@ -22,6 +22,7 @@ pub mod fresh;
 pub mod metrics;
 pub mod mutex;
 pub mod planned;
+pub mod pod_watches;
 pub mod reboots;
 pub mod reconcile;
 pub mod replace;
@@ -177,18 +178,12 @@ pub async fn run(
         .detach();
     }
 
-    let (node_wc, pod_wc) = match &scope {
-        Scope::Node(n) => (
-            watch_config().fields(&format!("metadata.name={n}")),
-            watch_config().fields(&format!("spec.nodeName={n}")),
-        ),
-        Scope::AllNodes { selector } => {
-            let nodes = match selector {
-                Some(sel) => watch_config().labels(sel),
-                None => watch_config(),
-            };
-            (nodes, watch_config())
-        }
+    let node_wc = match &scope {
+        Scope::Node(n) => watch_config().fields(&format!("metadata.name={n}")),
+        Scope::AllNodes {
+            selector: Some(sel),
+        } => watch_config().labels(sel),
+        Scope::AllNodes { selector: None } => watch_config(),
     };
 
     // Every kind is reflected by our own watcher so that we see its first
@@ -205,7 +200,6 @@ pub async fn run(
     let (anchor_kick, anchor_kicks) = watch::Kick::new();
     let (plans, plan_writer) = reflector::store::<UpgradePlan>();
     let (nodes, node_writer) = reflector::store::<Node>();
-    let (pods, pod_writer) = reflector::store::<Pod>();
     let fresh = Arc::new(Fresh::default());
     let arrivals = Arc::new(stores::Arrivals::default());
     let node_events = {
@@ -222,33 +216,31 @@ pub async fn run(
             .touched_objects()
             .filter(|r| watch_ok(r, "nodes"))
     };
-    let pod_events = {
-        let latch = synced.pods.clone();
-        // Pods matter to the passes only through blocking-pod gates.
-        let (kick, gated_policies, gated_plans) = (kick.clone(), policies.clone(), plans.clone());
-        let gated = move |ev: &std::result::Result<watcher::Event<Pod>, watcher::Error>| {
-            if cluster_role
-                && ev.is_ok()
-                && (gated_policies
-                    .state()
-                    .iter()
-                    .any(|p| !p.spec.gates.blocking_pods.is_empty())
-                    || gated_plans
-                        .state()
-                        .iter()
-                        .any(|p| !p.spec.gates.blocking_pods.is_empty()))
-            {
-                kick.kick();
-            }
-        };
-        watcher(Api::<Pod>::all(pod_client.clone()), pod_wc)
-            .backoff(WatchBackoff::default())
-            // No `modify`: `api::pod::Pod` reads only what the drain needs.
-            .reflect(pod_writer)
-            .inspect(move |ev| observe(ev, &latch, |_| {}))
-            .inspect(gated)
-            .touched_objects()
-            .filter(|r| watch_ok(r, "pods"))
+    // The node role watches its own node's pods for its whole life; the
+    // cluster role only the pods of nodes it drains and of its gates
+    // (`pod_watches.rs`), whose events come back on `pod_reconciles` (a
+    // node's) or kick the scheduler (a gate's).
+    let (pod_reconcile, pod_reconciles) = smol::channel::unbounded::<ObjectRef<Node>>();
+    let (pods, pod_events): (Arc<pod_watches::PodWatches>, watch::Trigger) = match &scope {
+        Scope::Node(n) => {
+            let (store, pod_writer) = reflector::store::<Pod>();
+            let latch = synced.pods.clone();
+            let wc = watch_config().fields(&format!("spec.nodeName={n}"));
+            let events = watcher(Api::<Pod>::all(pod_client.clone()), wc)
+                .backoff(WatchBackoff::default())
+                // No `modify`: `api::pod::Pod` reads only what the drain needs.
+                .reflect(pod_writer)
+                .inspect(move |ev| observe(ev, &latch, |_| {}))
+                .touched_objects()
+                .filter(|r| watch_ok(r, "pods"))
+                .map(|_| ());
+            (Arc::new(pod_watches::fixed(store)), Box::pin(events))
+        }
+        Scope::AllNodes { .. } => {
+            synced.pods.open();
+            let pods = pod_watches::scoped(pod_client.clone(), pod_reconcile, kick.clone());
+            (Arc::new(pods), Box::pin(smol::stream::pending()))
+        }
     };
     let nm_wc = roles::maintenance_watch(&client, &scope).await;
     let nm_events = {
@@ -434,13 +426,13 @@ pub async fn run(
         async move { stopping.wait().await }
     };
     let run = controller
-        // A pod bound to a node we do not reconcile maps to nothing: the
-        // controller drops references that are not in its node store.
-        .watches_stream(pod_events, |pod: Pod| {
-            pod.spec
-                .and_then(|s| s.node_name)
-                .map(|n| ObjectRef::<Node>::new(&n))
-        })
+        // The node role's pod events reconcile its node; the cluster
+        // role's come from the watches of the nodes it drains.
+        .reconcile_on(pod_events.filter_map({
+            let (scope, nodes) = (scope.clone(), nodes.clone());
+            move |_| own_node(&scope, &nodes)
+        }))
+        .reconcile_on(pod_reconciles)
         .watches_stream(nm_events, move |nm: NodeMaintenance| {
             map_maintenance(&nm, &nm_scope, &nm_nodes)
         })

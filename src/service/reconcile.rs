@@ -216,12 +216,21 @@ async fn reconcile_node(
             None
         };
         let nms = ctx.maintenances_for(node_name);
-        // Pods matter only to a maintenance (its drain and status); every
-        // pod event of every node reconciles that node, and in the cluster
-        // role finding a node's pods is a scan of the whole cluster's.
+        // Pods matter only to a maintenance (its drain and status). The
+        // cluster role watches a node's pods only while it has one, and
+        // decides nothing about them before their first list.
         let pods = if node_known && !nms.is_empty() {
-            ctx.pods_on(node_name)
+            match ctx.pods.drainable(node_name).await {
+                Some(pods) => pods,
+                None => {
+                    log::warn!(
+                        "node {node_name}: its pods are not listed yet; looking again in 1 s"
+                    );
+                    return Ok(Some(Duration::from_secs(1)));
+                }
+            }
         } else {
+            ctx.pods.release(node_name);
             Vec::new()
         };
         let mem = ctx.memory(node_name, &pods);

@@ -14,7 +14,6 @@ use kube::runtime::watcher;
 
 use super::fresh::FreshCache;
 use crate::api::nodemaintenance::NodeMaintenance;
-use crate::api::pod::Pod;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
 use crate::runtime::Latch;
@@ -148,7 +147,7 @@ impl Arrivals {
 /// The reflector stores the loop decides from.
 pub struct Stores {
     pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
+    pub pods: Arc<super::pod_watches::PodWatches>,
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,

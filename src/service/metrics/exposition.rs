@@ -211,7 +211,7 @@ pub(super) fn render((nms, policies): &Stores) -> String {
     if let Some(w) = WATCHED.get() {
         watched.extend([
             ("{kind=\"nodes\"}".to_string(), w.nodes.len() as u64),
-            ("{kind=\"pods\"}".to_string(), w.pods.len() as u64),
+            ("{kind=\"pods\"}".to_string(), w.pods.held() as u64),
             ("{kind=\"jobs\"}".to_string(), w.jobs.len() as u64),
         ]);
     }

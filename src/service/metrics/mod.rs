@@ -258,7 +258,7 @@ pub fn count_removals(pods: &[(std::sync::Arc<crate::api::pod::Pod>, Fate)], rem
 /// big cluster. Registered once the watches are built.
 pub struct Watched {
     pub nodes: Store<k8s_openapi::api::core::v1::Node>,
-    pub pods: Store<crate::api::pod::Pod>,
+    pub pods: std::sync::Arc<crate::service::pod_watches::PodWatches>,
     pub jobs: Store<kube::api::DynamicObject>,
 }
 
