@@ -335,6 +335,46 @@ fn two_cluster_roles_on_one_host_elect_one_leader() {
             first.log_text(),
             second.log_text()
         );
+        // Stopped, the leader hands its lease over: the second takes it
+        // before the first's last renewal (at or after this read) could
+        // have expired.
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(env.client.clone(), &env.ns);
+        let held = leases
+            .get("nodekeeper-leader")
+            .await
+            .expect("the leader lease");
+        let spec = held.spec.unwrap_or_default();
+        let renewed = spec.renew_time.expect("a renew time").0;
+        let expires = renewed
+            + k8s_openapi::jiff::SignedDuration::from_secs(
+                spec.lease_duration_seconds.unwrap_or(15) as i64,
+            );
+        let mut first = first;
+        first.signal("TERM");
+        let status = first.wait_exit(LIMIT);
+        assert!(status.success(), "exit {status:?}:\n{}", first.log_text());
+        assert!(
+            first.log_text().contains("released lease"),
+            "{}",
+            first.log_text()
+        );
+        wait_for("the second cluster role leading", LIMIT, || async {
+            second.log_text().contains("leading as").then_some(())
+        })
+        .await;
+        let taken = leases
+            .get("nodekeeper-leader")
+            .await
+            .expect("the leader lease")
+            .spec
+            .and_then(|s| s.acquire_time)
+            .expect("an acquire time")
+            .0;
+        assert!(
+            taken < expires,
+            "the second took the lease at {taken}, not before the first's expired at {expires}"
+        );
     });
 }
 

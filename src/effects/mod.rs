@@ -49,7 +49,7 @@ impl Interpreter {
         // Jobs, provider calls and host commands carry no resourceVersion a
         // new leader's writes would trip: nothing starts once the lease is
         // in doubt.
-        self.gate.may_act()?;
+        let _running = self.gate.enter()?;
         match effect {
             Effect::PatchNode {
                 node,

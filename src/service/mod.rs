@@ -149,6 +149,7 @@ pub async fn run(
     });
     let lost_leadership: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let mut gate = crate::effects::lease::LeaderGate::always();
+    let mut leadership = None;
     if matches!(scope, Scope::AllNodes { .. }) {
         let lead = crate::effects::lease::lead(
             client.clone(),
@@ -168,9 +169,11 @@ pub async fn run(
         let won = won?;
         gate = won.gate.clone();
         metrics::export_cluster_gauges();
-        let (stopping, lost) = (stopping.clone(), lost_leadership.clone());
+        let (stopping, lost, lost_rx) =
+            (stopping.clone(), lost_leadership.clone(), won.lost.clone());
+        leadership = Some(won);
         crate::runtime::spawn(async move {
-            if let Ok(why) = won.lost.recv().await {
+            if let Ok(why) = lost_rx.recv().await {
                 *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
             }
             stopping.open();
@@ -500,6 +503,9 @@ pub async fn run(
         return Err(Error::LostLease(format!(
             "{why}; exiting so a fresh start can compete again"
         )));
+    }
+    if let Some(won) = leadership {
+        won.step_down().await;
     }
     log::info!("stopped");
     Ok(())
