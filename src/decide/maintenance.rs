@@ -113,6 +113,18 @@ pub enum Step {
     Wait(Option<Duration>),
 }
 
+impl Step {
+    /// Steps decided and planned without the node's pods: a process that
+    /// has not listed them yet may take these (and only these), so the
+    /// cordon does not wait for the list.
+    pub fn reads_no_pods(&self) -> bool {
+        matches!(
+            self,
+            Step::AddFinalizer { .. } | Step::AcquireLease { .. } | Step::ApplyToNode { .. }
+        )
+    }
+}
+
 pub const REASON_INVALID_NODE: &str = "InvalidNodeName";
 pub const REASON_DUPLICATE: &str = "Duplicate";
 pub const REASON_NODE_GONE: &str = "NodeDeleted";

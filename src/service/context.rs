@@ -284,6 +284,12 @@ impl Context {
         m.clone()
     }
 
+    /// What we remember of `node`, pruned of nothing (its pods are not
+    /// known yet).
+    pub fn memory_as_is(&self, node: &str) -> NodeMemory {
+        lock(&self.memory).get(node).cloned().unwrap_or_default()
+    }
+
     /// Fold an effect's outcome into what we remember: the node's memory
     /// (policy in `decide`), and our writes into the mutation cache.
     pub fn record(

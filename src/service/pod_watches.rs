@@ -154,31 +154,23 @@ fn start(
 }
 
 impl PodWatches {
-    /// Every pod on `node`, once known: the node role's store; in the
+    /// Every pod on `node` if known now: the node role's store; in the
     /// cluster role the node's own watch (started here if it is not
-    /// running), after its first list (waited for up to [`FIRST_LIST`]).
-    /// `None`: not listed yet; decide nothing about the node's pods.
+    /// running) once it has listed. `None`: not listed yet.
+    pub fn drainable_now(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
+        match self.node_watch(node) {
+            Err(fixed) => Some(fixed.state_filter(|p| on_node(p, node))),
+            Ok((store, listed)) => listed.is_open().then(|| store.state()),
+        }
+    }
+
+    /// [`PodWatches::drainable_now`], waiting up to [`FIRST_LIST`] for the
+    /// first list. `None`: still not listed; decide nothing about the
+    /// node's pods.
     pub async fn drainable(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
-        let s = match &self.mode {
-            Mode::Fixed(store) => return Some(store.state_filter(|p| on_node(p, node))),
-            Mode::Scoped(s) => s,
-        };
-        let (store, listed) = {
-            let mut nodes = lock(&s.nodes);
-            let w = nodes.entry(node.to_string()).or_insert_with(|| {
-                log::debug!("watching the pods on node {node}");
-                let tx = s.reconcile.clone();
-                let target = ObjectRef::<Node>::new(node);
-                start(
-                    Api::all(s.client.clone()),
-                    watch_config().fields(&format!("spec.nodeName={node}")),
-                    format!("pods on node {node}"),
-                    move || {
-                        let _ = tx.try_send(target.clone());
-                    },
-                )
-            });
-            (w.store.clone(), w.listed.clone())
+        let (store, listed) = match self.node_watch(node) {
+            Err(fixed) => return Some(fixed.state_filter(|p| on_node(p, node))),
+            Ok(w) => w,
         };
         let waited = smol::future::or(
             async {
@@ -192,6 +184,31 @@ impl PodWatches {
         )
         .await;
         waited.then(|| store.state())
+    }
+
+    /// The cluster role's watch of `node`'s pods (its store and first-list
+    /// latch), started if it is not running; the node role's one store as
+    /// the error.
+    fn node_watch(&self, node: &str) -> Result<(Store<Pod>, Latch), &Store<Pod>> {
+        let s = match &self.mode {
+            Mode::Fixed(store) => return Err(store),
+            Mode::Scoped(s) => s,
+        };
+        let mut nodes = lock(&s.nodes);
+        let w = nodes.entry(node.to_string()).or_insert_with(|| {
+            log::debug!("watching the pods on node {node}");
+            let tx = s.reconcile.clone();
+            let target = ObjectRef::<Node>::new(node);
+            start(
+                Api::all(s.client.clone()),
+                watch_config().fields(&format!("spec.nodeName={node}")),
+                format!("pods on node {node}"),
+                move || {
+                    let _ = tx.try_send(target.clone());
+                },
+            )
+        });
+        Ok((w.store.clone(), w.listed.clone()))
     }
 
     /// Stop watching `node`'s pods (nothing on it is ours to drain). The

@@ -217,23 +217,24 @@ async fn reconcile_node(
         };
         let nms = ctx.maintenances_for(node_name);
         // Pods matter only to a maintenance (its drain and status). The
-        // cluster role watches a node's pods only while it has one, and
-        // decides nothing about them before their first list.
-        let pods = if node_known && !nms.is_empty() {
-            match ctx.pods.drainable(node_name).await {
-                Some(pods) => pods,
-                None => {
-                    log::warn!(
-                        "node {node_name}: its pods are not listed yet; looking again in 1 s"
-                    );
-                    return Ok(Some(Duration::from_secs(1)));
-                }
+        // cluster role watches a node's pods only while it has one; before
+        // their first list only the steps that read no pods go ahead (the
+        // finalizer, the lease, the cordon), so the list's round trip is
+        // not in front of the cordon.
+        let (pods, listed) = if node_known && !nms.is_empty() {
+            match ctx.pods.drainable_now(node_name) {
+                Some(pods) => (pods, true),
+                None => (Vec::new(), false),
             }
         } else {
             ctx.pods.release(node_name);
-            Vec::new()
+            (Vec::new(), true)
         };
-        let mem = ctx.memory(node_name, &pods);
+        let mem = if listed {
+            ctx.memory(node_name, &pods)
+        } else {
+            ctx.memory_as_is(node_name)
+        };
         let now = Timestamp::now();
         let snapshot = Snapshot {
             node_name,
@@ -247,6 +248,13 @@ async fn reconcile_node(
             conditions_paused: mem.conditions_refused_until.is_some_and(|t| t > now),
         };
         let step = maintenance::decide(&snapshot);
+        if !listed && !step.reads_no_pods() {
+            if ctx.pods.drainable(node_name).await.is_none() {
+                log::warn!("node {node_name}: its pods are not listed yet; looking again in 1 s");
+                return Ok(Some(Duration::from_secs(1)));
+            }
+            continue;
+        }
         let mut plan = maintenance::plan(&snapshot, step.clone());
         let mut i = 0;
         while i < plan.effects.len() {

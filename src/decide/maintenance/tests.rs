@@ -8,6 +8,8 @@ use super::*;
 mod drain;
 /// Owners, drain options and escalations; plans and follow-ups.
 mod owners;
+/// Steps taken before a node's pods are listed.
+mod unlisted;
 use crate::api::pod::PodStatus;
 use k8s_openapi::api::core::v1::{NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
