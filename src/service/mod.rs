@@ -10,7 +10,9 @@
 //! cluster role (`--all-nodes`) runs only while it holds the leader lease
 //! ([`roles`]); its node controller reconciles nodes, and every kind the
 //! cluster-wide passes read kicks their scheduler ([`cluster`]) or the
-//! replacement task ([`replace`]) instead of a node.
+//! replacement task ([`replace`]) instead of a node. Its pods are watched
+//! per drained node and per gate ([`pod_watches`]), started and stopped as
+//! it needs them.
 
 pub mod admission;
 pub mod alerts;

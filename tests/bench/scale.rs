@@ -11,7 +11,8 @@
 //! as the nodes and then the pods arrive is what those stores cost; then
 //! restarted on the full cluster (start to `/readyz`, requests, memory);
 //! then one NodeMaintenance at a time (cordon latency and drain of the
-//! node's 30 pods, 3 rounds).
+//! node's 30 pods, 3 rounds), then 20 at once (times, memory, the pods it
+//! holds meanwhile and after).
 //!
 //! **Node role**: 100 agents, one process each, on the first 100 nodes:
 //! start to all ready, API requests over an idle minute (from the API
@@ -49,6 +50,8 @@ use support::{
 const NAMESPACES: usize = 10;
 const CREATE_IN_FLIGHT: usize = 200;
 const CORDON_ROUNDS: usize = 3;
+/// NodeMaintenances the cluster role is given at once.
+const CLUSTER_BURST: usize = 20;
 /// How long the agents are watched while NodeMaintenances elsewhere appear.
 const ELSEWHERE_WINDOW: Duration = Duration::from_secs(5);
 
@@ -181,7 +184,9 @@ fn main() {
         )
         .await;
         let running = t.elapsed();
-        wait_watched(port, "pods", total_pods).await;
+        // The cluster role holds only the pods of nodes it drains and of
+        // its gates: none here.
+        let held_pods = watched(port, "pods").unwrap_or(0);
         let with_pods = rss_kib(role.child.id(), "VmRSS");
         let churn_cpu = cpu_seconds(role.child.id()) - cpu_before;
         out.setup(format!(
@@ -201,9 +206,9 @@ fn main() {
             ),
         );
         out.row(
-            &format!("cluster role: + {total_pods} pods (pod store)"),
+            &format!("cluster role: + {total_pods} pods (pods held)"),
             format!(
-                "+{} ({:.0} bytes per pod)",
+                "+{} ({:.0} bytes per pod; {held_pods} held)",
                 kib(pod_cost),
                 pod_cost as f64 * 1024.0 / total_pods as f64
             ),
@@ -279,6 +284,42 @@ fn main() {
         out.row(
             "cluster role: peak RSS after restart and maintenances",
             kib(rss_kib(role.child.id(), "VmHWM")),
+        );
+        // Concurrent maintenances, on nodes the agents will not own either.
+        let burst_n = CLUSTER_BURST.min(nodes_n.saturating_sub(agents_n + CORDON_ROUNDS));
+        let burst_nodes: Vec<String> =
+            node_names[nodes_n - CORDON_ROUNDS - burst_n..nodes_n - CORDON_ROUNDS].to_vec();
+        let burst = maintain_all(&client, &format!("{id}-cr"), &burst_nodes, &selector).await;
+        out.row(
+            &format!("cluster role: {burst_n} NodeMaintenances at once, cordoned p50 / p95 / all"),
+            percentiles(&burst.cordoned),
+        );
+        out.row(
+            &format!("cluster role: {burst_n} NodeMaintenances at once, drained p50 / all"),
+            format!(
+                "{:.2} / {:.2} s",
+                median(burst.drained.iter().map(|d| d.as_secs_f64()).collect()),
+                burst.drained.iter().max().map_or(0.0, |d| d.as_secs_f64())
+            ),
+        );
+        let held_during = watched(port, "pods").unwrap_or(0);
+        out.row(
+            &format!("cluster role: RSS with {burst_n} maintenances Succeeded / peak so far"),
+            format!(
+                "{} / {} ({held_during} pods held)",
+                kib(rss_kib(role.child.id(), "VmRSS")),
+                kib(rss_kib(role.child.id(), "VmHWM"))
+            ),
+        );
+        concurrently(burst_nodes.clone(), CREATE_IN_FLIGHT, |node| {
+            let (client, name) = (client.clone(), format!("{id}-cr-m-{node}"));
+            async move { undo(&client, &name, &node).await }
+        })
+        .await;
+        let held_after = watched(port, "pods").unwrap_or(0);
+        out.row(
+            "cluster role: pods held after the maintenances were deleted",
+            held_after.to_string(),
         );
         stop(&mut role);
 
