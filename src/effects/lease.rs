@@ -36,6 +36,10 @@ fn expiry(l: &Lease) -> Option<Timestamp> {
 }
 
 /// Take or renew `namespace/name` for `holder` for `seconds`.
+/// `create_first`: try to create it before reading it (one request where
+/// it is usually absent: a maintenance's lease, released by the last one);
+/// otherwise read first (one request fewer where it usually exists: the
+/// leader lease, renewed every 3 s and polled by standbys).
 pub async fn acquire(
     client: &Client,
     namespace: &str,
@@ -43,6 +47,7 @@ pub async fn acquire(
     holder: &str,
     seconds: i32,
     owner: Option<OwnerReference>,
+    create_first: bool,
 ) -> Result<Acquired> {
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let now = Timestamp::now();
@@ -72,6 +77,12 @@ pub async fn acquire(
     let mut attempt = 0;
     let mut lease = loop {
         attempt += 1;
+        if attempt == 1 && !create_first {
+            match api.get_opt(name).await.map_err(Error::kube(ctx()))? {
+                Some(lease) => break lease,
+                None => continue,
+            }
+        }
         let created = match api.create(&PostParams::default(), &fresh).await {
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 ensure_namespace(client, namespace).await?;
@@ -178,6 +189,7 @@ pub async fn acquire_node_lease(
         LEASE_HOLDER,
         LEASE_SECONDS,
         owner,
+        true,
     )
     .await
 }
@@ -311,6 +323,7 @@ async fn try_leader_lease(
         identity,
         LEADER_LEASE_SECONDS,
         None,
+        false,
     );
     match crate::runtime::timeout(limit, tried).await {
         Ok(r) => r.map_err(|e| e.to_string()),
