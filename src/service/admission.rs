@@ -345,14 +345,12 @@ async fn decide(
     } else {
         None
     };
-    let existing: Vec<Arc<NodeMaintenance>> = Api::<NodeMaintenance>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| format!("listing NodeMaintenances: {}", crate::error::kube_cause(&e)))?
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    // Only the NodeMaintenances the decision reads: this node's, and for
+    // the quorum check the other control-plane nodes'.
+    let mut existing: Vec<Arc<NodeMaintenance>> = match &node {
+        Some(_) => maintenances_on(client, node_name).await?,
+        None => Vec::new(),
+    };
     let control_plane = match &node {
         Some(n) if state.config.quorum_check && admission::is_control_plane(n) => {
             nodes
@@ -368,6 +366,12 @@ async fn decide(
         }
         _ => Vec::new(),
     };
+    for n in &control_plane {
+        let other = kube::ResourceExt::name_any(n);
+        if other != *node_name {
+            existing.extend(maintenances_on(client, &other).await?);
+        }
+    }
     Ok(admission::review(&admission::Request {
         nm,
         node: node.as_ref(),
@@ -375,4 +379,29 @@ async fn decide(
         existing: &existing,
         quorum_check: state.config.quorum_check,
     }))
+}
+
+/// The NodeMaintenances naming `node` (a node's name, so a safe field
+/// selector), selected by the API server where the CRD declares
+/// `spec.nodeName` selectable; a server that refuses the selector (older
+/// CRDs or Kubernetes) is asked for all of them.
+async fn maintenances_on(
+    client: &kube::Client,
+    node: &str,
+) -> std::result::Result<Vec<Arc<NodeMaintenance>>, String> {
+    let api = Api::<NodeMaintenance>::all(client.clone());
+    let listed = match api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 400 => api.list(&ListParams::default()).await,
+        other => other,
+    };
+    Ok(listed
+        .map_err(|e| format!("listing NodeMaintenances: {}", crate::error::kube_cause(&e)))?
+        .items
+        .into_iter()
+        .filter(|m| m.spec.node_name == node)
+        .map(Arc::new)
+        .collect())
 }
