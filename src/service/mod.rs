@@ -209,11 +209,14 @@ pub async fn run(
     let arrivals = Arc::new(stores::Arrivals::default());
     let node_events = {
         let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
+        let changes = watch::NodeChanges::default();
         watcher(Api::<Node>::all(client.clone()), node_wc)
             .backoff(WatchBackoff::default())
             .modify(slim_node)
             .reflect(node_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
+            // Heartbeats update the store but trigger nothing.
+            .filter(move |ev| !cluster_role || changes.matters(ev))
             .inspect(watch::on_event(
                 cluster_role,
                 vec![kick.clone(), replace_kick.clone()],

@@ -10,7 +10,6 @@
 //! `decide::foreign`) from one **anchor** node's reconcile: the own node in
 //! the node role, the first node by name in the cluster role.
 
-use kube::ResourceExt;
 use kube::api::ListParams;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -141,7 +140,13 @@ pub async fn maintenance_watch(client: &kube::Client, scope: &Scope) -> watcher:
 pub fn anchor(scope: &Scope, nodes: &Store<Node>) -> Option<String> {
     match scope {
         Scope::Node(n) => Some(n.clone()),
-        Scope::AllNodes { .. } => nodes.state().iter().map(|n| n.name_any()).min(),
+        // Called by every node reconcile: no name is copied but the one.
+        Scope::AllNodes { .. } => nodes
+            .state()
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .min()
+            .map(str::to_string),
     }
 }
 

@@ -313,6 +313,52 @@ pub fn slim_node(node: &mut Node) {
     }
 }
 
+/// Which node events change something a decision reads. A kubelet (or
+/// kwok) rewrites each node's conditions every few seconds only to move
+/// their `lastHeartbeatTime`: at 5 000 nodes that is hundreds of events a
+/// second, each of which reconciled its node and started a cluster pass
+/// over every node. The store still takes every event (writes carry its
+/// resourceVersion); this says whether one also triggers anything: a new
+/// node, a deletion, or a node that differs in more than its
+/// resourceVersion and heartbeat times.
+#[derive(Default)]
+pub struct NodeChanges {
+    seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl NodeChanges {
+    pub fn matters(&self, ev: &Result<watcher::Event<Node>, watcher::Error>) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match ev {
+            Ok(watcher::Event::Apply(node)) | Ok(watcher::Event::InitApply(node)) => {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                let print = fingerprint(node);
+                seen.insert(name, print) != Some(print)
+            }
+            Ok(watcher::Event::Delete(node)) => {
+                seen.remove(node.metadata.name.as_deref().unwrap_or_default());
+                true
+            }
+            _ => true,
+        }
+    }
+}
+
+/// A node's content but for its resourceVersion and heartbeat times.
+fn fingerprint(node: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut node = node.clone();
+    node.metadata.resource_version = None;
+    if let Some(conditions) = node.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        for c in conditions {
+            c.last_heartbeat_time = None;
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(&node).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
+
 /// A Job as the features read it: its labels and conditions. The
 /// template is the feature's own and stays out of memory; Jobs stay
 /// untyped (a typed Job would link a second pod-template deserializer).
@@ -327,6 +373,44 @@ pub fn slim_job(job: &mut kube::api::DynamicObject) {
 mod tests {
     use super::*;
     use kube::runtime::utils::Backoff;
+
+    #[test]
+    fn a_heartbeat_alone_triggers_nothing_every_other_node_change_does() {
+        let node = |rv: &str, beat: &str, ready: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n1", "resourceVersion": rv},
+                "status": {"conditions": [{
+                    "type": "Ready", "status": ready, "reason": "KubeletReady",
+                    "lastHeartbeatTime": beat,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }]},
+            }))
+            .expect("a node")
+        };
+        let changes = NodeChanges::default();
+        let apply = |n: Node| changes.matters(&Ok(watcher::Event::Apply(n)));
+        assert!(
+            apply(node("1", "2026-01-01T00:00:10Z", "True")),
+            "a new node"
+        );
+        assert!(
+            !apply(node("2", "2026-01-01T00:00:20Z", "True")),
+            "a heartbeat"
+        );
+        assert!(
+            apply(node("3", "2026-01-01T00:00:30Z", "False")),
+            "NotReady"
+        );
+        let mut cordoned = node("4", "2026-01-01T00:00:40Z", "False");
+        cordoned.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+        assert!(apply(cordoned.clone()), "cordoned");
+        assert!(changes.matters(&Ok(watcher::Event::Delete(cordoned.clone()))));
+        assert!(apply(cordoned), "back after its deletion");
+        assert!(changes.matters(&Ok(watcher::Event::<Node>::InitDone)));
+    }
 
     #[test]
     fn watch_retries_back_off_to_five_seconds_with_jitter_and_reset() {
