@@ -390,7 +390,8 @@ fn every_bad_object_is_refused_or_reported_and_touches_no_node() {
         .count();
     assert!(
         leases >= 10,
-        "only {leases} lease requests in the audit log"
+        "only {leases} lease requests in the audit log; the cluster role's log:\n{}",
+        cluster.log_text()
     );
 
     stop.open();
