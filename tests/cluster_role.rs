@@ -75,6 +75,28 @@ async fn events_about(client: &Client, name: &str, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Create RebootPolicy `<test id>` for the test's nodes (a harmless reboot
+/// command), with `extra` merged into its spec; the API to read it back.
+async fn create_group_policy(env: &TestEnv, extra: Value) -> Api<RebootPolicy> {
+    let mut spec = json!({
+        "nodeSelector": {"matchLabels": {GROUP_LABEL: env.id}},
+        "reboot": {"command": ["/bin/true"]},
+    });
+    if let (Some(spec), Value::Object(extra)) = (spec.as_object_mut(), extra) {
+        spec.extend(extra);
+    }
+    let policy = RebootPolicy::new(
+        &env.id,
+        serde_json::from_value(spec).expect("a policy spec"),
+    );
+    let policies: Api<RebootPolicy> = Api::all(env.client.clone());
+    policies
+        .create(&Default::default(), &policy)
+        .await
+        .expect("creating the policy");
+    policies
+}
+
 /// Defect: in `run --all-nodes` every node reconcile ran the RebootPolicy
 /// pass (and the UpgradePlan and mutex passes), so every pod event anywhere
 /// started one. Now pods trigger the scheduler only while a blocking-pod
@@ -86,19 +108,7 @@ fn pod_events_do_not_start_cluster_passes_without_a_gate_that_reads_pods() {
         let mut env = TestEnv::new("cr-pods").await;
         let a = env.add_node("a").await;
         env.wait_node_ready(&a).await;
-        let policy = RebootPolicy::new(
-            &env.id,
-            serde_json::from_value(json!({
-                "nodeSelector": {"matchLabels": {GROUP_LABEL: env.id}},
-                "reboot": {"command": ["/bin/true"]},
-            }))
-            .expect("a policy spec"),
-        );
-        let policies: Api<RebootPolicy> = Api::all(env.client.clone());
-        policies
-            .create(&Default::default(), &policy)
-            .await
-            .expect("creating the policy");
+        let policies = create_group_policy(&env, json!({})).await;
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let args = cluster_role_args(&env, &["--node-agents", "--metrics-address", &addr]);
@@ -489,23 +499,14 @@ fn the_cluster_role_reads_only_the_pods_of_nodes_it_drains_and_of_its_gates() {
         env.wait_running("app=work", 6).await;
         // A policy with a blocking-pod gate (no node needs a reboot).
         let gate_app = format!("gate-{}", env.id);
-        let policy = RebootPolicy::new(
-            &env.id,
-            serde_json::from_value(json!({
-                "nodeSelector": {"matchLabels": {GROUP_LABEL: env.id}},
-                "reboot": {"command": ["/bin/true"]},
-                "gates": {"blockingPods": [{
-                    "namespace": env.ns,
-                    "selector": {"matchLabels": {"app": gate_app}},
-                }]},
-            }))
-            .expect("a policy spec"),
-        );
-        let policies: Api<RebootPolicy> = Api::all(env.client.clone());
-        policies
-            .create(&Default::default(), &policy)
-            .await
-            .expect("creating the policy");
+        create_group_policy(
+            &env,
+            json!({"gates": {"blockingPods": [{
+                "namespace": env.ns,
+                "selector": {"matchLabels": {"app": gate_app}},
+            }]}}),
+        )
+        .await;
         let args = cluster_role_args(&env, &[]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let bin = std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper"));
