@@ -460,10 +460,8 @@ fn a_leader_that_cannot_renew_stops_within_its_renew_deadline() {
 /// The audit entries of `user`'s pod list and watch requests since byte
 /// `from`: (audit ID, stage, request URI).
 fn pod_reads_of(user: &str, from: u64) -> Vec<(String, String, String)> {
-    let text = std::fs::read(support::audit_log()).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
-    tail.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    support::audit_entries(&support::audit_log(), from)
+        .into_iter()
         .filter(|v| v["user"]["username"].as_str() == Some(user))
         .filter(|v| matches!(v["verb"].as_str(), Some("list") | Some("watch")))
         .filter(|v| v["objectRef"]["resource"].as_str() == Some("pods"))

@@ -677,14 +677,20 @@ pub fn host_kubeconfig(node: &str) -> PathBuf {
     path
 }
 
+/// The audit log's entries (one JSON object per line) from byte `from`.
+pub fn audit_entries(path: &Path, from: u64) -> Vec<serde_json::Value> {
+    let text = std::fs::read(path).unwrap_or_default();
+    String::from_utf8_lossy(&text[(from as usize).min(text.len())..])
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
 /// Distinct requests (audit IDs) in the API server's audit log since byte
 /// offset `from` (the benchmarks' request counts).
 pub fn audit_ids_since(path: &Path, from: u64) -> usize {
-    let text = std::fs::read(path).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
-    let ids: std::collections::HashSet<String> = tail
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let ids: std::collections::HashSet<String> = audit_entries(path, from)
+        .into_iter()
         .filter_map(|v| {
             v.get("auditID")
                 .and_then(|a| a.as_str())
@@ -698,11 +704,8 @@ pub fn audit_ids_since(path: &Path, from: u64) -> usize {
 /// `from` (their `ResponseStarted` entry, so a watch opened earlier and
 /// ending now is not counted): the benchmarks' watch reopenings.
 pub fn audit_count_since(path: &Path, from: u64, verb: &str, resource: &str) -> usize {
-    let text = std::fs::read(path).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
-    let ids: std::collections::HashSet<String> = tail
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let ids: std::collections::HashSet<String> = audit_entries(path, from)
+        .into_iter()
         .filter(|v| v["verb"].as_str() == Some(verb))
         .filter(|v| v["stage"].as_str() == Some("ResponseStarted"))
         .filter(|v| v["objectRef"]["resource"].as_str() == Some(resource))
@@ -782,11 +785,9 @@ pub struct Request {
 /// The requests `user` made since byte `from` of the audit log, one per
 /// audit ID.
 pub fn requests_of(user: &str, from: u64) -> Vec<Request> {
-    let text = std::fs::read(audit_log()).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).to_string();
     let mut seen = std::collections::HashSet::new();
-    tail.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    audit_entries(&audit_log(), from)
+        .into_iter()
         .filter(|v| v["user"]["username"].as_str() == Some(user))
         .filter(|v| {
             v["auditID"]
