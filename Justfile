@@ -27,14 +27,17 @@ lint:
 # All tests: unit tests and integration tests on the local control plane,
 # one real node and three machines that reboot for real (kubelet +
 # containerd, tests/realnode/node.sh), started for the run and stopped after
-# it. They run the static binary's image.
+# it. They run the static binary's image. tests/run-suite runs the binaries
+# in three lanes at once, each lane on a control plane of its own (which
+# binaries may share one: its header); `just test --serial` runs them one
+# after another on one cluster, as `cargo test` would.
 [doc('All tests: unit, integration on the local control plane, real nodes and rebooting machines.')]
-test: build-static cluster-up
+test *args: build-static cluster-up
     #!/usr/bin/env bash
     set -euo pipefail
     trap 'tests/realnode/node.sh down; tests/controlplane/cluster.sh down' EXIT
     export NODEKEEPER_IMAGE_BIN="$PWD/{{static_bin}}"
-    cargo test
+    tests/run-suite {{args}}
 
 # OCI image archives without a container daemon (agent image and Talos
 # extension) into target/image, plus the Containerfile's build context.
