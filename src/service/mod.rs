@@ -41,7 +41,7 @@ use std::time::Duration;
 use crate::api::pod::Pod;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::ApiResource;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -359,8 +359,16 @@ pub async fn run(
     // WatchBackoff): kube's Controller would otherwise put its own
     // backoff (up to 30 s) on the merged trigger stream, and one failing
     // watch would hold back the events of all the others.
-    let controller =
-        Controller::for_stream(node_events, nodes.clone()).trigger_backoff(WatchBackoff::default());
+    //
+    // At most RECONCILES_AT_ONCE node reconciles run at once; the rest
+    // wait in the controller's queue as object references. Unbounded, a
+    // start-up on 5 000 nodes parked 5 000 reconcile futures on the first
+    // full list of every kind (`synced`), and the allocator kept their
+    // memory: 79.8 MiB after a restart against 43.4 MiB while the same
+    // cluster grew.
+    let controller = Controller::for_stream(node_events, nodes.clone())
+        .with_config(ControllerConfig::default().concurrency(RECONCILES_AT_ONCE))
+        .trigger_backoff(WatchBackoff::default());
     let events = crate::effects::events::Events::new(client.clone(), "nodekeeper", Some(identity));
     let ctx = Arc::new(Context::new(
         Interpreter {
@@ -527,6 +535,12 @@ fn own_node(
         Scope::AllNodes { .. } => None,
     }
 }
+
+/// Node reconciles at once (see where the controller is built). A drain's
+/// reconcile holds its slot while its evictions are in flight, so this is
+/// also how many nodes a cluster role without agents drains at once: far
+/// above what budgets admit, and the evictions share one in-flight limit.
+const RECONCILES_AT_ONCE: u16 = 128;
 
 /// How long reconciles in flight may run on after SIGTERM or a lost lease.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
