@@ -16,8 +16,15 @@ pub fn init(verbose: bool) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
         .format(|buf, record| {
             use std::io::Write as _;
+            // Milliseconds at debug level, where the log is a timeline
+            // (a round's writes, the drain's steps); seconds otherwise.
+            let unit = if log::max_level() >= log::LevelFilter::Debug {
+                jiff::Unit::Millisecond
+            } else {
+                jiff::Unit::Second
+            };
             let now = jiff::Timestamp::now()
-                .round(jiff::Unit::Second)
+                .round(unit)
                 .unwrap_or_else(|_| jiff::Timestamp::now());
             writeln!(buf, "[{now} {:<5}] {}", record.level(), record.args())
         })
