@@ -109,10 +109,13 @@ fn main() {
     block_on(cloud.boot(&env, &group, 1));
     let cmd = cloud.command.display().to_string();
     let sel = format!("{GROUP_LABEL}={}", env.id);
+    // NODEKEEPER_BENCH_LOG: the role's log filter (e.g. nodekeeper=debug
+    // for a timeline of the rounds; the log's path is printed at the end).
+    let filter = std::env::var("NODEKEEPER_BENCH_LOG").unwrap_or_else(|_| "nodekeeper=warn".into());
     let agent = Agent::start_with(
         &bin,
         &bench_kc,
-        "nodekeeper=warn",
+        &filter,
         &[
             "run",
             "--all-nodes",
@@ -170,7 +173,18 @@ fn main() {
         rows.push((surge, ideal, took, requests));
     }
     let rss = rss_kib(agent.child.id(), "VmHWM");
-    let creates = cloud.calls_of("create-node").len();
+    // nodekeeper's own create-node calls: the bench's boots of the
+    // initial nodes ask too (request ids `init-…`), and are not counted.
+    let creates = cloud
+        .calls_of("create-node")
+        .iter()
+        .filter(|r| {
+            !r["requestId"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("init-"))
+        })
+        .count();
+    let replaced = SINGLE_RUNS + 2 * NODES;
 
     println!();
     println!(
@@ -198,9 +212,10 @@ fn main() {
         );
     }
     println!(
-        "peak RSS of the cluster role: {:.1} MiB; provider create-node calls: {creates}",
+        "peak RSS of the cluster role: {:.1} MiB; provider create-node calls: {creates} for {replaced} replaced nodes",
         rss as f64 / 1024.0
     );
+    println!("cluster role's log: {}", agent.log.display());
     drop(agent);
     block_on(clean_up(&client, &env));
     drop(cloud);
