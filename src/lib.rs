@@ -117,7 +117,8 @@
 //!   over its objects and, for reboots and upgrades, the node role's own
 //!   step; none calls another feature's pass), [`service::reconcile`] (the
 //!   node controller's reconcile: one node's maintenance, and in the node
-//!   role its own reboot and upgrade step), credentials, the HTTP/2 client
+//!   role its own reboot and upgrade step; at most 128 at once, so a start
+//!   on thousands of nodes queues references, not reconciles), credentials, the HTTP/2 client
 //!   and start-up checks ([`service::connect`]), `/metrics`, `/healthz` (a
 //!   watchdog on loop progress) and `/readyz` ([`service::metrics`]: what
 //!   is counted, the exposition text, the HTTP server). Labelled counts
@@ -162,6 +163,11 @@
 //!   runs what kwok cannot show: the static pod and the DaemonSet recipes as
 //!   the README writes them, real drains, runtime restarts
 //!   (`tests/real_node.rs`). `tests/bench/` holds the benchmarks.
+//!   `tests/run-suite` runs the test binaries in three lanes at once, each
+//!   on a control plane of its own: what must see a cluster alone
+//!   (unscoped cluster roles, API server restarts, the webhook, the chart,
+//!   alerts), the real machines, and the binaries scoped to their own
+//!   namespace and nodes.
 //!
 //! ## Invariants
 //! **Architecture invariant:** nothing under `decide/` performs I/O or reads
