@@ -473,21 +473,33 @@ fn a_prometheus_gate_holds_reboots_while_a_matching_alert_fires() {
         a,
         nodekeeper::api::reboot::RebootPhase::Waiting,
     ));
-    let entry = block_on(wait_for("the node waiting on the alert", LONG, || async {
-        let p = Api::<nodekeeper::api::reboot::RebootPolicy>::all(env.client.clone())
-            .get(&policy)
-            .await
-            .ok()?;
-        p.status?
-            .nodes
-            .into_iter()
-            .find(|e| e.name == *a && e.reason.as_deref() == Some("Alert"))
-    }));
-    let said = entry.message.unwrap_or_default();
-    assert!(
-        said.contains("alert NodekeeperTestAlways active in Prometheus"),
-        "{said} (first: {message})"
-    );
+    // Until Prometheus has answered once, the gate holds the node saying
+    // it cannot tell (reason Alert too); under load that can be the first
+    // status written, so wait for the one naming the alert.
+    let named = "alert NodekeeperTestAlways active in Prometheus";
+    let deadline = std::time::Instant::now() + LONG;
+    let mut last = String::from("no entry for the node");
+    loop {
+        let entry = block_on(async {
+            let p = Api::<nodekeeper::api::reboot::RebootPolicy>::all(env.client.clone())
+                .get(&policy)
+                .await
+                .ok()?;
+            p.status?.nodes.into_iter().find(|e| e.name == *a)
+        });
+        if let Some(e) = entry {
+            let said = e.message.unwrap_or_default();
+            if e.reason.as_deref() == Some("Alert") && said.contains(named) {
+                break;
+            }
+            last = format!("{:?}: {said}", e.reason);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never waited on the alert by name within {LONG:?}; last: {last} (first: {message})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     assert_eq!(fleet.commands(a), 0, "no reboot while the alert fires");
 
     // The gate ignores it now: the node is admitted and rebooted once.
