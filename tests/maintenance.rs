@@ -459,6 +459,74 @@ fn pdb_blocks_the_drain_names_itself_and_relaxing_it_lets_it_finish() {
     })
 }
 
+/// A maintenance that took the node's lease and then failed (its drain ran
+/// out of time with onTimeout Skip) gives the lease back when it is
+/// deleted, as one that succeeded does: before, only a Running or
+/// Succeeded maintenance released it, so a failed one left the node held
+/// from medik8s remediators for the lease's hour.
+#[test]
+fn a_failed_maintenance_releases_the_lease_when_deleted() {
+    block_on(async {
+        let mut w = world("failedlease", &["a"]).await;
+        w.deploy("db", 2).await;
+        w.pdb("db-pdb", "db", 2).await;
+        let b = w.env.add_node("b").await;
+        w.env.wait_node_ready(&b).await;
+        w.nodes.push(b);
+        w.start_agents();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("m");
+        let mut nm = NodeMaintenance::new(
+            &name,
+            NodeMaintenanceSpec {
+                node_name: a.clone(),
+                reason: Some("test".into()),
+            },
+        );
+        nm.metadata.annotations = Some(
+            [
+                (DRAIN_TIMEOUT_ANNOTATION.to_string(), "2".to_string()),
+                (DRAIN_ON_TIMEOUT_ANNOTATION.to_string(), "Skip".to_string()),
+            ]
+            .into(),
+        );
+        w.nms()
+            .create(&PostParams::default(), &nm)
+            .await
+            .expect("creating NodeMaintenance");
+        let failed = w.wait_phase(&name, Phase::Failed).await;
+        let err = failed.status.and_then(|s| s.last_error).unwrap_or_default();
+        assert!(err.contains("skipped"), "{err}");
+        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+        assert!(
+            leases
+                .get_opt(&lease_name(&a))
+                .await
+                .expect("get lease")
+                .is_some(),
+            "the failed maintenance took the lease"
+        );
+        w.nms()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        wait_for("the failed maintenance to be gone", LONG, || async {
+            w.nms().get_opt(&name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        wait_for("the lease to be released", LONG, || async {
+            leases
+                .get_opt(&lease_name(&a))
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert!(!unschedulable(&w.node(&a).await), "given back uncordoned");
+    })
+}
+
 #[test]
 fn status_counters_follow_the_drain() {
     block_on(async {

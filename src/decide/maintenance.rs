@@ -78,8 +78,10 @@ pub enum Step {
         reason: &'static str,
         message: String,
     },
-    /// Add the medik8s finalizer and the owner reference to the Node.
-    AddFinalizer { nm: String },
+    /// Add the medik8s finalizer and the owner reference to the Node; with
+    /// `lease`, take the medik8s lease at the same time (two independent
+    /// writes, one round trip: a burst of maintenances waits on each).
+    AddFinalizer { nm: String, lease: bool },
     /// First status: Running with the pod counts; announces BeginMaintenance.
     Begin {
         nm: String,
@@ -109,6 +111,9 @@ pub enum Step {
     RemoveFromNode { nm: String, uncordon: bool },
     /// Release the lease (if `release_lease`), drop the finalizer, announce RemovedMaintenance.
     Finish { nm: String, release_lease: bool },
+    /// Release the lease this process holds for a node no maintenance
+    /// names any more (one deleted before it began, or one that failed).
+    ReleaseLease,
     /// Nothing to do until something changes, or until the given time passes.
     Wait(Option<Duration>),
 }
@@ -349,6 +354,14 @@ pub fn decide(s: &Snapshot) -> Step {
                 uncordon: annotation(node, CORDONED_ANNOTATION).is_some(),
             };
         }
+        // A lease this process took for maintenances that are all gone
+        // goes too: one deleted before it began (while its finalizer and
+        // the lease were being written), or one that failed after taking
+        // it (Finish releases only a Running or Succeeded one's). Left, it
+        // would hold the node from medik8s remediators for an hour.
+        if nms.is_empty() && s.lease_renew_at.is_some() {
+            return Step::ReleaseLease;
+        }
         return Step::Wait(None);
     };
     let name = p.name_any();
@@ -362,8 +375,19 @@ pub fn decide(s: &Snapshot) -> Step {
             };
         }
     };
+    // The lease, then the node, then the first status: what a watcher of
+    // the node waits for comes first (NMO writes its first status before
+    // the lease; with 100 maintenances at once those two writes per node
+    // stood before every cordon). The finalizer and the lease are written
+    // together; the cordon waits for both, so a deletion in between still
+    // gives the node back and no node is cordoned under someone else's
+    // lease.
+    let lease_due = s.lease_renew_at.is_none_or(|at| at <= s.now);
     if !p.has_finalizer() {
-        return Step::AddFinalizer { nm: name };
+        return Step::AddFinalizer {
+            nm: name,
+            lease: lease_due,
+        };
     }
     let timed_out = drain_deadline(p, opts.timeout).is_some_and(|d| d <= s.now);
     let fates: Vec<(Arc<Pod>, Fate)> = s
@@ -386,12 +410,6 @@ pub fn decide(s: &Snapshot) -> Step {
             (pod.clone(), fate)
         })
         .collect();
-    // The lease, then the node, then the first status: what a watcher of
-    // the node waits for comes first (NMO writes its first status before
-    // the lease; with 100 maintenances at once those two writes per node
-    // stood before every cordon). The finalizer above is already on, so a
-    // deletion in between still gives the node back.
-    let lease_due = s.lease_renew_at.is_none_or(|at| at <= s.now);
     if lease_due {
         return Step::AcquireLease { nm: name };
     }

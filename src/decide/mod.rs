@@ -198,6 +198,9 @@ pub struct HostRecord {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub effects: Vec<Effect>,
+    /// The effects are independent writes: perform them at once, not in
+    /// order (each outcome is still recorded; the first error is returned).
+    pub together: bool,
     pub then: Then,
     /// What the log says once the effects are done (a plan says what it
     /// does; the interpreter does not).
@@ -218,8 +221,17 @@ impl Plan {
     pub fn steps(effects: Vec<Effect>) -> Plan {
         Plan {
             effects,
+            together: false,
             then: Then::Again,
             note: None,
+        }
+    }
+
+    /// Perform these independent writes at once, then decide again.
+    pub fn together(effects: Vec<Effect>) -> Plan {
+        Plan {
+            together: true,
+            ..Plan::steps(effects)
         }
     }
 
@@ -227,6 +239,7 @@ impl Plan {
     pub fn wait(after: Option<Duration>) -> Plan {
         Plan {
             effects: Vec::new(),
+            together: false,
             then: Then::Wait(after),
             note: None,
         }

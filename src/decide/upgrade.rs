@@ -447,6 +447,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     });
     Plan {
         effects,
+        together: false,
         then: Then::Wait(d.wake),
         note,
     }

@@ -258,27 +258,42 @@ async fn reconcile_node(
         let mut plan = maintenance::plan(&snapshot, step.clone());
         let mut i = 0;
         while i < plan.effects.len() {
-            let effect = &plan.effects[i];
-            log::debug!("node {node_name}: {}", crate::effects::describe(effect));
-            let outcome = match ctx.effects.perform(effect).await {
-                // The lifecycle conditions are a courtesy to other
-                // readers: a refused write never holds up the drain or the
-                // uncordon.
-                Err(e) if matches!(effect, Effect::PatchNodeStatus { .. }) => {
-                    log::warn!(
-                        "node {node_name}: {e}; the maintenance goes on without its lifecycle conditions and tries again in 60 s"
-                    );
-                    Outcome::StatusRefused
-                }
-                other => other?,
+            // One effect at a time, or the rest at once where the plan's
+            // writes are independent; every outcome is recorded either way.
+            let batch = if plan.together {
+                &plan.effects[i..]
+            } else {
+                &plan.effects[i..=i]
             };
-            ctx.record(node_name, effect, &outcome, now);
-            if let Some(follow) = maintenance::after(&snapshot, &step, &outcome) {
-                plan = follow;
+            let outcomes = crate::runtime::join_all(
+                batch
+                    .iter()
+                    .map(|effect| perform(ctx, node_name, effect))
+                    .collect(),
+            )
+            .await;
+            let (mut follow, mut failed) = (None, None);
+            for (effect, outcome) in batch.iter().zip(outcomes) {
+                match outcome {
+                    Ok(outcome) => {
+                        ctx.record(node_name, effect, &outcome, now);
+                        follow = follow.or_else(|| maintenance::after(&snapshot, &step, &outcome));
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            let done = batch.len();
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if let Some(f) = follow {
+                plan = f;
                 i = 0;
                 continue;
             }
-            i += 1;
+            i += done;
         }
         if let Some((level, line)) = &plan.note {
             log::log!(*level, "{line}");
@@ -291,4 +306,20 @@ async fn reconcile_node(
         "node {node_name}: still busy after {MAX_STEPS} steps; continuing on the next reconcile"
     );
     Ok(Some(Duration::from_millis(100)))
+}
+
+/// Perform one effect of a node's maintenance.
+async fn perform(ctx: &Context, node_name: &str, effect: &Effect) -> Result<Outcome> {
+    log::debug!("node {node_name}: {}", crate::effects::describe(effect));
+    match ctx.effects.perform(effect).await {
+        // The lifecycle conditions are a courtesy to other readers: a
+        // refused write never holds up the drain or the uncordon.
+        Err(e) if matches!(effect, Effect::PatchNodeStatus { .. }) => {
+            log::warn!(
+                "node {node_name}: {e}; the maintenance goes on without its lifecycle conditions and tries again in 60 s"
+            );
+            Ok(Outcome::StatusRefused)
+        }
+        other => other,
+    }
 }

@@ -44,7 +44,7 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
             ])
             .warn(format!("NodeMaintenance {nm}: {message}"))
         }
-        Step::AddFinalizer { nm } => {
+        Step::AddFinalizer { nm, lease } => {
             let Some(m) = find(&nm) else {
                 return Plan::wait(None);
             };
@@ -70,12 +70,16 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                 owners.push(node);
                 Some(owners)
             });
-            Plan::steps(vec![Effect::SetFinalizers {
+            let mut effects = vec![Effect::SetFinalizers {
                 nm,
                 resource_version: m.resource_version(),
                 finalizers,
                 owners,
-            }])
+            }];
+            if lease {
+                effects.push(take_lease(s));
+            }
+            Plan::together(effects)
         }
         Step::Begin { nm, status } => {
             let Some(m) = find(&nm) else {
@@ -94,10 +98,7 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                 "NodeMaintenance {nm}: maintenance of node {node} begins"
             ))
         }
-        Step::AcquireLease { .. } => Plan::steps(vec![Effect::TakeLease {
-            node: node.into(),
-            node_uid: s.node.and_then(|n| n.uid()),
-        }]),
+        Step::AcquireLease { .. } => Plan::steps(vec![take_lease(s)]),
         Step::ApplyToNode { nm, cordon } => {
             let Some(n) = s.node else {
                 return Plan::wait(None);
@@ -262,13 +263,18 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                 Plan::steps(effects)
             }
         }
+        Step::ReleaseLease => Plan::steps(vec![Effect::ReleaseLease { node: node.into() }]).info(
+            format!("node {node}: lease released (no maintenance of the node is left)"),
+        ),
     }
 }
 
 /// The follow-up an outcome calls for, if any: a lease held by someone else
 /// is counted in status (NMO's `errorOnLeaseCount`), and after more than
 /// [`MAX_LEASE_ERRORS`] the maintenance fails with NMO's message, touching
-/// nothing. Either way the next try is in [`LEASE_RETRY`].
+/// nothing. Either way the next try is in [`LEASE_RETRY`]. A lease taken
+/// beside the finalizer and found held is not followed up: the next
+/// decision's [`Step::AcquireLease`] meets it again and counts it.
 pub fn after(s: &Snapshot, step: &Step, outcome: &Outcome) -> Option<Plan> {
     let (Step::AcquireLease { nm }, Outcome::LeaseHeldBy(holder)) = (step, outcome) else {
         return None;
@@ -304,6 +310,13 @@ pub fn after(s: &Snapshot, step: &Step, outcome: &Outcome) -> Option<Plan> {
     };
     plan.then = Then::Wait(Some(LEASE_RETRY));
     Some(plan)
+}
+
+fn take_lease(s: &Snapshot) -> Effect {
+    Effect::TakeLease {
+        node: s.node_name.into(),
+        node_uid: s.node.and_then(|n| n.uid()),
+    }
 }
 
 fn write_status(m: &NodeMaintenance, mut status: NodeMaintenanceStatus, now: Timestamp) -> Effect {

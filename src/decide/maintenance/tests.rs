@@ -205,13 +205,86 @@ impl World {
 
 #[test]
 fn nothing_to_do_without_maintenance() {
-    assert_eq!(World::new(Some(node()), vec![]).decide(), Step::Wait(None));
+    let mut w = World::new(Some(node()), vec![]);
+    w.lease_renew_at = None;
+    assert_eq!(w.decide(), Step::Wait(None));
+}
+
+/// A maintenance deleted while its finalizer and lease were being written
+/// leaves no lease behind: without a maintenance, a lease we hold goes.
+#[test]
+fn a_lease_without_a_maintenance_is_released() {
+    let w = World::new(Some(node()), vec![]);
+    assert_eq!(w.decide(), Step::ReleaseLease);
+    let p = plan(&w.snapshot(), Step::ReleaseLease);
+    assert!(
+        matches!(p.effects.as_slice(), [Effect::ReleaseLease { node }] if node == NODE),
+        "{:?}",
+        p.effects
+    );
+}
+
+/// A maintenance deleted before its first status, or one that failed,
+/// drops its finalizer without releasing (it may not have been the one
+/// that took the lease); once no maintenance names the node, the lease we
+/// hold goes. Another maintenance of the node keeps it.
+#[test]
+fn the_lease_goes_when_the_last_maintenance_of_the_node_is_gone() {
+    for phase in [None, Some(Phase::Failed)] {
+        let mut m = deleting(nm("m", 0, phase));
+        m.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        let mut w = World::new(Some(node()), vec![m]);
+        assert_eq!(
+            w.decide(),
+            Step::Finish {
+                nm: "m".into(),
+                release_lease: false
+            }
+        );
+        w.nms.clear();
+        assert_eq!(w.decide(), Step::ReleaseLease);
+        w.nms.push(nm("other", 5, None));
+        w.nms[0].metadata.finalizers = Some(vec![FINALIZER.into()]);
+        assert_ne!(
+            w.decide(),
+            Step::ReleaseLease,
+            "another maintenance needs it"
+        );
+    }
 }
 
 #[test]
-fn new_maintenance_gets_the_finalizer_first() {
-    let w = World::new(Some(node()), vec![nm("m", 0, None)]);
-    assert_eq!(w.decide(), Step::AddFinalizer { nm: "m".into() });
+fn new_maintenance_gets_the_finalizer_and_the_lease_first() {
+    let mut w = World::new(Some(node()), vec![nm("m", 0, None)]);
+    w.lease_renew_at = None;
+    let step = w.decide();
+    assert_eq!(
+        step,
+        Step::AddFinalizer {
+            nm: "m".into(),
+            lease: true
+        }
+    );
+    // Two independent writes, one round trip.
+    let p = plan(&w.snapshot(), step);
+    assert!(p.together);
+    assert!(
+        matches!(
+            p.effects.as_slice(),
+            [Effect::SetFinalizers { .. }, Effect::TakeLease { .. }]
+        ),
+        "{:?}",
+        p.effects
+    );
+    // A lease we hold already is not taken again.
+    w.lease_renew_at = Some(ts(3000));
+    assert_eq!(
+        w.decide(),
+        Step::AddFinalizer {
+            nm: "m".into(),
+            lease: false
+        }
+    );
 }
 
 /// After the finalizer: the lease, the node, and only then the first

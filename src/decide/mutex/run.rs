@@ -42,6 +42,7 @@ pub fn run(s: &RunSnapshot) -> Plan {
     effects.extend(run.effects);
     Plan {
         effects,
+        together: false,
         then: Then::Wait(run.wake),
         note: None,
     }
