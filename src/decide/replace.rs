@@ -204,9 +204,13 @@ pub fn decide(s: &Snapshot) -> Plan {
             {
                 add.insert(IMAGE_ANNOTATION.into(), json!(i));
             }
+            // Unguarded (the architecture map's exception): facts about
+            // the instance, set only where absent, in keys only we write.
+            // Guarded, the write met the new node's first status updates
+            // (kubelet or kwok) and lost a 409 and a round in every wave.
             (!add.is_empty()).then(|| Effect::PatchNode {
                 node: n.name_any(),
-                resource_version: n.resource_version(),
+                resource_version: None,
                 patch: json!({ "metadata": { "annotations": add } }),
             })
         })
@@ -214,9 +218,12 @@ pub fn decide(s: &Snapshot) -> Plan {
     if !annotate.is_empty() {
         return Plan::steps(annotate);
     }
-    // 2. PendingNodes: status, joins past their deadline, leaves.
+    // 2. PendingNodes: status, joins past their deadline, leaves. Such a
+    // round waits for its provider calls (an instance delete takes a
+    // while), so donors drained meanwhile leave in it too, ahead of the
+    // calls: a wave's other donors would otherwise wait a round more.
     if let Some(plan) = lifecycle::pending(s) {
-        return plan;
+        return before_calls(plan, drained_donors(s, &classify(s)));
     }
     // 3. ScalingGroups follow the image.
     if let Some(plan) = lifecycle::scaling_groups(s) {
@@ -367,6 +374,47 @@ pub fn decide(s: &Snapshot) -> Plan {
         return Plan::steps(fx).with(events);
     }
     Plan::wait(wake).with(events)
+}
+
+/// The leaves, node and maintenance deletes of donors ready to go now:
+/// drained, their heir Ready with every inherited label, and nothing to
+/// ask the provider first (a control plane leaves etcd first, in its own
+/// round). What step 7 would do for them, without what it would do first.
+fn drained_donors(s: &Snapshot, c: &Classes) -> Vec<Effect> {
+    let mut fx = Vec::new();
+    for heir in &c.heirs {
+        let Some(donor) = c
+            .donors
+            .iter()
+            .find(|d| annotation(heir, DONOR_ANNOTATION) == Some(d.name_any().as_str()))
+        else {
+            continue;
+        };
+        let labelled = inherited(donor)
+            .iter()
+            .all(|(k, v)| heir.labels().get(k.as_str()) == Some(*v));
+        if !labelled || !ready(heir) || is_control_plane(donor) {
+            continue;
+        }
+        if let Retire::Act(more) = retire(s, donor)
+            && more.iter().any(|e| matches!(e, Effect::DeleteNode { .. }))
+            && !more.iter().any(|e| matches!(e, Effect::Provider { .. }))
+        {
+            fx.extend(more);
+        }
+    }
+    fx
+}
+
+/// `plan` with `writes` put in front of its first provider call.
+fn before_calls(mut plan: Plan, writes: Vec<Effect>) -> Plan {
+    let at = plan
+        .effects
+        .iter()
+        .position(|e| matches!(e, Effect::Provider { .. }))
+        .unwrap_or(plan.effects.len());
+    plan.effects.splice(at..at, writes);
+    plan
 }
 
 impl Plan {

@@ -433,3 +433,44 @@ fn every_joined_node_pairs_and_every_ready_pair_moves_in_one_round() {
         .collect();
     assert_eq!(deleted, ["a-old", "b-old"], "{plan:?}");
 }
+
+/// A round that asks the provider to delete a leaving instance waits for
+/// the answer: a donor drained meanwhile leaves in that round, ahead of
+/// the call, instead of a round later (a wave's donors drain at nearly the
+/// same time, and each round's instance delete held up the next donor).
+#[test]
+fn a_drained_donor_leaves_in_the_round_that_deletes_another_instance() {
+    let mut w = World::new("img-2", 3);
+    w.nodes = vec![
+        node("b-old", "g", "img-1", &[(HEIR_ANNOTATION, "new-2")]),
+        node("c-old", "g", "img-1", &[(HEIR_ANNOTATION, "new-3")]),
+        node("new-1", "g", "img-2", &[]),
+        node("new-2", "g", "img-2", &[(DONOR_ANNOTATION, "b-old")]),
+        node("new-3", "g", "img-2", &[(DONOR_ANNOTATION, "c-old")]),
+    ];
+    // a-old's node is gone; its instance is to be deleted.
+    w.pending = vec![pending("a-old", "g", "Leave", "Running")];
+    w.settle_status();
+    // b-old is drained, c-old not yet.
+    w.maintenances = vec![
+        nm_for(&w, "b-old", Some(Phase::Succeeded)),
+        nm_for(&w, "c-old", Some(Phase::Running)),
+    ];
+    let plan = decide(&w.snap());
+    let order: Vec<String> = plan
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::DeleteNode { name, .. } => Some(format!("delete node {name}")),
+            Effect::Provider { verb, request, .. } => {
+                Some(format!("{verb} {}", request["providerID"].as_str()?))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        order,
+        ["delete node b-old", "delete-node kwok://a-old"],
+        "{plan:?}"
+    );
+}
