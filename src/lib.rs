@@ -17,8 +17,11 @@
 //!
 //! The loop, per node: **snapshot → decide → plan → interpret → record**.
 //! `decide` is pure (snapshot and time in, a step and its [`decide::Plan`]
-//! of [`decide::Effect`]s out); one interpreter performs effects; outcomes
-//! come back into per-node memory and the next snapshot.
+//! of [`decide::Effect`]s out); one interpreter performs effects, one after
+//! another, or at once where the plan says they are independent
+//! (`Plan::together`: a new maintenance's finalizer and lease, so the
+//! cordon waits two round trips, not three); outcomes come back into
+//! per-node memory and the next snapshot.
 //!
 //! ## Entry points
 //! - `main.rs`: parses flags (argh), initialises logging, calls
@@ -180,9 +183,11 @@
 //! carries the resourceVersion it was decided on, and a delete the UID;
 //! creates are idempotent by a deterministic name (a 409 is done). The one
 //! deliberate exception: merge patches of node labels and annotations only
-//! nodekeeper writes (the mutex operator's rule labels, replacement's node
-//! annotations), which cannot clobber another writer's keys and would only
-//! conflict with every kubelet heartbeat if guarded. The interpreter holds
+//! nodekeeper writes (the mutex operator's rule labels, the provider's
+//! facts replacement puts on a new node), which cannot clobber another
+//! writer's keys and would only conflict with every kubelet heartbeat if
+//! guarded. (Replacement's pairing annotations stay guarded: a pair decided
+//! on a stale copy must not be written.) The interpreter holds
 //! no policy, and starts no effect once the cluster role's lease is in
 //! doubt ([`effects::lease::LeaderGate`]). (The webhook's caBundle write is
 //! not the loop's: it lives with the server in [`service::admission`], also
