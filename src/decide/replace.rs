@@ -301,14 +301,7 @@ pub fn decide(s: &Snapshot) -> Plan {
     // Ready, then deleted. Every pair moves in the same round (each heir's
     // labels go before its donor's drain, in order within the batch).
     let mut fx = Vec::new();
-    for heir in &c.heirs {
-        let Some(donor) = c
-            .donors
-            .iter()
-            .find(|d| annotation(heir, DONOR_ANNOTATION) == Some(d.name_any().as_str()))
-        else {
-            continue;
-        };
+    for (heir, donor) in pairs(&c) {
         let want = inherited(donor);
         let missing: BTreeMap<&String, &String> = want
             .iter()
@@ -382,14 +375,7 @@ pub fn decide(s: &Snapshot) -> Plan {
 /// round). What step 7 would do for them, without what it would do first.
 fn drained_donors(s: &Snapshot, c: &Classes) -> Vec<Effect> {
     let mut fx = Vec::new();
-    for heir in &c.heirs {
-        let Some(donor) = c
-            .donors
-            .iter()
-            .find(|d| annotation(heir, DONOR_ANNOTATION) == Some(d.name_any().as_str()))
-        else {
-            continue;
-        };
+    for (heir, donor) in pairs(c) {
         let labelled = inherited(donor)
             .iter()
             .all(|(k, v)| heir.labels().get(k.as_str()) == Some(*v));
@@ -404,6 +390,17 @@ fn drained_donors(s: &Snapshot, c: &Classes) -> Vec<Effect> {
         }
     }
     fx
+}
+
+/// Each heir with its donor (an heir whose donor is gone has none).
+fn pairs<'a>(c: &'a Classes<'a>) -> impl Iterator<Item = (&'a Node, &'a Node)> + 'a {
+    c.heirs.iter().filter_map(|heir| {
+        let donor = c
+            .donors
+            .iter()
+            .find(|d| annotation(heir, DONOR_ANNOTATION) == Some(d.name_any().as_str()))?;
+        Some((*heir, *donor))
+    })
 }
 
 /// `plan` with `writes` put in front of its first provider call.
