@@ -246,12 +246,19 @@ fn assert_one_reboot(log: &[Seen], m: &Machine, from: u64, boot_before: &str, ca
             m.name
         );
     }
-    // KEP-5683: the node said why it was going away when it went.
+    // KEP-5683: the node said why it was going away before it went: an
+    // event of the watch, still on the old boot, shows the condition. The
+    // watch's order is the server's; when an event reaches the watcher can
+    // trail the machine's own record of the reboot request by milliseconds
+    // (seen: the condition written before the request, seen 6 ms after
+    // it), so the two clocks' times are not compared.
     assert!(
-        state_at(log, &m.name, asked).is_some_and(|s| s
-            .lifecycle
-            .contains(&format!("MaintenanceInProgress=True/{cause}"))),
-        "{}: the reboot request at {asked} came while the node did not say MaintenanceInProgress ({cause}): {log:?}",
+        log.iter().any(|s| s.node == m.name
+            && s.ms >= from
+            && s.boot == boot_before
+            && s.lifecycle
+                .contains(&format!("MaintenanceInProgress=True/{cause}"))),
+        "{}: the node never said MaintenanceInProgress ({cause}) before its reboot (asked at {asked}): {log:?}",
         m.name
     );
     assert!(
