@@ -75,13 +75,31 @@ impl World {
     }
 
     async fn maintain(&self, name: &str, node: &str) -> NodeMaintenance {
-        let nm = NodeMaintenance::new(
+        self.maintain_annotated(name, node, &[]).await
+    }
+
+    /// A NodeMaintenance carrying these annotations (drain options).
+    async fn maintain_annotated(
+        &self,
+        name: &str,
+        node: &str,
+        annotations: &[(&str, &str)],
+    ) -> NodeMaintenance {
+        let mut nm = NodeMaintenance::new(
             name,
             NodeMaintenanceSpec {
                 node_name: node.into(),
                 reason: Some("test".into()),
             },
         );
+        if !annotations.is_empty() {
+            nm.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+        }
         self.nms()
             .create(&PostParams::default(), &nm)
             .await
@@ -476,24 +494,15 @@ fn a_failed_maintenance_releases_the_lease_when_deleted() {
         w.start_agents();
         let a = w.nodes[0].clone();
         let name = w.nm_name("m");
-        let mut nm = NodeMaintenance::new(
+        w.maintain_annotated(
             &name,
-            NodeMaintenanceSpec {
-                node_name: a.clone(),
-                reason: Some("test".into()),
-            },
-        );
-        nm.metadata.annotations = Some(
-            [
-                (DRAIN_TIMEOUT_ANNOTATION.to_string(), "2".to_string()),
-                (DRAIN_ON_TIMEOUT_ANNOTATION.to_string(), "Skip".to_string()),
-            ]
-            .into(),
-        );
-        w.nms()
-            .create(&PostParams::default(), &nm)
-            .await
-            .expect("creating NodeMaintenance");
+            &a,
+            &[
+                (DRAIN_TIMEOUT_ANNOTATION, "2"),
+                (DRAIN_ON_TIMEOUT_ANNOTATION, "Skip"),
+            ],
+        )
+        .await;
         let failed = w.wait_phase(&name, Phase::Failed).await;
         let err = failed.status.and_then(|s| s.last_error).unwrap_or_default();
         assert!(err.contains("skipped"), "{err}");
@@ -1259,27 +1268,18 @@ fn an_owners_pod_selector_drains_only_the_selected_pods() {
         w.start_agents();
         let a = w.nodes[0].clone();
         let name = w.nm_name("m");
-        let mut nm = NodeMaintenance::new(
+        w.maintain_annotated(
             &name,
-            NodeMaintenanceSpec {
-                node_name: a.clone(),
-                reason: Some("test".into()),
-            },
-        );
-        nm.metadata.annotations = Some(
-            [
+            &a,
+            &[
                 (
-                    DRAIN_POD_SELECTOR_ANNOTATION.to_string(),
-                    r#"{"matchLabels":{"app":"web"}}"#.to_string(),
+                    DRAIN_POD_SELECTOR_ANNOTATION,
+                    r#"{"matchLabels":{"app":"web"}}"#,
                 ),
-                (DRAIN_GRACE_ANNOTATION.to_string(), "5".to_string()),
-            ]
-            .into(),
-        );
-        w.nms()
-            .create(&PostParams::default(), &nm)
-            .await
-            .expect("creating NodeMaintenance");
+                (DRAIN_GRACE_ANNOTATION, "5"),
+            ],
+        )
+        .await;
         let done = w.wait_phase(&name, Phase::Succeeded).await;
         assert_eq!(done.status.and_then(|s| s.eviction_pods), Some(2));
         let on_a = |selector: &'static str| {
