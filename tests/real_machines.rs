@@ -148,6 +148,14 @@ impl Drop for Tidy {
             m.set("shutdown-delay", None);
             m.set("off", None);
             m.exec(&["rm", "-f", "/var/run/reboot-required"]);
+            // A failed test may have stopped the agents mid-reboot, with
+            // the machine cordoned: every later test would then time out
+            // waiting for it, one failure reported five times. Only then:
+            // after a passing test a cordon left behind is a defect the
+            // next test's start must find.
+            if std::thread::panicking() {
+                let _ = support::kubectl(&["uncordon", &m.name], None);
+            }
         }
     }
 }
