@@ -78,8 +78,14 @@ impl Cloud {
         std::fs::create_dir_all(&dir).expect("creating the cloud's state dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kwok-provider");
         let command = dir.join("provider");
-        // The interpreter itself, not a version manager's shim: a shim's
-        // start-up would be most of every call's time.
+        // The interpreter itself, not a version manager's shim, and
+        // without site (-S: the script needs the standard library only): a
+        // shim's start-up, or a site-packages .pth file importing a
+        // package, was most of every call's time (160 ms through pyenv's
+        // shim, 76 ms with site, 14 ms without, on this 2-core machine).
+        // A real cloud's calls wait on the network and run side by side;
+        // these burn CPU, which made a round asking three instances' states
+        // three times as slow as one.
         let python = std::process::Command::new("python3")
             .args(["-c", "import sys; print(sys.executable)"])
             .output()
@@ -90,7 +96,7 @@ impl Cloud {
         std::fs::write(
             &command,
             format!(
-                "#!/bin/sh\nKWOK_PROVIDER_STATE='{}' KUBECTL='{}' KUBECONFIG='{}' exec '{}' '{}' \"$@\"\n",
+                "#!/bin/sh\nKWOK_PROVIDER_STATE='{}' KUBECTL='{}' KUBECONFIG='{}' exec '{}' -S '{}' \"$@\"\n",
                 dir.display(),
                 bin_dir().join("kubectl").display(),
                 cluster().display(),
