@@ -138,11 +138,19 @@ pub fn questions(s: &Snapshot) -> Vec<(Read, String)> {
     }
     // A PendingNode's state matters once its node joined (Join: is it a
     // mint) or is gone (Leave: has the instance terminated); asking before
-    // that would only spend provider calls.
+    // that would only spend provider calls. Once its status records the
+    // goal reached, that record answers (as Constellation's NodeVersion
+    // controller reads it): the PendingNode is deleted by the pairing or
+    // the next round, and each round until then asked again, one call per
+    // PendingNode (at maxSurge 3, three of the four rounds between a
+    // join and its pairing were spent asking).
     for p in s.pending {
         let Some(pid) = &p.spec.provider_id else {
             continue;
         };
+        if p.status.as_ref().is_some_and(|st| st.reached_goal) {
+            continue;
+        }
         let node = p.spec.node_name.as_deref().unwrap_or_default();
         let exists = s.nodes.iter().any(|n| n.name_any() == node);
         let join = p.spec.goal.as_deref() == Some("Join");

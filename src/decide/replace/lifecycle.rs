@@ -75,13 +75,27 @@ fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
             csp_state: st.clone().or(Some("Unknown".into())),
             reached_goal: reached,
         };
+        let leaving = goal == "Leave" && !node_exists && !reached;
         if p.status.as_ref() != Some(&status) {
-            return Some(Plan::steps(vec![Effect::WriteObjectStatus {
+            let write = Effect::WriteObjectStatus {
                 kind: Kind::PendingNode,
                 name: p.name_any(),
                 resource_version: p.resource_version(),
                 status: serde_json::to_value(&status).unwrap_or_default(),
-            }]));
+            };
+            // A leave that reached its goal is recorded and deleted in one
+            // round (Constellation's reconcile does both); a leave whose
+            // delete is still to be asked asks first, and its state is
+            // recorded in a later round (it changes with the delete
+            // anyway): each round here waits for the watches and the
+            // provider's answers.
+            if goal == "Leave" && reached {
+                return Some(Plan::steps(vec![write, super::delete_pending(p)]));
+            }
+            if leaving && let Leave::Issue(plan) = leave(s, p, st.as_deref()) {
+                return Some(plan);
+            }
+            return Some(Plan::steps(vec![write]));
         }
         let past = p.spec.deadline.as_ref().is_some_and(|d| s.now >= d.0);
         match goal {
@@ -129,59 +143,73 @@ fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
                     )),
                 );
             }
-            "Leave" if !node_exists => {
-                let pid = p.spec.provider_id.clone().unwrap_or_default();
-                let key = format!("delete-node/{pid}");
-                let issued = p
-                    .annotations()
-                    .get(DELETE_ISSUED_ANNOTATION)
-                    .and_then(|t| t.parse::<Timestamp>().ok());
-                let again =
-                    issued.is_some_and(|t| s.now >= plus(t, s.nv.spec.leave_timeout_seconds));
-                let terminating = st.as_deref() == Some("Terminating");
-                // A delete the provider refused is asked again after the
-                // backoff, not only at the deadline.
-                let refused = s.failures.contains_key(&key);
-                if (issued.is_none() && !terminating) || again || refused {
-                    if backing_off(s, &key).is_some() {
-                        return None;
-                    }
-                    let mut fx = vec![
-                        Effect::PatchObject {
-                            kind: Kind::PendingNode,
-                            namespace: None,
-                            name: p.name_any(),
-                            patch: json!({ "metadata": {
-                                "annotations": { DELETE_ISSUED_ANNOTATION: s.now.to_string() },
-                                "resourceVersion": p.resource_version(),
-                            }}),
-                            status: false,
-                            strategic: false,
-                        },
-                        Effect::Provider {
-                            key,
-                            verb: "delete-node",
-                            request: json!({ "providerID": pid }),
-                        },
-                    ];
-                    if again {
-                        fx.push(Effect::Event {
-                            object: nv_ref(s),
-                            warning: true,
-                            reason: "LeaveOverdue",
-                            note: format!(
-                                "instance {pid} of node {node} has not terminated within {} s; deletion asked again",
-                                s.nv.spec.leave_timeout_seconds
-                            ),
-                        });
-                    }
-                    return Some(Plan::steps(fx));
+            "Leave" if leaving => {
+                if let Leave::Issue(plan) = leave(s, p, st.as_deref()) {
+                    return Some(plan);
                 }
             }
             _ => {}
         }
     }
     None
+}
+
+/// What a leaving PendingNode whose Node is gone needs of the provider.
+enum Leave {
+    /// Ask for the instance's deletion (recorded on the PendingNode first).
+    Issue(Plan),
+    /// Asked already, or refused and backing off.
+    Wait,
+}
+
+/// Ask the provider to delete a leaving instance: once, again past the
+/// leave deadline, and again after a refusal's backoff.
+fn leave(s: &Snapshot, p: &PendingNode, st: Option<&str>) -> Leave {
+    let node = p.spec.node_name.as_deref().unwrap_or_default();
+    let pid = p.spec.provider_id.clone().unwrap_or_default();
+    let key = format!("delete-node/{pid}");
+    let issued = p
+        .annotations()
+        .get(DELETE_ISSUED_ANNOTATION)
+        .and_then(|t| t.parse::<Timestamp>().ok());
+    let again = issued.is_some_and(|t| s.now >= plus(t, s.nv.spec.leave_timeout_seconds));
+    let terminating = st == Some("Terminating");
+    // A delete the provider refused is asked again after the backoff, not
+    // only at the deadline.
+    let refused = s.failures.contains_key(&key);
+    if !((issued.is_none() && !terminating) || again || refused) || backing_off(s, &key).is_some() {
+        return Leave::Wait;
+    }
+    let mut fx = vec![
+        Effect::PatchObject {
+            kind: Kind::PendingNode,
+            namespace: None,
+            name: p.name_any(),
+            patch: json!({ "metadata": {
+                "annotations": { DELETE_ISSUED_ANNOTATION: s.now.to_string() },
+                "resourceVersion": p.resource_version(),
+            }}),
+            status: false,
+            strategic: false,
+        },
+        Effect::Provider {
+            key,
+            verb: "delete-node",
+            request: json!({ "providerID": pid }),
+        },
+    ];
+    if again {
+        fx.push(Effect::Event {
+            object: nv_ref(s),
+            warning: true,
+            reason: "LeaveOverdue",
+            note: format!(
+                "instance {pid} of node {node} has not terminated within {} s; deletion asked again",
+                s.nv.spec.leave_timeout_seconds
+            ),
+        });
+    }
+    Leave::Issue(Plan::steps(fx))
 }
 
 /// A leave past its deadline and not terminated.

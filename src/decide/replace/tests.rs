@@ -257,6 +257,14 @@ fn questions_ask_only_what_is_missing() {
         q,
         ["scaling-group-id", "node-state", "get-scaling-group-image"]
     );
+    // Goal reached and recorded: the status answers until the pairing
+    // (Join) or the next round (Leave) deletes it.
+    w.pending = vec![
+        pending("b", "g", "Join", "Ready"),
+        pending("c", "g", "Leave", "Terminated"),
+    ];
+    let q: Vec<&str> = questions(&w.snap()).iter().map(|(r, _)| r.verb()).collect();
+    assert_eq!(q, ["scaling-group-id", "get-scaling-group-image"]);
 }
 
 #[test]

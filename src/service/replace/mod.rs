@@ -226,16 +226,25 @@ fn find(store: &Store<DynamicObject>, name: &str) -> Option<Arc<DynamicObject>> 
 async fn settle(ctx: &Context, r: &Replace, e: &Expect, kicks: &smol::channel::Receiver<()>) {
     let deadline = Instant::now() + SETTLE;
     loop {
-        let shown = e.written.iter().all(|(k, name, rv)| {
-            // A different resourceVersion than ours would be someone's
-            // later write; the bound covers that rare case.
-            store_of(r, *k).is_none_or(|store| {
-                find(store, name).is_some_and(|o| rv.is_none() || o.resource_version() == *rv)
+        // An object written and then deleted in the same round (a leave's
+        // last status) is looked for as gone only: waiting for the write
+        // to show would wait out the bound.
+        let deleted = |k: Kind, name: &str| e.gone.iter().any(|(g, n)| *g == Some(k) && n == name);
+        let shown = e
+            .written
+            .iter()
+            .filter(|(k, name, _)| !deleted(*k, name))
+            .all(|(k, name, rv)| {
+                // A different resourceVersion than ours would be someone's
+                // later write; the bound covers that rare case.
+                store_of(r, *k).is_none_or(|store| {
+                    find(store, name).is_some_and(|o| rv.is_none() || o.resource_version() == *rv)
+                })
             })
-        }) && e.gone.iter().all(|(k, name)| match k {
-            Some(k) => store_of(r, *k).is_none_or(|s| find(s, name).is_none()),
-            None => ctx.node(name).is_none(),
-        });
+            && e.gone.iter().all(|(k, name)| match k {
+                Some(k) => store_of(r, *k).is_none_or(|s| find(s, name).is_none()),
+                None => ctx.node(name).is_none(),
+            });
         if shown || Instant::now() >= deadline {
             return;
         }
