@@ -313,7 +313,12 @@
 //! changes), and every other object goes on. Replacement has its own task
 //! (a provider call may take its whole timeout), kicked by its kinds, nodes
 //! and NodeMaintenances; it hands orphaned maintenances to the anchor's
-//! reconcile through the controller.
+//! reconcile through the controller. Its rounds wait (2 s at most) for the
+//! watches to show their writes and deletes, and ask the provider only what
+//! a decision reads: a PendingNode whose status records its goal reached
+//! is answered by that record, and the provider calls of a round run at
+//! once but end the round (instance deletes are not yet run in the
+//! background).
 //!
 //! **Reboots across roles.** The cluster role decides (admission, verify,
 //! give back), the node role acts on its host (need from the sentinel, the
