@@ -555,9 +555,12 @@ fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// Start one nodekeeper; `NODEKEEPER_BENCH_LOG` sets its log filter (e.g.
+/// `nodekeeper=debug` for a timeline; the logs stay in the scratch dir).
 fn start(bin: &Path, kubeconfig: &Path, args: &[String]) -> Agent {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Agent::start_with(bin, kubeconfig, "nodekeeper=warn", &args)
+    let filter = std::env::var("NODEKEEPER_BENCH_LOG").unwrap_or_else(|_| "nodekeeper=warn".into());
+    Agent::start_with(bin, kubeconfig, &filter, &args)
 }
 
 /// SIGTERM and wait, so the leader lease is released for the next start.
