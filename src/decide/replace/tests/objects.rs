@@ -64,6 +64,15 @@ fn a_leave_asks_for_the_delete_once_and_is_removed_when_terminated() {
     ));
 }
 
+/// The PendingNode step for `p` when the provider calls its instance `state`.
+fn step_at(w: &mut World, p: &PendingNode, state: &str) -> Plan {
+    w.pending = vec![Arc::new(p.clone())];
+    w.facts
+        .state_of
+        .insert("kwok://old".into(), Ok(state.into()));
+    lifecycle::pending(&w.snap()).expect("a step")
+}
+
 /// A leave takes as few rounds as its steps need: a new one asks for the
 /// delete before recording its state, and one the provider calls
 /// Terminated is recorded and deleted in the same round (each round waits
@@ -73,12 +82,7 @@ fn a_new_leave_asks_first_and_a_terminated_one_goes_in_one_round() {
     let mut w = World::new("img-2", 1);
     let mut fresh = (*pending("old", "g", "Leave", "Ready")).clone();
     fresh.status = None;
-    w.pending = vec![Arc::new(fresh.clone())];
-    w.facts
-        .state_of
-        .insert("kwok://old".into(), Ok("Ready".into()));
-    let s = w.snap();
-    let plan = lifecycle::pending(&s).unwrap();
+    let plan = step_at(&mut w, &fresh, "Ready");
     assert!(
         matches!(&plan.effects[0], Effect::PatchObject { patch, .. } if patch["metadata"]["annotations"][DELETE_ISSUED_ANNOTATION].is_string()),
         "{plan:?}"
@@ -96,12 +100,7 @@ fn a_new_leave_asks_first_and_a_terminated_one_goes_in_one_round() {
     // Asked, and not Terminated yet: now its state is recorded.
     fresh.metadata.annotations =
         Some([(DELETE_ISSUED_ANNOTATION.to_string(), now().to_string())].into());
-    w.pending = vec![Arc::new(fresh.clone())];
-    w.facts
-        .state_of
-        .insert("kwok://old".into(), Ok("Terminating".into()));
-    let s = w.snap();
-    let plan = lifecycle::pending(&s).unwrap();
+    let plan = step_at(&mut w, &fresh, "Terminating");
     assert!(
         matches!(&plan.effects[..], [Effect::WriteObjectStatus { status, .. }] if status["cspState"] == "Terminating"),
         "{plan:?}"
@@ -110,12 +109,7 @@ fn a_new_leave_asks_first_and_a_terminated_one_goes_in_one_round() {
         csp_state: Some("Terminating".into()),
         reached_goal: false,
     });
-    w.pending = vec![Arc::new(fresh)];
-    w.facts
-        .state_of
-        .insert("kwok://old".into(), Ok("Terminated".into()));
-    let s = w.snap();
-    let plan = lifecycle::pending(&s).unwrap();
+    let plan = step_at(&mut w, &fresh, "Terminated");
     assert!(
         matches!(&plan.effects[..], [
             Effect::WriteObjectStatus { status, .. },
