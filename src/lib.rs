@@ -316,9 +316,14 @@
 //! reconcile through the controller. Its rounds wait (2 s at most) for the
 //! watches to show their writes and deletes, and ask the provider only what
 //! a decision reads: a PendingNode whose status records its goal reached
-//! is answered by that record, and the provider calls of a round run at
-//! once but end the round (instance deletes are not yet run in the
-//! background).
+//! is answered by that record. A round's provider calls run at once and
+//! end the round, except instance deletes: a cloud's may take minutes, and
+//! nothing in the round needs the answer (the delete is recorded on its
+//! PendingNode first), so each runs on a task of its own, its key kept in
+//! flight (the decision waits for it; its state is not asked meanwhile)
+//! and its answer recorded and kicking the task. A restart forgets the
+//! calls in flight; the recorded issue time then governs, as after any
+//! crash.
 //!
 //! **Reboots across roles.** The cluster role decides (admission, verify,
 //! give back), the node role acts on its host (need from the sentinel, the

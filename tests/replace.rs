@@ -182,10 +182,15 @@ async fn rollout(name: &str, counts: &[(&str, usize)], surge: i32, components: b
 }
 
 fn start_agent(env: &TestEnv, cloud: &Cloud) -> Agent {
+    start_agent_with_timeout(env, cloud, 3)
+}
+
+fn start_agent_with_timeout(env: &TestEnv, cloud: &Cloud, seconds: u64) -> Agent {
     let cmd = cloud.command.display().to_string();
+    let timeout = seconds.to_string();
     cluster_role(
         env,
-        &["--provider-command", &cmd, "--provider-timeout", "3"],
+        &["--provider-command", &cmd, "--provider-timeout", &timeout],
     )
 }
 
@@ -546,6 +551,76 @@ fn the_coordinator_killed_mid_rollout_converges_without_an_extra_node_or_a_secon
                 .filter(|c| c["providerID"] == pid)
                 .count();
             assert_eq!(n, 1, "delete-node calls for {pid}");
+        }
+    });
+}
+
+/// A cloud's instance delete may take minutes; it runs beside the rounds.
+/// Two donors leave apart (the second's drain held by a PodDisruptionBudget
+/// until the first's delete is asked, and that delete hangs): the second's
+/// delete is asked while the first's still runs, not after it was cut off
+/// at the provider timeout. Then the cloud answers both: the rollout
+/// finishes with each old node and each old instance deleted once (a
+/// running delete is never asked again).
+#[test]
+fn a_hanging_instance_delete_holds_up_no_other_donor() {
+    const TIMEOUT: u64 = 20;
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let mut r = rollout("rp-slowdel", &[("workers", 2)], 2, false).await;
+        let client = r.env.client.clone();
+        r.agent.as_mut().expect("agent").kill();
+        r.agent = Some(start_agent_with_timeout(&r.env, &r.cloud, TIMEOUT));
+        let (first, second) = (r.before[0].clone(), r.before[1].clone());
+        r.env.blocking_pod_on("held", &second).await;
+        let watch = ReplaceWatcher::start(client.clone(), &r.env, "autoscaler");
+        r.cloud.set("hang", json!(["delete-node"]));
+        set_image(&client, &r.env.id, "img-2").await;
+        let cloud = &r.cloud;
+        let asked = |node: &str| {
+            let pid = format!("kwok://{node}");
+            cloud
+                .calls_of("delete-node")
+                .iter()
+                .any(|c| c["providerID"] == pid)
+        };
+        wait_for("the first donor's instance delete asked", LIMIT, || async {
+            asked(&first).then_some(())
+        })
+        .await;
+        assert!(!asked(&second), "the second donor's drain is held");
+        let out = kubectl(&["delete", "pdb", "held", "-n", &r.env.ns], None);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Well inside the first call's timeout: a round blocked on it
+        // would ask only after the timeout.
+        wait_for(
+            "the second donor's delete asked while the first hangs",
+            Duration::from_secs(TIMEOUT / 2 + 2),
+            || async { asked(&second).then_some(()) },
+        )
+        .await;
+        r.cloud.set("hang", json!([]));
+        wait_replaced(&r, "img-2", 2).await;
+        let seen = watch.finish();
+        let state = r.cloud.state();
+        for old in &r.before {
+            assert_eq!(seen.deleted.get(old), Some(&1), "{old}: {seen:?}");
+            let pid = format!("kwok://{old}");
+            assert_eq!(
+                state["instances"][&pid]["state"], "Terminated",
+                "{pid}: {state}"
+            );
+            let asked = r
+                .cloud
+                .calls_of("delete-node")
+                .iter()
+                .filter(|c| c["providerID"] == pid)
+                .count();
+            assert_eq!(asked, 1, "delete-node calls for {pid}");
         }
     });
 }

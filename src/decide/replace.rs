@@ -27,7 +27,7 @@ mod surge;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,6 +110,10 @@ pub struct Snapshot<'a> {
     pub facts: &'a Facts,
     /// Failed provider writes by key (`create-node/<group>`, ...).
     pub failures: &'a BTreeMap<String, Failure>,
+    /// Provider writes asked and not answered yet, by key: an instance's
+    /// delete runs beside the rounds (a cloud's may take minutes), and
+    /// what waits on it waits for its answer, not for a round.
+    pub in_flight: &'a BTreeSet<String>,
     /// The API server's version (`v1.37.1`), if known.
     pub server_version: Option<&'a str>,
     /// Another NodeVersion this role governs is not done (its status says
@@ -148,7 +152,7 @@ pub fn questions(s: &Snapshot) -> Vec<(Read, String)> {
         let Some(pid) = &p.spec.provider_id else {
             continue;
         };
-        if p.status.as_ref().is_some_and(|st| st.reached_goal) {
+        if p.status.as_ref().is_some_and(|st| st.reached_goal) || deleting(s, p) {
             continue;
         }
         let node = p.spec.node_name.as_deref().unwrap_or_default();
@@ -164,6 +168,20 @@ pub fn questions(s: &Snapshot) -> Vec<(Read, String)> {
         }
     }
     q
+}
+
+/// The instance's delete was asked and its answer has not come yet: the
+/// PendingNode waits for it (its answer kicks the next round).
+fn deleting(s: &Snapshot, p: &PendingNode) -> bool {
+    p.spec
+        .provider_id
+        .as_ref()
+        .is_some_and(|pid| s.in_flight.contains(&delete_key(pid)))
+}
+
+/// The key of an instance's delete (its failures and its call in flight).
+fn delete_key(pid: &str) -> String {
+    format!("delete-node/{pid}")
 }
 
 /// The ScalingGroups that follow this NodeVersion.

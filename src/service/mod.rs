@@ -405,7 +405,12 @@ pub async fn run(
     if cluster_role {
         let versions = replace_stores.as_ref().map(|r| r.stores.versions.clone());
         cluster::start(ctx.clone(), mutex_stores, versions, kicks);
-        replace::start_task(ctx.clone(), replace_stores, replace_kicks);
+        replace::start_task(
+            ctx.clone(),
+            replace_stores,
+            replace_kick.clone(),
+            replace_kicks,
+        );
     }
 
     // /readyz turns green once every watch has listed once; the watchdog

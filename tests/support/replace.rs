@@ -120,9 +120,12 @@ impl Cloud {
         cloud
     }
 
+    /// Written aside and renamed: a call reading it meanwhile (a hanging
+    /// one reads it ten times a second) sees the old or the new, never half.
     pub fn write_config(&self) {
-        std::fs::write(self.dir.join("config.json"), self.config.to_string())
-            .expect("writing the cloud's config");
+        let tmp = self.dir.join("config.json.tmp");
+        std::fs::write(&tmp, self.config.to_string()).expect("writing the cloud's config");
+        std::fs::rename(&tmp, self.dir.join("config.json")).expect("renaming the cloud's config");
     }
 
     /// Change one config key.

@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use super::{Kind, Snapshot, backing_off, eq, following, plus, state};
+use super::{Kind, Snapshot, backing_off, delete_key, deleting, eq, following, plus, state};
 use crate::api::constellation::*;
 use crate::decide::{Effect, Plan, duration_until, set_condition};
 
@@ -61,6 +61,12 @@ pub fn pending(s: &Snapshot) -> Option<Plan> {
 
 /// One PendingNode's step, if it has one.
 fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
+    // Its delete is running: its answer decides the next step (and kicks
+    // the round that takes it); asking the state meanwhile would only
+    // spend provider calls and status writes.
+    if deleting(s, p) {
+        return None;
+    }
     {
         let goal = p.spec.goal.as_deref().unwrap_or_default();
         let node = p.spec.node_name.as_deref().unwrap_or_default();
@@ -124,7 +130,7 @@ fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
                             strategic: false,
                         },
                         Effect::Provider {
-                            key: format!("delete-node/{pid}"),
+                            key: delete_key(&pid),
                             verb: "delete-node",
                             request: json!({ "providerID": pid }),
                         },
@@ -167,7 +173,7 @@ enum Leave {
 fn leave(s: &Snapshot, p: &PendingNode, st: Option<&str>) -> Leave {
     let node = p.spec.node_name.as_deref().unwrap_or_default();
     let pid = p.spec.provider_id.clone().unwrap_or_default();
-    let key = format!("delete-node/{pid}");
+    let key = delete_key(&pid);
     let issued = p
         .annotations()
         .get(DELETE_ISSUED_ANNOTATION)

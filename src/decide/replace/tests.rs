@@ -4,7 +4,7 @@
 //! asked of the provider and the status; `surge` and `objects` hold the
 //! rollout and the other objects' lifecycles.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
@@ -120,6 +120,7 @@ struct World {
     maintenances: Vec<Arc<NodeMaintenance>>,
     facts: Facts,
     failures: BTreeMap<String, Failure>,
+    in_flight: BTreeSet<String>,
     strategies: Vec<Arc<AutoscalingStrategy>>,
     others_busy: bool,
     governed_elsewhere: usize,
@@ -135,6 +136,7 @@ impl World {
             maintenances: vec![],
             facts: Facts::default(),
             failures: BTreeMap::new(),
+            in_flight: BTreeSet::new(),
             strategies: vec![],
             others_busy: false,
             governed_elsewhere: 0,
@@ -151,6 +153,7 @@ impl World {
             maintenances: &self.maintenances,
             facts: &self.facts,
             failures: &self.failures,
+            in_flight: &self.in_flight,
             server_version: None,
             others_busy: self.others_busy,
             governed_elsewhere: self.governed_elsewhere,

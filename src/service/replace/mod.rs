@@ -16,7 +16,7 @@
 //! questions and the scaling-group listing in `ask.rs`, the other kinds
 //! (JoiningNodes, AutoscalingStrategies) in `kinds.rs`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use kube::{Client, ResourceExt};
 
 use super::context::Context;
 use super::failing::{Failing, Subject};
-use super::watch::{Trigger, typed, watch_dynamic};
+use super::watch::{Kick, Trigger, typed, watch_dynamic};
 use crate::api::constellation::*;
 use crate::decide::earliest;
 use crate::decide::replace::{self, Failure, Read};
@@ -70,8 +70,13 @@ pub struct Replace {
     pub stores: ReplaceStores,
     server_version: Option<String>,
     /// Failed provider writes, per NodeVersion (by UID): each reports only
-    /// its own, and forgets them after [`FAILURE_SHOWN`].
-    failures: Mutex<HashMap<String, BTreeMap<String, Failure>>>,
+    /// its own, and forgets them after [`FAILURE_SHOWN`]. Shared with the
+    /// deletes running in the background (`versions::in_background`).
+    failures: Arc<Mutex<HashMap<String, BTreeMap<String, Failure>>>>,
+    /// Provider writes running in the background, by key, and the kick
+    /// each gives the task when it is answered.
+    in_flight: Arc<Mutex<BTreeSet<String>>>,
+    kick: Option<Kick>,
     /// Provider answers kept as [`Read::reuse`] says, by read and id;
     /// pruned when the node, instance or group they are about is gone.
     answers: Mutex<HashMap<(Read, String), Answer>>,
@@ -154,7 +159,9 @@ pub async fn start(
         Some(Replace {
             stores,
             server_version,
-            failures: Mutex::default(),
+            failures: Arc::default(),
+            in_flight: Arc::default(),
+            kick: None,
             answers: Mutex::default(),
             published: Mutex::default(),
             failing: Failing::default(),
@@ -169,10 +176,16 @@ pub async fn start(
 /// start, then one per burst of kicks (its kinds, nodes, NodeMaintenances),
 /// or when the last pass asked to look again. Apart from the cluster
 /// scheduler: a provider call may take its whole timeout.
-pub fn start_task(ctx: Arc<Context>, replace: Option<Replace>, kicks: smol::channel::Receiver<()>) {
-    let Some(r) = replace else {
+pub fn start_task(
+    ctx: Arc<Context>,
+    replace: Option<Replace>,
+    kick: Kick,
+    kicks: smol::channel::Receiver<()>,
+) {
+    let Some(mut r) = replace else {
         return;
     };
+    r.kick = Some(kick);
     crate::runtime::spawn(async move {
         ctx.synced.wait().await;
         let (ctx, r, k) = (&*ctx, &r, &kicks);

@@ -82,6 +82,7 @@ pub(super) async fn versions(
                         || !st.awaiting_annotation.is_empty()
                 })
         });
+        let in_flight = lock(&r.in_flight).clone();
         let mut snap = replace::Snapshot {
             nv,
             nodes: &nodes,
@@ -91,6 +92,7 @@ pub(super) async fn versions(
             maintenances: &maintenances,
             facts: &Facts::default(),
             failures: &failures,
+            in_flight: &in_flight,
             server_version: r.server_version.as_deref(),
             others_busy,
             governed_elsewhere: elsewhere.len(),
@@ -164,6 +166,17 @@ async fn perform(
         for e in &run {
             log::debug!("replace: {}", crate::effects::describe(e));
         }
+        // An instance's delete runs beside the rounds: nothing after it in
+        // the round needs its answer (it was recorded as issued first),
+        // and a cloud's delete may take minutes, which would hold up every
+        // other pairing, drain and join behind it.
+        let (background, run): (Vec<&Effect>, Vec<&Effect>) = run
+            .into_iter()
+            .partition(|e| matches!(e, Effect::Provider { verb, .. } if BACKGROUND.contains(verb)));
+        for e in background {
+            in_background(ctx, r, &nv_uid, e)?;
+            acted = true;
+        }
         let outcomes =
             crate::runtime::join_all(run.iter().map(|e| ctx.effects.perform(e)).collect()).await;
         for (effect, outcome) in run.into_iter().zip(outcomes) {
@@ -182,6 +195,63 @@ async fn perform(
         }
     }
     Ok(acted)
+}
+
+/// Provider writes that run in the background of the rounds.
+const BACKGROUND: &[&str] = &["delete-node"];
+
+/// Run provider write `effect` on a task of its own: its key is in flight
+/// (the decision waits for it) until it is answered; a refusal is recorded
+/// for status and backoff as in a round, and the answer kicks the task.
+/// It counts as an effect running under the leader gate until it ends, so
+/// a stepping-down leader waits for it as for any other.
+fn in_background(ctx: &Context, r: &Replace, nv_uid: &str, effect: &Effect) -> Result<()> {
+    let Effect::Provider { key, verb, request } = effect else {
+        return Ok(());
+    };
+    let running = ctx.effects.gate.enter()?;
+    if !lock(&r.in_flight).insert(key.clone()) {
+        return Ok(());
+    }
+    let (provider, in_flight, failures, kick) = (
+        ctx.effects.provider.clone(),
+        r.in_flight.clone(),
+        r.failures.clone(),
+        r.kick.clone(),
+    );
+    let (key, verb, request, nv_uid) = (key.clone(), *verb, request.clone(), nv_uid.to_string());
+    crate::runtime::spawn(async move {
+        let answer = match provider {
+            Some(p) => p.call(verb, &request).await,
+            None => Err("no provider plugin: start nodekeeper with --provider-command".into()),
+        };
+        {
+            let mut failures = lock(&failures);
+            let per = failures.entry(nv_uid).or_default();
+            match answer {
+                Ok(_) => {
+                    per.remove(&key);
+                }
+                Err(message) => {
+                    log::warn!("node replacement: {message}");
+                    per.insert(
+                        key.clone(),
+                        Failure {
+                            message,
+                            at: Timestamp::now(),
+                        },
+                    );
+                }
+            }
+        }
+        lock(&in_flight).remove(&key);
+        drop(running);
+        if let Some(k) = kick {
+            k.kick();
+        }
+    })
+    .detach();
+    Ok(())
 }
 
 /// What an effect's outcome changes: our memory of writes, what the next

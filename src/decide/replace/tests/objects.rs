@@ -119,6 +119,38 @@ fn a_new_leave_asks_first_and_a_terminated_one_goes_in_one_round() {
     );
 }
 
+/// A delete running in the background: its PendingNode has no step and
+/// its state is not asked until the answer comes (it kicks the round);
+/// then the leave goes on as before.
+#[test]
+fn a_leave_whose_delete_is_running_waits_for_its_answer() {
+    let mut w = World::new("img-2", 1);
+    let mut issued = (*pending("old", "g", "Leave", "Ready")).clone();
+    issued.status = None;
+    issued.metadata.annotations =
+        Some([(DELETE_ISSUED_ANNOTATION.to_string(), now().to_string())].into());
+    w.pending = vec![Arc::new(issued.clone())];
+    w.in_flight.insert("delete-node/kwok://old".into());
+    let asked = |w: &World| {
+        questions(&w.snap())
+            .into_iter()
+            .any(|(r, id)| r == Read::NodeState && id == "kwok://old")
+    };
+    assert!(!asked(&w), "a running delete's state is not asked");
+    assert!(lifecycle::pending(&w.snap()).is_none());
+    // Another instance's delete running holds up nothing of this one.
+    w.in_flight = ["delete-node/kwok://other".to_string()].into();
+    assert!(asked(&w));
+    let plan = step_at(&mut w, &issued, "Terminated");
+    assert!(
+        matches!(&plan.effects[..], [
+            Effect::WriteObjectStatus { status, .. },
+            Effect::DeleteObject { kind: Kind::PendingNode, .. },
+        ] if status["reachedGoal"] == true),
+        "{plan:?}"
+    );
+}
+
 #[test]
 fn autoscaler_command_is_sorted_and_skips_control_planes() {
     let st = AutoscalingStrategy::new(
