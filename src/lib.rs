@@ -323,7 +323,8 @@
 //! flight (the decision waits for it; its state is not asked meanwhile)
 //! and its answer recorded and kicking the task. A restart forgets the
 //! calls in flight; the recorded issue time then governs, as after any
-//! crash.
+//! crash. A round also waits for the NodeMaintenances it created to show
+//! (the next would create them again).
 //!
 //! **Reboots across roles.** The cluster role decides (admission, verify,
 //! give back), the node role acts on its host (need from the sentinel, the

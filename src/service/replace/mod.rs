@@ -216,6 +216,9 @@ pub fn start_task(
 struct Expect {
     written: Vec<(Kind, String, Option<String>)>,
     gone: Vec<(Option<Kind>, String)>,
+    /// NodeMaintenances created (a donor's): until the watch shows one,
+    /// the next round would create it again (and lose a 409).
+    maintenances: Vec<String>,
 }
 
 fn store_of(r: &Replace, kind: Kind) -> Option<&Store<DynamicObject>> {
@@ -257,6 +260,12 @@ async fn settle(ctx: &Context, r: &Replace, e: &Expect, kicks: &smol::channel::R
             && e.gone.iter().all(|(k, name)| match k {
                 Some(k) => store_of(r, *k).is_none_or(|s| find(s, name).is_none()),
                 None => ctx.node(name).is_none(),
+            })
+            && (e.maintenances.is_empty() || {
+                let shown = ctx.all_maintenances();
+                e.maintenances
+                    .iter()
+                    .all(|name| shown.iter().any(|m| m.name_any() == *name))
             });
         if shown || Instant::now() >= deadline {
             return;

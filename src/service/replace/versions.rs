@@ -285,6 +285,9 @@ async fn after(
                 .written
                 .push((*kind, name.clone(), resource_version.clone()));
         }
+        (Effect::CreateMaintenance { .. }, Outcome::MaintenanceWritten(m)) => {
+            expect.maintenances.push(m.name_any())
+        }
         (Effect::DeleteObject { kind, name, .. }, _) => {
             expect.gone.push((Some(*kind), name.clone()))
         }
