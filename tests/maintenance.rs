@@ -1029,6 +1029,50 @@ fn cluster_mode_node_deleted_mid_maintenance_lets_its_maintenance_go_and_release
     })
 }
 
+/// A node deleted after its drain succeeded (a decommission, a replaced
+/// node) is no failure: the maintenance goes with its node (owner
+/// reference), without a FailedMaintenance warning, and the lease goes too.
+/// (The failure came from a reconcile that was running when the node
+/// went, as replacement's delete meets the maintenance's last steps: that
+/// race is the decision's unit test, and bench-replace's log shows it.)
+#[test]
+fn cluster_mode_node_deleted_after_its_drain_is_no_failure() {
+    block_on(async {
+        let w = world("nodedone", &["a", "b"]).await;
+        let _agent = w.start_cluster_agent();
+        let a = w.nodes[0].clone();
+        let name = w.nm_name("a");
+        w.maintain(&name, &a).await;
+        wait_for("the maintenance to succeed", LONG, || async {
+            let st = w.nms().get(&name).await.ok()?.status?;
+            (st.phase == Some(Phase::Succeeded)).then_some(())
+        })
+        .await;
+        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+        w.node_api()
+            .delete(&a, &DeleteParams::background())
+            .await
+            .expect("deleting the node");
+        wait_for(
+            "the maintenance of the deleted node to be gone",
+            LONG,
+            || async { w.nms().get_opt(&name).await.ok()?.is_none().then_some(()) },
+        )
+        .await;
+        wait_for("the deleted node's lease to be released", LONG, || async {
+            leases
+                .get_opt(&lease_name(&a))
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        // Any failure's event is published before the finalizer could go.
+        assert_eq!(events_for(&w.env, &name, "FailedMaintenance").await, 0);
+    })
+}
+
 /// Status is written by server-side apply, which removes only fields its
 /// own manager owns. A field another writer set (an older nodekeeper's
 /// merge patch, a user's `kubectl patch`) must still be cleared when the

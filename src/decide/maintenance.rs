@@ -514,6 +514,11 @@ fn withdraw_conditions(s: &Snapshot, node: &Node) -> Option<Step> {
 
 /// No Node object: new objects fail as NMO's webhook would have refused
 /// them; objects whose node went away keep their finalizer until deleted.
+/// A running maintenance whose node went away failed; a succeeded one did
+/// not (its drain is done: deleting the node after it is how a node is
+/// decommissioned or replaced), and its Node owner reference brings its
+/// deletion. Once none is left, a lease this process still holds for the
+/// node goes, as on a node that exists.
 fn decide_without_node(s: &Snapshot, nms: &[&NodeMaintenance]) -> Step {
     for nm in nms {
         let name = nm.name_any();
@@ -539,15 +544,18 @@ fn decide_without_node(s: &Snapshot, nms: &[&NodeMaintenance]) -> Step {
                     message,
                 };
             }
-            Some(Phase::Running | Phase::Succeeded) => {
+            Some(Phase::Running) => {
                 return Step::Fail {
                     nm: name,
                     reason: REASON_NODE_GONE,
                     message: format!("node {} was deleted during maintenance", s.node_name),
                 };
             }
-            Some(Phase::Failed) => {}
+            Some(Phase::Succeeded | Phase::Failed) => {}
         }
+    }
+    if nms.iter().all(|nm| nm.is_deleting()) && s.lease_renew_at.is_some() {
+        return Step::ReleaseLease;
     }
     Step::Wait(None)
 }

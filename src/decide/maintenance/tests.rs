@@ -553,6 +553,33 @@ fn leftover_changes_without_a_live_maintenance_are_undone() {
     );
 }
 
+/// A node deleted under a running maintenance fails it; one deleted after
+/// the drain succeeded (a decommission, a replacement) is no failure: no
+/// Warning for every replaced node. Once the maintenances are gone, the
+/// lease this process held for the node goes (it would hold a node of the
+/// same name from medik8s remediators for an hour).
+#[test]
+fn a_node_deleted_fails_a_running_maintenance_only_and_its_lease_goes_after() {
+    let w = World::new(None, vec![nm("m", 0, Some(Phase::Running))]);
+    assert!(
+        matches!(
+            w.decide(),
+            Step::Fail {
+                reason: REASON_NODE_GONE,
+                ..
+            }
+        ),
+        "{:?}",
+        w.decide()
+    );
+    let w = World::new(None, vec![nm("m", 0, Some(Phase::Succeeded))]);
+    assert_eq!(w.decide(), Step::Wait(None));
+    let mut w = World::new(None, vec![]);
+    assert_eq!(w.decide(), Step::ReleaseLease);
+    w.lease_renew_at = None;
+    assert_eq!(w.decide(), Step::Wait(None));
+}
+
 #[test]
 fn failed_maintenance_is_final() {
     let w = World::new(None, vec![nm("m", 0, Some(Phase::Failed))]);
