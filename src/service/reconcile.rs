@@ -314,10 +314,17 @@ async fn perform(ctx: &Context, node_name: &str, effect: &Effect) -> Result<Outc
     match ctx.effects.perform(effect).await {
         // The lifecycle conditions are a courtesy to other readers: a
         // refused write never holds up the drain or the uncordon.
+        // A Node deleted meanwhile (a replaced or decommissioned node, its
+        // drain done) has no conditions to publish: not worth a warning.
         Err(e) if matches!(effect, Effect::PatchNodeStatus { .. }) => {
-            log::warn!(
-                "node {node_name}: {e}; the maintenance goes on without its lifecycle conditions and tries again in 60 s"
-            );
+            let gone = matches!(&e, crate::error::Error::Kube { source: kube::Error::Api(s), .. } if s.code == 404);
+            if gone {
+                log::debug!("node {node_name}: {e}; the node is gone, no lifecycle conditions");
+            } else {
+                log::warn!(
+                    "node {node_name}: {e}; the maintenance goes on without its lifecycle conditions and tries again in 60 s"
+                );
+            }
             Ok(Outcome::StatusRefused)
         }
         other => other,
