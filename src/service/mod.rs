@@ -553,13 +553,21 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
     metrics::inc(&metrics::COUNTERS.reconcile_errors);
     metrics::count_error(err);
-    // 409: someone wrote first; re-read promptly rather than back off.
-    let retry = if err.api_code() == Some(409) {
-        Duration::from_millis(200)
+    // 409: someone wrote first (the scheduler's conditions, a kubelet's
+    // status, another feature's annotation); re-read promptly rather than
+    // back off. It is optimistic concurrency doing its job, not a fault:
+    // logged at debug and counted in the metrics (a write loop shows
+    // there), where a warning for every such race was noise.
+    let (retry, level) = if err.api_code() == Some(409) {
+        (Duration::from_millis(200), log::Level::Debug)
     } else {
-        Duration::from_secs(5)
+        (Duration::from_secs(5), log::Level::Warn)
     };
-    log::warn!("node {}: {err} (retrying in {retry:?})", node.name_any());
+    log::log!(
+        level,
+        "node {}: {err} (retrying in {retry:?})",
+        node.name_any()
+    );
     Action::requeue(retry)
 }
 
