@@ -972,6 +972,27 @@ fn cluster_mode_drains_two_nodes_at_once() {
 /// Regression: the mutation cache returned our last write of a Node after
 /// the Node was deleted, so in cluster mode the deleted node looked present
 /// forever and its garbage-collected NodeMaintenance kept our finalizer.
+/// After its Node was deleted: wait until the maintenance `name` is gone
+/// (its owner reference) and the node's lease is released.
+async fn wait_gone_with_its_lease(w: &World, name: &str, node: &str) {
+    wait_for(
+        "the maintenance of the deleted node to be gone",
+        LONG,
+        || async { w.nms().get_opt(name).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+    wait_for("the deleted node's lease to be released", LONG, || async {
+        leases
+            .get_opt(&lease_name(node))
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
 #[test]
 fn cluster_mode_node_deleted_mid_maintenance_lets_its_maintenance_go_and_releases_the_lease() {
     block_on(async {
@@ -1011,21 +1032,7 @@ fn cluster_mode_node_deleted_mid_maintenance_lets_its_maintenance_go_and_release
             .delete(&a, &DeleteParams::background())
             .await
             .expect("deleting the node");
-        wait_for(
-            "the maintenance of the deleted node to be gone",
-            LONG,
-            || async { w.nms().get_opt(&name).await.ok()?.is_none().then_some(()) },
-        )
-        .await;
-        wait_for("the deleted node's lease to be released", LONG, || async {
-            leases
-                .get_opt(&lease_name(&a))
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        })
-        .await;
+        wait_gone_with_its_lease(&w, &name, &a).await;
     })
 }
 
@@ -1048,26 +1055,11 @@ fn cluster_mode_node_deleted_after_its_drain_is_no_failure() {
             (st.phase == Some(Phase::Succeeded)).then_some(())
         })
         .await;
-        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
         w.node_api()
             .delete(&a, &DeleteParams::background())
             .await
             .expect("deleting the node");
-        wait_for(
-            "the maintenance of the deleted node to be gone",
-            LONG,
-            || async { w.nms().get_opt(&name).await.ok()?.is_none().then_some(()) },
-        )
-        .await;
-        wait_for("the deleted node's lease to be released", LONG, || async {
-            leases
-                .get_opt(&lease_name(&a))
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        })
-        .await;
+        wait_gone_with_its_lease(&w, &name, &a).await;
         // Any failure's event is published before the finalizer could go.
         assert_eq!(events_for(&w.env, &name, "FailedMaintenance").await, 0);
     })

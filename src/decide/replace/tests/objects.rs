@@ -73,6 +73,17 @@ fn step_at(w: &mut World, p: &PendingNode, state: &str) -> Plan {
     lifecycle::pending(&w.snap()).expect("a step")
 }
 
+/// A terminated leave's one round: its status recorded, then deleted.
+fn assert_recorded_and_deleted(plan: &Plan) {
+    assert!(
+        matches!(&plan.effects[..], [
+            Effect::WriteObjectStatus { status, .. },
+            Effect::DeleteObject { kind: Kind::PendingNode, .. },
+        ] if status["reachedGoal"] == true),
+        "{plan:?}"
+    );
+}
+
 /// A leave takes as few rounds as its steps need: a new one asks for the
 /// delete before recording its state, and one the provider calls
 /// Terminated is recorded and deleted in the same round (each round waits
@@ -110,13 +121,7 @@ fn a_new_leave_asks_first_and_a_terminated_one_goes_in_one_round() {
         reached_goal: false,
     });
     let plan = step_at(&mut w, &fresh, "Terminated");
-    assert!(
-        matches!(&plan.effects[..], [
-            Effect::WriteObjectStatus { status, .. },
-            Effect::DeleteObject { kind: Kind::PendingNode, .. },
-        ] if status["reachedGoal"] == true),
-        "{plan:?}"
-    );
+    assert_recorded_and_deleted(&plan);
 }
 
 /// A delete running in the background: its PendingNode has no step and
@@ -142,13 +147,7 @@ fn a_leave_whose_delete_is_running_waits_for_its_answer() {
     w.in_flight = ["delete-node/kwok://other".to_string()].into();
     assert!(asked(&w));
     let plan = step_at(&mut w, &issued, "Terminated");
-    assert!(
-        matches!(&plan.effects[..], [
-            Effect::WriteObjectStatus { status, .. },
-            Effect::DeleteObject { kind: Kind::PendingNode, .. },
-        ] if status["reachedGoal"] == true),
-        "{plan:?}"
-    );
+    assert_recorded_and_deleted(&plan);
 }
 
 #[test]
