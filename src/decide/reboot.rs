@@ -60,6 +60,9 @@ pub struct Snapshot<'a> {
     pub failing: Option<&'a str>,
     /// Prometheus's last answer for the URL of the gate, if it has one.
     pub alerts: Option<&'a disrupt::Alerts>,
+    /// A blocking-pod gate of this object whose pods are not listed yet
+    /// (named): admissions wait, nodes already held go on.
+    pub gates_unlisted: Option<&'a str>,
 }
 
 /// Machine-readable reasons of Waiting and NotReturned entries.
@@ -161,6 +164,11 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         let prev = d.prev(&n);
         if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Settling) {
             let until = after(prev.since.0, p.spec.gates.settle_seconds.max(0) as u64);
+            // Level-triggered give-back: the status said Settling before
+            // the give-back's writes ran, and any of them may have failed
+            // (a 409 on the node's need, a refused delete). Every pass
+            // asks again until the world agrees.
+            d.reassert_give_back(node, ours, prev);
             if ours.is_none() && now >= until {
                 d.set(
                     &n,
@@ -174,6 +182,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 d.wake_at(until);
             }
             continue;
+        }
+        if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Done)
+            && ours.is_none_or(|m| m.is_deleting())
+        {
+            // Given back: the need it was rebooted for goes too, should
+            // that write have failed (a 409 right after boot).
+            d.reassert_give_back(node, ours, prev);
         }
         let held =
             prev.is_some_and(|e| e.phase.admitted()) || ours.is_some_and(|m| !m.is_deleting());
@@ -207,6 +222,9 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         .iter()
         .copied()
         .filter(|n| needs_reboot(n) && !d.entries.contains_key(n.name_any().as_str()))
+        // A need stamped before the reboot that was verified for it is
+        // served (its clear is re-asserted above): one reboot per need.
+        .filter(|n| !d.prev(&n.name_any()).is_some_and(|e| stale_need(n, e)))
         .collect();
     let others_not_ready: Vec<String> = selected
         .iter()
@@ -271,6 +289,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 budget: &p.spec.budget,
                 members: &members,
                 alerts: s.alerts,
+                unlisted: s.gates_unlisted,
             })
         };
         match wait {

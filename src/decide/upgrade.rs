@@ -62,6 +62,9 @@ pub struct Snapshot<'a> {
     pub failing: Option<&'a str>,
     /// Prometheus's last answer for the URL of the gate, if it has one.
     pub alerts: Option<&'a disrupt::Alerts>,
+    /// A blocking-pod gate of this object whose pods are not listed yet
+    /// (named): admissions wait, nodes already held go on.
+    pub gates_unlisted: Option<&'a str>,
 }
 
 /// Machine-readable reasons of Waiting and Failed entries.
@@ -281,6 +284,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             }
         }
         if at_version(node, &p.spec.version_from, &p.spec.version) {
+            // Level-triggered give-back: `Done` was written before the
+            // give-back ran, and a refused delete left the node cordoned
+            // and the group unfinished. Every pass asks again.
+            if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+                d.give_back(m);
+            }
             let msg = format!("at version {}", p.spec.version);
             d.set(&n, UpgradePhase::Done, group_name(g), None, msg);
             // The README lists `version` on every entry; a node found at
@@ -413,6 +422,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 budget: &p.spec.budget,
                 members: &members,
                 alerts: s.alerts,
+                unlisted: s.gates_unlisted,
             })
         };
         match wait {

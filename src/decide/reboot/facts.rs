@@ -31,6 +31,22 @@ pub fn needed_since(node: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
     annotation(node, NEEDED_ANNOTATION)?.parse().ok()
 }
 
+/// Is the need on `node` one the verified reboot of `entry` (Settling or
+/// Done) served? The node rebooted since `entry.boot_id_before`, and the
+/// need was stamped before the verification (or carries no time: the
+/// CoreOS and FLUO markers, which their agents clear after a reboot). A
+/// newer stamp (`reboot-required` after the reboot) is a new need.
+pub fn stale_need(node: &Node, entry: &NodeReboot) -> bool {
+    if !matches!(entry.phase, RebootPhase::Settling | RebootPhase::Done) || !needs_reboot(node) {
+        return false;
+    }
+    let rebooted = entry
+        .boot_id_before
+        .as_deref()
+        .is_some_and(|b| boot_id(node).is_some_and(|now| now != b));
+    rebooted && needed_since(node).is_none_or(|t| t <= entry.since.0)
+}
+
 /// Is the node held by an administrator (`nodekeeper.io/reboot-paused`, or
 /// FLUO's/CLUO's `reboot-paused`, set to "true")?
 pub fn paused(node: &Node) -> bool {

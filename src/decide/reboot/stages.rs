@@ -91,6 +91,29 @@ impl<'a> Decision<'a> {
         }
     }
 
+    /// A node whose reboot was verified (Settling or Done): our
+    /// NodeMaintenance goes and the need it was rebooted for is cleared,
+    /// on every pass until both are so. The status records the phase
+    /// before these writes run, so one that failed is only ever repaired
+    /// here.
+    pub(super) fn reassert_give_back(
+        &mut self,
+        node: &Node,
+        ours: Option<&NodeMaintenance>,
+        entry: &NodeReboot,
+    ) {
+        if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+            self.give_back(m);
+        }
+        if stale_need(node, entry) {
+            self.effects.push(Effect::PatchNode {
+                node: node.name_any(),
+                resource_version: node.resource_version(),
+                patch: clear_need_patch(node),
+            });
+        }
+    }
+
     /// A node we hold (or held): one step along its reboot.
     pub(super) fn follow(
         &mut self,

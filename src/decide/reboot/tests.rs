@@ -150,6 +150,7 @@ impl World {
             remote: self.remote,
             failing: None,
             alerts: None,
+            gates_unlisted: None,
         })
     }
 }
@@ -564,6 +565,7 @@ fn an_admission_whose_create_was_lost_is_created_again() {
     );
 }
 
+mod give_back;
 mod node_role;
 mod ownership;
 mod settings;

@@ -156,6 +156,7 @@ impl World {
             plans: &[Arc::new(self.plan.clone())],
             failing: None,
             alerts: None,
+            gates_unlisted: None,
         })
     }
 
@@ -552,6 +553,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
             plans: &plans,
             failing: None,
             alerts: None,
+            gates_unlisted: None,
         })
     };
     let status_of = |plan: Plan| match &plan.effects[0] {
@@ -585,3 +587,4 @@ fn a_plan_that_selects_no_node_says_so() {
 }
 
 mod failures;
+mod give_back;

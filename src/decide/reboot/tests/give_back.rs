@@ -1,0 +1,70 @@
+//! Give-backs that failed. The status records Settling or Done before the
+//! give-back's writes run; a refused delete or a 409 on the node's need
+//! must be repaired by later passes, never left holding the node (it stayed
+//! cordoned and its slot taken for ever), and a need the verified reboot
+//! served must never reboot the node again.
+
+use super::*;
+
+fn deletes_ours(plan: &Plan, node: &str) -> bool {
+    plan.effects
+        .iter()
+        .any(|e| matches!(e, Effect::DeleteMaintenance { nm, .. } if *nm == maintenance_name(node)))
+}
+
+fn clears_need(plan: &Plan, node: &str) -> bool {
+    plan.effects.iter().any(|e| {
+        matches!(e, Effect::PatchNode { node: n, patch, .. }
+            if n == node && patch["metadata"]["annotations"][NEEDED_ANNOTATION].is_null())
+    })
+}
+
+#[test]
+fn a_settling_node_whose_give_back_failed_is_given_back_on_every_pass_until_it_is() {
+    let mut p = policy(1);
+    p.spec.gates.settle_seconds = 5;
+    // Verified at `now`: Settling, written before the delete and the need's
+    // clear, both of which failed.
+    let p = with_entry(p, entry("a", RebootPhase::Settling, "b0", now()));
+    let a = node("a", "b1");
+    let mut w = World::new(p.clone(), vec![a.clone(), node("b", "b0")]);
+    w.nms
+        .push(Arc::new(ours(&p, &a, "b0", Some(Phase::Succeeded))));
+    for secs in [1, 6, 60, 600] {
+        w.now = now()
+            .checked_add(SignedDuration::from_secs(secs))
+            .unwrap_or_default();
+        let plan = w.plan();
+        assert!(deletes_ours(&plan, "a"), "{secs} s: {:?}", plan.effects);
+        assert!(clears_need(&plan, "a"), "{secs} s: {:?}", plan.effects);
+        assert!(
+            created(&plan).is_empty(),
+            "{secs} s: a still holds the slot"
+        );
+    }
+    // The delete went through; the need's clear did not (409): Done, the
+    // clear asked again, and b's turn.
+    w.nms.clear();
+    let plan = w.plan();
+    let st = status_of(&plan);
+    assert_eq!(phase_of(&st, "a").0, RebootPhase::Done);
+    assert!(clears_need(&plan, "a"));
+    assert_eq!(created(&plan), ["b"]);
+}
+
+#[test]
+fn a_need_its_verified_reboot_served_never_reboots_the_node_again() {
+    // Done, given back by hand (the NodeMaintenance deleted) while the
+    // need's clear had failed: the old need is served.
+    let p = with_entry(policy(1), entry("a", RebootPhase::Done, "b0", now()));
+    let w = World::new(p.clone(), vec![node("a", "b1")]);
+    let plan = w.plan();
+    assert!(created(&plan).is_empty(), "a second reboot for one need");
+    assert!(clears_need(&plan, "a"));
+    // A need stamped after the verification is a new one.
+    let later = annotate(node("a", "b1"), NEEDED_ANNOTATION, "2026-11-23T12:30:00Z");
+    let w = World::new(p, vec![later]);
+    let plan = w.plan();
+    assert_eq!(created(&plan), ["a"]);
+    assert!(!clears_need(&plan, "a"));
+}
