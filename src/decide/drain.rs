@@ -18,7 +18,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 pub enum Fate {
     /// Evicted through the eviction API, so PDBs are honoured.
     Evict,
-    /// Deleted: no controller will replace it (unmanaged) or it has finished.
+    /// Deleted: it has finished, or the drain's Force escalation.
     Delete(&'static str),
     /// Already terminating; drained once it is gone.
     Terminating,
@@ -142,9 +142,9 @@ pub fn fate(pod: &Pod) -> Fate {
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return Fate::Delete("finished");
     }
-    if controller.is_none() {
-        return Fate::Delete("declares no controller (as --force)");
-    }
+    // A pod with no controller is drained as with `--force` — but through
+    // the eviction API like every other pod kubectl drain removes, so a
+    // PDB over bare pods holds. Only the Force escalation deletes.
     Fate::Evict
 }
 
@@ -299,8 +299,9 @@ mod tests {
     }
 
     #[test]
-    fn unmanaged_and_finished_pods_are_deleted() {
-        assert!(matches!(fate(&pod(None)), Fate::Delete(_)));
+    fn unmanaged_pods_are_evicted_and_finished_ones_deleted() {
+        // Evicted, so a PDB over bare pods holds (it was ignored).
+        assert_eq!(fate(&pod(None)), Fate::Evict);
         let mut done = pod(Some("Job"));
         done.status = Some(PodStatus {
             phase: Some("Succeeded".into()),

@@ -489,6 +489,11 @@ pub fn decide(s: &Snapshot) -> Step {
         .iter()
         .filter(|(_, f)| f.is_pending())
         .filter_map(|(pod, _)| attempt(s, pod).and_then(|a| a.retry_at))
+        // A retry time that has passed belongs to a pod still Terminating
+        // (a finalizer, a lost kubelet): nothing is due for it, and waking
+        // "now" requeued the node at 0 ms for as long as the pod stayed.
+        // Its going is a pod event; the drain deadline is below.
+        .filter(|at| *at > s.now)
         .collect();
     wake.extend(s.lease_renew_at);
     wake.extend(hold);

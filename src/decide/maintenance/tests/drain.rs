@@ -63,6 +63,41 @@ fn waiting_wakes_for_the_next_retry() {
 }
 
 #[test]
+fn a_pod_stuck_terminating_past_its_retry_time_never_asks_for_an_immediate_wake() {
+    // Evicted at 0 s with 30 s grace: retry at 60 s. It is still
+    // Terminating at 100 s (a finalizer): the node was requeued at 0 ms
+    // for ever, a core burnt with no log line.
+    let mut w = World::draining(
+        nm("m", 0, Some(Phase::Running)),
+        Attempt {
+            retry_at: Some(ts(60)),
+            error: None,
+            refusals: 0,
+        },
+    );
+    let mut stuck = (*w.pods[0]).clone();
+    stuck.metadata.deletion_timestamp = Some(Time(ts(1)));
+    w.pods = vec![Arc::new(stuck)];
+    w.now = ts(100);
+    for _ in 0..3 {
+        match w.decide() {
+            Step::WriteStatus { status, .. } => w.nms[0].status = Some(*status),
+            Step::Wait(after) => {
+                // The drain deadline (30 s after creation) has passed too:
+                // nothing is due until the pod goes (a pod event).
+                assert!(
+                    after.is_none_or(|d| d >= Duration::from_secs(1)),
+                    "{after:?}"
+                );
+                return;
+            }
+            other => panic!("got {other:?}"),
+        }
+    }
+    panic!("never settled on a wait");
+}
+
+#[test]
 fn drain_timeout_is_announced_once() {
     let mut w = World::draining(
         nm("m", 0, Some(Phase::Running)),
