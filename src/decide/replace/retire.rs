@@ -109,6 +109,14 @@ pub(super) fn unpair(c: &Classes) -> Option<Plan> {
     (!fx.is_empty()).then(|| Plan::steps(fx))
 }
 
+/// How long a donor's Failed NodeMaintenance stays before it is given
+/// back and the node taken again.
+const FAILED_DRAIN_RETRY_SECONDS: i64 = 30;
+
+/// How often a donor whose drain is past its deadline is looked at when no
+/// event comes (the drain's end kicks the task).
+const OVERDUE_RECHECK: Duration = Duration::from_secs(60);
+
 pub(super) enum Retire {
     Act(Vec<Effect>),
     Wait(Option<Duration>),
@@ -130,6 +138,15 @@ pub(super) fn maintenance_of<'a>(s: &'a Snapshot, node: &str) -> Option<&'a Arc<
 pub(super) fn retire(s: &Snapshot, node: &Node) -> Retire {
     let name = node.name_any();
     let Some(nm) = maintenance_of(s, &name) else {
+        // Another disruption holds the node (an administrator's
+        // maintenance preempted ours, a reboot): ours would only fail
+        // again. Its end is a NodeMaintenance event, which kicks us.
+        if s.maintenances
+            .iter()
+            .any(|m| m.spec.node_name == name && !m.is_deleting() && disrupt::holds_node(m))
+        {
+            return Retire::Wait(None);
+        }
         let owner = disrupt::owner_ref(s.nv, "NodeVersion");
         let drain = DrainSpec {
             timeout_seconds: s.nv.spec.drain_timeout_seconds.clamp(1, 86400) as i32,
@@ -145,11 +162,38 @@ pub(super) fn retire(s: &Snapshot, node: &Node) -> Retire {
         );
         return Retire::Act(vec![Effect::CreateMaintenance { nm: Box::new(nm) }]);
     };
-    let succeeded = nm.status.as_ref().and_then(|st| st.phase) == Some(Phase::Succeeded);
-    if !succeeded {
-        return Retire::Wait(
-            drain_deadline(s, nm).map(|t| crate::decide::duration_until(s.now, t)),
-        );
+    match nm.status.as_ref().and_then(|st| st.phase) {
+        Some(Phase::Succeeded) => {}
+        Some(Phase::Failed) if nm.is_deleting() => return Retire::Wait(None),
+        Some(Phase::Failed) => {
+            // Preempted by an administrator's maintenance, or the medik8s
+            // lease held by a remediator: the donor waited for ever. Give
+            // the node back, after a pause so a lease that stays held is
+            // not fought for in a loop; it is taken again once nothing
+            // else holds it.
+            let failed_at = nm.status.as_ref().and_then(|st| st.last_update.as_ref());
+            let retry = failed_at.map(|t| plus(t.0, FAILED_DRAIN_RETRY_SECONDS));
+            if let Some(t) = retry.filter(|t| *t > s.now) {
+                return Retire::Wait(Some(crate::decide::duration_until(s.now, t)));
+            }
+            return Retire::Act(nm.uid().map_or_else(Vec::new, |uid| {
+                vec![Effect::DeleteMaintenance {
+                    nm: nm.name_any(),
+                    uid,
+                }]
+            }));
+        }
+        _ => {
+            // A deadline that has passed is reported by the drain itself
+            // (DrainOverdue) and ends with a NodeMaintenance event: it
+            // means "look again later", never "now" (0 made the task run
+            // its passes back to back for as long as the drain was late).
+            let until = drain_deadline(s, nm)
+                .map(|t| crate::decide::duration_until(s.now, t))
+                .filter(|d| !d.is_zero())
+                .unwrap_or(OVERDUE_RECHECK);
+            return Retire::Wait(Some(until));
+        }
     }
     let mut fx = Vec::new();
     let key = format!("remove-etcd-member/{name}");

@@ -314,4 +314,5 @@ fn reserved_label_keys() {
 
 mod objects;
 mod reports;
+mod stuck_donors;
 mod surge;

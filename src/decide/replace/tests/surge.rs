@@ -160,7 +160,7 @@ fn a_joined_node_with_nothing_to_replace_is_obsolete() {
     );
 }
 
-fn nm_for(w: &World, node: &str, phase: Option<Phase>) -> Arc<NodeMaintenance> {
+pub(super) fn nm_for(w: &World, node: &str, phase: Option<Phase>) -> Arc<NodeMaintenance> {
     let mut nm = disrupt::take(
         disrupt::owner_ref(&w.nv, "NodeVersion"),
         &disrupt::maintenance_name(MAINTENANCE_PREFIX, node),
