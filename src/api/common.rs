@@ -263,7 +263,7 @@ pub struct PrometheusGate {
 pub struct BlockingPods {
     /// Only pods in this namespace (default: every namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub namespace: Option<String>,
     /// Which pods block.
     pub selector: LabelSelector,

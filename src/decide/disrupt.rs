@@ -162,6 +162,10 @@ pub struct Admission<'a> {
     /// Prometheus's last answer for the gate's URL, if the feature has a
     /// Prometheus gate.
     pub alerts: Option<&'a Alerts>,
+    /// A blocking-pod gate of this object whose pods are not listed yet
+    /// (the watch has not answered, or cannot: its selector refused):
+    /// a blocking pod could not be seen, so nothing is admitted.
+    pub unlisted: Option<&'a str>,
 }
 
 pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
@@ -180,6 +184,11 @@ pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
         ))
     } else if let Some(why) = alert_wait(a) {
         Some((WAIT_ALERT, why))
+    } else if let Some(gate) = a.unlisted {
+        Some((
+            WAIT_GATE,
+            format!("the pods of gate {gate} are not listed yet"),
+        ))
     } else if let Some(pod) = blocking_pod(a.gates, a.pods) {
         Some((WAIT_BLOCKING_POD, format!("blocked by pod {pod}")))
     } else {
@@ -202,8 +211,19 @@ pub fn check_selector(sel: &LabelSelector) -> Result<(), String> {
 }
 
 /// [`check_selector`] for the selector at `field`, named in the message.
+/// Keys and values are checked as the API server checks label selectors:
+/// one it refuses ("my app") made a blocking-pod gate's watch fail for
+/// ever.
 pub fn check_selector_at(field: &str, sel: &LabelSelector) -> Result<(), String> {
+    for (k, v) in sel.match_labels.iter().flatten() {
+        check_label_key(field, k)?;
+        check_label_value(field, k, v)?;
+    }
     for e in sel.match_expressions.iter().flatten() {
+        check_label_key(field, &e.key)?;
+        for v in e.values.iter().flatten() {
+            check_label_value(field, &e.key, v)?;
+        }
         let has_values = e.values.as_ref().is_some_and(|v| !v.is_empty());
         match e.operator.as_str() {
             "In" | "NotIn" if !has_values => {
@@ -223,6 +243,65 @@ pub fn check_selector_at(field: &str, sel: &LabelSelector) -> Result<(), String>
     Ok(())
 }
 
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of
+/// at most 63 characters (alphanumerics, `-`, `_`, `.`, alphanumeric at
+/// both ends).
+fn check_label_key(field: &str, key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|p| p.len() <= 253 && p.split('.').all(dns_label));
+    if !prefix_ok || !label_name(name) {
+        return Err(format!("{field}: {key:?} is not a valid label key"));
+    }
+    Ok(())
+}
+
+fn check_label_value(field: &str, key: &str, value: &str) -> Result<(), String> {
+    if !value.is_empty() && !label_name(value) {
+        return Err(format!(
+            "{field}: {key}={value:?} is not a valid label value (at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends)"
+        ));
+    }
+    Ok(())
+}
+
+/// A label name or value: 1 to 63 of `[A-Za-z0-9_.-]`, alphanumeric at both ends.
+fn label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// An RFC 1123 label: 1 to 63 of `[a-z0-9-]`, alphanumeric at both ends
+/// (namespace names).
+pub fn dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// One blocking-pod gate as its watch would be built: selector and
+/// namespace (which reaches the URL path).
+pub fn check_gate(gate: &crate::api::common::BlockingPods) -> Result<(), String> {
+    check_selector_at("selector", &gate.selector)?;
+    match gate.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() && !dns_label(ns) => {
+            Err(format!("namespace {ns:?} is not a valid namespace name"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The pod selectors of a feature's gates and drain, checked like
 /// [`check_selector`]: a pod selector that cannot be used makes the whole
 /// object unusable (reported, nothing admitted), never "matches nothing"
@@ -236,6 +315,15 @@ pub fn check_pod_selectors(
         if let Err(e) = check_selector_at(&format!("gates.blockingPods[{i}].selector"), &b.selector)
         {
             problems.push(e);
+        }
+        if let Some(ns) = b
+            .namespace
+            .as_deref()
+            .filter(|ns| !ns.is_empty() && !dns_label(ns))
+        {
+            problems.push(format!(
+                "gates.blockingPods[{i}].namespace: {ns:?} is not a valid namespace name"
+            ));
         }
     }
     if let Some(sel) = &drain.pod_selector

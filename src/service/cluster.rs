@@ -107,18 +107,19 @@ async fn pass(
         .filter_map(GateKey::of)
         .collect();
     ctx.pods.want_gates(&gates);
-    let mut wake = if ctx.pods.gates_listed(GATES_LISTED).await {
-        earliest(
-            super::reboots::pass(ctx).await,
-            super::upgrades::pass(ctx).await,
-        )
-    } else {
-        log::warn!(
-            "the pods of the blocking-pod gates are not listed after {} s: no reboot or upgrade is admitted until they are",
-            GATES_LISTED.as_secs()
-        );
-        Some(GATES_LISTED)
-    };
+    // Each object waits for its own gates only: a gate whose watch cannot
+    // list held up every reboot and upgrade in the cluster, nodes already
+    // admitted included. Its object admits nothing and says why; nodes it
+    // holds go on.
+    let listed = ctx.pods.gates_listed(GATES_LISTED).await;
+    let mut wake = earliest(
+        super::reboots::pass(ctx).await,
+        super::upgrades::pass(ctx).await,
+    );
+    if !listed {
+        log::debug!("some blocking-pod gates are not listed yet; their objects wait");
+        wake = earliest(wake, Some(GATES_LISTED));
+    }
     if let Some(m) = mutex {
         wake = earliest(wake, super::mutex::pass(ctx, m).await);
     }

@@ -73,6 +73,12 @@ impl GateKey {
     /// `None` for a selector the API cannot express (the CRD's validation
     /// refuses those; an older object's decision reports it).
     pub fn of(gate: &BlockingPods) -> Option<GateKey> {
+        // Label syntax and the namespace are checked first: a value the
+        // API server refuses ("my app") left a watch retrying for ever, and
+        // a namespace reaches the URL path.
+        if crate::decide::disrupt::check_gate(gate).is_err() {
+            return None;
+        }
         let selector = kube::core::Selector::try_from(gate.selector.clone()).ok()?;
         Some(GateKey {
             namespace: gate.namespace.clone().filter(|n| !n.is_empty()),
@@ -249,6 +255,24 @@ impl PodWatches {
             );
             gates.insert(key.clone(), w);
         }
+    }
+
+    /// The first of `gates` whose pods are not listed yet, named for a
+    /// status message (a selector the API cannot express starts no watch:
+    /// its object is reported invalid and admits nothing anyway).
+    pub fn first_unlisted(&self, gates: &[BlockingPods]) -> Option<String> {
+        let Mode::Scoped(s) = &self.mode else {
+            return None;
+        };
+        let watched = lock(&s.gates);
+        gates.iter().find_map(|g| {
+            let key = GateKey::of(g)?;
+            let listed = watched.get(&key).is_some_and(|w| w.listed.is_open());
+            (!listed).then(|| match &key.namespace {
+                Some(ns) => format!("{:?} in namespace {ns}", key.selector),
+                None => format!("{:?}", key.selector),
+            })
+        })
     }
 
     /// Have all gates' watches listed (waiting up to `within`)?

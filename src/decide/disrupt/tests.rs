@@ -113,6 +113,7 @@ fn a_ready_node_waits_with_reason_alert_naming_the_alert() {
             budget: &budget,
             members: &[],
             alerts,
+            unlisted: None,
         })
     };
     assert_eq!(
@@ -128,4 +129,36 @@ fn a_ready_node_waits_with_reason_alert_naming_the_alert() {
     assert!(why.contains("Prometheus not asked yet"), "{why}");
     let quiet = Alerts::Active(vec![("Watchdog".into(), "firing".into())]);
     assert_ne!(admission(Some(&quiet)).map(|w| w.0), Some(WAIT_ALERT));
+}
+
+#[test]
+fn gate_selectors_and_namespaces_are_checked_as_the_api_server_would() {
+    use crate::api::common::BlockingPods;
+    let gate = |k: &str, v: &str, ns: Option<&str>| BlockingPods {
+        namespace: ns.map(str::to_string),
+        selector: LabelSelector {
+            match_labels: Some([(k.to_string(), v.to_string())].into()),
+            ..Default::default()
+        },
+    };
+    assert!(check_gate(&gate("app", "web", Some("prod"))).is_ok());
+    assert!(check_gate(&gate("example.com/app", "", None)).is_ok());
+    // The API server answers 400 to these: a watch built on one retried
+    // for ever and held every reboot in the cluster.
+    let spaced = check_gate(&gate("app", "my app", None)).unwrap_err();
+    assert!(spaced.contains("\"my app\""), "{spaced}");
+    assert!(check_gate(&gate("bad key", "x", None)).is_err());
+    assert!(check_gate(&gate("app", &"x".repeat(64), None)).is_err());
+    // The namespace reaches the URL path.
+    assert!(check_gate(&gate("app", "web", Some("../nodes"))).is_err());
+    assert!(check_gate(&gate("app", "web", Some("Prod"))).is_err());
+    // And the object that carries them is reported unusable, field named.
+    let gates = crate::api::common::Gates {
+        blocking_pods: vec![gate("app", "web", None), gate("app", "my app", Some("a/b"))],
+        ..Default::default()
+    };
+    let problems = check_pod_selectors(&gates, &Default::default());
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("gates.blockingPods[1].selector"));
+    assert!(problems[1].starts_with("gates.blockingPods[1].namespace"));
 }

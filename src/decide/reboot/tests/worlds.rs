@@ -384,6 +384,7 @@ impl World {
             remote: false,
             failing: None,
             alerts: None,
+            gates_unlisted: None,
         });
         self.run(&format!("policy {name}"), &plan.effects);
     }

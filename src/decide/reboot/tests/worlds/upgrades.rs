@@ -75,6 +75,7 @@ impl World {
             plans: &plans,
             failing: None,
             alerts: None,
+            gates_unlisted: None,
         });
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();
