@@ -22,7 +22,9 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
                 "nodekeeper-test",
                 None,
             ),
-            evictions_in_flight: nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
+            evictions: nodekeeper::effects::evict::Permits::new(
+                nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
+            ),
             exec: nodekeeper::effects::host::Exec::Direct,
             provider: None,
             gate: nodekeeper::effects::lease::LeaderGate::always(),

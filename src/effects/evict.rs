@@ -26,15 +26,28 @@ pub const HTTP1_IN_FLIGHT: usize = 32;
 /// peak RSS 9.2 MiB in all three.
 pub const HTTP2_IN_FLIGHT: usize = 110;
 
-/// Evict or delete every pod, up to `in_flight` at a time; results in
+/// The evictions and deletions one process keeps in flight, shared by
+/// every drain it runs: a cluster role drains up to 128 nodes at once on
+/// one HTTP/2 connection, and a limit per drain let 128 × 110 requests
+/// queue behind the server's stream limit, watches and all.
+#[derive(Clone)]
+pub struct Permits(Arc<smol::lock::Semaphore>);
+
+impl Permits {
+    pub fn new(in_flight: usize) -> Permits {
+        Permits(Arc::new(smol::lock::Semaphore::new(in_flight.max(1))))
+    }
+}
+
+/// Evict or delete every pod, within the process's permits; results in
 /// input order.
 pub async fn drain_pods(
     client: &Client,
     pods: &[(Arc<Pod>, Fate)],
     grace_period: Option<i64>,
-    in_flight: usize,
+    permits: &Permits,
 ) -> Vec<Outcome> {
-    let permits = Arc::new(smol::lock::Semaphore::new(in_flight.max(1)));
+    let permits = permits.0.clone();
     let tasks: Vec<_> = pods
         .iter()
         .map(|(pod, fate)| {

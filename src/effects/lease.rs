@@ -25,6 +25,47 @@ pub enum Acquired {
     HeldBy(String),
 }
 
+/// What a standby last saw of another holder's record, and when by its
+/// own monotonic clock: the record expires `leaseDurationSeconds` after
+/// it was last seen to change, as client-go decides, so a clock skewed
+/// against the holder's can neither take a live lease early nor wait out a
+/// dead one late.
+#[derive(Debug, Default)]
+pub struct Observed(Mutex<Option<(String, Instant)>>);
+
+impl Observed {
+    /// Has the record `lease` shows stood unchanged for its whole duration?
+    fn expired(&self, lease: &Lease) -> bool {
+        let spec = lease.spec.as_ref();
+        let seconds = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(0);
+        let record = format!(
+            "{}/{:?}/{:?}",
+            spec.and_then(|s| s.holder_identity.as_deref())
+                .unwrap_or_default(),
+            spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+            lease.metadata.resource_version
+        );
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match &*seen {
+            Some((r, at)) if *r == record => {
+                at.elapsed() >= Duration::from_secs(seconds.max(0) as u64)
+            }
+            _ => {
+                *seen = Some((record, Instant::now()));
+                seconds <= 0
+            }
+        }
+    }
+}
+
+/// Which lease [`acquire`] takes: a node lease (usually absent, so
+/// created first; expired by its renewal time, NMO's rule) or the leader
+/// lease (read first; expired by [`Observed`]).
+pub enum LeaseKind<'a> {
+    Node,
+    Leader(&'a Observed),
+}
+
 fn expiry(l: &Lease) -> Option<Timestamp> {
     let spec = l.spec.as_ref()?;
     let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
@@ -36,10 +77,10 @@ fn expiry(l: &Lease) -> Option<Timestamp> {
 }
 
 /// Take or renew `namespace/name` for `holder` for `seconds`.
-/// `create_first`: try to create it before reading it (one request where
-/// it is usually absent: a maintenance's lease, released by the last one);
-/// otherwise read first (one request fewer where it usually exists: the
-/// leader lease, renewed every 3 s and polled by standbys).
+/// A node lease is created before it is read (one request where it is
+/// usually absent: a maintenance's lease, released by the last one); the
+/// leader lease is read first (one request fewer where it usually exists:
+/// renewed every 3 s and polled by standbys).
 pub async fn acquire(
     client: &Client,
     namespace: &str,
@@ -47,8 +88,12 @@ pub async fn acquire(
     holder: &str,
     seconds: i32,
     owner: Option<OwnerReference>,
-    create_first: bool,
+    kind: LeaseKind<'_>,
 ) -> Result<Acquired> {
+    let (create_first, observed) = match kind {
+        LeaseKind::Node => (true, None),
+        LeaseKind::Leader(o) => (false, Some(o)),
+    };
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let now = Timestamp::now();
     let until = now
@@ -105,7 +150,13 @@ pub async fn acquire(
     };
     let spec = lease.spec.get_or_insert_with(Default::default);
     let current = spec.holder_identity.clone().unwrap_or_default();
-    let expired = expiry(&lease).is_none_or(|t| t <= now);
+    // The leader lease is judged by local time since its record last
+    // changed; a node lease by its renewal time (NMO's rule, which the
+    // medik8s remediators share).
+    let expired = match observed {
+        Some(o) => o.expired(&lease),
+        None => expiry(&lease).is_none_or(|t| t <= now),
+    };
     if current != holder && !current.is_empty() && !expired {
         return Ok(Acquired::HeldBy(current));
     }
@@ -189,7 +240,7 @@ pub async fn acquire_node_lease(
         LEASE_HOLDER,
         LEASE_SECONDS,
         owner,
-        true,
+        LeaseKind::Node,
     )
     .await
 }
@@ -249,13 +300,17 @@ impl LeaderGate {
 
     /// [`LeaderGate::may_act`], and count the effect until the guard drops.
     pub fn enter(&self) -> Result<InFlight> {
-        self.may_act()?;
+        // Counted before the check, released if it fails: checked first, a
+        // step-down could revoke, read no effect in flight and hand the
+        // lease over between the check and the count.
         if let Some(state) = &self.0 {
             state
                 .in_flight
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-        Ok(InFlight(self.0.clone()))
+        let guard = InFlight(self.0.clone());
+        self.may_act()?;
+        Ok(guard)
     }
 
     fn in_flight(&self) -> usize {
@@ -315,6 +370,7 @@ async fn try_leader_lease(
     name: &str,
     identity: &str,
     limit: Duration,
+    observed: &Observed,
 ) -> std::result::Result<Acquired, String> {
     let tried = acquire(
         client,
@@ -323,7 +379,7 @@ async fn try_leader_lease(
         identity,
         LEADER_LEASE_SECONDS,
         None,
-        false,
+        LeaseKind::Leader(observed),
     );
     match crate::runtime::timeout(limit, tried).await {
         Ok(r) => r.map_err(|e| e.to_string()),
@@ -404,9 +460,18 @@ pub async fn lead(
     identity: String,
 ) -> Result<Leadership> {
     let gate = LeaderGate::elected();
+    let observed = Observed::default();
     loop {
         let start = Instant::now();
-        let tried = try_leader_lease(&client, &namespace, &name, &identity, RENEW_DEADLINE).await;
+        let tried = try_leader_lease(
+            &client,
+            &namespace,
+            &name,
+            &identity,
+            RENEW_DEADLINE,
+            &observed,
+        )
+        .await;
         match tried {
             Ok(Acquired::Held { .. }) => {
                 gate.extend(start + RENEW_DEADLINE);
@@ -456,7 +521,8 @@ pub async fn lead(
             let left = RENEW_DEADLINE
                 .saturating_sub(last_ok.elapsed())
                 .max(Duration::from_secs(1));
-            let tried = try_leader_lease(&client, &namespace, &name, &identity, left).await;
+            let tried =
+                try_leader_lease(&client, &namespace, &name, &identity, left, &observed).await;
             match tried {
                 Ok(Acquired::Held { .. }) => {
                     last_ok = start;
@@ -490,4 +556,42 @@ pub async fn lead(
         name: n,
         identity: id,
     })
+}
+
+#[cfg(test)]
+mod observed_tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+
+    fn lease(renewed: &str, rv: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("other".into()),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(renewed.parse().unwrap_or_default())),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_leader_lease_expires_by_local_time_since_its_record_last_changed() {
+        // Renewed "an hour ago" by the holder's clock (ours is skewed
+        // ahead): a standby comparing wall clocks took it at once.
+        let o = Observed::default();
+        let old = lease("2020-01-01T00:00:00Z", "5");
+        assert!(!o.expired(&old), "first sight is never expired");
+        assert!(!o.expired(&old), "seen unchanged for less than 15 s");
+        // Unchanged for the whole duration by our own clock: expired.
+        if let Some(seen) = o.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            seen.1 = Instant::now() - Duration::from_secs(16);
+        }
+        assert!(o.expired(&old));
+        // A renewal (new record) starts the count again.
+        assert!(!o.expired(&lease("2020-01-01T00:00:03Z", "6")));
+    }
 }

@@ -31,8 +31,8 @@ pub const FIELD_MANAGER: &str = "nodekeeper";
 pub struct Interpreter {
     pub client: Client,
     pub events: events::Events,
-    /// Evictions and deletions a drain keeps in flight at once.
-    pub evictions_in_flight: usize,
+    /// Evictions and deletions in flight at once, over every drain.
+    pub evictions: evict::Permits,
     /// How host commands start (directly, or in the host's mount namespace).
     pub exec: host::Exec,
     /// The cloud provider plugin (`run --provider-command`), if any.
@@ -92,8 +92,7 @@ impl Interpreter {
                 Ok(Outcome::Done)
             }
             Effect::Drain { pods, grace_period } => Ok(Outcome::Drained(
-                evict::drain_pods(&self.client, pods, *grace_period, self.evictions_in_flight)
-                    .await,
+                evict::drain_pods(&self.client, pods, *grace_period, &self.evictions).await,
             )),
             Effect::WritePolicyStatus {
                 policy,

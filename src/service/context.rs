@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::failing::{Failing, RETRY_CONFLICT, Subject};
+use super::failing::{Failing, Subject};
 use super::roles::Scope;
 use super::stores::{Fresh, Stores, Synced};
 use super::watch::Kick;
@@ -491,8 +491,16 @@ async fn report(
         return None;
     }
     if err.api_code() == Some(409) {
-        log::debug!("{}: {err} (deciding again)", subject.key);
-        return Some(RETRY_CONFLICT);
+        match failing.conflicted(&subject.key) {
+            Ok(wait) => {
+                super::metrics::count_error(&err);
+                log::debug!("{}: {err} (deciding again in {wait:?})", subject.key);
+                return Some(wait);
+            }
+            // Another writer keeps winning: from here it is a failure,
+            // reported on the object and backed off.
+            Err(n) => log::debug!("{}: {n} conflicts in a row", subject.key),
+        }
     }
     super::metrics::count_error(&err);
     let message = err.to_string();

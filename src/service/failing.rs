@@ -13,8 +13,15 @@ use kube::api::ObjectMeta;
 /// First retry of a failed object, doubling to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(5);
 const RETRY_MAX: Duration = Duration::from_secs(300);
-/// A conflict (409) is a stale snapshot, not a failure: decide again soon.
+/// A conflict (409) is a stale snapshot, not a failure: decide again soon,
+/// 200 ms doubling to 5 s while conflicts follow each other.
 pub const RETRY_CONFLICT: Duration = Duration::from_millis(200);
+const RETRY_CONFLICT_MAX: Duration = Duration::from_secs(5);
+/// Conflicts in a row after which an object counts as failing: another
+/// writer fights over the same status (NMO left installed beside us, a
+/// field an older schema prunes). It is reported on the object and backed
+/// off like any failure, not retried at 5 Hz for ever in silence.
+pub const CONFLICTS_BEFORE_FAILURE: u32 = 8;
 
 /// What one object's last failure was, so the next pass waits for its
 /// backoff (or a change of the object) and says why in its status.
@@ -25,13 +32,35 @@ struct Failure {
     message: String,
 }
 
-/// Per object (`Kind/name`): its last failure. Pruned with the objects.
+/// Per object (`Kind/name`): its last failure, and the conflicts it met
+/// in a row. Pruned with the objects.
 #[derive(Default)]
-pub struct Failing(Mutex<HashMap<String, Failure>>);
+pub struct Failing(Mutex<HashMap<String, Failure>>, Mutex<HashMap<String, u32>>);
 
 impl Failing {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failure>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn conflicts(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record a conflict: `Ok(wait)` to decide again after `wait`, or
+    /// `Err(count)` once [`CONFLICTS_BEFORE_FAILURE`] came in a row (the
+    /// caller records a failure; the count starts again).
+    pub fn conflicted(&self, key: &str) -> Result<Duration, u32> {
+        let mut map = self.conflicts();
+        let count = map.entry(key.to_string()).or_default();
+        *count += 1;
+        if *count >= CONFLICTS_BEFORE_FAILURE {
+            let n = *count;
+            map.remove(key);
+            return Err(n);
+        }
+        Ok(RETRY_CONFLICT
+            .saturating_mul(1 << (*count - 1).min(5))
+            .min(RETRY_CONFLICT_MAX))
     }
 
     /// `Ok` if the object may be decided now: it has not failed, its
@@ -75,11 +104,13 @@ impl Failing {
 
     pub fn succeeded(&self, key: &str) {
         self.map().remove(key);
+        self.conflicts().remove(key);
     }
 
     /// Keep only the failures of objects `exists` still knows.
     pub fn retain(&self, exists: impl Fn(&str) -> bool) {
         self.map().retain(|k, _| exists(k));
+        self.conflicts().retain(|k, _| exists(k));
     }
 
     pub fn len(&self) -> usize {
@@ -156,5 +187,24 @@ mod tests {
         f.failed("RebootPolicy/c", None, "x".into());
         f.retain(|k| k != "RebootPolicy/c");
         assert!(f.is_empty());
+    }
+
+    #[test]
+    fn conflicts_back_off_and_a_run_of_them_becomes_a_failure() {
+        let f = Failing::default();
+        let waits: Vec<Duration> = (0..CONFLICTS_BEFORE_FAILURE - 1)
+            .map(|_| f.conflicted("RebootPolicy/p").unwrap_or_default())
+            .collect();
+        assert_eq!(waits[0], RETRY_CONFLICT);
+        assert!(waits.windows(2).all(|w| w[1] >= w[0]), "{waits:?}");
+        assert_eq!(waits.last(), Some(&RETRY_CONFLICT_MAX));
+        assert_eq!(
+            f.conflicted("RebootPolicy/p"),
+            Err(CONFLICTS_BEFORE_FAILURE)
+        );
+        // A success in between starts the count again.
+        assert!(f.conflicted("RebootPolicy/q").is_ok());
+        f.succeeded("RebootPolicy/q");
+        assert_eq!(f.conflicted("RebootPolicy/q"), Ok(RETRY_CONFLICT));
     }
 }

@@ -19,6 +19,7 @@ pub mod alerts;
 pub mod cluster;
 pub mod connect;
 pub mod context;
+pub mod executor;
 pub mod failing;
 pub mod fresh;
 pub mod metrics;
@@ -374,7 +375,7 @@ pub async fn run(
         Interpreter {
             client: client.clone(),
             events,
-            evictions_in_flight,
+            evictions: crate::effects::evict::Permits::new(evictions_in_flight),
             exec: config.host_exec,
             provider: config.provider.clone(),
             gate,
@@ -550,18 +551,22 @@ const RECONCILES_AT_ONCE: u16 = 128;
 /// How long reconciles in flight may run on after SIGTERM or a lost lease.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
     metrics::inc(&metrics::COUNTERS.reconcile_errors);
     metrics::count_error(err);
     // 409: someone wrote first (the scheduler's conditions, a kubelet's
     // status, another feature's annotation); re-read promptly rather than
     // back off. It is optimistic concurrency doing its job, not a fault:
-    // logged at debug and counted in the metrics (a write loop shows
-    // there), where a warning for every such race was noise.
-    let (retry, level) = if err.api_code() == Some(409) {
-        (Duration::from_millis(200), log::Level::Debug)
-    } else {
-        (Duration::from_secs(5), log::Level::Warn)
+    // logged at debug and counted in the metrics, where a warning for
+    // every such race was noise. Conflicts in a row back off (200 ms
+    // doubling to 5 s), and a long run of them is warned about: another
+    // writer fighting over the same object was a silent 5 Hz loop.
+    let (retry, level) = match err.api_code() {
+        Some(409) => match ctx.failing.conflicted(&conflict_key(&node.name_any())) {
+            Ok(wait) => (wait, log::Level::Debug),
+            Err(_) => (Duration::from_secs(5), log::Level::Warn),
+        },
+        _ => (Duration::from_secs(5), log::Level::Warn),
     };
     log::log!(
         level,
@@ -569,6 +574,11 @@ fn error_policy(node: Arc<Node>, err: &Error, _ctx: Arc<Context>) -> Action {
         node.name_any()
     );
     Action::requeue(retry)
+}
+
+/// The key a node's conflicts in a row are counted under.
+pub(crate) fn conflict_key(node: &str) -> String {
+    format!("Node/{node}")
 }
 
 /// Exit with an install hint unless every CRD we reconcile is served.
