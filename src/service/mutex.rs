@@ -16,11 +16,12 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::context::Context;
 use super::context::contain;
+use super::executor;
 use super::failing::Subject;
 use super::watch::{Trigger, read, served, watch_dynamic};
 use crate::api::mutex::*;
 use crate::decide::mutex::{self, RunSnapshot};
-use crate::decide::{Effect, Outcome, earliest};
+use crate::decide::{Effect, Outcome, Plan, Then, earliest};
 use crate::error::{Error, Result};
 use crate::runtime::Latch;
 
@@ -193,7 +194,12 @@ pub async fn pass(ctx: &Context, m: &MutexStores) -> Option<Duration> {
         };
         acted = true;
         let w = contain(ctx, &Subject::typed(r.as_ref()), |_| async move {
-            perform(ctx, &MutexRule::kind(&()), r.as_ref(), &[effect]).await
+            // The write kicks the next pass.
+            let plan = Plan {
+                then: Then::Wait(None),
+                ..Plan::steps(vec![effect])
+            };
+            perform(ctx, &MutexRule::kind(&()), r.as_ref(), plan).await
         })
         .await;
         wake = earliest(wake, w);
@@ -204,7 +210,12 @@ pub async fn pass(ctx: &Context, m: &MutexStores) -> Option<Duration> {
         };
         acted = true;
         let w = contain(ctx, &Subject::typed(t.as_ref()), |_| async move {
-            perform(ctx, &MutexTarget::kind(&()), t.as_ref(), &[effect]).await
+            // The write kicks the next pass.
+            let plan = Plan {
+                then: Then::Wait(None),
+                ..Plan::steps(vec![effect])
+            };
+            perform(ctx, &MutexTarget::kind(&()), t.as_ref(), plan).await
         })
         .await;
         wake = earliest(wake, w);
@@ -231,12 +242,7 @@ pub async fn pass(ctx: &Context, m: &MutexStores) -> Option<Duration> {
         };
         let run_kind = &run_kind;
         let w = contain(ctx, &Subject::typed(run.as_ref()), |_| async move {
-            let plan = mutex::run(&snapshot);
-            perform(ctx, run_kind, run.as_ref(), &plan.effects).await?;
-            Ok(match plan.then {
-                crate::decide::Then::Wait(d) => d,
-                crate::decide::Then::Again => Some(Duration::from_millis(100)),
-            })
+            perform(ctx, run_kind, run.as_ref(), mutex::run(&snapshot)).await
         })
         .await;
         wake = earliest(wake, w);
@@ -251,13 +257,11 @@ async fn perform<K: kube::Resource<DynamicType = ()>>(
     ctx: &Context,
     kind: &str,
     owner: &K,
-    effects: &[Effect],
+    plan: Plan,
 ) -> Result<Option<Duration>> {
-    for effect in effects {
-        log::debug!("mutex {kind}: {}", crate::effects::describe(effect));
-        let outcome = ctx.effects.perform(effect).await?;
-        ctx.remember(&outcome);
-        if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, &outcome) {
+    let who = format!("mutex {kind}");
+    let then = executor::execute(ctx, &who, plan, |effect, outcome| {
+        if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, outcome) {
             let key = crate::decide::jobs::key_of(
                 job.metadata.namespace.as_deref().unwrap_or_default(),
                 &job.name_any(),
@@ -265,6 +269,8 @@ async fn perform<K: kube::Resource<DynamicType = ()>>(
             log::warn!("mutex: Job {key} refused: {why}");
             ctx.set_job_error(key, Subject::typed(owner).key, why.clone());
         }
-    }
-    Ok(None)
+        executor::After::Go
+    })
+    .await?;
+    Ok(executor::wake(then))
 }

@@ -13,6 +13,7 @@ use kube::ResourceExt;
 
 use super::context::contain;
 use super::context::{Context, HostSignal};
+use super::executor;
 use super::failing::Subject;
 use super::metrics;
 use crate::api::reboot::RebootPolicy;
@@ -57,6 +58,7 @@ async fn reconcile_policy(
     // again: alerts come and go without an event to wake the pass.
     let gate = policy.spec.gates.prometheus.as_ref();
     let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
+    let unlisted = ctx.pods.first_unlisted(&policy.spec.gates.blocking_pods);
     let plan = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -72,27 +74,28 @@ async fn reconcile_policy(
             remote: !ctx.node_agents,
             failing,
             alerts: alerts.as_ref(),
+            gates_unlisted: unlisted.as_deref(),
         })
     };
-    let name = policy.name_any();
-    for effect in &plan.effects {
-        log::debug!("RebootPolicy {name}: {}", crate::effects::describe(effect));
-        let outcome = ctx.effects.perform(effect).await?;
-        observe(ctx, policy, effect, &outcome);
-        ctx.remember(&outcome);
-        if let Some(follow) = node::after_command(effect, &outcome) {
-            log_command_failure(effect, &outcome);
-            ctx.effects.perform(&follow).await?;
+    let who = format!("RebootPolicy {}", policy.name_any());
+    let then = executor::execute(ctx, &who, plan, |effect, outcome| {
+        observe(ctx, policy, effect, outcome);
+        record_command(effect, outcome)
+    })
+    .await?;
+    Ok(earliest(executor::wake(then), again))
+}
+
+/// A host command's result, recorded on its node next (a failed reboot:
+/// the policy reports it).
+fn record_command(effect: &Effect, outcome: &Outcome) -> executor::After {
+    match node::after_command(effect, outcome) {
+        Some(follow) => {
+            log_command_failure(effect, outcome);
+            executor::After::First(vec![follow])
         }
+        None => executor::After::Go,
     }
-    if let Some((level, line)) = &plan.note {
-        log::log!(*level, "{line}");
-    }
-    let wake = match plan.then {
-        crate::decide::Then::Wait(d) => d,
-        crate::decide::Then::Again => Some(Duration::from_millis(100)),
-    };
-    Ok(crate::decide::earliest(wake, again))
 }
 
 /// Metrics from what a policy's effects did: admissions, outcomes, reboot
@@ -163,8 +166,8 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
         // No policy covers this node: nothing reads its signals (and a
         // failure recorded under a policy that is gone is taken back).
         if let Some(e) = node::sentinel_record(&n, None) {
-            let outcome = ctx.effects.perform(&e).await?;
-            ctx.remember(&outcome);
+            let who = format!("node {name}");
+            executor::execute_plain(ctx, &who, crate::decide::Plan::steps(vec![e])).await?;
         }
         return Ok(None);
     };
@@ -202,8 +205,8 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
             Some(why) => log::warn!("node {name}: reboot signal unreadable: {why}"),
             None => log::info!("node {name}: reboot signal readable again"),
         }
-        let outcome = ctx.effects.perform(&e).await?;
-        ctx.remember(&outcome);
+        let who = format!("node {name}");
+        executor::execute_plain(ctx, &who, crate::decide::Plan::steps(vec![e])).await?;
     }
     let next_look = if due {
         // The look's end kicks a reconcile; this is a backstop.
@@ -227,19 +230,23 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
                 argv.join(" ")
             );
         }
-        let outcome = ctx.effects.perform(effect).await?;
-        ctx.record(name, effect, &outcome, now);
-        if let Some(follow) = node::after_command(effect, &outcome) {
-            log_command_failure(effect, &outcome);
-            let outcome = ctx.effects.perform(&follow).await?;
-            ctx.record(name, &follow, &outcome, now);
-        }
         if let Effect::PatchNode { patch, .. } = effect
             && patch["metadata"]["annotations"][crate::api::reboot::NEEDED_ANNOTATION].is_string()
         {
             log::info!("node {name}: the host says a reboot is needed; marked");
         }
     }
+    let who = format!("node {name}");
+    executor::execute(
+        ctx,
+        &who,
+        crate::decide::Plan::steps(effects),
+        |effect, outcome| {
+            ctx.record(name, effect, outcome, now);
+            record_command(effect, outcome)
+        },
+    )
+    .await?;
     Ok(Some(Duration::from_secs(next_look.max(1) as u64)))
 }
 

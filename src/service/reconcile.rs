@@ -20,9 +20,9 @@ use kube::{Api, ResourceExt};
 use super::context::Context;
 use super::roles::{Scope, anchor};
 use crate::api::common::is_node_name;
+use crate::decide::Effect;
 use crate::decide::foreign::{self, LastCheck};
 use crate::decide::maintenance::{self, Snapshot};
-use crate::decide::{Effect, Outcome};
 use crate::decide::{Then, duration_until, earliest};
 use crate::error::{Error, Result};
 
@@ -39,7 +39,11 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     ctx.synced.wait().await;
     crate::service::metrics::inc(&crate::service::metrics::COUNTERS.reconciles);
     let started = std::time::Instant::now();
+    let key = super::conflict_key(&node.name_any());
     let result = reconcile_inner(node, &ctx).await;
+    if result.is_ok() {
+        ctx.failing.succeeded(&key);
+    }
     crate::service::metrics::observe_work(
         crate::service::metrics::Timed::NodeReconcile,
         started.elapsed(),
@@ -55,10 +59,16 @@ async fn reconcile_inner(node: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> 
     }
     // A cluster role beside node agents leaves each node's maintenance
     // to its agent: two drainers of one node would only race.
-    let mut wake = if ctx.node_agents {
-        None
+    // An error in the node's maintenance does not skip its reboot and
+    // upgrade steps below (a refused status write held back a reboot the
+    // node was drained for); it is returned after them.
+    let (mut wake, failed) = if ctx.node_agents {
+        (None, None)
     } else {
-        reconcile_node(ctx, &name, true).await?
+        match reconcile_node(ctx, &name, true).await {
+            Ok(w) => (w, None),
+            Err(e) => (None, Some(e)),
+        }
     };
     if anchor(&ctx.scope, &ctx.nodes).as_deref() == Some(name.as_str()) {
         ctx.prune();
@@ -71,8 +81,13 @@ async fn reconcile_inner(node: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> 
         super::upgrades::reconcile_own_node(ctx, &name).await?;
         wake = earliest(wake, super::reboots::reconcile_own_node(ctx, &name).await?);
     }
+    if let Some(e) = failed {
+        return Err(e);
+    }
     Ok(match wake {
-        Some(d) => Action::requeue(d),
+        // Never "at once": a decision that asks for it again and again
+        // would spin the one-thread executor.
+        Some(d) => Action::requeue(d.max(super::executor::MIN_WAKE)),
         None => Action::await_change(),
     })
 }
@@ -255,78 +270,22 @@ async fn reconcile_node(
             }
             continue;
         }
-        let mut plan = maintenance::plan(&snapshot, step.clone());
-        let mut i = 0;
-        while i < plan.effects.len() {
-            // One effect at a time, or the rest at once where the plan's
-            // writes are independent; every outcome is recorded either way.
-            let batch = if plan.together {
-                &plan.effects[i..]
-            } else {
-                &plan.effects[i..=i]
-            };
-            let outcomes = crate::runtime::join_all(
-                batch
-                    .iter()
-                    .map(|effect| perform(ctx, node_name, effect))
-                    .collect(),
-            )
-            .await;
-            let (mut follow, mut failed) = (None, None);
-            for (effect, outcome) in batch.iter().zip(outcomes) {
-                match outcome {
-                    Ok(outcome) => {
-                        ctx.record(node_name, effect, &outcome, now);
-                        follow = follow.or_else(|| maintenance::after(&snapshot, &step, &outcome));
-                    }
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                    }
-                }
+        let plan = maintenance::plan(&snapshot, step.clone());
+        let who = format!("node {node_name}");
+        let then = super::executor::execute(ctx, &who, plan, |effect, outcome| {
+            ctx.record(node_name, effect, outcome, now);
+            match maintenance::after(&snapshot, &step, outcome) {
+                Some(follow) => super::executor::After::Instead(follow),
+                None => super::executor::After::Go,
             }
-            let done = batch.len();
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            if let Some(f) = follow {
-                plan = f;
-                i = 0;
-                continue;
-            }
-            i += done;
-        }
-        if let Some((level, line)) = &plan.note {
-            log::log!(*level, "{line}");
-        }
-        if let Then::Wait(d) = plan.then {
+        })
+        .await?;
+        if let Then::Wait(d) = then {
             return Ok(d);
         }
     }
     log::warn!(
         "node {node_name}: still busy after {MAX_STEPS} steps; continuing on the next reconcile"
     );
-    Ok(Some(Duration::from_millis(100)))
-}
-
-/// Perform one effect of a node's maintenance.
-async fn perform(ctx: &Context, node_name: &str, effect: &Effect) -> Result<Outcome> {
-    log::debug!("node {node_name}: {}", crate::effects::describe(effect));
-    match ctx.effects.perform(effect).await {
-        // The lifecycle conditions are a courtesy to other readers: a
-        // refused write never holds up the drain or the uncordon.
-        // A Node deleted meanwhile (a replaced or decommissioned node, its
-        // drain done) has no conditions to publish: not worth a warning.
-        Err(e) if matches!(effect, Effect::PatchNodeStatus { .. }) => {
-            let gone = matches!(&e, crate::error::Error::Kube { source: kube::Error::Api(s), .. } if s.code == 404);
-            if gone {
-                log::debug!("node {node_name}: {e}; the node is gone, no lifecycle conditions");
-            } else {
-                log::warn!(
-                    "node {node_name}: {e}; the maintenance goes on without its lifecycle conditions and tries again in 60 s"
-                );
-            }
-            Ok(Outcome::StatusRefused)
-        }
-        other => other,
-    }
+    Ok(Some(super::executor::MIN_WAKE))
 }

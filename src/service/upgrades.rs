@@ -14,11 +14,12 @@ use kube::ResourceExt;
 
 use super::context::Context;
 use super::context::contain;
+use super::executor;
 use super::failing::Subject;
 use crate::api::upgrade::{RESULT_ANNOTATION, UpgradePlan};
 use crate::decide::reboot::node::after_command;
 use crate::decide::upgrade::{self, node};
-use crate::decide::{Effect, Outcome, earliest};
+use crate::decide::{Effect, Outcome, Plan, earliest};
 use crate::error::Result;
 
 /// Cluster role: one scheduler pass over every UpgradePlan this role
@@ -58,6 +59,7 @@ async fn reconcile_plan(
     // again: alerts come and go without an event to wake the pass.
     let gate = plan.spec.gates.prometheus.as_ref();
     let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
+    let unlisted = ctx.pods.first_unlisted(&plan.spec.gates.blocking_pods);
     let plan_fx = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -75,15 +77,14 @@ async fn reconcile_plan(
             plans,
             failing,
             alerts: alerts.as_ref(),
+            gates_unlisted: unlisted.as_deref(),
         })
     };
     let name = plan.name_any();
     let mut refused = false;
-    for effect in &plan_fx.effects {
-        log::debug!("UpgradePlan {name}: {}", crate::effects::describe(effect));
-        let outcome = ctx.effects.perform(effect).await?;
-        ctx.remember(&outcome);
-        if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, &outcome) {
+    let who = format!("UpgradePlan {name}");
+    let then = executor::execute(ctx, &who, plan_fx, |effect, outcome| {
+        if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, outcome) {
             let key = crate::decide::jobs::key_of(
                 job.metadata.namespace.as_deref().unwrap_or_default(),
                 &job.name_any(),
@@ -92,15 +93,14 @@ async fn reconcile_plan(
             ctx.set_job_error(key, Subject::typed(plan).key, why.clone());
             refused = true;
         }
-    }
-    if let Some((level, line)) = &plan_fx.note {
-        log::log!(*level, "{line}");
-    }
-    let wake = match plan_fx.then {
-        // A refused Job is a failure the next decision records at once.
-        _ if refused => Some(Duration::from_millis(50)),
-        crate::decide::Then::Wait(d) => d,
-        crate::decide::Then::Again => Some(Duration::from_millis(100)),
+        executor::After::Go
+    })
+    .await?;
+    // A refused Job is a failure the next decision records soon.
+    let wake = if refused {
+        Some(executor::MIN_WAKE)
+    } else {
+        executor::wake(then)
     };
     Ok(crate::decide::earliest(wake, again))
 }
@@ -129,8 +129,8 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
                     "node {name}: UpgradePlan {key}: its command cannot run here ({why}); the node is not admitted"
                 ),
             }
-            let outcome = ctx.effects.perform(&record).await?;
-            ctx.remember(&outcome);
+            let who = format!("node {name}");
+            executor::execute_plain(ctx, &who, Plan::steps(vec![record])).await?;
         }
     }
     let nms = ctx.maintenances_for(name);
@@ -140,38 +140,51 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
         plans: &plans,
     });
     let now = Timestamp::now();
-    for effect in effects {
-        match &effect {
-            Effect::RunHost { record, argv, .. } if record.annotation == RESULT_ANNOTATION => {
-                let token = record.succeeded.clone().unwrap_or_default();
-                if !ctx.claim_upgrade(&token) {
-                    log::debug!("node {name}: an upgrade command is already running");
-                    return Ok(());
-                }
-                log::info!(
-                    "node {name}: drained for its upgrade; running {:?}",
-                    argv.join(" ")
-                );
-                let (ctx, name) = (ctx.clone(), name.to_string());
-                crate::runtime::spawn(async move {
-                    run_in_background(&ctx, &name, &effect).await;
-                    ctx.release_upgrade();
-                })
-                .detach();
-                return Ok(());
-            }
-            Effect::RunHost { argv, .. } => {
-                log::info!("node {name}: upgraded; rebooting with {:?}", argv.join(" "));
-            }
-            _ => {}
+    // The upgrade command runs in the background (a long upgrade must not
+    // stall the loop or trip /healthz); what comes before it (the
+    // once-per-boot record) is performed first, and must have succeeded.
+    let upgrade_at = effects.iter().position(
+        |e| matches!(e, Effect::RunHost { record, .. } if record.annotation == RESULT_ANNOTATION),
+    );
+    let mut effects = effects;
+    let background = upgrade_at.map(|i| effects.split_off(i));
+    for effect in &effects {
+        if let Effect::RunHost { argv, .. } = effect {
+            log::info!("node {name}: upgraded; rebooting with {:?}", argv.join(" "));
         }
-        let outcome = ctx.effects.perform(&effect).await?;
-        ctx.record(name, &effect, &outcome, now);
-        if let Some(follow) = after_command(&effect, &outcome) {
-            log::warn!("node {name}: the reboot after the upgrade failed");
-            let outcome = ctx.effects.perform(&follow).await?;
-            ctx.record(name, &follow, &outcome, now);
+    }
+    let who = format!("node {name}");
+    executor::execute(ctx, &who, Plan::steps(effects), |effect, outcome| {
+        ctx.record(name, effect, outcome, now);
+        match after_command(effect, outcome) {
+            Some(follow) => {
+                log::warn!("node {name}: the reboot after the upgrade failed");
+                executor::After::First(vec![follow])
+            }
+            None => executor::After::Go,
         }
+    })
+    .await?;
+    if let Some(effect) = background.and_then(|mut rest| (!rest.is_empty()).then(|| rest.remove(0)))
+    {
+        let Effect::RunHost { record, argv, .. } = &effect else {
+            return Ok(());
+        };
+        let token = record.succeeded.clone().unwrap_or_default();
+        if !ctx.claim_upgrade(&token) {
+            log::debug!("node {name}: an upgrade command is already running");
+            return Ok(());
+        }
+        log::info!(
+            "node {name}: drained for its upgrade; running {:?}",
+            argv.join(" ")
+        );
+        let (ctx, name) = (ctx.clone(), name.to_string());
+        crate::runtime::spawn(async move {
+            run_in_background(&ctx, &name, &effect).await;
+            ctx.release_upgrade();
+        })
+        .detach();
     }
     Ok(())
 }

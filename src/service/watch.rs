@@ -5,6 +5,7 @@
 //! when several watches have listed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{ApiResource, DynamicObject};
@@ -168,20 +169,24 @@ pub async fn run_passes<F, Fut>(
 {
     use std::time::Instant;
     let mut due: Option<Instant> = Some(Instant::now());
+    // Passes in a row that only the timer started and that asked to look
+    // again within a second: a decision asking for "soon" again and again
+    // while nothing changes. Past a point such passes are spaced out.
+    let mut quick = 0u32;
     loop {
-        let kicked = async { kicks.recv().await.is_ok() };
+        let kicked = async { kicks.recv().await.map(|()| Some(true)).unwrap_or(None) };
         let timer = async {
             match due {
                 Some(t) => {
                     smol::Timer::at(t).await;
-                    true
+                    Some(false)
                 }
                 None => smol::future::pending().await,
             }
         };
-        if !smol::future::or(kicked, timer).await {
+        let Some(by_kick) = smol::future::or(kicked, timer).await else {
             return;
-        }
+        };
         // Kicks that came with this one are answered by this pass.
         while kicks.try_recv().is_ok() {}
         if gate.may_act().is_err() {
@@ -189,13 +194,40 @@ pub async fn run_passes<F, Fut>(
             continue;
         }
         let wake = pass().await;
-        due = wake.map(|d| Instant::now() + d);
+        if by_kick || wake.is_none_or(|d| d >= Duration::from_secs(1)) {
+            quick = 0;
+        } else {
+            quick = quick.saturating_add(1);
+        }
+        due = wake.map(|d| Instant::now() + pass_floor(d, quick));
         if gate.may_act().is_err() {
             // Effects refused mid-pass left no wake-up of their own.
             due = Some(Instant::now() + GATE_RECHECK);
         }
     }
 }
+
+/// The shortest wait between passes: no pass ever asks for "now" (a
+/// deadline that has passed means "look again later"), and after
+/// [`QUICK_PASSES`] timer-started passes in a row that each asked for less
+/// than a second, a second: a decision that keeps asking for "soon" while
+/// nothing changes is a defect to see in the log, not a core to burn.
+fn pass_floor(asked: Duration, quick: u32) -> Duration {
+    let floor = if quick > QUICK_PASSES {
+        Duration::from_secs(1)
+    } else {
+        MIN_PASS_WAKE
+    };
+    if quick == QUICK_PASSES + 1 {
+        log::warn!(
+            "a scheduler pass asked to run again within {asked:?} {QUICK_PASSES} times in a row with nothing changing; spacing its passes 1 s apart until something does"
+        );
+    }
+    asked.max(floor)
+}
+
+const MIN_PASS_WAKE: Duration = Duration::from_millis(100);
+const QUICK_PASSES: u32 = 50;
 
 /// A watch's inspector that kicks `kicks` at every event (never for a
 /// watch error) if `enabled` (the cluster role).

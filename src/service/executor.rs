@@ -1,0 +1,167 @@
+//! The one plan executor: every feature's decision is carried out here.
+//!
+//! A [`Plan`] is performed effect by effect (or all at once where the plan
+//! says its writes are independent); each outcome goes into the mutation
+//! cache and then to the feature's [`After`] hook, which records it in the
+//! feature's own memory and may ask for more: effects to run next (a
+//! reboot command's failure recorded on its node) or a new plan for the
+//! rest (a lease held elsewhere). The first error ends the plan and is
+//! returned; nothing after it runs.
+//!
+//! **The give-back rule.** A plan may write a status that says "given
+//! back" (Settling, Done, Failed) before the writes that give the node
+//! back, and those may fail. The executor does not undo the status; the
+//! decisions are level-triggered instead: every phase that says given back
+//! asks for the give-back again (our NodeMaintenance deleted, the need
+//! cleared) on every pass until the world agrees. So a failed write at any
+//! point costs one more pass, never a node held for ever.
+//!
+//! **Wake-ups.** What the executor returns is never "now": a wake-up is
+//! floored at [`MIN_WAKE`], so no decision can make a task run back to
+//! back on the one-thread executor that also drives the HTTP/2 connection,
+//! the leader lease and `/healthz`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::context::Context;
+use crate::decide::{Effect, Outcome, Plan, Then};
+use crate::error::Result;
+
+/// The shortest wait any pass or reconcile asks for.
+pub const MIN_WAKE: Duration = Duration::from_millis(100);
+
+/// What a feature wants after one outcome.
+pub enum After {
+    /// Go on with the plan.
+    Go,
+    /// Run these first, then go on.
+    First(Vec<Effect>),
+    /// Drop what is left; perform this plan instead.
+    Instead(Plan),
+}
+
+/// Perform `plan` for `who` (a name for the debug log); `after` sees every
+/// outcome. Returns when to decide again (floored, see [`MIN_WAKE`]), or
+/// the first error.
+pub async fn execute(
+    ctx: &Context,
+    who: &str,
+    plan: Plan,
+    mut after: impl FnMut(&Effect, &Outcome) -> After,
+) -> Result<Then> {
+    let mut together = plan.together;
+    let mut note = plan.note;
+    let mut then = plan.then;
+    let mut queue: VecDeque<Effect> = plan.effects.into();
+    while !queue.is_empty() {
+        let batch: Vec<Effect> = if together {
+            queue.drain(..).collect()
+        } else {
+            queue.pop_front().into_iter().collect()
+        };
+        let outcomes = crate::runtime::join_all(
+            batch
+                .iter()
+                .map(|effect| perform(ctx, who, effect))
+                .collect(),
+        )
+        .await;
+        let (mut failed, mut instead, mut first) = (None, None, Vec::new());
+        for (effect, outcome) in batch.iter().zip(outcomes) {
+            match outcome {
+                Ok(outcome) => {
+                    ctx.remember(&outcome);
+                    match after(effect, &outcome) {
+                        After::Go => {}
+                        After::First(more) => first.extend(more),
+                        After::Instead(plan) => instead = instead.or(Some(plan)),
+                    }
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if let Some(plan) = instead {
+            together = plan.together;
+            note = plan.note;
+            then = plan.then;
+            queue = plan.effects.into();
+            continue;
+        }
+        for e in first.into_iter().rev() {
+            queue.push_front(e);
+        }
+    }
+    if let Some((level, line)) = &note {
+        log::log!(*level, "{line}");
+    }
+    Ok(floor(then))
+}
+
+/// Perform one plan and go on whatever its outcomes (for features with
+/// nothing to record beyond the mutation cache).
+pub async fn execute_plain(ctx: &Context, who: &str, plan: Plan) -> Result<Then> {
+    execute(ctx, who, plan, |_, _| After::Go).await
+}
+
+/// A wake-up no shorter than [`MIN_WAKE`].
+pub fn floor(then: Then) -> Then {
+    match then {
+        Then::Wait(Some(d)) => Then::Wait(Some(d.max(MIN_WAKE))),
+        other => other,
+    }
+}
+
+/// When a scheduler pass looks again after this plan: `Again` is soon, not
+/// at once (the pass decides again on the store our writes reach).
+pub fn wake(then: Then) -> Option<Duration> {
+    match floor(then) {
+        Then::Wait(d) => d,
+        Then::Again => Some(MIN_WAKE),
+    }
+}
+
+async fn perform(ctx: &Context, who: &str, effect: &Effect) -> Result<Outcome> {
+    log::debug!("{who}: {}", crate::effects::describe(effect));
+    match ctx.effects.perform(effect).await {
+        // The lifecycle conditions (KEP-5683) are a courtesy to other
+        // readers: a refused write never holds up a drain, an uncordon or
+        // a reboot. A Node deleted meanwhile (a replaced or decommissioned
+        // node) has none to publish: not worth a warning.
+        Err(e) if matches!(effect, Effect::PatchNodeStatus { .. }) => {
+            let gone = matches!(&e, crate::error::Error::Kube { source: kube::Error::Api(s), .. } if s.code == 404);
+            if gone {
+                log::debug!("{who}: {e}; the node is gone, no lifecycle conditions");
+            } else {
+                log::warn!(
+                    "{who}: {e}; going on without the lifecycle conditions, tried again in 60 s"
+                );
+            }
+            Ok(Outcome::StatusRefused)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_wake_up_is_shorter_than_the_floor() {
+        assert_eq!(
+            floor(Then::Wait(Some(Duration::ZERO))),
+            Then::Wait(Some(MIN_WAKE))
+        );
+        assert_eq!(wake(Then::Wait(Some(Duration::ZERO))), Some(MIN_WAKE));
+        assert_eq!(wake(Then::Again), Some(MIN_WAKE));
+        assert_eq!(wake(Then::Wait(None)), None);
+        let long = Duration::from_secs(5);
+        assert_eq!(wake(Then::Wait(Some(long))), Some(long));
+    }
+}
