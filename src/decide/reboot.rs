@@ -183,7 +183,8 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             }
             continue;
         }
-        if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Done)
+        if let Some(prev) =
+            prev.filter(|e| matches!(e.phase, RebootPhase::Done | RebootPhase::Failed))
             && ours.is_none_or(|m| m.is_deleting())
         {
             // Given back: the need it was rebooted for goes too, should

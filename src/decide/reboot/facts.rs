@@ -36,8 +36,17 @@ pub fn needed_since(node: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
 /// need was stamped before the verification (or carries no time: the
 /// CoreOS and FLUO markers, which their agents clear after a reboot). A
 /// newer stamp (`reboot-required` after the reboot) is a new need.
+///
+/// A Failed entry counts too once the node has rebooted since: any reboot
+/// serves a reboot need (kured reads its sentinel, gone after a reboot),
+/// so a command that reported failure while the host went down anyway
+/// does not lead to a second reboot.
 pub fn stale_need(node: &Node, entry: &NodeReboot) -> bool {
-    if !matches!(entry.phase, RebootPhase::Settling | RebootPhase::Done) || !needs_reboot(node) {
+    let served = matches!(
+        entry.phase,
+        RebootPhase::Settling | RebootPhase::Done | RebootPhase::Failed
+    );
+    if !served || !needs_reboot(node) {
         return false;
     }
     let rebooted = entry

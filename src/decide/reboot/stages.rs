@@ -173,6 +173,24 @@ impl<'a> Decision<'a> {
                 self.verified(node, &before);
             } else if changed {
                 self.verifying(node, &before);
+            } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
+                && let Some(other) = others.first()
+            {
+                // Admitted, but our create failed and another disruption
+                // took the node meanwhile (an upgrade, an administrator):
+                // one owner per node, so the admission is withdrawn and
+                // its slot freed; the node waits its turn again.
+                let msg = format!(
+                    "in maintenance (NodeMaintenance {}) before its admission was carried out",
+                    other.name_any()
+                );
+                self.set(
+                    &n,
+                    RebootPhase::Waiting,
+                    None,
+                    Some(WAIT_IN_MAINTENANCE),
+                    msg,
+                );
             } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
                 // Admitted, not taken yet (or our create is not in the store
                 // yet: creating again is a harmless 409).
@@ -225,6 +243,19 @@ impl<'a> Decision<'a> {
                     self.give_back(m);
                 } else if changed {
                     self.verifying(node, &before);
+                } else if let Some(why) = failure_in(node, &before)
+                    && let Some(due) = self.still_may_return(&n)
+                {
+                    // A command that says it failed may have taken the host
+                    // down anyway (ssh exits 255 as the connection drops):
+                    // given back now, the node was uncordoned while it went
+                    // down and rebooted a second time after. A new boot ID
+                    // before the return deadline means it rebooted.
+                    let msg = format!(
+                        "the reboot command reported a failure ({why}); waiting for a new boot ID until the return deadline before calling it failed"
+                    );
+                    self.set(&n, RebootPhase::Rebooting, Some(&before), None, msg);
+                    self.wake_at(due);
                 } else if let Some(why) = failure_in(node, &before) {
                     let why = why.to_string();
                     self.give_back(m);
@@ -249,6 +280,15 @@ impl<'a> Decision<'a> {
                 self.set(&n, RebootPhase::Draining, Some(&before), None, draining);
             }
         }
+    }
+
+    /// The return deadline of a node that was Rebooting, if it has not
+    /// passed.
+    fn still_may_return(&self, n: &str) -> Option<Timestamp> {
+        let prev = self.prev(n).filter(|e| e.phase == RebootPhase::Rebooting)?;
+        let limit = self.s.policy.spec.reboot.return_timeout_seconds.max(0) as u64;
+        let due = after(prev.since.0, limit);
+        (self.s.now < due).then_some(due)
     }
 
     /// Back with a new boot, not Ready yet; the return deadline still runs.

@@ -525,20 +525,45 @@ fn a_skipped_drain_fails_the_node_for_this_boot_and_frees_the_slot() {
 }
 
 #[test]
-fn a_recorded_command_failure_fails_the_node() {
+fn a_recorded_command_failure_fails_the_node_once_the_return_deadline_passes() {
     let p = with_entry(policy(1), entry("a", RebootPhase::Rebooting, "b0", now()));
     let a = annotate(
         annotate(node("a", "b0"), ISSUED_ANNOTATION, "b0"),
         FAILED_ANNOTATION,
-        "b0: systemctl exited with 1",
+        "b0: ssh exited with 255",
     );
     let mut w = World::new(p.clone(), vec![a.clone()]);
     w.nms
         .push(Arc::new(ours(&p, &a, "b0", Some(Phase::Succeeded))));
+    // Before the deadline the host may be going down anyway (ssh's 255 as
+    // the connection drops): the node stays held, waiting for a new boot.
+    let plan = w.plan();
+    let (ph, msg) = phase_of(&status_of(&plan), "a");
+    assert_eq!(ph, RebootPhase::Rebooting);
+    assert!(msg.contains("ssh exited with 255"), "{msg}");
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::DeleteMaintenance { .. })),
+        "given back while it may be rebooting"
+    );
+    // It came back with a new boot: that was the reboot.
+    let back = annotate(node("a", "b1"), ISSUED_ANNOTATION, "b0");
+    let mut w2 = World::new(p.clone(), vec![back.clone()]);
+    w2.nms
+        .push(Arc::new(ours(&p, &back, "b0", Some(Phase::Succeeded))));
+    assert_eq!(phase_of(&status_of(&w2.plan()), "a").0, RebootPhase::Done);
+    // No new boot by the return deadline: failed, given back.
+    w.now = now()
+        .checked_add(SignedDuration::from_secs(
+            p.spec.reboot.return_timeout_seconds as i64 + 1,
+        ))
+        .unwrap_or_default();
     let plan = w.plan();
     let (ph, msg) = phase_of(&status_of(&plan), "a");
     assert_eq!(ph, RebootPhase::Failed);
-    assert!(msg.contains("systemctl exited with 1"), "{msg}");
+    assert!(msg.contains("ssh exited with 255"), "{msg}");
     assert!(
         plan.effects
             .iter()

@@ -198,6 +198,30 @@ impl<'a> Decision<'a> {
     /// Take the node: its NodeMaintenance drains it.
     fn drain(&mut self, e: &NodeUpgrade) {
         let p = self.s.plan;
+        // Admitted, but another disruption took the node before our
+        // create went through (it failed once, or the hooks ran first):
+        // one owner per node, so the admission is withdrawn and the node
+        // waits its turn again.
+        let other = self.s.maintenances.iter().find(|o| {
+            o.spec.node_name == e.name
+                && !crate::decide::disrupt::owned_by(o, OWNER_KIND, &self.name)
+                && !o.is_deleting()
+                && crate::decide::disrupt::holds_node(o)
+        });
+        if let Some(other) = other {
+            let msg = format!(
+                "in maintenance (NodeMaintenance {}) before its admission was carried out",
+                other.name_any()
+            );
+            self.set(
+                &e.name,
+                UpgradePhase::Waiting,
+                e.group.clone(),
+                Some(WAIT_IN_MAINTENANCE),
+                msg,
+            );
+            return;
+        }
         let nm = take(
             owner_ref(p, OWNER_KIND),
             &maintenance_name(&e.name),

@@ -34,6 +34,7 @@ use super::*;
 use crate::api::upgrade::UpgradePlan;
 use crate::decide::Outcome;
 
+mod faults;
 mod people;
 mod planned;
 mod upgrades;
@@ -66,6 +67,13 @@ struct World {
     trace: Vec<String>,
     /// MaintenancePlanned writes: (True, False).
     planned_writes: (usize, usize),
+    /// The faults injected, and what the fault invariants track.
+    faults: faults::Faults,
+    /// Nodes whose admission the plan being run wrote (`owner/node`): the
+    /// budget is checked when a node is admitted. A create that comes
+    /// later (the first one failed) carries out an admission made before,
+    /// whose slot the record held meanwhile.
+    admitted_now: std::collections::BTreeSet<String>,
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -141,6 +149,11 @@ impl World {
                     .unwrap_or_default(),
             ));
             p.spec.node_selector = pool_selector(&mut rng);
+            // Half settle after their reboots: Settling holds the slot
+            // and must give the node back whatever fails meanwhile.
+            if rng.chance(50) {
+                p.spec.gates.settle_seconds = 1 + rng.below(30) as i32;
+            }
             policies.push(p);
         }
         let plans = upgrades::plans(&mut rng);
@@ -166,6 +179,8 @@ impl World {
             commands: BTreeMap::new(),
             trace: Vec::new(),
             planned_writes: (0, 0),
+            faults: faults::Faults::on(),
+            admitted_now: Default::default(),
         }
     }
 
@@ -202,6 +217,20 @@ impl World {
                 if resource_version.is_some() && *resource_version != p.metadata.resource_version {
                     return Err(format!("{who}: status write on a stale policy refused"));
                 }
+                let was = |n: &str| {
+                    p.status
+                        .iter()
+                        .flat_map(|s| s.nodes.iter())
+                        .find(|e| e.name == n)
+                        .map(|e| e.phase)
+                };
+                let admitted: Vec<String> = status
+                    .nodes
+                    .iter()
+                    .filter(|e| e.phase == RebootPhase::Draining && was(&e.name) != Some(e.phase))
+                    .map(|e| format!("{policy}/{}", e.name))
+                    .collect();
+                self.admitted_now.extend(admitted);
                 p.status = Some((**status).clone());
                 p.metadata.resource_version = Some(rv);
             }
@@ -240,6 +269,8 @@ impl World {
                 );
                 if kind != OWNER_KIND {
                     // An UpgradePlan's: checked above.
+                } else if !self.admitted_now.contains(&format!("{owner}/{node}")) {
+                    // Admitted by an earlier plan; its record held the slot.
                 } else if let Some(p) = self.policies.iter().find(|p| p.name_any() == owner) {
                     let budget = budget_of(&p.spec.budget.max_unavailable);
                     let selected: Vec<&Node> =
@@ -320,17 +351,24 @@ impl World {
                 let count = self.commands.entry((node.clone(), boot)).or_default();
                 *count += 1;
                 assert!(*count <= 1, "{node}: a second reboot command in one boot");
+                self.count_need(node);
                 let ok = !self.rng.chance(15);
-                self.trace.push(format!("{node}: reboot command, ok={ok}"));
-                if ok {
+                let rebooted_anyway = !ok && self.command_fails_yet_reboots();
+                self.trace.push(format!(
+                    "{node}: reboot command, ok={ok}, rebooted anyway={rebooted_anyway}"
+                ));
+                if ok || rebooted_anyway {
                     self.down.insert(node.clone(), 1 + self.rng.below(3) as u32);
-                } else if let Some(follow) = node::after_command(
-                    e,
-                    &Outcome::HostRan {
-                        ok: false,
-                        output: "exit 1".into(),
-                    },
-                ) {
+                }
+                if !ok
+                    && let Some(follow) = node::after_command(
+                        e,
+                        &Outcome::HostRan {
+                            ok: false,
+                            output: "exit 1".into(),
+                        },
+                    )
+                {
                     self.apply(who, &follow)?;
                 }
             }
@@ -354,9 +392,21 @@ impl World {
     }
 
     fn run(&mut self, who: &str, effects: &[Effect]) {
+        self.admitted_now.clear();
         for e in effects {
-            if let Err(why) = self.apply(who, e) {
+            let fault = self.fault(e);
+            if fault != Some(false)
+                && let Err(why) = self.apply(who, e)
+            {
                 self.trace.push(why);
+                return;
+            }
+            if fault.is_some() {
+                self.trace.push(format!(
+                    "{who}: {} failed (applied: {})",
+                    crate::effects::describe(e),
+                    fault == Some(true)
+                ));
                 return;
             }
         }
@@ -386,6 +436,7 @@ impl World {
             alerts: None,
             gates_unlisted: None,
         });
+        self.check_liveness(&name, &plan);
         self.run(&format!("policy {name}"), &plan.effects);
     }
 
@@ -514,24 +565,28 @@ impl World {
                 _ => self.planned_pass(),
             }
         }
+        self.check_given_back();
         self.settle();
     }
 }
 
 #[test]
-fn random_worlds_keep_one_owner_budgets_one_reboot_per_boot_and_give_every_node_back() {
+fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give_every_node_back() {
     let seeds: Vec<u64> = match std::env::var("NODEKEEPER_WORLD_SEED") {
         Ok(s) => vec![s.parse().unwrap_or(1)],
         Err(_) => (1..=WORLDS).collect(),
     };
     let mut commands = 0;
     let mut totals = BTreeMap::new();
+    let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     for seed in seeds {
         let mut w = World::new(seed);
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             for _ in 0..STEPS {
                 w.step();
             }
+            // Faults stop; whatever failed meanwhile must converge.
+            w.faults.on = false;
             // Every policy and plan goes; what they held comes back.
             w.policies.clear();
             w.plans.clear();
@@ -569,9 +624,14 @@ fn random_worlds_keep_one_owner_budgets_one_reboot_per_boot_and_give_every_node_
         }
         commands += w.commands.len();
         upgrades::tally(&w, &mut totals);
+        for (k, n) in &w.faults.refused {
+            *faults.entry(*k).or_default() += n;
+        }
     }
     // The worlds must exercise reboots, not only waiting.
-    println!("{WORLDS} worlds of {STEPS} steps: {commands} reboot commands, {totals:?}");
+    println!(
+        "{WORLDS} worlds of {STEPS} steps: {commands} reboot commands, {totals:?}; faults injected: {faults:?}"
+    );
     if std::env::var("NODEKEEPER_WORLD_SEED").is_err() {
         assert!(
             commands > WORLDS as usize,

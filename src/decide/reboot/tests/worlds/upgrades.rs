@@ -151,8 +151,12 @@ impl World {
             .filter(|x| x.name_any() == node || self.unavailable(x))
             .count();
         self.trace.push(format!("{who} takes {node} ({down} down)"));
+        // Checked when admitted; a create that comes later carries out an
+        // earlier admission, whose record held the slot meanwhile.
         assert!(
-            self.unavailable(n) || down <= budget,
+            !self.admitted_now.contains(&format!("{owner}/{node}"))
+                || self.unavailable(n)
+                || down <= budget,
             "{owner} took {node}: {down} of its nodes unavailable, budget {budget}"
         );
     }
@@ -172,6 +176,20 @@ impl World {
         if resource_version.is_some() && *resource_version != p.metadata.resource_version {
             return Err(format!("{who}: status write on a stale plan refused"));
         }
+        let was = |n: &str| {
+            p.status
+                .iter()
+                .flat_map(|s| s.nodes.iter())
+                .find(|e| e.name == n)
+                .map(|e| e.phase.admitted())
+        };
+        let admitted: Vec<String> = status
+            .nodes
+            .iter()
+            .filter(|e| e.phase.admitted() && was(&e.name) != Some(true))
+            .map(|e| format!("{plan}/{}", e.name))
+            .collect();
+        self.admitted_now.extend(admitted);
         p.status = Some(status.clone());
         p.metadata.resource_version = Some(rv);
         Ok(())

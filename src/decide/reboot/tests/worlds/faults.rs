@@ -1,0 +1,171 @@
+//! Faults in the random worlds, as the real API server and hosts give
+//! them: any write may be refused (409, 500, 403, a timeout) — the k-th
+//! effect of a plan after earlier ones succeeded included — or may succeed
+//! on the server while the client sees a timeout; a reboot command may
+//! report failure while the host goes down anyway (ssh's 255 as the
+//! connection drops). A refused or unanswered effect ends its plan, as
+//! the executor does.
+//!
+//! Invariants checked here, never read from the product's status: a node
+//! whose reboot or upgrade the status calls finished (Done, or Settling
+//! past its settle time) is given back within a few passes whatever
+//! failed meanwhile; at most one reboot command per need; and no policy
+//! decision with nothing to do asks to run again within a second pass
+//! after pass.
+
+use super::*;
+
+/// Passes a finished node may stay held before it counts as never given
+/// back (each pass may fail its give-back at the fault rate).
+const GIVE_BACK_PASSES: u32 = 12;
+/// Decisions in a row with no effect asking for a wake-up under a second.
+const QUICK_PASSES: u32 = 6;
+
+/// What the faults did in one world (summed over all for the test's line).
+#[derive(Default, Debug)]
+pub(super) struct Faults {
+    pub on: bool,
+    pub refused: BTreeMap<&'static str, usize>,
+    /// Passes in a row each finished node was still held, per owner/node.
+    held: BTreeMap<String, u32>,
+    /// Wake-ups under a second with no effect, per policy.
+    quick: BTreeMap<String, u32>,
+    /// Reboot commands per node and need.
+    per_need: BTreeMap<(String, String), u32>,
+}
+
+const KINDS: [&str; 4] = [
+    "409 conflict",
+    "500 internal error",
+    "403 forbidden",
+    "timeout",
+];
+
+impl Faults {
+    pub(super) fn on() -> Faults {
+        Faults {
+            on: true,
+            ..Default::default()
+        }
+    }
+}
+
+impl World {
+    /// Should `e` fail, and how? `Some(true)`: it happened on the server
+    /// but the client saw a timeout; `Some(false)`: refused.
+    pub(super) fn fault(&mut self, e: &Effect) -> Option<bool> {
+        // Events are fire-and-forget; host commands fail in their own ways
+        // (`command_fails_yet_reboots`).
+        if !self.faults.on || matches!(e, Effect::Event { .. } | Effect::RunHost { .. }) {
+            return None;
+        }
+        let roll = self.rng.below(100);
+        if roll < 7 {
+            let kind = KINDS[self.rng.below(KINDS.len() as u64) as usize];
+            *self.faults.refused.entry(kind).or_default() += 1;
+            Some(false)
+        } else if roll < 9 {
+            *self
+                .faults
+                .refused
+                .entry("applied, then timeout")
+                .or_default() += 1;
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    /// A reboot command that says it failed while the host reboots anyway.
+    pub(super) fn command_fails_yet_reboots(&mut self) -> bool {
+        let yes = self.faults.on && self.rng.chance(5);
+        if yes {
+            *self
+                .faults
+                .refused
+                .entry("reboot failed, host rebooted")
+                .or_default() += 1;
+        }
+        yes
+    }
+
+    /// One reboot command per need: the need it answers is counted.
+    pub(super) fn count_need(&mut self, node: &str) {
+        let Some(n) = self.nodes.iter().find(|n| n.name_any() == node) else {
+            return;
+        };
+        let need = annotation(n, NEEDED_ANNOTATION)
+            .unwrap_or("(marker)")
+            .to_string();
+        let count = self
+            .faults
+            .per_need
+            .entry((node.to_string(), need.clone()))
+            .or_default();
+        *count += 1;
+        assert!(
+            *count <= 1,
+            "{node}: a second reboot command for the need stamped {need}"
+        );
+    }
+
+    /// After each step: every node the status calls finished is given
+    /// back within [`GIVE_BACK_PASSES`].
+    pub(super) fn check_given_back(&mut self) {
+        let mut held_now = Vec::new();
+        for p in &self.policies {
+            let settle = p.spec.gates.settle_seconds.max(0) as i64;
+            for e in p.status.iter().flat_map(|s| s.nodes.iter()) {
+                let finished = match e.phase {
+                    RebootPhase::Done => true,
+                    RebootPhase::Settling => self.now.duration_since(e.since.0).as_secs() >= settle,
+                    _ => false,
+                };
+                let ours = self.nms.iter().any(|m| {
+                    m.spec.node_name == e.name && owned_by(m, &p.name_any()) && !failed(m)
+                });
+                if finished && ours {
+                    held_now.push(format!("RebootPolicy {} on {}", p.name_any(), e.name));
+                }
+            }
+        }
+        for p in &self.plans {
+            for e in p.status.iter().flat_map(|s| s.nodes.iter()) {
+                let ours = self.nms.iter().any(|m| {
+                    m.spec.node_name == e.name
+                        && crate::decide::disrupt::owned_by(
+                            m,
+                            crate::api::upgrade::OWNER_KIND,
+                            &p.name_any(),
+                        )
+                });
+                if e.phase == crate::api::upgrade::UpgradePhase::Done && ours {
+                    held_now.push(format!("UpgradePlan {} on {}", p.name_any(), e.name));
+                }
+            }
+        }
+        self.faults.held.retain(|k, _| held_now.contains(k));
+        for k in held_now {
+            let n = self.faults.held.entry(k.clone()).or_default();
+            *n += 1;
+            assert!(
+                *n <= GIVE_BACK_PASSES,
+                "{k}: finished, yet its NodeMaintenance still holds the node after {n} passes"
+            );
+        }
+    }
+
+    /// A policy decision that did nothing and asked to run again within a
+    /// second, over and over while the world moved on by seconds: a spin.
+    pub(super) fn check_liveness(&mut self, policy: &str, plan: &Plan) {
+        let quick = plan.effects.is_empty()
+            && matches!(plan.then, Then::Wait(Some(d)) if d < Duration::from_secs(1));
+        let n = self.faults.quick.entry(policy.to_string()).or_default();
+        *n = if quick { *n + 1 } else { 0 };
+        assert!(
+            *n <= QUICK_PASSES,
+            "policy {policy}: {n} decisions in a row with nothing to do asked to run again within a second ({:?})",
+            plan.then
+        );
+    }
+}
