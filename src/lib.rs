@@ -15,13 +15,25 @@
 //! back by deleting it, so at most one disruption holds a node and
 //! `kubectl get nm` shows everything nodekeeper does.
 //!
-//! The loop, per node: **snapshot → decide → plan → interpret → record**.
+//! The loop, per node: **snapshot → decide → plan → execute → record**.
 //! `decide` is pure (snapshot and time in, a step and its [`decide::Plan`]
-//! of [`decide::Effect`]s out); one interpreter performs effects, one after
-//! another, or at once where the plan says they are independent
-//! (`Plan::together`: a new maintenance's finalizer and lease, so the
-//! cordon waits two round trips, not three); outcomes come back into
-//! per-node memory and the next snapshot.
+//! of [`decide::Effect`]s out); **one executor** ([`service::executor`])
+//! carries out every feature's plans: effects one after another, or at
+//! once where the plan says they are independent (`Plan::together`: a new
+//! maintenance's finalizer and lease, so the cordon waits two round trips,
+//! not three), each outcome into the mutation cache and the feature's hook
+//! (per-node memory, metrics, a follow-up), the first error ending the
+//! plan. No feature performs effects on its own.
+//!
+//! **The give-back rule.** A plan may record "given back" (Settling, Done,
+//! Failed) before the writes that give the node back, and any of those may
+//! fail. Decisions are level-triggered: every phase that says given back
+//! re-asserts its give-back (our NodeMaintenance deleted, the need it
+//! served cleared) on every pass until the world agrees; an admission whose
+//! create failed is carried out later only while no other disruption took
+//! the node. No wake-up is ever "now" (100 ms floor, and passes that keep
+//! asking for "soon" are spaced out): the one-thread executor also drives
+//! the HTTP/2 connection, the leader lease and `/healthz`.
 //!
 //! ## Entry points
 //! - `main.rs`: parses flags (argh), initialises logging, calls
@@ -110,6 +122,7 @@
 //!   ties go to the first stored), [`service::roles`] (scope and the anchor
 //!   node), [`service::context`] (stores, the interpreter, per-node memory
 //!   and its pruning, the give-back of orphaned maintenances),
+//!   [`service::executor`] (the one plan executor, the wake-up floor),
 //!   [`service::cluster`] (the cluster role's one scheduler, and the
 //!   per-object failure memory every pass reports through; its last step,
 //!   [`service::planned`], publishes MaintenancePlanned),
@@ -254,7 +267,10 @@
 //! an administrator's preempts a feature's. A selector that cannot be used
 //! selects nothing. `decide/reboot/tests/worlds.rs` checks this over random
 //! worlds of RebootPolicies, UpgradePlans and administrators'
-//! maintenances; the README's "Who owns a node" table is the user's
+//! maintenances, with faults injected (refused and half-done writes,
+//! reboot commands that fail yet happen), and that every finished node is
+//! given back, one reboot per need, and no decision spins; the README's
+//! "Who owns a node" table is the user's
 //! version. Objects that name what does not exist (a NodeVersion, a
 //! Deployment, a node) report it on themselves; names that reach a URL are
 //! refused by the schema and checked again before the request is built.
@@ -272,7 +288,9 @@
 //! process (`POD_NAME`, else the host name and a random suffix); it renews
 //! every 3 s and may start effects only within 10 s of its last successful
 //! renewal (the lease lasts 15 s), so an old leader starts nothing once a
-//! new one could have begun. A late renewal only closes the gate: the
+//! new one could have begun. A standby counts the 15 s from when it saw
+//! the lease's record last change, by its own monotonic clock (client-go's
+//! rule), so skewed wall clocks cannot shorten them. A late renewal only closes the gate: the
 //! scheduler tasks skip their passes until one succeeds (every try is
 //! bounded by the deadline), and a renewal that fails past the deadline or
 //! finds another holder ends the process with its own error.
@@ -310,7 +328,11 @@
 //! wake-up time. Each object is decided on its own: one whose decision
 //! fails gets a `ReconcileFailed` event and a `Reconciled=False` condition
 //! naming the cause, is retried 5 s doubling to 5 min (at once if it
-//! changes), and every other object goes on. Replacement has its own task
+//! changes), and every other object goes on. A conflict (409) is decided
+//! again soon, 200 ms doubling to 5 s; eight in a row count as a failure
+//! (another writer fighting over the object). A blocking-pod gate whose
+//! pods are not listed holds only its own object's admissions (Waiting,
+//! `Gate`); nodes already taken go on. Replacement has its own task
 //! (a provider call may take its whole timeout), kicked by its kinds, nodes
 //! and NodeMaintenances; it hands orphaned maintenances to the anchor's
 //! reconcile through the controller. Its rounds wait (2 s at most) for the
