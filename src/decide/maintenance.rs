@@ -279,7 +279,15 @@ pub fn decide(s: &Snapshot) -> Step {
     // Deletions first: undo what the object put on the node, then let it go.
     if let Some(nm) = nms.iter().find(|m| m.is_deleting() && m.has_finalizer()) {
         let name = nm.name_any();
-        if applied == Some(name.as_str()) {
+        // Another live maintenance takes the node over (an administrator's
+        // that preempted this feature's): the node is not uncordoned in
+        // between — pods landed on it only to be evicted again. This one
+        // just goes; the next step applies the successor, keeping the
+        // cordon and our record of it.
+        let successor = nms
+            .iter()
+            .any(|m| !m.is_deleting() && m.phase() != Some(Phase::Failed));
+        if applied == Some(name.as_str()) && !successor {
             if let Some(step) = withdraw_conditions(s, node) {
                 return step;
             }

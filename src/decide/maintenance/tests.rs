@@ -505,6 +505,40 @@ fn deleting_the_maintenance_uncordons_only_what_we_cordoned() {
 }
 
 #[test]
+fn a_preempted_maintenance_deleted_while_applied_leaves_the_cordon_to_its_successor() {
+    // The feature's maintenance failed as preempted and its owner deleted
+    // it while it was still the one on the node; the administrator's has
+    // not begun yet. Uncordoning here let pods land for a moment.
+    let w = World::new(
+        Some(maintained("feature", false)),
+        vec![
+            deleting(nm("feature", 0, Some(Phase::Failed))),
+            nm("admin", 5, None),
+        ],
+    );
+    assert!(
+        matches!(w.decide(), Step::Finish { ref nm, .. } if nm == "feature"),
+        "{:?}",
+        w.decide()
+    );
+    // Once it is gone, the administrator's is applied over our cordon.
+    let w = World::new(
+        Some(maintained("feature", false)),
+        vec![nm("admin", 5, None)],
+    );
+    assert!(
+        matches!(
+            w.decide(),
+            Step::AddFinalizer { .. }
+                | Step::AcquireLease { .. }
+                | Step::ApplyToNode { cordon: true, .. }
+        ),
+        "{:?}",
+        w.decide()
+    );
+}
+
+#[test]
 fn after_undo_the_lease_is_released_and_the_finalizer_dropped() {
     let w = World::new(
         Some(node()),
