@@ -236,17 +236,39 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
             log::info!("node {name}: the host says a reboot is needed; marked");
         }
     }
+    // The reboot command runs beside the loop: a `systemctl reboot` that
+    // hangs held the node's reconciles (a NodeMaintenance of this node did
+    // not start) for its whole timeout. What comes before it (the
+    // once-per-boot record) must have been written first; it also keeps
+    // the command from being issued again while it runs.
+    let mut effects = effects;
+    let command = effects
+        .iter()
+        .position(|e| matches!(e, Effect::RunHost { .. }))
+        .map(|i| effects.split_off(i));
     let who = format!("node {name}");
-    executor::execute(
-        ctx,
-        &who,
-        crate::decide::Plan::steps(effects),
-        |effect, outcome| {
-            ctx.record(name, effect, outcome, now);
-            record_command(effect, outcome)
-        },
-    )
-    .await?;
+    let record = |effect: &Effect, outcome: &Outcome| {
+        ctx.record(name, effect, outcome, now);
+        record_command(effect, outcome)
+    };
+    executor::execute(ctx, &who, crate::decide::Plan::steps(effects), record).await?;
+    if let Some(command) = command {
+        let (ctx, name) = (ctx.clone(), name.to_string());
+        crate::runtime::spawn(async move {
+            let who = format!("node {name}");
+            let plan = crate::decide::Plan::steps(command);
+            let done = executor::execute(&ctx, &who, plan, |effect, outcome| {
+                ctx.record(&name, effect, outcome, now);
+                record_command(effect, outcome)
+            })
+            .await;
+            if let Err(e) = done {
+                log::warn!("node {name}: reboot command: {e}");
+            }
+            ctx.anchor.kick();
+        })
+        .detach();
+    }
     Ok(Some(Duration::from_secs(next_look.max(1) as u64)))
 }
 
