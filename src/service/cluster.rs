@@ -57,6 +57,7 @@ pub fn start(
         let (ctx, mutex, versions) = (&*ctx, mutex.as_ref(), versions.as_ref());
         run_passes(&ctx.effects.gate, &kicks, move || async move {
             let started = Instant::now();
+            let _busy = metrics::Busy::start("cluster scheduler", metrics::WEDGED_AFTER);
             let wake = pass(ctx, mutex, versions).await;
             metrics::observe_work(metrics::Timed::ClusterPass, started.elapsed());
             metrics::progress();

@@ -219,6 +219,48 @@ pub fn progress() {
     LAST_PROGRESS_MS.store(now_ms(), Ordering::SeqCst);
 }
 
+/// A scheduler task's pass in progress, for the watchdog: dropped when the
+/// pass ends. Node reconciles (a 30 s heartbeat) kept `/healthz` green
+/// while the cluster scheduler or the replacement task was wedged.
+pub struct Busy(&'static str);
+
+static BUSY: std::sync::Mutex<Vec<(&'static str, u64, Duration)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn busy() -> std::sync::MutexGuard<'static, Vec<(&'static str, u64, Duration)>> {
+    BUSY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Busy {
+    /// `task` starts a pass that may take up to `limit`.
+    pub fn start(task: &'static str, limit: Duration) -> Busy {
+        let mut b = busy();
+        b.retain(|(t, ..)| *t != task);
+        b.push((task, now_ms(), limit));
+        Busy(task)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        busy().retain(|(t, ..)| *t != self.0);
+    }
+}
+
+/// The first task whose pass has run past its limit, said in one line.
+pub fn wedged_task(now_ms: u64) -> Option<String> {
+    busy().iter().find_map(|(task, since, limit)| {
+        let ran = Duration::from_millis(now_ms.saturating_sub(*since));
+        (ran > *limit).then(|| {
+            format!(
+                "the {task} has been in one pass for {} s (limit {} s)\n",
+                ran.as_secs(),
+                limit.as_secs()
+            )
+        })
+    })
+}
+
 /// The watchdog's verdict: `Err` says for how long the loop has been stuck.
 pub fn liveness(now_ms: u64, last_progress_ms: u64) -> std::result::Result<(), String> {
     if last_progress_ms == 0 {
@@ -357,6 +399,17 @@ mod tests {
     #[test]
     fn health_fails_only_when_the_loop_stops_making_progress() {
         assert!(liveness(1_000_000, 0).is_ok(), "not started: healthy");
+        {
+            let _pass = Busy::start("test task", Duration::from_secs(5));
+            let now = now_ms();
+            assert_eq!(wedged_task(now), None);
+            let late = wedged_task(now + 6_000).unwrap_or_default();
+            assert!(
+                late.contains("test task") && late.contains("limit 5 s"),
+                "{late}"
+            );
+        }
+        assert_eq!(wedged_task(now_ms() + 600_000), None, "ended: not wedged");
         assert!(liveness(100_000, 100_000 - 89_000).is_ok());
         let wedged = liveness(200_000, 200_000 - 91_000);
         assert!(

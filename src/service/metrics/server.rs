@@ -95,7 +95,10 @@ pub(super) fn route(
     }
     match path {
         "/healthz" | "/livez" => {
-            match liveness(now_ms(), LAST_PROGRESS_MS.load(Ordering::SeqCst)) {
+            let now = now_ms();
+            let verdict = liveness(now, LAST_PROGRESS_MS.load(Ordering::SeqCst))
+                .and_then(|()| super::wedged_task(now).map_or(Ok(()), Err));
+            match verdict {
                 Ok(()) => ("200 OK", "ok\n".into(), TEXT),
                 Err(why) => ("503 Service Unavailable", why, TEXT),
             }

@@ -191,6 +191,14 @@ pub fn start_task(
         let (ctx, r, k) = (&*ctx, &r, &kicks);
         crate::service::watch::run_passes(&ctx.effects.gate, &kicks, move || async move {
             let started = Instant::now();
+            // A round may wait on the provider for its whole timeout.
+            let limit = crate::service::metrics::WEDGED_AFTER
+                + ctx
+                    .effects
+                    .provider
+                    .as_ref()
+                    .map_or(Duration::ZERO, |p| p.timeout);
+            let _busy = crate::service::metrics::Busy::start("replacement task", limit);
             let result = pass(ctx, r, k).await;
             crate::service::metrics::observe_work(
                 crate::service::metrics::Timed::ReplacementPass,
