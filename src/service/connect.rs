@@ -152,6 +152,42 @@ where
     }
 }
 
+/// hyper's timer on smol's: HTTP/2 keep-alive pings need one.
+#[derive(Clone, Copy)]
+struct SmolTimer;
+
+/// A smol timer as hyper's `Sleep`.
+struct SmolSleep(smol::Timer);
+
+impl std::future::Future for SmolSleep {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|_| ())
+    }
+}
+
+impl hyper::rt::Sleep for SmolSleep {}
+
+impl hyper::rt::Timer for SmolTimer {
+    fn sleep(&self, d: std::time::Duration) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(SmolSleep(smol::Timer::after(d)))
+    }
+
+    fn sleep_until(&self, at: std::time::Instant) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(SmolSleep(smol::Timer::at(at)))
+    }
+}
+
+/// How often an idle HTTP/2 connection is pinged, and how long an answer
+/// may take. Everything shares one connection: a silently dead one (a load
+/// balancer's failover, a NAT timeout) left every watch and write deaf
+/// until the 295 s read timeout. client-go pings after 30 s idle too.
+const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// kube's client stack (base URI, auth, extra headers, timeouts) on a
 /// connector that offers `h2` by ALPN and falls back to HTTP/1.1 when the
 /// server does not choose it. kube-client 5 offers only `http/1.1`, so every
@@ -187,7 +223,11 @@ pub fn client(config: Config, transport: Transport) -> Result<Client> {
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     let transport: hyper_util::client::legacy::Client<_, kube::client::Body> =
-        hyper_util::client::legacy::Builder::new(SmolExecutor).build(connector);
+        hyper_util::client::legacy::Builder::new(SmolExecutor)
+            .timer(SmolTimer)
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .build(connector);
     let service = ServiceBuilder::new()
         .map_response(|res: hyper::Response<hyper::body::Incoming>| res.map(FuseOnError::new))
         .layer(config.base_uri_layer())
