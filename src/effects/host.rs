@@ -46,9 +46,39 @@ pub fn command_line(argv: &[String], exec: Exec) -> Vec<String> {
     }
 }
 
+/// How long a look at the host's file system may take (a hung NFS mount,
+/// a stuck disk): it runs on a blocking thread, never on the loop's.
+pub const FS_LOOK_DEADLINE: Duration = Duration::from_secs(10);
+
+/// [`can_run`] off the loop's thread, within [`FS_LOOK_DEADLINE`].
+pub async fn can_run_bounded(argv: Vec<String>, exec: Exec) -> Result<(), String> {
+    let look = smol::unblock(move || can_run(&argv, exec));
+    crate::runtime::timeout(FS_LOOK_DEADLINE, look)
+        .await
+        .unwrap_or_else(|()| {
+            Err(format!(
+                "the host's file system did not answer within {} s",
+                FS_LOOK_DEADLINE.as_secs()
+            ))
+        })
+}
+
+/// [`sentinel_file`] off the loop's thread, within [`FS_LOOK_DEADLINE`].
+pub async fn sentinel_file_bounded(root: HostRoot, file: String) -> Result<bool, String> {
+    let look = smol::unblock(move || sentinel_file(&root, &file));
+    crate::runtime::timeout(FS_LOOK_DEADLINE, look)
+        .await
+        .unwrap_or_else(|()| {
+            Err(format!(
+                "the host's file system did not answer within {} s",
+                FS_LOOK_DEADLINE.as_secs()
+            ))
+        })
+}
+
 /// Can `argv` be started where [`command_line`] would start it: its program
 /// found (on `PATH` when it has no `/`) as an executable file? Read from the
-/// file system only, so it takes no time worth bounding. Where the host's
+/// file system only; the loop calls [`can_run_bounded`]. Where the host's
 /// file system cannot be looked at (no access to PID 1's root), the answer
 /// is yes: the command itself will say.
 pub fn can_run(argv: &[String], exec: Exec) -> Result<(), String> {

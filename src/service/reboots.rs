@@ -281,7 +281,8 @@ const SENTINEL_TIMEOUT: Duration = Duration::from_secs(60);
 async fn look(ctx: &Context, policy: &Arc<RebootPolicy>, now: Timestamp) -> HostSignal {
     let detect = &policy.spec.detect;
     let mut error = None;
-    let mut needed = match host::sentinel_file(&ctx.host_root, &detect.sentinel_file) {
+    let looked = host::sentinel_file_bounded(ctx.host_root.clone(), detect.sentinel_file.clone());
+    let mut needed = match looked.await {
         Ok(v) => Some(v),
         Err(e) => {
             error = Some(format!("sentinel file: {e}"));
@@ -292,7 +293,7 @@ async fn look(ctx: &Context, policy: &Arc<RebootPolicy>, now: Timestamp) -> Host
         let shown = detect.sentinel_command.join(" ");
         // Checked first: an empty or missing program is named as such,
         // also where commands start through `host-exec`.
-        let runs = host::can_run(&detect.sentinel_command, ctx.effects.exec);
+        let runs = host::can_run_bounded(detect.sentinel_command.clone(), ctx.effects.exec).await;
         let argv = host::command_line(&detect.sentinel_command, ctx.effects.exec);
         let answer = match runs {
             Ok(()) => host::sentinel_command(&argv, SENTINEL_TIMEOUT).await,
