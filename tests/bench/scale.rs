@@ -145,7 +145,7 @@ fn main() {
         ));
 
         // 30 pods on every node.
-        let cpu_before = cpu_seconds(role.child.id());
+        let cpu_before = support::cpu_seconds(role.child.id());
         let t = Instant::now();
         let pods: Vec<(String, String, String)> = node_names
             .iter()
@@ -188,7 +188,7 @@ fn main() {
         // its gates: none here.
         let held_pods = watched(port, "pods").unwrap_or(0);
         let with_pods = rss_kib(role.child.id(), "VmRSS");
-        let churn_cpu = cpu_seconds(role.child.id()) - cpu_before;
+        let churn_cpu = support::cpu_seconds(role.child.id()) - cpu_before;
         out.setup(format!(
             "{total_pods} pods: created in {:.1} s, all Running after {:.1} s",
             created.as_secs_f64(),
@@ -356,12 +356,12 @@ fn main() {
         // such requests in its first second at 1000 nodes).
         nodekeeper::runtime::sleep(Duration::from_secs(2)).await;
         let audit_start = mark(&audit);
-        let cpu_start: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
+        let cpu_start: f64 = pids.iter().map(|p| support::cpu_seconds(*p)).sum();
         let idle_start = Instant::now();
         nodekeeper::runtime::sleep(idle).await; // the measurement window itself
         let window = idle_start.elapsed();
         let requests = audit_verbs_since(&audit, audit_start);
-        let cpu: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu_start;
+        let cpu: f64 = pids.iter().map(|p| support::cpu_seconds(*p)).sum::<f64>() - cpu_start;
         let total: usize = requests.values().sum();
         out.row(
             &format!(
@@ -396,7 +396,7 @@ fn main() {
         for k in [10, 100] {
             let k = k.min(elsewhere.len());
             let audit_start = mark(&audit);
-            let cpu_start: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
+            let cpu_start: f64 = pids.iter().map(|p| support::cpu_seconds(*p)).sum();
             let names: Vec<(String, String)> = elsewhere[..k]
                 .iter()
                 .map(|n| (format!("{id}-x{k}-{n}"), n.clone()))
@@ -410,7 +410,7 @@ fn main() {
             // The window in which the agents would see them.
             nodekeeper::runtime::sleep(ELSEWHERE_WINDOW).await;
             let requests = audit_verbs_since(&audit, audit_start);
-            let cpu: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu_start;
+            let cpu: f64 = pids.iter().map(|p| support::cpu_seconds(*p)).sum::<f64>() - cpu_start;
             let held = watched(ports[0], "nodemaintenances").unwrap_or(usize::MAX);
             out.row(
                 &format!(
@@ -606,16 +606,6 @@ async fn wait_watched(port: u16, kind: &str, n: usize) {
     .await;
 }
 
-/// User plus system CPU seconds of a process (clock ticks of 1/100 s).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command (which may hold spaces) start at "state".
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 fn audit_len(audit: &Path) -> u64 {
     std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0)
 }
@@ -674,9 +664,12 @@ fn requests_text(by_verb: &BTreeMap<String, usize>) -> String {
 /// Requests and CPU seconds of one process over an idle window.
 async fn idle_window(audit: &Path, pid: u32, window: Duration) -> (BTreeMap<String, usize>, f64) {
     let from = mark(audit);
-    let cpu = cpu_seconds(pid);
+    let cpu = support::cpu_seconds(pid);
     nodekeeper::runtime::sleep(window).await; // the measurement window itself
-    (audit_verbs_since(audit, from), cpu_seconds(pid) - cpu)
+    (
+        audit_verbs_since(audit, from),
+        support::cpu_seconds(pid) - cpu,
+    )
 }
 
 /// Run `make(item)` for every item, `in_flight` at a time.
