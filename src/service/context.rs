@@ -253,11 +253,17 @@ impl Context {
 
     /// Every NodeMaintenance, each in its newest known version.
     pub fn all_maintenances(&self) -> Vec<Arc<NodeMaintenance>> {
-        self.maintenances
-            .state()
+        let stored = self.maintenances.state();
+        let names: std::collections::HashSet<String> =
+            stored.iter().map(|m| m.name_any()).collect();
+        let mut all: Vec<Arc<NodeMaintenance>> = stored
             .into_iter()
             .filter_map(|m| self.fresh.maintenances.fresher(&m.name_any(), Some(m)))
-            .collect()
+            .collect();
+        // Created by an earlier decision of this pass, not in the store yet:
+        // the next policy or plan must count it (budgets, one owner).
+        all.extend(self.fresh.maintenances.unseen(|n| names.contains(n)));
+        all
     }
 
     /// Every node, each in its newest known version.
@@ -313,6 +319,17 @@ impl Context {
 
     /// Keep the server's answer to one of our writes until the watch
     /// delivers it.
+    /// [`Context::remember`], and an object we created is read as
+    /// existing until the store shows it (the executor calls this).
+    pub fn remember_effect(&self, effect: &crate::decide::Effect, outcome: &Outcome) {
+        if let (crate::decide::Effect::CreateMaintenance { .. }, Outcome::MaintenanceWritten(m)) =
+            (effect, outcome)
+        {
+            self.fresh.maintenances.remember_created((**m).clone());
+        }
+        self.remember(outcome);
+    }
+
     pub fn remember(&self, outcome: &Outcome) {
         match outcome {
             Outcome::NodeWritten(n) => self.fresh.nodes.remember((**n).clone()),

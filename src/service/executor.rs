@@ -71,7 +71,7 @@ pub async fn execute(
         for (effect, outcome) in batch.iter().zip(outcomes) {
             match outcome {
                 Ok(outcome) => {
-                    ctx.remember(&outcome);
+                    ctx.remember_effect(effect, &outcome);
                     match after(effect, &outcome) {
                         After::Go => {}
                         After::First(more) => first.extend(more),

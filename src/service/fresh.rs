@@ -7,7 +7,10 @@
 //! client-go's `MutationCache`). The store stays the authority on
 //! existence: an object the store no longer has is gone, whatever we wrote
 //! to it before — a cached copy must never resurrect a deleted Node or
-//! NodeMaintenance.
+//! NodeMaintenance. The one exception is an object we just created: until
+//! the store shows it (at most [`UNSEEN_FOR`]) it is read as existing, so
+//! the next decision in the same pass (another RebootPolicy, an
+//! UpgradePlan) counts it against its budget and its one owner per node.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,13 +24,21 @@ pub struct FreshCache<K> {
     /// Objects we deleted (by removing their last finalizer), with the
     /// resourceVersion they had: a stored copy no newer than that is gone.
     buried: Mutex<HashMap<String, u64>>,
+    /// Objects we created that the store may not show yet, and when.
+    created: Mutex<HashMap<String, (Arc<K>, std::time::Instant)>>,
 }
+
+/// How long an object we created is read as existing without the store
+/// showing it (a watch delivers it in milliseconds; a longer absence means
+/// it was deleted meanwhile).
+pub const UNSEEN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl<K> Default for FreshCache<K> {
     fn default() -> Self {
         FreshCache {
             written: Mutex::default(),
             buried: Mutex::default(),
+            created: Mutex::default(),
         }
     }
 }
@@ -58,6 +69,29 @@ impl<K: Resource> FreshCache<K> {
             .unwrap_or(u64::MAX);
         self.map().remove(name);
         self.buried().insert(name.to_string(), at);
+    }
+
+    fn created(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<K>, std::time::Instant)>> {
+        self.created.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// We created `obj`: read it as existing until the store shows it.
+    pub fn remember_created(&self, obj: K) {
+        let name = obj.name_any();
+        self.created()
+            .insert(name, (Arc::new(obj), std::time::Instant::now()));
+    }
+
+    /// The objects we created that the store (`stored` says which names it
+    /// has) does not show yet; entries it shows, or older than
+    /// [`UNSEEN_FOR`], are dropped.
+    pub fn unseen(&self, stored: impl Fn(&str) -> bool) -> Vec<Arc<K>> {
+        let buried = self.buried();
+        let mut created = self.created();
+        created.retain(|name, (_, at)| {
+            !stored(name) && !buried.contains_key(name) && at.elapsed() < UNSEEN_FOR
+        });
+        created.values().map(|(o, _)| o.clone()).collect()
     }
 
     /// Keep the server's answer to one of our writes.
@@ -108,11 +142,13 @@ impl<K: Resource> FreshCache<K> {
     pub fn retain(&self, exists: impl Fn(&str) -> bool) {
         self.map().retain(|name, _| exists(name));
         self.buried().retain(|name, _| exists(name));
+        self.created()
+            .retain(|_, (_, at)| at.elapsed() < UNSEEN_FOR);
     }
 
     /// Entries held: written copies and buried names.
     pub fn len(&self) -> usize {
-        self.map().len() + self.buried().len()
+        self.map().len() + self.buried().len() + self.created().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -198,4 +234,20 @@ mod tests {
         cache.retain(|_| false);
         assert!(cache.is_empty());
     }
+
+    #[test]
+    fn a_created_object_is_read_as_existing_until_the_store_shows_it() {
+        let cache: FreshCache<Node> = FreshCache::default();
+        cache.remember_created(node("5"));
+        // Not in the store yet: the next decision sees it.
+        assert_eq!(cache.unseen(|_| false).len(), 1);
+        // The store has it: from there the store is the authority.
+        assert!(cache.unseen(|n| n == "n").is_empty());
+        assert!(cache.unseen(|_| false).is_empty(), "dropped once seen");
+        // Deleted by us before the store showed it: not resurrected.
+        cache.remember_created(node("6"));
+        cache.bury("n", Some("6"));
+        assert!(cache.unseen(|_| false).is_empty());
+    }
+
 }
