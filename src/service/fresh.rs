@@ -249,5 +249,4 @@ mod tests {
         cache.bury("n", Some("6"));
         assert!(cache.unseen(|_| false).is_empty());
     }
-
 }

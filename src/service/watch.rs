@@ -356,14 +356,32 @@ pub fn slim_node(node: &mut Node) {
 #[derive(Default)]
 pub struct NodeChanges {
     seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// The names a relist has delivered so far: at its end, nodes it did
+    /// not deliver are forgotten (deleted while the watch was down; only
+    /// Delete events forgot them, a slow leak in autoscaled clusters).
+    relisted: std::sync::Mutex<Option<std::collections::HashSet<String>>>,
 }
 
 impl NodeChanges {
     pub fn matters(&self, ev: &Result<watcher::Event<Node>, watcher::Error>) -> bool {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut relisted = self.relisted.lock().unwrap_or_else(|p| p.into_inner());
         match ev {
+            Ok(watcher::Event::Init) => {
+                *relisted = Some(Default::default());
+                true
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(names) = relisted.take() {
+                    seen.retain(|n, _| names.contains(n));
+                }
+                true
+            }
             Ok(watcher::Event::Apply(node)) | Ok(watcher::Event::InitApply(node)) => {
                 let name = node.metadata.name.clone().unwrap_or_default();
+                if let Some(names) = relisted.as_mut() {
+                    names.insert(name.clone());
+                }
                 let print = fingerprint(node);
                 seen.insert(name, print) != Some(print)
             }
@@ -520,5 +538,22 @@ mod pass_loop_tests {
             )
             .await;
         });
+    }
+
+    #[test]
+    fn a_relist_forgets_nodes_deleted_while_the_watch_was_down() {
+        let node = |name: &str| -> Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+                .unwrap_or_default()
+        };
+        let c = NodeChanges::default();
+        c.matters(&Ok(watcher::Event::Apply(node("a"))));
+        c.matters(&Ok(watcher::Event::Apply(node("b"))));
+        // b is deleted while the watch is down; the relist shows only a.
+        c.matters(&Ok(watcher::Event::Init));
+        c.matters(&Ok(watcher::Event::InitApply(node("a"))));
+        c.matters(&Ok(watcher::Event::InitDone));
+        let seen = c.seen.lock().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["a"]);
     }
 }
