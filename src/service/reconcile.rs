@@ -29,6 +29,9 @@ use crate::error::{Error, Result};
 /// Upper bound on decisions per reconcile; the loop normally ends far sooner.
 const MAX_STEPS: usize = 32;
 
+/// When a reconcile that hit [`MAX_STEPS`] goes on.
+const BUSY_AGAIN: Duration = Duration::from_secs(5);
+
 /// The controller's reconcile: the node itself (its maintenance; in the
 /// node role also its reboot and upgrade), and, on the anchor node,
 /// NodeMaintenances whose node has no agent (it does not exist). Nothing
@@ -284,8 +287,12 @@ async fn reconcile_node(
             return Ok(d);
         }
     }
+    // A decision that never settles (a status field an older or foreign
+    // CRD schema prunes, so the same write is asked for again) was a 5 Hz
+    // write loop: it is looked at again in 5 s, and said.
     log::warn!(
-        "node {node_name}: still busy after {MAX_STEPS} steps; continuing on the next reconcile"
+        "node {node_name}: still busy after {MAX_STEPS} steps; continuing in {} s",
+        BUSY_AGAIN.as_secs()
     );
-    Ok(Some(super::executor::MIN_WAKE))
+    Ok(Some(BUSY_AGAIN))
 }
