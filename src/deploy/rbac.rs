@@ -74,7 +74,7 @@ pub const GRANTS: [Grant; 27] = [
         group: "",
         resource: "pods",
         verbs: &["list", "watch", "delete"],
-        why: "watch the pods bound to its node (field-selected); delete unmanaged and finished pods",
+        why: "watch the pods bound to its node (field-selected); delete finished pods, and what a drain's Force escalation deletes",
     },
     Grant {
         feature: MAINTENANCE,
