@@ -18,7 +18,7 @@ use kube::runtime::reflector::Store;
 use super::context::{Context, lock};
 use super::watch::typed;
 use crate::api::constellation::NodeVersion;
-use crate::decide::Effect;
+use crate::decide::{Effect, Outcome};
 use crate::decide::node_conditions::planned;
 
 /// How long a node whose write was refused is left alone.
@@ -36,20 +36,26 @@ pub async fn pass(ctx: &Context, versions: Option<&Store<DynamicObject>>) -> Opt
         let skip = |n: &str| refused.contains_key(n);
         planned::effects(&ctx.all_nodes(), &wanted, &skip, Timestamp::now())
     };
-    for effect in &effects {
-        let Effect::PatchNodeStatus { node, .. } = effect else {
+    // Each node's write is a plan of its own: one refused never holds up
+    // the others. The executor reports a refused conditions write as
+    // `StatusRefused` (and logs it).
+    for effect in effects {
+        let Effect::PatchNodeStatus { node, .. } = &effect else {
             continue;
         };
-        log::debug!("{}", crate::effects::describe(effect));
-        match ctx.effects.perform(effect).await {
-            Ok(outcome) => ctx.remember(&outcome),
-            Err(e) => {
-                log::warn!(
-                    "{e}; MaintenancePlanned of node {node} is tried again in {} s",
-                    REFUSED_PAUSE.as_secs()
-                );
+        let node = node.clone();
+        let who = format!("MaintenancePlanned of node {node}");
+        let plan = crate::decide::Plan::steps(vec![effect]);
+        let done = super::executor::execute(ctx, &who, plan, |_, outcome| {
+            if matches!(outcome, Outcome::StatusRefused) {
                 lock(&ctx.planned_refused).insert(node.clone(), Instant::now() + REFUSED_PAUSE);
             }
+            super::executor::After::Go
+        })
+        .await;
+        if let Err(e) = done {
+            log::warn!("{who}: {e}; tried again in {} s", REFUSED_PAUSE.as_secs());
+            lock(&ctx.planned_refused).insert(node, Instant::now() + REFUSED_PAUSE);
         }
     }
     let refused = lock(&ctx.planned_refused);
