@@ -267,27 +267,28 @@ fn check_label_value(field: &str, key: &str, value: &str) -> Result<(), String> 
     Ok(())
 }
 
-/// A label name or value: 1 to 63 of `[A-Za-z0-9_.-]`, alphanumeric at both ends.
-fn label_name(s: &str) -> bool {
+/// 1 to 63 bytes that `inner` allows, alphanumeric at both ends.
+fn name_of(s: &str, inner: impl Fn(u8) -> bool) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter().all(|c| inner(*c))
 }
 
-/// An RFC 1123 label: 1 to 63 of `[a-z0-9-]`, alphanumeric at both ends
-/// (namespace names).
+/// A label name or value: `[A-Za-z0-9_.-]`.
+fn label_name(s: &str) -> bool {
+    name_of(s, |c| {
+        c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')
+    })
+}
+
+/// An RFC 1123 label (namespace names): `[a-z0-9-]`.
 pub fn dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    name_of(s, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
+    })
 }
 
 /// One blocking-pod gate as its watch would be built: selector and

@@ -50,10 +50,11 @@ pub fn command_line(argv: &[String], exec: Exec) -> Vec<String> {
 /// a stuck disk): it runs on a blocking thread, never on the loop's.
 pub const FS_LOOK_DEADLINE: Duration = Duration::from_secs(10);
 
-/// [`can_run`] off the loop's thread, within [`FS_LOOK_DEADLINE`].
-pub async fn can_run_bounded(argv: Vec<String>, exec: Exec) -> Result<(), String> {
-    let look = smol::unblock(move || can_run(&argv, exec));
-    crate::runtime::timeout(FS_LOOK_DEADLINE, look)
+/// `look` on the blocking pool, within [`FS_LOOK_DEADLINE`].
+async fn bounded<T: Send + 'static>(
+    look: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    crate::runtime::timeout(FS_LOOK_DEADLINE, smol::unblock(look))
         .await
         .unwrap_or_else(|()| {
             Err(format!(
@@ -63,17 +64,14 @@ pub async fn can_run_bounded(argv: Vec<String>, exec: Exec) -> Result<(), String
         })
 }
 
+/// [`can_run`] off the loop's thread, within [`FS_LOOK_DEADLINE`].
+pub async fn can_run_bounded(argv: Vec<String>, exec: Exec) -> Result<(), String> {
+    bounded(move || can_run(&argv, exec)).await
+}
+
 /// [`sentinel_file`] off the loop's thread, within [`FS_LOOK_DEADLINE`].
 pub async fn sentinel_file_bounded(root: HostRoot, file: String) -> Result<bool, String> {
-    let look = smol::unblock(move || sentinel_file(&root, &file));
-    crate::runtime::timeout(FS_LOOK_DEADLINE, look)
-        .await
-        .unwrap_or_else(|()| {
-            Err(format!(
-                "the host's file system did not answer within {} s",
-                FS_LOOK_DEADLINE.as_secs()
-            ))
-        })
+    bounded(move || sentinel_file(&root, &file)).await
 }
 
 /// Can `argv` be started where [`command_line`] would start it: its program

@@ -18,8 +18,8 @@ use kube::runtime::reflector::Store;
 use super::context::{Context, lock};
 use super::watch::typed;
 use crate::api::constellation::NodeVersion;
-use crate::decide::{Effect, Outcome};
 use crate::decide::node_conditions::planned;
+use crate::decide::{Effect, Outcome};
 
 /// How long a node whose write was refused is left alone.
 const REFUSED_PAUSE: Duration = Duration::from_secs(60);
