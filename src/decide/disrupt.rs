@@ -251,7 +251,7 @@ fn check_label_key(field: &str, key: &str) -> Result<(), String> {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
-    let prefix_ok = prefix.is_none_or(|p| p.len() <= 253 && p.split('.').all(dns_label));
+    let prefix_ok = prefix.is_none_or(crate::api::common::is_node_name);
     if !prefix_ok || !label_name(name) {
         return Err(format!("{field}: {key:?} is not a valid label key"));
     }
@@ -267,37 +267,31 @@ fn check_label_value(field: &str, key: &str, value: &str) -> Result<(), String> 
     Ok(())
 }
 
-/// 1 to 63 bytes that `inner` allows, alphanumeric at both ends.
-fn name_of(s: &str, inner: impl Fn(u8) -> bool) -> bool {
+/// A label name or value: 1 to 63 of `[A-Za-z0-9_.-]`, alphanumeric at
+/// both ends.
+fn label_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| inner(*c))
-}
-
-/// A label name or value: `[A-Za-z0-9_.-]`.
-fn label_name(s: &str) -> bool {
-    name_of(s, |c| {
-        c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')
-    })
-}
-
-/// An RFC 1123 label (namespace names): `[a-z0-9-]`.
-pub fn dns_label(s: &str) -> bool {
-    name_of(s, |c| {
-        c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
-    })
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// One blocking-pod gate as its watch would be built: selector and
 /// namespace (which reaches the URL path).
 pub fn check_gate(gate: &crate::api::common::BlockingPods) -> Result<(), String> {
     check_selector_at("selector", &gate.selector)?;
-    match gate.namespace.as_deref() {
-        Some(ns) if !ns.is_empty() && !dns_label(ns) => {
-            Err(format!("namespace {ns:?} is not a valid namespace name"))
+    check_namespace("namespace", gate.namespace.as_deref())
+}
+
+/// A namespace at `field`, if given, is a valid namespace name (it
+/// reaches a URL path).
+fn check_namespace(field: &str, ns: Option<&str>) -> Result<(), String> {
+    match ns {
+        Some(ns) if !ns.is_empty() && !crate::api::common::is_dns_label(ns) => {
+            Err(format!("{field}: {ns:?} is not a valid namespace name"))
         }
         _ => Ok(()),
     }
@@ -317,14 +311,9 @@ pub fn check_pod_selectors(
         {
             problems.push(e);
         }
-        if let Some(ns) = b
-            .namespace
-            .as_deref()
-            .filter(|ns| !ns.is_empty() && !dns_label(ns))
-        {
-            problems.push(format!(
-                "gates.blockingPods[{i}].namespace: {ns:?} is not a valid namespace name"
-            ));
+        let field = format!("gates.blockingPods[{i}].namespace");
+        if let Err(e) = check_namespace(&field, b.namespace.as_deref()) {
+            problems.push(e);
         }
     }
     if let Some(sel) = &drain.pod_selector
@@ -348,6 +337,28 @@ pub fn check_pod_selectors(
 /// its node as unavailable until it is deleted.
 pub fn holds_node(nm: &NodeMaintenance) -> bool {
     nm.phase() != Some(crate::api::nodemaintenance::Phase::Failed)
+}
+
+/// A live NodeMaintenance on `node` that holds it and is not `mine`:
+/// another disruption took the node.
+pub fn held_by_other<'a>(
+    maintenances: &'a [Arc<NodeMaintenance>],
+    node: &str,
+    mine: impl Fn(&NodeMaintenance) -> bool,
+) -> Option<&'a Arc<NodeMaintenance>> {
+    maintenances
+        .iter()
+        .find(|m| m.spec.node_name == node && !m.is_deleting() && holds_node(m) && !mine(m))
+}
+
+/// Why an admission was withdrawn: another disruption took the node
+/// before its NodeMaintenance was created (the create failed once, or the
+/// hooks ran first). One owner per node; the node waits its turn again.
+pub fn taken_meanwhile(other: &NodeMaintenance) -> String {
+    format!(
+        "in maintenance (NodeMaintenance {}) before its admission was carried out",
+        other.name_any()
+    )
 }
 
 /// Is this NodeMaintenance the one the `kind` object `owner` takes its

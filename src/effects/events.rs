@@ -262,6 +262,22 @@ impl Events {
     }
 }
 
+/// events.k8s.io refuses a note over 1 KiB, and the Event with it: a
+/// RebootFailed naming five PDB blockers or a ReconcileFailed carrying a
+/// long API error was lost. Cut at a character boundary, marked.
+pub fn truncate_note(note: &str) -> String {
+    const MAX: usize = 1024;
+    const MARK: &str = " …";
+    if note.len() <= MAX {
+        return note.to_string();
+    }
+    let mut end = MAX - MARK.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &note[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,30 +389,10 @@ mod tests {
             Key::new(&b, false, "R", "n").regarding
         );
     }
-}
-
-/// events.k8s.io refuses a note over 1 KiB, and the Event with it: a
-/// RebootFailed naming five PDB blockers or a ReconcileFailed carrying a
-/// long API error was lost. Cut at a character boundary, marked.
-pub fn truncate_note(note: &str) -> String {
-    const MAX: usize = 1024;
-    const MARK: &str = " …";
-    if note.len() <= MAX {
-        return note.to_string();
-    }
-    let mut end = MAX - MARK.len();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{MARK}", &note[..end])
-}
-
-#[cfg(test)]
-mod note_tests {
-    use super::truncate_note;
 
     #[test]
     fn notes_over_one_kib_are_cut_at_a_character_boundary() {
+        use super::truncate_note;
         assert_eq!(truncate_note("short"), "short");
         let long = "é".repeat(700);
         let cut = truncate_note(&long);

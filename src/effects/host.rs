@@ -64,9 +64,10 @@ async fn bounded<T: Send + 'static>(
         })
 }
 
-/// [`can_run`] off the loop's thread, within [`FS_LOOK_DEADLINE`].
-pub async fn can_run_bounded(argv: Vec<String>, exec: Exec) -> Result<(), String> {
-    bounded(move || can_run(&argv, exec)).await
+/// [`can_run`] for each of `argvs` (the first that cannot says why), off
+/// the loop's thread, within [`FS_LOOK_DEADLINE`].
+pub async fn can_run_bounded(argvs: Vec<Vec<String>>, exec: Exec) -> Result<(), String> {
+    bounded(move || argvs.iter().try_for_each(|argv| can_run(argv, exec))).await
 }
 
 /// [`sentinel_file`] off the loop's thread, within [`FS_LOOK_DEADLINE`].

@@ -246,23 +246,11 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
         .iter()
         .position(|e| matches!(e, Effect::RunHost { .. }))
         .map(|i| effects.split_off(i));
-    let who = format!("node {name}");
-    let record = |effect: &Effect, outcome: &Outcome| {
-        ctx.record(name, effect, outcome, now);
-        record_command(effect, outcome)
-    };
-    executor::execute(ctx, &who, crate::decide::Plan::steps(effects), record).await?;
+    run_own_steps(ctx, name, effects, now).await?;
     if let Some(command) = command {
         let (ctx, name) = (ctx.clone(), name.to_string());
         crate::runtime::spawn(async move {
-            let who = format!("node {name}");
-            let plan = crate::decide::Plan::steps(command);
-            let done = executor::execute(&ctx, &who, plan, |effect, outcome| {
-                ctx.record(&name, effect, outcome, now);
-                record_command(effect, outcome)
-            })
-            .await;
-            if let Err(e) = done {
+            if let Err(e) = run_own_steps(&ctx, &name, command, now).await {
                 log::warn!("node {name}: reboot command: {e}");
             }
             ctx.anchor.kick();
@@ -270,6 +258,24 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
         .detach();
     }
     Ok(Some(Duration::from_secs(next_look.max(1) as u64)))
+}
+
+/// The node role's reboot effects for its own node: each outcome into the
+/// node's memory, a command's result recorded on the node next.
+async fn run_own_steps(
+    ctx: &Context,
+    name: &str,
+    effects: Vec<Effect>,
+    now: Timestamp,
+) -> Result<()> {
+    let who = format!("node {name}");
+    let plan = crate::decide::Plan::steps(effects);
+    executor::execute(ctx, &who, plan, |effect, outcome| {
+        ctx.record(name, effect, outcome, now);
+        record_command(effect, outcome)
+    })
+    .await
+    .map(|_| ())
 }
 
 /// How long a sentinel command may run (then it is killed and the look
@@ -293,7 +299,8 @@ async fn look(ctx: &Context, policy: &Arc<RebootPolicy>, now: Timestamp) -> Host
         let shown = detect.sentinel_command.join(" ");
         // Checked first: an empty or missing program is named as such,
         // also where commands start through `host-exec`.
-        let runs = host::can_run_bounded(detect.sentinel_command.clone(), ctx.effects.exec).await;
+        let runs =
+            host::can_run_bounded(vec![detect.sentinel_command.clone()], ctx.effects.exec).await;
         let argv = host::command_line(&detect.sentinel_command, ctx.effects.exec);
         let answer = match runs {
             Ok(()) => host::sentinel_command(&argv, SENTINEL_TIMEOUT).await,

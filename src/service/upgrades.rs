@@ -119,13 +119,7 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
     // run here? (A command that does not exist drained the node first and
     // left it in maintenance.) The plan admits the node only on `ok`.
     if let Some((key, argvs)) = node::to_check(&n, &plans) {
-        let mut answer = Ok(());
-        for argv in argvs {
-            answer = crate::effects::host::can_run_bounded(argv.clone(), ctx.effects.exec).await;
-            if answer.is_err() {
-                break;
-            }
-        }
+        let answer = crate::effects::host::can_run_bounded(argvs, ctx.effects.exec).await;
         if let Some(record) = node::record_check(&n, &key, &answer) {
             match &answer {
                 Ok(()) => log::info!("node {name}: UpgradePlan {key}: its commands can run here"),

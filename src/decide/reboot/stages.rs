@@ -91,6 +91,17 @@ impl<'a> Decision<'a> {
         }
     }
 
+    /// `node` waits: another disruption holds it.
+    fn in_maintenance(&mut self, node: &str, msg: String) {
+        self.set(
+            node,
+            RebootPhase::Waiting,
+            None,
+            Some(WAIT_IN_MAINTENANCE),
+            msg,
+        );
+    }
+
     /// A node whose reboot was verified (Settling or Done): our
     /// NodeMaintenance goes and the need it was rebooted for is cleared,
     /// on every pass until both are so. The status records the phase
@@ -177,20 +188,9 @@ impl<'a> Decision<'a> {
                 && let Some(other) = others.first()
             {
                 // Admitted, but our create failed and another disruption
-                // took the node meanwhile (an upgrade, an administrator):
-                // one owner per node, so the admission is withdrawn and
-                // its slot freed; the node waits its turn again.
-                let msg = format!(
-                    "in maintenance (NodeMaintenance {}) before its admission was carried out",
-                    other.name_any()
-                );
-                self.set(
-                    &n,
-                    RebootPhase::Waiting,
-                    None,
-                    Some(WAIT_IN_MAINTENANCE),
-                    msg,
-                );
+                // took the node meanwhile: the admission is withdrawn and
+                // its slot freed.
+                self.in_maintenance(&n, crate::decide::disrupt::taken_meanwhile(other));
             } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
                 // Admitted, not taken yet (or our create is not in the store
                 // yet: creating again is a harmless 409).
@@ -217,13 +217,7 @@ impl<'a> Decision<'a> {
                 self.give_back(m);
                 if let Some(admin) = others.iter().find(|o| owner_of(o).is_none()) {
                     let msg = format!("preempted by NodeMaintenance {}", admin.name_any());
-                    self.set(
-                        &n,
-                        RebootPhase::Waiting,
-                        None,
-                        Some(WAIT_IN_MAINTENANCE),
-                        msg,
-                    );
+                    self.in_maintenance(&n, msg);
                 } else {
                     let why = m.status.as_ref().and_then(|st| st.last_error.clone());
                     let why = why.unwrap_or_else(|| "the NodeMaintenance failed".into());

@@ -141,10 +141,7 @@ pub(super) fn retire(s: &Snapshot, node: &Node) -> Retire {
         // Another disruption holds the node (an administrator's
         // maintenance preempted ours, a reboot): ours would only fail
         // again. Its end is a NodeMaintenance event, which kicks us.
-        if s.maintenances
-            .iter()
-            .any(|m| m.spec.node_name == name && !m.is_deleting() && disrupt::holds_node(m))
-        {
+        if disrupt::held_by_other(s.maintenances, &name, |_| false).is_some() {
             return Retire::Wait(None);
         }
         let owner = disrupt::owner_ref(s.nv, "NodeVersion");

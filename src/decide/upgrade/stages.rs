@@ -195,32 +195,28 @@ impl<'a> Decision<'a> {
         self.effects.push(Effect::CreateJob { job: Box::new(job) });
     }
 
+    /// `e`'s node waits: another disruption holds it.
+    fn in_maintenance(&mut self, e: &NodeUpgrade, msg: String) {
+        self.set(
+            &e.name,
+            UpgradePhase::Waiting,
+            e.group.clone(),
+            Some(WAIT_IN_MAINTENANCE),
+            msg,
+        );
+    }
+
     /// Take the node: its NodeMaintenance drains it.
     fn drain(&mut self, e: &NodeUpgrade) {
         let p = self.s.plan;
         // Admitted, but another disruption took the node before our
-        // create went through (it failed once, or the hooks ran first):
-        // one owner per node, so the admission is withdrawn and the node
-        // waits its turn again.
-        let other = self.s.maintenances.iter().find(|o| {
-            o.spec.node_name == e.name
-                && !crate::decide::disrupt::owned_by(o, OWNER_KIND, &self.name)
-                && !o.is_deleting()
-                && crate::decide::disrupt::holds_node(o)
-        });
-        if let Some(other) = other {
-            let msg = format!(
-                "in maintenance (NodeMaintenance {}) before its admission was carried out",
-                other.name_any()
-            );
-            self.set(
-                &e.name,
-                UpgradePhase::Waiting,
-                e.group.clone(),
-                Some(WAIT_IN_MAINTENANCE),
-                msg,
-            );
-            return;
+        // create went through: the admission is withdrawn.
+        let mine =
+            |m: &NodeMaintenance| crate::decide::disrupt::owned_by(m, OWNER_KIND, &self.name);
+        if let Some(other) =
+            crate::decide::disrupt::held_by_other(self.s.maintenances, &e.name, mine)
+        {
+            return self.in_maintenance(e, crate::decide::disrupt::taken_meanwhile(other));
         }
         let nm = take(
             owner_ref(p, OWNER_KIND),
@@ -426,13 +422,7 @@ impl<'a> Decision<'a> {
                 });
                 if let Some(admin) = admin {
                     let msg = format!("preempted by NodeMaintenance {}", admin.name_any());
-                    self.set(
-                        &e.name,
-                        UpgradePhase::Waiting,
-                        e.group.clone(),
-                        Some(WAIT_IN_MAINTENANCE),
-                        msg,
-                    );
+                    self.in_maintenance(e, msg);
                 } else {
                     let why = m.status.as_ref().and_then(|st| st.last_error.clone());
                     let why = why.unwrap_or_else(|| "the NodeMaintenance failed".into());
