@@ -408,8 +408,8 @@ impl Context {
                     }
                 }
                 log::info!("NodeMaintenance {nm}: its {kind} is gone; giving the node back");
-                let outcome = self.effects.perform(effect).await?;
-                self.remember(&outcome);
+                let plan = crate::decide::Plan::steps(vec![effect.clone()]);
+                super::executor::execute_plain(self, "give-back", plan).await?;
                 Ok(None)
             })
             .await;

@@ -41,6 +41,37 @@ pub enum After {
     Instead(Plan),
 }
 
+/// What a feature wants before one effect is performed.
+pub enum Before {
+    /// Perform it.
+    Perform,
+    /// Leave it out (already done in this pass, or it depended on an
+    /// effect that failed); its `after` is not called.
+    Skip,
+    /// The feature carried it out itself (a write started on a task of its
+    /// own); `after` sees this outcome.
+    Done(Outcome),
+}
+
+/// A feature's hooks around each effect of a plan.
+pub trait Hooks {
+    /// Before `effect` runs; an error ends the plan as a failed write does.
+    fn before(&mut self, _effect: &Effect) -> Result<Before> {
+        Ok(Before::Perform)
+    }
+    /// After `effect` ran with `outcome` (already in the mutation cache).
+    fn after(&mut self, effect: &Effect, outcome: &Outcome) -> After;
+}
+
+/// Hooks that only look at outcomes.
+struct AfterOnly<F>(F);
+
+impl<F: FnMut(&Effect, &Outcome) -> After> Hooks for AfterOnly<F> {
+    fn after(&mut self, effect: &Effect, outcome: &Outcome) -> After {
+        (self.0)(effect, outcome)
+    }
+}
+
 /// Perform `plan` for `who` (a name for the debug log); `after` sees every
 /// outcome. Returns when to decide again (floored, see [`MIN_WAKE`]), or
 /// the first error.
@@ -48,31 +79,58 @@ pub async fn execute(
     ctx: &Context,
     who: &str,
     plan: Plan,
-    mut after: impl FnMut(&Effect, &Outcome) -> After,
+    after: impl FnMut(&Effect, &Outcome) -> After,
 ) -> Result<Then> {
+    run(ctx, who, plan, &mut AfterOnly(after)).await
+}
+
+/// [`execute`] with a hook before each effect as well.
+///
+/// Effects run one after another unless the plan says `together`; a run
+/// of provider calls in a row runs at once (each is a process that may
+/// take seconds, and a plan puts calls in a row only when none needs
+/// another's answer), their outcomes taken in order.
+pub async fn run(ctx: &Context, who: &str, plan: Plan, hooks: &mut impl Hooks) -> Result<Then> {
     let mut together = plan.together;
     let mut note = plan.note;
     let mut then = plan.then;
     let mut queue: VecDeque<Effect> = plan.effects.into();
-    while !queue.is_empty() {
-        let batch: Vec<Effect> = if together {
-            queue.drain(..).collect()
-        } else {
-            queue.pop_front().into_iter().collect()
-        };
+    while let Some(head) = queue.pop_front() {
+        let provider = matches!(head, Effect::Provider { .. });
+        let mut batch = vec![head];
+        while let Some(next) = queue.front() {
+            if together || (provider && matches!(next, Effect::Provider { .. })) {
+                batch.extend(queue.pop_front());
+            } else {
+                break;
+            }
+        }
+        let mut decided = Vec::with_capacity(batch.len());
+        for effect in batch {
+            match hooks.before(&effect)? {
+                Before::Perform => decided.push((effect, None)),
+                Before::Skip => {}
+                Before::Done(outcome) => decided.push((effect, Some(outcome))),
+            }
+        }
         let outcomes = crate::runtime::join_all(
-            batch
+            decided
                 .iter()
-                .map(|effect| perform(ctx, who, effect))
+                .map(|(effect, done)| async move {
+                    match done {
+                        Some(o) => Ok(o.clone()),
+                        None => perform(ctx, who, effect).await,
+                    }
+                })
                 .collect(),
         )
         .await;
         let (mut failed, mut instead, mut first) = (None, None, Vec::new());
-        for (effect, outcome) in batch.iter().zip(outcomes) {
+        for ((effect, _), outcome) in decided.iter().zip(outcomes) {
             match outcome {
                 Ok(outcome) => {
                     ctx.remember_effect(effect, &outcome);
-                    match after(effect, &outcome) {
+                    match hooks.after(effect, &outcome) {
                         After::Go => {}
                         After::First(more) => first.extend(more),
                         After::Instead(plan) => instead = instead.or(Some(plan)),

@@ -103,20 +103,24 @@ async fn claim_node(ctx: &Context, node: &Node) {
         let (me, state) = &mut *agent;
         crate::decide::claim::decide(node, me, state)
     };
-    for effect in effects {
-        if let Effect::Event { note, .. } = &effect {
+    for effect in &effects {
+        if let Effect::Event { note, .. } = effect {
             log::warn!("node {}: {note}", node.name_any());
         }
-        match ctx.effects.perform(&effect).await {
-            Ok(_) if matches!(effect, Effect::PatchNode { .. }) => {
-                super::context::lock(&ctx.agent).1.claimed = true;
-            }
-            Ok(_) => {}
-            Err(e) => log::warn!(
-                "node {}: cannot claim it for this agent: {e}",
-                node.name_any()
-            ),
+    }
+    let plan = crate::decide::Plan::together(effects);
+    let claimed = super::executor::execute(ctx, "claim", plan, |effect, _| {
+        if matches!(effect, Effect::PatchNode { .. }) {
+            super::context::lock(&ctx.agent).1.claimed = true;
         }
+        super::executor::After::Go
+    })
+    .await;
+    if let Err(e) = claimed {
+        log::warn!(
+            "node {}: cannot claim it for this agent: {e}",
+            node.name_any()
+        );
     }
 }
 

@@ -191,29 +191,36 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
 /// write is retried briefly: it is what tells the plan how the command
 /// ended (without it the plan waits for the version until its deadline).
 async fn run_in_background(ctx: &Context, name: &str, effect: &Effect) {
-    let outcome = match ctx.effects.perform(effect).await {
-        Ok(o) => o,
-        Err(e) => {
-            log::warn!("node {name}: upgrade command: {e}");
-            return;
-        }
-    };
-    if let Outcome::HostRan { ok, output } = &outcome {
-        if *ok {
-            log::info!("node {name}: the upgrade command succeeded");
-        } else {
-            log::warn!("node {name}: the upgrade command failed: {output}");
-        }
+    let who = format!("node {name}");
+    let mut follow = None;
+    let ran = executor::execute(
+        ctx,
+        &who,
+        Plan::steps(vec![effect.clone()]),
+        |e, outcome| {
+            if let Outcome::HostRan { ok, output } = outcome {
+                if *ok {
+                    log::info!("node {name}: the upgrade command succeeded");
+                } else {
+                    log::warn!("node {name}: the upgrade command failed: {output}");
+                }
+            }
+            follow = after_command(e, outcome);
+            executor::After::Go
+        },
+    )
+    .await;
+    if let Err(e) = ran {
+        log::warn!("node {name}: upgrade command: {e}");
+        return;
     }
-    let Some(follow) = after_command(effect, &outcome) else {
+    let Some(follow) = follow else {
         return;
     };
     for attempt in 0..5u32 {
-        match ctx.effects.perform(&follow).await {
-            Ok(o) => {
-                ctx.remember(&o);
-                return;
-            }
+        let plan = Plan::steps(vec![follow.clone()]);
+        match executor::execute_plain(ctx, &who, plan).await {
+            Ok(_) => return,
             Err(e) => {
                 log::warn!("node {name}: recording the upgrade's result: {e} (attempt {attempt})");
                 crate::runtime::sleep(Duration::from_secs(1 << attempt)).await;

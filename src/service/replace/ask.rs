@@ -121,10 +121,10 @@ pub(super) async fn list_groups(ctx: &Context, r: &Replace) -> Option<Duration> 
         .map(|v| v.name_any())
         .unwrap_or_else(|| NODE_VERSION_NAME.to_string());
     let effects = replace::discovered_groups(&answer, &existing, &nv_name);
-    for e in effects {
-        if let Err(err) = ctx.effects.perform(&e).await {
-            log::warn!("node replacement: scaling groups: {err}");
-        }
+    // Each group's object is independent of the others.
+    let plan = crate::decide::Plan::together(effects);
+    if let Err(err) = crate::service::executor::execute_plain(ctx, "replace", plan).await {
+        log::warn!("node replacement: scaling groups: {err}");
     }
     Some(LIST_GROUPS_EVERY)
 }

@@ -13,6 +13,7 @@ use crate::decide::replace::{self};
 use crate::decide::{Effect, Outcome, earliest};
 use crate::error::Result;
 use crate::service::context::Context;
+use crate::service::executor::{self, After};
 use crate::service::failing::Subject;
 use crate::service::watch::typed;
 
@@ -44,9 +45,9 @@ pub(super) async fn joining(
         .collect();
     let (effects, w) = replace::lifecycle_joining(&mine, &|n| ctx.node(n), now);
     *wake = earliest(*wake, w);
-    for e in &effects {
-        let outcome = ctx.effects.perform(e).await?;
-        ctx.remember(&outcome);
+    let acted = !effects.is_empty();
+    let plan = crate::decide::Plan::steps(effects);
+    executor::execute(ctx, "replace", plan, |e, outcome| {
         if let (
             Effect::PatchObject { name, .. },
             Outcome::ObjectWritten {
@@ -54,7 +55,7 @@ pub(super) async fn joining(
                 resource_version,
                 ..
             },
-        ) = (e, &outcome)
+        ) = (e, outcome)
         {
             log::info!("JoiningNode {name}: had no deadline; given one (48 h from its creation)");
             expect
@@ -67,8 +68,10 @@ pub(super) async fn joining(
             );
             expect.gone.push((Some(*kind), name.clone()));
         }
-    }
-    Ok(!effects.is_empty())
+        After::Go
+    })
+    .await?;
+    Ok(acted)
 }
 
 /// How often a strategy whose Deployment does not exist looks for it.
@@ -93,8 +96,11 @@ pub(super) async fn groups(
         .map(|v| v.name_any())
         .collect();
     let effects = replace::unfollowed_groups(&groups, &versions, now);
-    for e in &effects {
-        let outcome = ctx.effects.perform(e).await?;
+    let acted = effects
+        .iter()
+        .any(|e| matches!(e, Effect::WriteObjectStatus { .. }));
+    let plan = crate::decide::Plan::steps(effects);
+    executor::execute(ctx, "replace", plan, |e, outcome| {
         if let (
             Effect::WriteObjectStatus { name, .. },
             Outcome::ObjectWritten {
@@ -105,12 +111,14 @@ pub(super) async fn groups(
         ) = (e, outcome)
         {
             log::info!("ScalingGroup {name}: the NodeVersion it names is reported");
-            expect.written.push((kind, name.clone(), resource_version));
+            expect
+                .written
+                .push((*kind, name.clone(), resource_version.clone()));
         }
-    }
-    Ok(effects
-        .iter()
-        .any(|e| matches!(e, Effect::WriteObjectStatus { .. })))
+        After::Go
+    })
+    .await?;
+    Ok(acted)
 }
 
 /// AutoscalingStrategies: read the Deployment when the strategy or the
@@ -209,7 +217,9 @@ async fn strategy(
                 if st.spec.enabled { 1 } else { 0 }
             );
         }
-        let outcome = ctx.effects.perform(e).await?;
+    }
+    let plan = crate::decide::Plan::steps(effects);
+    executor::execute(ctx, "replace", plan, |e, outcome| {
         if let (
             Effect::WriteObjectStatus { .. },
             Outcome::ObjectWritten {
@@ -217,13 +227,15 @@ async fn strategy(
                 name,
                 resource_version,
             },
-        ) = (e, &outcome)
+        ) = (e, outcome)
         {
             expect
                 .written
                 .push((*kind, name.clone(), resource_version.clone()));
         }
-    }
+        After::Go
+    })
+    .await?;
     *acted = true;
     Ok(None)
 }

@@ -15,6 +15,7 @@ use crate::decide::replace::{self, Facts, Failure, Read};
 use crate::decide::{Effect, Outcome, Then, earliest};
 use crate::error::Result;
 use crate::service::context::Context;
+use crate::service::executor::{self, After, Before, Hooks};
 use crate::service::watch::typed;
 
 use super::*;
@@ -100,12 +101,22 @@ pub(super) async fn versions(
         };
         let facts = super::ask::ask(ctx, r, replace::questions(&snap)).await;
         snap.facts = &facts;
-        let plan = replace::decide(&snap);
-        if let Some((level, line)) = &plan.note {
-            log::log!(*level, "NodeVersion {}: {line}", nv.name_any());
+        let mut plan = replace::decide(&snap);
+        if let Some((_, line)) = &mut plan.note {
+            *line = format!("NodeVersion {}: {line}", nv.name_any());
         }
-        let acted = perform(ctx, r, &snap, &plan.effects, expect).await?;
-        match plan.then {
+        let mut round = Round {
+            ctx,
+            r,
+            snap: &snap,
+            nv_uid: nv.uid().unwrap_or_default(),
+            expect: &mut *expect,
+            acted: false,
+            failed: false,
+        };
+        let then = executor::run(ctx, "replace", plan, &mut round).await?;
+        let acted = round.acted;
+        match then {
             Then::Again if acted => return Ok((true, None)),
             Then::Again => wake = earliest(wake, Some(Duration::from_millis(200))),
             Then::Wait(d) => wake = earliest(wake, d),
@@ -114,87 +125,131 @@ pub(super) async fn versions(
     Ok((false, wake))
 }
 
-/// Perform a round's effects in order; a provider failure ends the batch
-/// (what follows depended on it) and is recorded for status and backoff.
-/// Returns whether anything was written.
-async fn perform(
-    ctx: &Context,
-    r: &Replace,
-    snap: &replace::Snapshot<'_>,
-    effects: &[Effect],
-    expect: &mut Expect,
-) -> Result<bool> {
-    let mut acted = false;
-    let nv_uid = snap.nv.uid().unwrap_or_default();
-    let fail = |key: &str, message: String| {
-        lock(&r.failures).entry(nv_uid.clone()).or_default().insert(
-            key.to_string(),
-            Failure {
-                message,
-                at: Timestamp::now(),
-            },
-        );
-    };
-    // After a failed provider call the writes that depended on it are
-    // left for the next round; events are not (a JoinTimeout is news
-    // whether or not deleting the instance worked).
-    let mut failed = false;
-    let mut i = 0;
-    while i < effects.len() {
-        let effect = &effects[i];
-        i += 1;
-        if failed && !matches!(effect, Effect::Event { .. }) {
-            continue;
-        }
+/// One NodeVersion's round through the executor: a provider failure
+/// ends what depended on it (the writes after it wait for the next round;
+/// events do not: a JoinTimeout is news whether or not deleting the
+/// instance worked) and is recorded for status and backoff; an event is
+/// published once per reason and object; an instance's delete runs in the
+/// background; `acted` says whether anything but an event was performed.
+struct Round<'a, 's> {
+    ctx: &'a Context,
+    r: &'a Replace,
+    snap: &'a replace::Snapshot<'s>,
+    nv_uid: String,
+    expect: &'a mut Expect,
+    acted: bool,
+    failed: bool,
+}
+
+impl Round<'_, '_> {
+    fn fail(&mut self, key: &str, message: String) {
+        lock(&self.r.failures)
+            .entry(self.nv_uid.clone())
+            .or_default()
+            .insert(
+                key.to_string(),
+                Failure {
+                    message,
+                    at: Timestamp::now(),
+                },
+            );
+        self.acted = true;
+        self.failed = true;
+    }
+}
+
+impl Hooks for Round<'_, '_> {
+    fn before(&mut self, effect: &Effect) -> Result<Before> {
         if let Effect::Event { object, reason, .. } = effect {
             let key = format!("{reason}/{}", object.name.as_deref().unwrap_or_default());
-            if !lock(&r.published).insert(key) {
-                continue;
-            }
+            return Ok(if lock(&self.r.published).insert(key) {
+                Before::Perform
+            } else {
+                Before::Skip
+            });
         }
-        // Provider calls in a row are independent (a surge's create-node
-        // asks, a round's instance deletes): they run at once, each a
-        // process that may take seconds; their outcomes are taken in order.
-        let run: Vec<&Effect> = match effect {
-            Effect::Provider { .. } => effects[i - 1..]
-                .iter()
-                .take_while(|e| matches!(e, Effect::Provider { .. }))
-                .collect(),
-            _ => vec![effect],
-        };
-        i += run.len() - 1;
-        for e in &run {
-            log::debug!("replace: {}", crate::effects::describe(e));
+        if self.failed {
+            return Ok(Before::Skip);
         }
         // An instance's delete runs beside the rounds: nothing after it in
         // the round needs its answer (it was recorded as issued first),
         // and a cloud's delete may take minutes, which would hold up every
         // other pairing, drain and join behind it.
-        let (background, run): (Vec<&Effect>, Vec<&Effect>) = run
-            .into_iter()
-            .partition(|e| matches!(e, Effect::Provider { verb, .. } if BACKGROUND.contains(verb)));
-        for e in background {
-            in_background(ctx, r, &nv_uid, e)?;
-            acted = true;
+        if matches!(effect, Effect::Provider { verb, .. } if BACKGROUND.contains(verb)) {
+            in_background(self.ctx, self.r, &self.nv_uid, effect)?;
+            return Ok(Before::Done(Outcome::Done));
         }
-        let outcomes =
-            crate::runtime::join_all(run.iter().map(|e| ctx.effects.perform(e)).collect()).await;
-        for (effect, outcome) in run.into_iter().zip(outcomes) {
-            after(
-                ctx,
-                r,
-                snap,
-                effect,
-                outcome?,
-                expect,
-                &fail,
-                &mut acted,
-                &mut failed,
-            )
-            .await?;
-        }
+        Ok(Before::Perform)
     }
-    Ok(acted)
+
+    fn after(&mut self, effect: &Effect, outcome: &Outcome) -> After {
+        self.acted |= !matches!(effect, Effect::Event { .. });
+        match (effect, outcome) {
+            (
+                _,
+                Outcome::ObjectWritten {
+                    kind,
+                    name,
+                    resource_version,
+                },
+            ) => {
+                self.expect
+                    .written
+                    .push((*kind, name.clone(), resource_version.clone()));
+            }
+            (Effect::CreateMaintenance { .. }, Outcome::MaintenanceWritten(m)) => {
+                self.expect.maintenances.push(m.name_any())
+            }
+            (Effect::DeleteObject { kind, name, .. }, _) => {
+                self.expect.gone.push((Some(*kind), name.clone()))
+            }
+            (Effect::DeleteNode { name, .. }, _) => self.expect.gone.push((None, name.clone())),
+            _ => {}
+        }
+        let Effect::Provider { key, verb, request } = effect else {
+            return After::Go;
+        };
+        match outcome {
+            Outcome::ProviderFailed(message) => {
+                log::warn!("node replacement: {message}");
+                self.fail(key, message.clone());
+            }
+            Outcome::ProviderAnswered(answer) => {
+                if let Some(per) = lock(&self.r.failures).get_mut(&self.nv_uid) {
+                    per.remove(key);
+                }
+                if *verb == "set-scaling-group-image" {
+                    let id = request["groupId"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_lowercase();
+                    lock(&self.r.answers).remove(&(Read::ScalingGroupImage, id));
+                }
+                if *verb == "create-node" {
+                    let id = request["requestId"].as_str().unwrap_or_default();
+                    let group = request["groupId"].as_str().unwrap_or_default();
+                    // The new machine is recorded as its PendingNode next,
+                    // before anything else in the round.
+                    match replace::joining(self.snap, id, group, answer) {
+                        Ok(pn) => {
+                            log::info!(
+                                "NodeVersion {}: surge node {} created in group {group}",
+                                self.snap.nv.name_any(),
+                                pn["metadata"]["name"].as_str().unwrap_or_default()
+                            );
+                            return After::First(vec![Effect::CreateObject {
+                                kind: Kind::PendingNode,
+                                object: pn,
+                            }]);
+                        }
+                        Err(message) => self.fail(key, message),
+                    }
+                }
+            }
+            _ => {}
+        }
+        After::Go
+    }
 }
 
 /// Provider writes that run in the background of the rounds.
@@ -251,105 +306,5 @@ fn in_background(ctx: &Context, r: &Replace, nv_uid: &str, effect: &Effect) -> R
         }
     })
     .detach();
-    Ok(())
-}
-
-/// What an effect's outcome changes: our memory of writes, what the next
-/// round waits for, provider failures and answers (a create-node answer
-/// is recorded as its PendingNode at once).
-#[allow(clippy::too_many_arguments)]
-async fn after(
-    ctx: &Context,
-    r: &Replace,
-    snap: &replace::Snapshot<'_>,
-    effect: &Effect,
-    outcome: crate::decide::Outcome,
-    expect: &mut Expect,
-    fail: &(dyn Fn(&str, String) + Sync),
-    acted: &mut bool,
-    failed: &mut bool,
-) -> Result<()> {
-    let nv_uid = snap.nv.uid().unwrap_or_default();
-    ctx.remember(&outcome);
-    *acted |= !matches!(effect, Effect::Event { .. });
-    match (effect, &outcome) {
-        (
-            _,
-            Outcome::ObjectWritten {
-                kind,
-                name,
-                resource_version,
-            },
-        ) => {
-            expect
-                .written
-                .push((*kind, name.clone(), resource_version.clone()));
-        }
-        (Effect::CreateMaintenance { .. }, Outcome::MaintenanceWritten(m)) => {
-            expect.maintenances.push(m.name_any())
-        }
-        (Effect::DeleteObject { kind, name, .. }, _) => {
-            expect.gone.push((Some(*kind), name.clone()))
-        }
-        (Effect::DeleteNode { name, .. }, _) => expect.gone.push((None, name.clone())),
-        _ => {}
-    }
-    let Effect::Provider { key, verb, request } = effect else {
-        return Ok(());
-    };
-    match outcome {
-        Outcome::ProviderFailed(message) => {
-            log::warn!("node replacement: {message}");
-            fail(key, message);
-            *acted = true;
-            *failed = true;
-        }
-        Outcome::ProviderAnswered(answer) => {
-            if let Some(per) = lock(&r.failures).get_mut(&nv_uid) {
-                per.remove(key);
-            }
-            if *verb == "set-scaling-group-image" {
-                let id = request["groupId"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_lowercase();
-                lock(&r.answers).remove(&(Read::ScalingGroupImage, id));
-            }
-            if *verb == "create-node" {
-                let id = request["requestId"].as_str().unwrap_or_default();
-                let group = request["groupId"].as_str().unwrap_or_default();
-                match replace::joining(snap, id, group, &answer) {
-                    Ok(pn) => {
-                        log::info!(
-                            "NodeVersion {}: surge node {} created in group {group}",
-                            snap.nv.name_any(),
-                            pn["metadata"]["name"].as_str().unwrap_or_default()
-                        );
-                        let o = ctx
-                            .effects
-                            .perform(&Effect::CreateObject {
-                                kind: Kind::PendingNode,
-                                object: pn,
-                            })
-                            .await?;
-                        if let Outcome::ObjectWritten {
-                            kind,
-                            name,
-                            resource_version,
-                        } = o
-                        {
-                            expect.written.push((kind, name, resource_version));
-                        }
-                    }
-                    Err(message) => {
-                        fail(key, message);
-                        *acted = true;
-                        *failed = true;
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
     Ok(())
 }
