@@ -90,6 +90,9 @@ impl GateKey {
 struct Watched {
     store: Store<Pod>,
     listed: Latch,
+    /// When the watch started: a pass waits for the first list of a new
+    /// gate only ([`PodWatches::gates_listed`]).
+    since: std::time::Instant,
     /// Dropping the task stops the watch.
     _task: smol::Task<()>,
 }
@@ -158,6 +161,7 @@ fn start(
     Watched {
         store,
         listed,
+        since: std::time::Instant::now(),
         _task: task,
     }
 }
@@ -275,12 +279,33 @@ impl PodWatches {
         })
     }
 
-    /// Have all gates' watches listed (waiting up to `within`)?
+    /// Have all gates' watches listed? A watch that started less than
+    /// `within` ago is waited for until then; an older one that has not
+    /// listed (a selector or namespace the server refuses, a forbidden
+    /// list) is not waited for again: its objects wait on their own and
+    /// say so, and no pass pays `within` for it every time.
     pub async fn gates_listed(&self, within: Duration) -> bool {
         let Mode::Scoped(s) = &self.mode else {
             return true;
         };
-        let latches: Vec<Latch> = lock(&s.gates).values().map(|w| w.listed.clone()).collect();
+        let (mut latches, mut old_unlisted) = (Vec::new(), false);
+        let mut wait = Duration::ZERO;
+        for w in lock(&s.gates).values() {
+            if w.listed.is_open() {
+                continue;
+            }
+            let age = w.since.elapsed();
+            if age >= within {
+                old_unlisted = true;
+            } else {
+                wait = wait.max(within - age);
+                latches.push(w.listed.clone());
+            }
+        }
+        if latches.is_empty() {
+            return !old_unlisted;
+        }
+        let within = wait;
         smol::future::or(
             async {
                 for l in &latches {
@@ -294,6 +319,7 @@ impl PodWatches {
             },
         )
         .await
+            && !old_unlisted
     }
 
     /// The pods on `node` that a gate may read: the node's own watch if it
