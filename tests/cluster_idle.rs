@@ -17,21 +17,11 @@ use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use support::replace::{Cloud, install_constellation_crds};
 use support::{
-    Agent, GROUP_LABEL, TestEnv, audit_offset, audited_identity, block_on, install_crds, kubectl,
-    openshift, requests_of, wait_for,
+    Agent, GROUP_LABEL, TestEnv, apply, audit_offset, audited_identity, block_on, install_crds,
+    kubectl, openshift, requests_of, wait_for,
 };
 
 const IDLE: Duration = Duration::from_secs(60);
-
-fn apply(obj: &Value) {
-    let out = kubectl(&["apply", "-f", "-"], Some(&obj.to_string()));
-    assert!(
-        out.status.success(),
-        "kubectl apply {}: {}",
-        obj["metadata"]["name"],
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[test]
 fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_requests() {

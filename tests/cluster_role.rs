@@ -18,35 +18,11 @@ use nodekeeper::api::upgrade::UpgradePlan;
 use serde_json::{Value, json};
 use support::machines::cluster_role_args;
 use support::{
-    Agent, GROUP_LABEL, TestEnv, block_on, free_port, http_get, install_crds, kubectl, run_cli,
-    wait_for,
+    Agent, Cleanup, GROUP_LABEL, Refusal, TestEnv, block_on, free_port, http_get, install_crds,
+    run_cli, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn apply(obj: &Value) {
-    let out = kubectl(&["apply", "-f", "-"], Some(&obj.to_string()));
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Deletes what a test created beyond its TestEnv (cluster-scoped objects,
-/// admission policies) when it ends, passed or not.
-struct Cleanup(Vec<(&'static str, String)>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for (kind, name) in &self.0 {
-            let _ = kubectl(
-                &["delete", kind, name, "--ignore-not-found", "--wait=false"],
-                None,
-            );
-        }
-    }
-}
 
 /// A metric's value from the agent's /metrics, summed over its labels.
 fn metric(port: u16, name: &str) -> Option<f64> {
@@ -175,36 +151,19 @@ fn a_policy_whose_writes_are_refused_is_reported_and_every_other_object_goes_on(
         env.wait_node_ready(&b).await;
         let bad = format!("{}-bad", env.id);
         let vap = format!("{}-refuse", env.id);
-        let _cleanup = Cleanup(vec![
-            ("rebootpolicy", bad.clone()),
-            ("validatingadmissionpolicybinding", vap.clone()),
-            ("validatingadmissionpolicy", vap.clone()),
-        ]);
+        let _cleanup = Cleanup(vec![("rebootpolicy", bad.clone())]);
         // An admission policy refuses every status write of the bad policy:
         // a failure only a real API server gives.
-        apply(&json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": vap},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["nodekeeper.io"], "apiVersions": ["*"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["rebootpolicies/status"],
-                }]},
-                "validations": [{
-                    "expression": format!("object.metadata.name != '{bad}'"),
-                    "message": "status writes of this policy are refused by the test",
-                }],
-            }
-        }));
-        apply(&json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": vap},
-            "spec": {"policyName": vap, "validationActions": ["Deny"]},
-        }));
+        let _refusal = Refusal::install(
+            &vap,
+            json!([{
+                "apiGroups": ["nodekeeper.io"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["rebootpolicies/status"],
+            }]),
+            &format!("object.metadata.name != '{bad}'"),
+            "status writes of this policy are refused by the test",
+        );
         let kc = support::cluster().display().to_string();
         let (status, _, err) = run_cli(&["reboot-required", &a], &[("KUBECONFIG", &kc)]);
         assert!(status.success(), "reboot-required {a}: {err}");
@@ -398,10 +357,6 @@ fn a_leader_that_cannot_renew_stops_within_its_renew_deadline() {
     block_on(async {
         let env = TestEnv::new("cr-renew").await;
         let vap = format!("{}-lease", env.id);
-        let _cleanup = Cleanup(vec![
-            ("validatingadmissionpolicybinding", vap.clone()),
-            ("validatingadmissionpolicy", vap.clone()),
-        ]);
         let args = cluster_role_args(&env, &["--node-agents"]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut agent = Agent::start(&args);
@@ -410,31 +365,18 @@ fn a_leader_that_cannot_renew_stops_within_its_renew_deadline() {
         })
         .await;
         // From now on the API server refuses every renewal of this lease.
-        apply(&json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": vap},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"],
-                    "operations": ["UPDATE"], "resources": ["leases"],
-                }]},
-                "validations": [{
-                    "expression": format!(
-                        "!(object.metadata.namespace == '{}' && object.metadata.name == 'nodekeeper-leader')",
-                        env.ns
-                    ),
-                    "message": "lease renewals refused by the test",
-                }],
-            }
-        }));
-        apply(&json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": vap},
-            "spec": {"policyName": vap, "validationActions": ["Deny"]},
-        }));
+        let _refusal = Refusal::install(
+            &vap,
+            json!([{
+                "apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["leases"],
+            }]),
+            &format!(
+                "!(object.metadata.namespace == '{}' && object.metadata.name == 'nodekeeper-leader')",
+                env.ns
+            ),
+            "lease renewals refused by the test",
+        );
         let refused = wait_for("a refused renewal", LIMIT, || async {
             agent
                 .log_text()

@@ -422,11 +422,12 @@ fn a_pod_stuck_terminating_leaves_the_agent_idle() {
             .unwrap_or(since);
         let wait = past.duration_since(k8s_openapi::jiff::Timestamp::now());
         smol::Timer::after(Duration::try_from(wait).unwrap_or_default()).await;
-        let pid = w.agents[0].child.id();
-        let before = support::cpu_seconds(pid);
-        let window = Duration::from_secs(5);
-        smol::Timer::after(window).await;
-        let used = (support::cpu_seconds(pid) - before) / window.as_secs_f64();
+        let used = support::cores_used(
+            w.agents[0].child.id(),
+            Duration::from_secs(5),
+            "by the node agent beside a pod stuck Terminating",
+        )
+        .await;
         // Let it go before asserting: the namespace's deletion waits on it.
         pods.patch(
             &pod.name_any(),

@@ -727,3 +727,72 @@ fn a_sentinel_command_that_cannot_answer_is_reported_per_node() {
         );
     });
 }
+
+/// A give-back the API server refuses for a while — an admission policy
+/// denies deleting the reboot's NodeMaintenance while the rebooted node
+/// settles — is asked for again on every pass, so once the refusal goes
+/// the node is uncordoned and its maintenance gone, and it was rebooted
+/// once. (It stayed cordoned, its policy `Settling`, until the policy
+/// itself was deleted.)
+#[test]
+fn a_give_back_refused_for_a_while_is_given_once_it_is_allowed() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-refused").await;
+        let names = nodes(&mut env, 1).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    let refusal = support::Refusal::install(
+        &format!("{}-give-back", env.id),
+        json!([{
+            "apiGroups": ["nodekeeper.io"], "apiVersions": ["*"],
+            "operations": ["DELETE"], "resources": ["nodemaintenances"],
+        }]),
+        &format!("oldObject.metadata.name != 'reboot-{a}'"),
+        "give-backs refused by the test",
+    );
+    block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"gates": {"settleSeconds": 2}}),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    block_on(annotate(
+        &env.client,
+        a,
+        "nodekeeper.io/reboot-needed",
+        Some("now"),
+    ));
+    // The reboot runs; the give-back after it is refused twice.
+    fleet.serve(&names, LONG, || {
+        cluster
+            .log_text()
+            .matches("give-backs refused by the test")
+            .count()
+            >= 2
+    });
+    block_on(async {
+        let node = Api::<Node>::all(env.client.clone())
+            .get(a)
+            .await
+            .expect("node a");
+        assert_eq!(
+            node.spec.and_then(|s| s.unschedulable),
+            Some(true),
+            "still cordoned while refused"
+        );
+        assert_eq!(maintenances_on(&env.client, a).await, 1);
+    });
+    refusal.lift();
+    block_on(wait_for("a given back", LONG, || async {
+        settled(&env.client, &names).await.then_some(())
+    }));
+    assert_eq!(
+        fleet.commands(a),
+        1,
+        "rebooted once\n{}",
+        cluster.log_text()
+    );
+}

@@ -19,7 +19,7 @@ use nodekeeper::api::nodemaintenance::NodeMaintenance;
 use serde_json::{Value, json};
 use support::machines::cluster_role;
 use support::replace::*;
-use support::{Agent, GROUP_LABEL, TestEnv, block_on, install_crds, kubectl, wait_for};
+use support::{Agent, GROUP_LABEL, TestEnv, apply, block_on, install_crds, kubectl, wait_for};
 
 static TURN: Mutex<()> = Mutex::new(());
 
@@ -31,15 +31,6 @@ struct Rollout {
     agent: Option<Agent>,
     /// The nodes before the image change, per group.
     before: Vec<String>,
-}
-
-fn apply(obj: Value) {
-    let out = kubectl(&["apply", "-f", "-"], Some(&obj.to_string()));
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn group_id(env: &TestEnv, g: &str) -> String {
@@ -69,7 +60,7 @@ async fn rollout(name: &str, counts: &[(&str, usize)], surge: i32, components: b
         cloud.set("components", json!("k8s-components-1"));
     }
     for (g, _) in counts {
-        apply(json!({
+        apply(&json!({
             "apiVersion": "update.edgeless.systems/v1alpha1",
             "kind": "ScalingGroup",
             "metadata": { "name": group_id(&env, g), "labels": { GROUP_LABEL: env.id } },
@@ -120,7 +111,7 @@ async fn rollout(name: &str, counts: &[(&str, usize)], surge: i32, components: b
     if components {
         nv["spec"]["kubernetesComponentsReference"] = json!("k8s-components-1");
     }
-    apply(nv);
+    apply(&nv);
     // The autoscaler: its pods never schedule (no node matches).
     let mut dep = env.deployment("autoscaler", 1);
     if let Some(spec) = dep.spec.template.spec.as_mut() {
@@ -131,7 +122,7 @@ async fn rollout(name: &str, counts: &[(&str, usize)], surge: i32, components: b
         .create(&PostParams::default(), &dep)
         .await
         .expect("creating the autoscaler Deployment");
-    apply(json!({
+    apply(&json!({
         "apiVersion": "update.edgeless.systems/v1alpha1",
         "kind": "AutoscalingStrategy",
         "metadata": { "name": env.id, "labels": { GROUP_LABEL: env.id } },
@@ -667,7 +658,7 @@ fn provider_errors_surface_in_status_and_never_hold_up_maintenance() {
         // Meanwhile maintenance goes on: a NodeMaintenance cordons at once.
         let node = r.before[0].clone();
         let nm = format!("{}-nm", r.env.id);
-        apply(json!({
+        apply(&json!({
             "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
             "kind": "NodeMaintenance",
             "metadata": { "name": nm },
@@ -713,7 +704,7 @@ fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing()
         let client = r.env.client.clone();
         let (other, bad) = (format!("{}-other", r.env.id), format!("{}-bad", r.env.id));
         // Up to date: it governs no node.
-        apply(json!({
+        apply(&json!({
             "apiVersion": "update.edgeless.systems/v1alpha1",
             "kind": "NodeVersion",
             "metadata": { "name": other, "labels": { GROUP_LABEL: r.env.id } },
@@ -724,7 +715,7 @@ fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing()
                 "nodeSelector": { "matchLabels": { GROUP_LABEL: r.env.id, "nodekeeper.test/nowhere": "true" } },
             }
         }));
-        apply(json!({
+        apply(&json!({
             "apiVersion": "update.edgeless.systems/v1alpha1",
             "kind": "AutoscalingStrategy",
             "metadata": { "name": bad, "labels": { GROUP_LABEL: r.env.id } },
@@ -813,6 +804,77 @@ fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing()
         let _ = kubectl(
             &["delete", "autoscalingstrategy", &bad, "--wait=false"],
             None,
+        );
+    });
+}
+
+/// A donor whose drain is overdue (a PodDisruptionBudget allows no
+/// eviction) is kept and reported, and the cluster role stays idle beside
+/// it: it looks again when something changes or a minute later, not in a
+/// loop (passes ran back to back once the deadline had passed). Once the
+/// budget goes, the rollout finishes.
+#[test]
+fn an_overdue_donor_drain_is_reported_and_leaves_the_cluster_role_idle() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let r = rollout("rp-overdue", &[("workers", 1)], 1, false).await;
+        let client = r.env.client.clone();
+        let donor = r.before[0].clone();
+        r.env.blocking_pod_on("held", &donor).await;
+        Api::<kube::api::DynamicObject>::all_with(client.clone(), &Kind::NodeVersion.resource())
+            .patch(
+                &r.env.id,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "drainTimeoutSeconds": 10 } })),
+            )
+            .await
+            .expect("a short drain timeout");
+        set_image(&client, &r.env.id, "img-2").await;
+        wait_nv(
+            &client,
+            &r.env.id,
+            "the donor's drain overdue",
+            LIMIT,
+            |v| {
+                v["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| {
+                        c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("is overdue"))
+                    })
+            },
+        )
+        .await;
+        let agent = r.agent.as_ref().expect("agent");
+        let used = support::cores_used(
+            agent.child.id(),
+            Duration::from_secs(10),
+            "by the cluster role beside an overdue donor drain",
+        )
+        .await;
+        assert!(
+            used < 0.05,
+            "the cluster role used {used:.3} cores beside an overdue drain\n{}",
+            agent.log_text()
+        );
+        let out = kubectl(&["delete", "pdb", "held", "-n", &r.env.ns], None);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        wait_replaced(&r, "img-2", 1).await;
+        assert!(
+            Api::<Node>::all(client.clone())
+                .get_opt(&donor)
+                .await
+                .ok()
+                .flatten()
+                .is_none(),
+            "the donor is gone"
         );
     });
 }

@@ -607,6 +607,68 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> std::process::Output {
     child.wait_with_output().expect("waiting for kubectl")
 }
 
+/// `kubectl apply` of one object; the test fails if it is refused.
+pub fn apply(obj: &serde_json::Value) {
+    let out = kubectl(&["apply", "-f", "-"], Some(&obj.to_string()));
+    assert!(
+        out.status.success(),
+        "kubectl apply {}: {}",
+        obj["metadata"]["name"],
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Deletes what a test created beyond its TestEnv (cluster-scoped objects,
+/// admission policies) when it ends, passed or not.
+pub struct Cleanup(pub Vec<(&'static str, String)>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for (kind, name) in &self.0 {
+            let _ = kubectl(
+                &["delete", kind, name, "--ignore-not-found", "--wait=false"],
+                None,
+            );
+        }
+    }
+}
+
+/// A write the API server refuses for as long as this lives (or until
+/// [`Refusal::lift`]): a ValidatingAdmissionPolicy named `name` over
+/// `rules` (its `resourceRules`) that denies where `expression` is false,
+/// with `message`. A failure only a real API server gives, at the moment
+/// the test chooses.
+pub struct Refusal(Cleanup);
+
+impl Refusal {
+    pub fn install(name: &str, rules: serde_json::Value, expression: &str, message: &str) -> Self {
+        let refusal = Refusal(Cleanup(vec![
+            ("validatingadmissionpolicybinding", name.to_string()),
+            ("validatingadmissionpolicy", name.to_string()),
+        ]));
+        apply(&serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": rules},
+                "validations": [{"expression": expression, "message": message}],
+            }
+        }));
+        apply(&serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }));
+        refusal
+    }
+
+    /// Allow the writes again.
+    pub fn lift(self) {}
+}
+
 /// Install nodekeeper's CRDs the way the README says (`nodekeeper crds |
 /// kubectl apply -f -`), once per test binary, and wait until served.
 pub fn install_crds() {
@@ -742,6 +804,17 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The cores process `pid` used over the next `window` (CPU seconds per
+/// second of wall time), printed with `what` for the record (run the test
+/// with `--nocapture` to read it).
+pub async fn cores_used(pid: u32, window: Duration, what: &str) -> f64 {
+    let before = cpu_seconds(pid);
+    smol::Timer::after(window).await;
+    let used = (cpu_seconds(pid) - before) / window.as_secs_f64();
+    eprintln!("cores used {what}: {used:.4} over {window:?}");
+    used
 }
 
 /// A field of /proc/PID/status in KiB (`VmRSS`, `VmHWM`), 0 if unreadable.
