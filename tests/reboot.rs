@@ -576,10 +576,12 @@ fn a_hanging_sentinel_command_holds_up_neither_a_maintenance_nor_health() {
         (env, names, fleet)
     });
     let a = &names[0];
+    let pid_file = fleet.file("sentinel.pid");
+    let sentinel = format!("echo $$ > {}; exec sleep 3600", pid_file.display());
     block_on(create_policy(
         &env,
         &fleet,
-        json!({"detect": {"sentinelCommand": ["sleep", "3600"], "periodSeconds": 5}}),
+        json!({"detect": {"sentinelCommand": ["sh", "-c", sentinel], "periodSeconds": 5}}),
     ));
     fleet.start_agent(a);
     block_on(async {
@@ -621,6 +623,25 @@ fn a_hanging_sentinel_command_holds_up_neither_a_maintenance_nor_health() {
         })
         .await;
     });
+    // The agent stops; the sentinel command it still waits for stops with
+    // it (it was left hanging for as long as it hung).
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("the sentinel command wrote its PID");
+    let status = fleet.stop_agent(a).expect("the agent ran");
+    assert!(status.success(), "{}", fleet.agent_log(a));
+    block_on(wait_for(
+        "the sentinel command stopped",
+        Duration::from_secs(10),
+        || async {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let running = stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| !r.starts_with('Z'));
+            (!running).then_some(())
+        },
+    ));
 }
 
 /// A sentinel command that cannot answer is reported per node on the

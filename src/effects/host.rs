@@ -165,16 +165,103 @@ pub async fn run(argv: &[String]) -> Result<(i32, String), String> {
     run_for(argv, COMMAND_TIMEOUT).await
 }
 
-/// [`run`] with its own time limit.
+/// [`run`] with its own time limit, for a check (a sentinel command): it
+/// ends with this process ([`stop_checks`]).
 pub async fn run_for(argv: &[String], limit: Duration) -> Result<(i32, String), String> {
+    run_in_group(argv, limit, Lifetime::Check).await
+}
+
+/// Whether a host command may outlive the agent that started it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Lifetime {
+    /// A check: stopped when the agent stops (a hanging sentinel command
+    /// was left behind for as long as it hung).
+    Check,
+    /// A reboot or upgrade command: left to finish (cutting an upgrade
+    /// short when the agent restarts would leave the node half-upgraded).
+    Action,
+}
+
+/// The process groups of host commands running now, and their lifetimes.
+static RUNNING: std::sync::Mutex<std::collections::BTreeMap<i32, Lifetime>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn running() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<i32, Lifetime>> {
+    RUNNING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One host command's process group while it runs: dropped before the
+/// command was answered (its deadline passed, or its task was dropped),
+/// it kills the whole group, a shell's children included, which killing
+/// the direct child alone left running.
+struct Group {
+    pgid: i32,
+    answered: bool,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        running().remove(&self.pgid);
+        if !self.answered {
+            signal_group(self.pgid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+fn signal_group(pgid: i32, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
+        // Gone already (ESRCH) is what we want.
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
+/// Stop every check still running (SIGTERM to its process group): the
+/// agent is stopping and no one will read their answers. Reboot and
+/// upgrade commands are left to finish.
+pub fn stop_checks() {
+    let pgids: Vec<i32> = running().keys().copied().collect();
+    for pgid in pgids {
+        stop_check(pgid);
+    }
+}
+
+/// Stop the process group `pgid` if it is a check's; whether it was.
+fn stop_check(pgid: i32) -> bool {
+    if running().get(&pgid) != Some(&Lifetime::Check) {
+        return false;
+    }
+    log::info!("stopping host command (process group {pgid}): the agent is stopping");
+    signal_group(pgid, rustix::process::Signal::TERM);
+    true
+}
+
+/// Run `argv` in a process group of its own for at most `limit`.
+async fn run_in_group(
+    argv: &[String],
+    limit: Duration,
+    lifetime: Lifetime,
+) -> Result<(i32, String), String> {
+    use std::os::unix::process::CommandExt;
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| "empty command".to_string())?;
-    let child = smol::process::Command::new(program)
+    let mut std_command = std::process::Command::new(program);
+    std_command
         .args(args)
-        .stdin(smol::process::Stdio::null())
+        .stdin(std::process::Stdio::null())
+        .process_group(0);
+    let child = smol::process::Command::from(std_command)
+        .stdout(smol::process::Stdio::piped())
+        .stderr(smol::process::Stdio::piped())
         .kill_on_drop(true)
-        .output();
+        .spawn()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let pgid = child.id() as i32;
+    running().insert(pgid, lifetime);
+    let mut group = Group {
+        pgid,
+        answered: false,
+    };
     let timeout = async {
         crate::runtime::sleep(limit).await;
         Err(std::io::Error::other(format!(
@@ -183,9 +270,12 @@ pub async fn run_for(argv: &[String], limit: Duration) -> Result<(i32, String), 
         )))
     };
     let out = child
+        .output()
         .or(timeout)
         .await
         .map_err(|e| format!("{}: {e}", program))?;
+    group.answered = true;
+    drop(group);
     let mut text = String::from_utf8_lossy(&out.stderr).trim().to_string();
     if text.is_empty() {
         text = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -197,7 +287,7 @@ pub async fn run_for(argv: &[String], limit: Duration) -> Result<(i32, String), 
 /// 0. (`systemctl reboot` returns once the shutdown is queued; the machine
 /// then goes down.)
 pub async fn command(argv: &[String], limit: Duration) -> Result<(), String> {
-    match run_for(argv, limit).await? {
+    match run_in_group(argv, limit, Lifetime::Action).await? {
         (0, _) => Ok(()),
         (code, out) if out.is_empty() => Err(format!("{} exited with {code}", argv[0])),
         (code, out) => Err(format!("{} exited with {code}: {out}", argv[0])),
@@ -348,6 +438,85 @@ mod tests {
                 sentinel_command(&["sleep".into(), "30".into()], Duration::from_millis(200)).await;
             assert!(hung.is_err_and(|e| e.contains("still running")));
         });
+    }
+
+    /// The process group a shell wrote to `file` (its `$$`), once it has.
+    fn group_in(file: &Path) -> i32 {
+        for _ in 0..500 {
+            if let Some(pgid) = std::fs::read_to_string(file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return pgid;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the command never wrote {}", file.display());
+    }
+
+    /// Whether `pid` still runs (a zombie waiting for its reaper does not).
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+            .unwrap_or(false)
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("nk-host-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        dir
+    }
+
+    #[test]
+    fn a_command_past_its_deadline_is_killed_with_its_children() {
+        let dir = scratch("deadline");
+        let child = dir.join("child");
+        let script = format!("sleep 30 & echo $! > {}; wait", child.display());
+        let out = crate::runtime::block_on(run_for(
+            &["sh".into(), "-c".into(), script],
+            Duration::from_millis(300),
+        ));
+        assert!(out.is_err_and(|e| e.contains("still running")));
+        let pid = group_in(&child);
+        for _ in 0..200 {
+            if !alive(pid) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the shell's child {pid} outlived the deadline");
+    }
+
+    #[test]
+    fn a_check_stops_with_the_agent_and_a_reboot_or_upgrade_command_does_not() {
+        let dir = scratch("stop");
+        let (check_file, action_file) = (dir.join("check"), dir.join("action"));
+        let argv = |f: &Path| -> Vec<String> {
+            let script = format!("echo $$ > {}; sleep 30", f.display());
+            vec!["sh".into(), "-c".into(), script]
+        };
+        let check = crate::runtime::spawn(async move {
+            sentinel_command(&argv(&check_file), Duration::from_secs(60)).await
+        });
+        let action = crate::runtime::spawn({
+            let argv = argv(&action_file);
+            async move { command(&argv, Duration::from_secs(60)).await }
+        });
+        let (check_group, action_group) =
+            (group_in(&dir.join("check")), group_in(&dir.join("action")));
+        assert!(
+            !stop_check(action_group),
+            "a reboot or upgrade command runs on"
+        );
+        assert!(stop_check(check_group));
+        let answer = crate::runtime::block_on(check);
+        assert!(answer.is_err(), "{answer:?}");
+        assert!(alive(action_group));
+        // Its task dropped (not the agent stopping), its group goes.
+        crate::runtime::block_on(action.cancel());
+        assert!(!running().contains_key(&action_group));
     }
 
     #[test]

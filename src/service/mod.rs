@@ -142,6 +142,9 @@ pub async fn run(
         let stopping = stopping.clone();
         crate::runtime::spawn(async move {
             shutdown.await;
+            // Checks still running (a hanging sentinel command) answer no
+            // one now; they stop with us.
+            crate::effects::host::stop_checks();
             stopping.open();
         })
         .detach();
@@ -526,6 +529,7 @@ pub async fn run(
     if let Some(won) = leadership {
         won.step_down().await;
     }
+    crate::effects::host::stop_checks();
     log::info!("stopped");
     Ok(())
 }

@@ -201,6 +201,21 @@ impl Fleet {
         }
     }
 
+    /// SIGTERM a node's agent (it is stopped, as systemd or the kubelet
+    /// stops it) and wait for it to exit; its exit status.
+    pub fn stop_agent(&self, node: &str) -> Option<std::process::ExitStatus> {
+        let mut a = self.agents.lock().unwrap().remove(node)?;
+        a.signal("TERM");
+        let status = a.wait_exit(Duration::from_secs(30));
+        self.past_logs
+            .lock()
+            .unwrap()
+            .entry(node.to_string())
+            .or_default()
+            .push_str(&a.log_text());
+        Some(status)
+    }
+
     /// The process ID of a node's agent.
     pub fn agent_pid(&self, node: &str) -> Option<u32> {
         self.agents.lock().unwrap().get(node).map(|a| a.child.id())
