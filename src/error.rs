@@ -62,6 +62,19 @@ impl Error {
     }
 
     /// The HTTP status of an API error, if this is one.
+    /// May the write that failed with this have happened on the server
+    /// all the same? A refusal (4xx) did not; a timeout, a dropped
+    /// connection or a 5xx (a gateway's timeout) may have.
+    pub fn possibly_applied(&self) -> bool {
+        match self {
+            Error::Kube { source, .. } => match source {
+                kube::Error::Api(s) => s.code >= 500,
+                _ => true,
+            },
+            _ => false,
+        }
+    }
+
     pub fn api_code(&self) -> Option<u16> {
         match self {
             Error::Kube {
@@ -145,5 +158,40 @@ impl std::error::Error for Error {
             Error::Io { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> Error {
+        Error::Kube {
+            context: "creating NodeMaintenance reboot-a".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure("refused", "Refused")
+                    .with_code(code)
+                    .boxed(),
+            ),
+        }
+    }
+
+    /// A create answered with a refusal did not happen; one whose answer
+    /// was lost or a 5xx may have (the executor then reads it as existing
+    /// until the store says).
+    #[test]
+    fn only_a_refusal_says_a_write_did_not_happen() {
+        for code in [400, 403, 404, 409, 422] {
+            assert!(!api(code).possibly_applied(), "{code}");
+        }
+        for code in [500, 503, 504] {
+            assert!(api(code).possibly_applied(), "{code}");
+        }
+        let lost = Error::Kube {
+            context: "creating".into(),
+            source: kube::Error::Service("connection reset".into()),
+        };
+        assert!(lost.possibly_applied());
+        assert!(!Error::Invalid("bad".into()).possibly_applied());
     }
 }

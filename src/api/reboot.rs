@@ -16,6 +16,11 @@ use super::common::{Budget, DrainSpec, Gates, Window};
 /// signals, or by `nodekeeper reboot-required NODE`); the value is when the
 /// need was first seen (RFC 3339).
 pub const NEEDED_ANNOTATION: &str = "nodekeeper.io/reboot-needed";
+/// The node's boot ID when its need was stamped (written with
+/// [`NEEDED_ANNOTATION`] by the node role and `reboot-required`): a need
+/// stamped in an earlier boot was served by the reboot since, whoever
+/// rebooted the machine and whatever the clocks say.
+pub const NEEDED_BOOT_ANNOTATION: &str = "nodekeeper.io/reboot-needed-boot";
 /// The CoreOS reboot operator's need marker (presence, value empty).
 pub const COREOS_NEEDED_ANNOTATION: &str = "reboot-agent.v1.demo.local/reboot-needed";
 /// FLUO's and CLUO's prefixes; `<prefix>reboot-needed` = "true" marks need,
@@ -277,6 +282,12 @@ pub struct NodeReboot {
         skip_serializing_if = "Option::is_none"
     )]
     pub boot_id_before: Option<String>,
+    /// The need this reboot answers: the node's `reboot-needed` stamp when
+    /// it was admitted. The same stamp after the node rebooted is served,
+    /// whatever the clocks of the person or agent who stamped it and of
+    /// the cluster role say; a different one is a new need.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub need: Option<String>,
     /// Why (Waiting, Failed), or what is happening.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

@@ -66,8 +66,10 @@ pub async fn reboot_required(args: RebootRequiredArgs) -> Result<ExitCode> {
     } else {
         // A fresh request also retries a node whose reboot failed in this
         // boot: its need is newer than the failure.
+        // The boot it is stamped in: any reboot after it serves it.
         json!({"metadata": {"annotations": {
             NEEDED_ANNOTATION: Timestamp::now().to_string(),
+            crate::api::reboot::NEEDED_BOOT_ANNOTATION: crate::decide::disrupt::boot_id(&node),
             FAILED_ANNOTATION: null,
         }}})
     };
@@ -402,6 +404,7 @@ mod tests {
                         .unwrap_or(now),
                 ),
                 boot_id_before: None,
+                need: None,
                 message: Some("outside every reboot window".into()),
                 reason: Some("Window".into()),
             }],
@@ -513,6 +516,7 @@ mod tests {
                 phase: RebootPhase::Done,
                 since: earlier(7200),
                 boot_id_before: None,
+                need: None,
                 message: Some("reboot verified".into()),
                 reason: None,
             }],

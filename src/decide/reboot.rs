@@ -219,10 +219,26 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     if let Some(t) = window::next_change(&windows, now) {
         d.wake_at(t);
     }
+    // A need stamped in an earlier boot was served by the reboot since
+    // (one nobody asked for included): cleared, never admitted.
+    for n in selected.iter().filter(|n| {
+        need_outlived(n)
+            && !d
+                .entries
+                .get(n.name_any().as_str())
+                .is_some_and(|e| e.phase.holds_slot())
+    }) {
+        d.effects.push(Effect::PatchNode {
+            node: n.name_any(),
+            resource_version: n.resource_version(),
+            patch: clear_need_patch(n),
+        });
+    }
     let candidates: Vec<&Arc<Node>> = selected
         .iter()
         .copied()
-        .filter(|n| needs_reboot(n) && !d.entries.contains_key(n.name_any().as_str()))
+        .filter(|n| needs_reboot(n) && !need_outlived(n))
+        .filter(|n| !d.entries.contains_key(n.name_any().as_str()))
         // A need stamped before the reboot that was verified for it is
         // served (its clear is re-asserted above): one reboot per need.
         .filter(|n| !d.prev(&n.name_any()).is_some_and(|e| stale_need(n, e)))

@@ -330,6 +330,15 @@ impl Context {
         self.remember(outcome);
     }
 
+    /// A write whose answer was lost but that may have happened: a
+    /// NodeMaintenance's create is read as existing until the store shows
+    /// it or [`super::fresh`]'s while passes.
+    pub fn remember_unanswered(&self, effect: &crate::decide::Effect) {
+        if let crate::decide::Effect::CreateMaintenance { nm } = effect {
+            self.fresh.maintenances.remember_created((**nm).clone());
+        }
+    }
+
     pub fn remember(&self, outcome: &Outcome) {
         match outcome {
             Outcome::NodeWritten(n) => self.fresh.nodes.remember((**n).clone()),

@@ -137,6 +137,14 @@ pub async fn run(ctx: &Context, who: &str, plan: Plan, hooks: &mut impl Hooks) -
                     }
                 }
                 Err(e) => {
+                    // A create whose answer was lost may have happened: it
+                    // is read as existing until the store shows it or a
+                    // while passes (`FreshCache::unseen`), or two features
+                    // deciding meanwhile could both take the node (the
+                    // random worlds' store lag found it).
+                    if e.possibly_applied() {
+                        ctx.remember_unanswered(effect);
+                    }
                     failed.get_or_insert(e);
                 }
             }

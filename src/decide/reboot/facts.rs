@@ -31,11 +31,27 @@ pub fn needed_since(node: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
     annotation(node, NEEDED_ANNOTATION)?.parse().ok()
 }
 
+/// Was the need on `node` stamped in an earlier boot (its
+/// [`NEEDED_BOOT_ANNOTATION`] names another boot)? Then a reboot since
+/// served it — ours, or one nobody asked for — as kured's sentinel is gone
+/// after any reboot; no clock is read.
+pub fn need_outlived(node: &Node) -> bool {
+    annotation(node, NEEDED_ANNOTATION).is_some()
+        && annotation(node, NEEDED_BOOT_ANNOTATION)
+            .is_some_and(|stamped_in| boot_id(node).is_some_and(|now| now != stamped_in))
+}
+
 /// Is the need on `node` one the verified reboot of `entry` (Settling or
 /// Done) served? The node rebooted since `entry.boot_id_before`, and the
 /// need was stamped before the verification (or carries no time: the
 /// CoreOS and FLUO markers, which their agents clear after a reboot). A
 /// newer stamp (`reboot-required` after the reboot) is a new need.
+///
+/// The stamp is compared with the one recorded at admission
+/// ([`NodeReboot::need`]), not by time: a need stamped by a clock 30 s
+/// ahead of the cluster role's read as newer than the reboot that served
+/// it and rebooted the node again (found by the random worlds with skewed
+/// clocks).
 ///
 /// A Failed entry counts too once the node has rebooted since: any reboot
 /// serves a reboot need (kured reads its sentinel, gone after a reboot),
@@ -53,7 +69,23 @@ pub fn stale_need(node: &Node, entry: &NodeReboot) -> bool {
         .boot_id_before
         .as_deref()
         .is_some_and(|b| boot_id(node).is_some_and(|now| now != b));
-    rebooted && needed_since(node).is_none_or(|t| t <= entry.since.0)
+    if !rebooted {
+        return false;
+    }
+    // Stamped with its boot: served once the node has booted since.
+    if annotation(node, NEEDED_BOOT_ANNOTATION).is_some()
+        && annotation(node, NEEDED_ANNOTATION).is_some()
+    {
+        return need_outlived(node);
+    }
+    match (annotation(node, NEEDED_ANNOTATION), entry.need.as_deref()) {
+        // Markers without a stamp (CoreOS, FLUO): their agents clear them.
+        (None, _) => true,
+        // The stamp the reboot was admitted on: served. Another: new.
+        (Some(now), Some(served)) => now == served,
+        // A status written before the need was recorded: by the clocks.
+        (Some(_), None) => needed_since(node).is_none_or(|t| t <= entry.since.0),
+    }
 }
 
 /// Is the node held by an administrator (`nodekeeper.io/reboot-paused`, or
@@ -81,7 +113,11 @@ pub fn failure_in<'a>(node: &'a Node, boot: &str) -> Option<&'a str> {
 /// are set to "false", as their agents do after a reboot).
 pub fn clear_need_patch(node: &Node) -> serde_json::Value {
     let mut ann = serde_json::Map::new();
-    for key in [NEEDED_ANNOTATION, COREOS_NEEDED_ANNOTATION] {
+    for key in [
+        NEEDED_ANNOTATION,
+        NEEDED_BOOT_ANNOTATION,
+        COREOS_NEEDED_ANNOTATION,
+    ] {
         if annotation(node, key).is_some() {
             ann.insert(key.into(), serde_json::Value::Null);
         }

@@ -98,7 +98,10 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         return vec![Effect::PatchNode {
             node: n,
             resource_version: node.resource_version(),
-            patch: json!({"metadata": {"annotations": {NEEDED_ANNOTATION: s.now.to_string()}}}),
+            patch: json!({"metadata": {"annotations": {
+                NEEDED_ANNOTATION: s.now.to_string(),
+                NEEDED_BOOT_ANNOTATION: boot,
+            }}}),
         }];
     }
     Vec::new()

@@ -48,6 +48,22 @@ impl<'a> Decision<'a> {
             Some(e) if e.phase == phase => e.since.clone(),
             _ => Time(self.s.now),
         };
+        // The need is taken when the node is admitted and kept through the
+        // reboot that answers it.
+        let stamped = || {
+            self.s
+                .nodes
+                .iter()
+                .find(|n| n.name_any() == node)
+                .and_then(|n| crate::decide::maintenance::annotation(n, NEEDED_ANNOTATION))
+                .map(str::to_string)
+        };
+        let need = match self.prev(node) {
+            Some(e) if phase != RebootPhase::Draining || e.phase == RebootPhase::Draining => {
+                e.need.clone().or_else(stamped)
+            }
+            _ => stamped(),
+        };
         self.entries.insert(
             node.to_string(),
             NodeReboot {
@@ -55,6 +71,7 @@ impl<'a> Decision<'a> {
                 phase,
                 since,
                 boot_id_before: boot.map(str::to_string),
+                need,
                 message: Some(msg),
                 reason: reason.map(str::to_string),
             },

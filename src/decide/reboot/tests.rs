@@ -91,6 +91,7 @@ fn entry(name: &str, phase: RebootPhase, boot: &str, since: Timestamp) -> NodeRe
         phase,
         since: Time(since),
         boot_id_before: Some(boot.into()),
+        need: None,
         message: None,
         reason: None,
     }

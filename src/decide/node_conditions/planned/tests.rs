@@ -23,6 +23,7 @@ fn policy(name: &str, nodes: &[(&str, RebootPhase, Option<&str>)]) -> Arc<Reboot
                 phase: *phase,
                 since: Time(ts(0)),
                 boot_id_before: None,
+                need: None,
                 message: Some(format!("{n} waits 3m12s more")),
                 reason: reason.map(str::to_string),
             })

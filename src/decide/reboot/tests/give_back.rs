@@ -68,3 +68,55 @@ fn a_need_its_verified_reboot_served_never_reboots_the_node_again() {
     assert_eq!(created(&plan), ["a"]);
     assert!(!clears_need(&plan, "a"));
 }
+
+#[test]
+fn a_need_is_matched_by_its_stamp_not_by_the_clocks() {
+    // The reboot was admitted on the stamp 11:00 and verified at `now` by
+    // the cluster role's clock; the stamp reads 30 s after `now` (the
+    // stamping clock runs ahead). By time it looked newer than the
+    // reboot, and the node was rebooted again for it.
+    let ahead = now()
+        .checked_add(SignedDuration::from_secs(30))
+        .unwrap_or_default()
+        .to_string();
+    let mut e = entry("a", RebootPhase::Done, "b0", now());
+    e.need = Some(ahead.clone());
+    let p = with_entry(policy(1), e);
+    let a = annotate(node("a", "b1"), NEEDED_ANNOTATION, &ahead);
+    let plan = World::new(p.clone(), vec![a]).plan();
+    assert!(created(&plan).is_empty(), "a second reboot for one need");
+    assert!(clears_need(&plan, "a"));
+    // A stamp other than the one admitted is a new need, even one that
+    // reads earlier than the verification.
+    let earlier = now()
+        .checked_sub(SignedDuration::from_secs(30))
+        .unwrap_or_default()
+        .to_string();
+    let a = annotate(node("a", "b1"), NEEDED_ANNOTATION, &earlier);
+    let plan = World::new(p, vec![a]).plan();
+    assert_eq!(created(&plan), ["a"]);
+}
+
+#[test]
+fn a_need_stamped_in_an_earlier_boot_was_served_by_any_reboot_since() {
+    // `reboot-required` stamped the need in boot b0; the machine rebooted
+    // by itself (b1) before any policy admitted it: nothing to do but
+    // clear the need. No status entry, no clock involved.
+    let a = annotate(node("a", "b1"), NEEDED_BOOT_ANNOTATION, "b0");
+    let plan = World::new(policy(1), vec![a]).plan();
+    assert!(
+        created(&plan).is_empty(),
+        "rebooted again for a served need"
+    );
+    assert!(clears_need(&plan, "a"));
+    // Stamped in the current boot: a need.
+    let a = annotate(node("a", "b1"), NEEDED_BOOT_ANNOTATION, "b1");
+    let plan = World::new(policy(1), vec![a]).plan();
+    assert_eq!(created(&plan), ["a"]);
+    // After a failed command, the machine rebooted by itself: served,
+    // whatever the status entry says now.
+    let p = with_entry(policy(1), entry("a", RebootPhase::Waiting, "b0", now()));
+    let a = annotate(node("a", "b1"), NEEDED_BOOT_ANNOTATION, "b0");
+    let plan = World::new(p, vec![a]).plan();
+    assert!(created(&plan).is_empty());
+}

@@ -35,6 +35,7 @@ use crate::api::upgrade::UpgradePlan;
 use crate::decide::Outcome;
 
 mod faults;
+use faults::Fault;
 mod people;
 mod planned;
 mod upgrades;
@@ -74,6 +75,10 @@ struct World {
     /// later (the first one failed) carries out an admission made before,
     /// whose slot the record held meanwhile.
     admitted_now: std::collections::BTreeSet<String>,
+    /// How the world is unlike a test bench (`worlds/faults.rs`): store
+    /// lag, each actor's own clock, drains that never end, reboots nobody
+    /// asked for.
+    real: faults::RealWorld,
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -181,7 +186,9 @@ impl World {
             planned_writes: (0, 0),
             faults: faults::Faults::on(),
             admitted_now: Default::default(),
+            real: Default::default(),
         }
+        .with_real_world()
     }
 
     fn bump(&mut self) -> String {
@@ -309,6 +316,7 @@ impl World {
                     phase: Some(Phase::Running),
                     ..Default::default()
                 });
+                self.real.created_now.insert(m.name_any());
                 self.nms.push(m);
             }
             Effect::DeleteMaintenance { nm, uid } => {
@@ -395,17 +403,25 @@ impl World {
         self.admitted_now.clear();
         for e in effects {
             let fault = self.fault(e);
-            if fault != Some(false)
+            if fault != Some(Fault::Refused)
+                && fault != Some(Fault::Lost)
                 && let Err(why) = self.apply(who, e)
             {
                 self.trace.push(why);
                 return;
             }
-            if fault.is_some() {
+            // A create whose answer was lost, done on the server or not.
+            if matches!(fault, Some(Fault::Lost | Fault::AppliedLost))
+                && let Effect::CreateMaintenance { nm } = e
+            {
+                let mut m = (**nm).clone();
+                m.metadata.uid = Some(format!("tentative-{}", m.name_any()));
+                self.real.unanswered.push(m);
+            }
+            if let Some(f) = fault {
                 self.trace.push(format!(
-                    "{who}: {} failed (applied: {})",
+                    "{who}: {} failed ({f:?})",
                     crate::effects::describe(e),
-                    fault == Some(true)
                 ));
                 return;
             }
@@ -421,7 +437,7 @@ impl World {
             _ => self.policies[i].clone(),
         };
         let nodes = Self::arcs(&self.nodes);
-        let nms = Self::arcs(&self.nms);
+        let nms = self.seen_by_cluster();
         let policies = Self::arcs(&self.policies);
         let no_pods = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
         let plan = decide(&Snapshot {
@@ -430,12 +446,24 @@ impl World {
             maintenances: &nms,
             policies: &policies,
             pods_on: &no_pods,
-            now: self.now,
+            now: self.clock(faults::CLUSTER),
             remote: false,
             failing: None,
             alerts: None,
             gates_unlisted: None,
         });
+        if std::env::var("NODEKEEPER_WORLD_TRACE").is_ok() {
+            for e in &plan.effects {
+                if let Effect::WritePolicyStatus { status, .. } = e {
+                    for n in &status.nodes {
+                        self.trace.push(format!(
+                            "  {name} says {}: {:?} boot {:?} need {:?} at {}",
+                            n.name, n.phase, n.boot_id_before, n.need, self.now
+                        ));
+                    }
+                }
+            }
+        }
         self.check_liveness(&name, &plan);
         self.run(&format!("policy {name}"), &plan.effects);
     }
@@ -446,8 +474,8 @@ impl World {
         if self.down.contains_key(&n.name_any()) {
             return;
         }
-        let on: Vec<&NodeMaintenance> = self
-            .nms
+        let seen = self.seen_by_agents();
+        let on: Vec<&NodeMaintenance> = seen
             .iter()
             .filter(|m| m.spec.node_name == n.name_any())
             .collect();
@@ -457,7 +485,7 @@ impl World {
             maintenances: on,
             policies: &policies,
             host_needs: None,
-            now: self.now,
+            now: self.clock(&n.name_any()),
         });
         self.run(&format!("agent {}", n.name_any()), &effects);
         self.upgrade_agent(i);
@@ -466,7 +494,16 @@ impl World {
     /// What the rest of the cluster does in a step: drains finish, nodes
     /// are cordoned while held, machines come back, people act.
     fn settle(&mut self) {
-        for m in self.nms.iter_mut().filter(|m| !failed(m)) {
+        self.real.created_now.clear();
+        self.real.unanswered.clear();
+        self.reboot_out_of_band();
+        // A drain on a node whose pod never leaves Terminating never ends.
+        let stuck = self.real.stuck.clone();
+        for m in self
+            .nms
+            .iter_mut()
+            .filter(|m| !failed(m) && !stuck.contains(&m.spec.node_name))
+        {
             m.status = Some(NodeMaintenanceStatus {
                 phase: Some(Phase::Succeeded),
                 ..Default::default()
@@ -619,7 +656,17 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
                 .unwrap_or_default();
             panic!(
                 "world {seed} broke an invariant: {why}\nreplay: NODEKEEPER_WORLD_SEED={seed}\nlast steps: {:?}",
-                w.trace.iter().rev().take(8).rev().collect::<Vec<_>>()
+                w.trace
+                    .iter()
+                    .rev()
+                    .take(
+                        std::env::var("NODEKEEPER_WORLD_TRACE")
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(8)
+                    )
+                    .rev()
+                    .collect::<Vec<_>>()
             );
         }
         commands += w.commands.len();

@@ -6,6 +6,14 @@
 //! connection drops). A refused or unanswered effect ends its plan, as
 //! the executor does.
 //!
+//! The world is also unlike a test bench ([`RealWorld`]): a created
+//! NodeMaintenance reaches the agents' stores a step later (the cluster
+//! role reads its own creates through its mutation cache, those that timed
+//! out included, as the executor does); each process reads its own wall clock, up to 30 s off;
+//! a pod on some nodes never leaves Terminating, so their drains never
+//! end; and machines reboot now and then with no one asking (a kernel
+//! panic, a person at the console).
+//!
 //! Invariants checked here, never read from the product's status: a node
 //! whose reboot or upgrade the status calls finished (Done, or Settling
 //! past its settle time) is given back within a few passes whatever
@@ -34,6 +42,17 @@ pub(super) struct Faults {
     per_need: BTreeMap<(String, String), u32>,
 }
 
+/// How an effect failed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Fault {
+    /// The server refused it (409, 500, 403).
+    Refused,
+    /// No answer, and it did not happen.
+    Lost,
+    /// No answer, yet it happened.
+    AppliedLost,
+}
+
 const KINDS: [&str; 4] = [
     "409 conflict",
     "500 internal error",
@@ -51,9 +70,8 @@ impl Faults {
 }
 
 impl World {
-    /// Should `e` fail, and how? `Some(true)`: it happened on the server
-    /// but the client saw a timeout; `Some(false)`: refused.
-    pub(super) fn fault(&mut self, e: &Effect) -> Option<bool> {
+    /// Should `e` fail, and how?
+    pub(super) fn fault(&mut self, e: &Effect) -> Option<Fault> {
         // Events are fire-and-forget; host commands fail in their own ways
         // (`command_fails_yet_reboots`).
         if !self.faults.on || matches!(e, Effect::Event { .. } | Effect::RunHost { .. }) {
@@ -63,14 +81,18 @@ impl World {
         if roll < 7 {
             let kind = KINDS[self.rng.below(KINDS.len() as u64) as usize];
             *self.faults.refused.entry(kind).or_default() += 1;
-            Some(false)
+            Some(if kind == "timeout" {
+                Fault::Lost
+            } else {
+                Fault::Refused
+            })
         } else if roll < 9 {
             *self
                 .faults
                 .refused
                 .entry("applied, then timeout")
                 .or_default() += 1;
-            Some(true)
+            Some(Fault::AppliedLost)
         } else {
             None
         }
@@ -118,7 +140,10 @@ impl World {
             for e in p.status.iter().flat_map(|s| s.nodes.iter()) {
                 let finished = match e.phase {
                     RebootPhase::Done => true,
-                    RebootPhase::Settling => self.now.duration_since(e.since.0).as_secs() >= settle,
+                    // Past its settle time by the clock that wrote it.
+                    RebootPhase::Settling => {
+                        self.clock(CLUSTER).duration_since(e.since.0).as_secs() >= settle
+                    }
                     _ => false,
                 };
                 let ours = self.nms.iter().any(|m| {
@@ -167,5 +192,105 @@ impl World {
             "policy {policy}: {n} decisions in a row with nothing to do asked to run again within a second ({:?})",
             plan.then
         );
+    }
+}
+
+/// The cluster role's clock (every policy and plan pass reads it).
+pub(super) const CLUSTER: &str = "(cluster role)";
+/// The clock of whoever stamps a need by hand.
+pub(super) const PEOPLE: &str = "(people)";
+
+/// What makes the worlds unlike a test bench (see the module's doc).
+#[derive(Default, Debug)]
+pub(super) struct RealWorld {
+    /// Each process's clock offset from the world's time.
+    skew: BTreeMap<String, SignedDuration>,
+    /// Nodes whose drains never end.
+    pub stuck: std::collections::BTreeSet<String>,
+    /// NodeMaintenances created in this step: not yet in any store.
+    pub created_now: std::collections::BTreeSet<String>,
+    /// NodeMaintenances whose create the cluster role saw time out (done
+    /// on the server or not): the executor reads them as existing until
+    /// its store shows them (`FreshCache::remember_created`), here for the
+    /// rest of the step. Without that, a plan's create that timed out yet
+    /// happened was unseen by a policy deciding next, which took the same
+    /// node (world 366).
+    pub unanswered: Vec<NodeMaintenance>,
+}
+
+impl World {
+    /// Give the world its clocks and its stuck drains.
+    pub(super) fn with_real_world(mut self) -> World {
+        let mut actors: Vec<String> = self.nodes.iter().map(|n| n.name_any()).collect();
+        actors.extend([CLUSTER.to_string(), PEOPLE.to_string()]);
+        for a in actors {
+            let skew = self.rng.below(61) as i64 - 30;
+            self.real.skew.insert(a, SignedDuration::from_secs(skew));
+        }
+        for n in &self.nodes {
+            if self.rng.chance(10) {
+                self.real.stuck.insert(n.name_any());
+                *self
+                    .faults
+                    .refused
+                    .entry("nodes whose drains never end")
+                    .or_default() += 1;
+            }
+        }
+        self
+    }
+
+    /// What process `actor` reads as now.
+    pub(super) fn clock(&self, actor: &str) -> Timestamp {
+        let skew = self.real.skew.get(actor).copied().unwrap_or_default();
+        self.now.checked_add(skew).unwrap_or(self.now)
+    }
+
+    /// The NodeMaintenances the cluster role's decisions read: its store
+    /// plus what it created and saw answered.
+    pub(super) fn seen_by_cluster(&self) -> Vec<Arc<NodeMaintenance>> {
+        let stored = |name: &str| self.nms.iter().any(|m| m.name_any() == name);
+        let tentative = self
+            .real
+            .unanswered
+            .iter()
+            .filter(|m| !stored(&m.name_any()));
+        self.nms
+            .iter()
+            .chain(tentative)
+            .cloned()
+            .map(Arc::new)
+            .collect()
+    }
+
+    /// The NodeMaintenances a node agent's store holds: none created in
+    /// this step.
+    pub(super) fn seen_by_agents(&self) -> Vec<NodeMaintenance> {
+        let hidden = &self.real.created_now;
+        self.nms
+            .iter()
+            .filter(|m| !hidden.contains(&m.name_any()))
+            .cloned()
+            .collect()
+    }
+
+    /// Now and then a machine that is up reboots with no one asking.
+    pub(super) fn reboot_out_of_band(&mut self) {
+        if !self.faults.on {
+            return;
+        }
+        for i in 0..self.nodes.len() {
+            let name = self.nodes[i].name_any();
+            if self.down.contains_key(&name) || !self.rng.chance(2) {
+                continue;
+            }
+            *self
+                .faults
+                .refused
+                .entry("rebooted out of band")
+                .or_default() += 1;
+            self.trace.push(format!("{name}: rebooted out of band"));
+            self.down.insert(name, 1);
+        }
     }
 }

@@ -10,12 +10,20 @@ impl World {
         // Someone asks for a reboot of a node.
         if self.rng.chance(20) {
             let i = self.rng.below(self.nodes.len() as u64) as usize;
-            let stamp = self.now.to_string();
+            // Stamped by the person's own clock (`reboot-required`).
+            let stamp = self.clock(super::faults::PEOPLE).to_string();
             let n = &mut self.nodes[i];
-            n.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(NEEDED_ANNOTATION.into(), stamp);
+            let boot = boot_id(n).map(str::to_string);
+            let a = n.metadata.annotations.get_or_insert_with(Default::default);
+            a.insert(NEEDED_ANNOTATION.into(), stamp);
+            // As `reboot-required` does, with the boot the need is stamped
+            // in. (A hand-written annotation without it is compared by the
+            // clocks; with skewed clocks and reboots nobody asked for that
+            // cannot promise one reboot per need, and the unit tests
+            // cover it.)
+            if let Some(boot) = boot {
+                a.insert(crate::api::reboot::NEEDED_BOOT_ANNOTATION.into(), boot);
+            }
         }
         // A person pauses or unpauses a node's reboots, or withdraws its
         // need (`reboot-required --clear`).

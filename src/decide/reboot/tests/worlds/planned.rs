@@ -73,7 +73,12 @@ impl World {
 
     fn planned_effects(&self) -> Vec<Effect> {
         let wanted = planned::planned(&Self::arcs(&self.policies), &Self::arcs(&self.plans), &[]);
-        planned::effects(&Self::arcs(&self.nodes), &wanted, &|_| false, self.now)
+        planned::effects(
+            &Self::arcs(&self.nodes),
+            &wanted,
+            &|_| false,
+            self.clock(super::faults::CLUSTER),
+        )
     }
 
     /// Now and then an administrator plans work on a node themselves, or

@@ -61,7 +61,7 @@ impl World {
             _ => self.plans[i].clone(),
         };
         let nodes = Self::arcs(&self.nodes);
-        let nms = Self::arcs(&self.nms);
+        let nms = self.seen_by_cluster();
         let plans = Self::arcs(&self.plans);
         let no_pods = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
         let plan = upgrade::decide(&upgrade::Snapshot {
@@ -71,7 +71,7 @@ impl World {
             jobs: &Default::default(),
             job_errors: &Default::default(),
             pods_on: &no_pods,
-            now: self.now,
+            now: self.clock(super::faults::CLUSTER),
             plans: &plans,
             failing: None,
             alerts: None,
@@ -103,11 +103,8 @@ impl World {
             }
         }
         let n = self.nodes[i].clone();
-        let on: Vec<&NodeMaintenance> = self
-            .nms
-            .iter()
-            .filter(|m| m.spec.node_name == name)
-            .collect();
+        let seen = self.seen_by_agents();
+        let on: Vec<&NodeMaintenance> = seen.iter().filter(|m| m.spec.node_name == name).collect();
         let effects = upgrade_node::decide(&upgrade_node::Snapshot {
             node: &n,
             maintenances: on,
