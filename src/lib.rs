@@ -23,7 +23,17 @@
 //! maintenance's finalizer and lease, so the cordon waits two round trips,
 //! not three), each outcome into the mutation cache and the feature's hook
 //! (per-node memory, metrics, a follow-up), the first error ending the
-//! plan. No feature performs effects on its own.
+//! plan; a hook before each effect lets a feature skip it or carry it out
+//! itself (replacement's background instance deletes). A create whose
+//! answer was lost (a timeout, a 5xx) is read as existing until the store
+//! shows it, so a second feature never takes the node meanwhile. No
+//! feature performs effects on its own.
+//!
+//! **One reboot per need, no clock read.** A need carries the boot it was
+//! stamped in (`reboot-needed-boot`) and the policy's status the stamp each
+//! reboot answers: a need from an earlier boot, or the stamp a verified
+//! reboot answered, is served, whoever rebooted the machine and however
+//! far the stampers' clocks are from the cluster role's.
 //!
 //! **The give-back rule.** A plan may record "given back" (Settling, Done,
 //! Failed) before the writes that give the node back, and any of those may
