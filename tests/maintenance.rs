@@ -385,63 +385,77 @@ fn mirror_pods_are_left_alone() {
 
 #[test]
 fn a_pod_stuck_terminating_leaves_the_agent_idle() {
-    // A pod held by a finalizer stays Terminating after its eviction. Once
-    // its grace + 30 s had passed, the agent requeued the node at 0 ms for
-    // as long as the pod stayed: 0.19 cores (debug build) with no log line.
-    block_on(async {
-        const HOLD: &str = "nodekeeper.test/hold";
-        let mut w = world("stuck", &["a"]).await;
-        let a = w.nodes[0].clone();
-        let pod = bound_pod(&w, "held", &a, |p| {
-            p.metadata.finalizers = Some(vec![HOLD.into()]);
-            if let Some(spec) = p.spec.as_mut() {
-                spec.termination_grace_period_seconds = Some(0);
-            }
-        })
-        .await;
-        w.start_agents();
-        let name = w.nm_name("m");
-        w.maintain(&name, &a).await;
-        let pods: Api<Pod> = Api::namespaced(w.env.client.clone(), &w.env.ns);
-        let evicted = wait_for("the pod is Terminating", LONG, || async {
-            pods.get_opt(&pod.name_any())
-                .await
-                .ok()
-                .flatten()
-                .filter(|p| p.metadata.deletion_timestamp.is_some())
-        })
-        .await;
-        // Past its retry time (grace 0 + 30 s), then 5 s of the agent's CPU.
-        let since = evicted
-            .metadata
-            .deletion_timestamp
-            .map(|t| t.0)
-            .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
-        let past = since
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(32))
-            .unwrap_or(since);
-        let wait = past.duration_since(k8s_openapi::jiff::Timestamp::now());
-        smol::Timer::after(Duration::try_from(wait).unwrap_or_default()).await;
-        let used = support::cores_used(
-            w.agents[0].child.id(),
-            Duration::from_secs(5),
-            "by the node agent beside a pod stuck Terminating",
-        )
-        .await;
-        // Let it go before asserting: the namespace's deletion waits on it.
-        pods.patch(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("remove the finalizer");
-        assert!(
-            used < 0.05,
-            "the agent used {used:.3} cores beside a pod stuck Terminating"
-        );
-        w.wait_phase(&name, Phase::Succeeded).await;
+    block_on(stuck_terminating_leaves_nodekeeper_idle("stuck", false))
+}
+
+#[test]
+fn a_pod_stuck_terminating_leaves_the_cluster_role_idle() {
+    block_on(stuck_terminating_leaves_nodekeeper_idle("stuck-cr", true))
+}
+
+/// A pod held by a finalizer stays Terminating after its eviction. Once
+/// its grace + 30 s had passed, the drain requeued the node at 0 ms for as
+/// long as the pod stayed: 0.19 cores (debug build) with no log line. The
+/// node agent drains, or (`cluster`) the cluster role without agents.
+async fn stuck_terminating_leaves_nodekeeper_idle(prefix: &str, cluster: bool) {
+    const HOLD: &str = "nodekeeper.test/hold";
+    let mut w = world(prefix, &["a"]).await;
+    let a = w.nodes[0].clone();
+    let pod = bound_pod(&w, "held", &a, |p| {
+        p.metadata.finalizers = Some(vec![HOLD.into()]);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.termination_grace_period_seconds = Some(0);
+        }
     })
+    .await;
+    let (pid, who, _cluster_agent) = if cluster {
+        let agent = w.start_cluster_agent();
+        (agent.child.id(), "by the cluster role", Some(agent))
+    } else {
+        w.start_agents();
+        (w.agents[0].child.id(), "by the node agent", None)
+    };
+    let name = w.nm_name("m");
+    w.maintain(&name, &a).await;
+    let pods: Api<Pod> = Api::namespaced(w.env.client.clone(), &w.env.ns);
+    let evicted = wait_for("the pod is Terminating", LONG, || async {
+        pods.get_opt(&pod.name_any())
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    // Past its retry time (grace 0 + 30 s), then 5 s of the process's CPU.
+    let since = evicted
+        .metadata
+        .deletion_timestamp
+        .map(|t| t.0)
+        .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+    let past = since
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(32))
+        .unwrap_or(since);
+    let wait = past.duration_since(k8s_openapi::jiff::Timestamp::now());
+    smol::Timer::after(Duration::try_from(wait).unwrap_or_default()).await;
+    let used = support::cores_used(
+        pid,
+        Duration::from_secs(5),
+        &format!("{who} beside a pod stuck Terminating"),
+    )
+    .await;
+    // Let it go before asserting: the namespace's deletion waits on it.
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("remove the finalizer");
+    assert!(
+        used < 0.05,
+        "{who}: {used:.3} cores beside a pod stuck Terminating"
+    );
+    w.wait_phase(&name, Phase::Succeeded).await;
 }
 
 #[test]
