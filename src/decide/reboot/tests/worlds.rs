@@ -79,6 +79,8 @@ struct World {
     /// lag, each actor's own clock, drains that never end, reboots nobody
     /// asked for.
     real: faults::RealWorld,
+    /// `NODEKEEPER_WORLD_TRACE` is set: every status entry is traced.
+    verbose: bool,
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -187,6 +189,7 @@ impl World {
             faults: faults::Faults::on(),
             admitted_now: Default::default(),
             real: Default::default(),
+            verbose: std::env::var("NODEKEEPER_WORLD_TRACE").is_ok(),
         }
         .with_real_world()
     }
@@ -452,7 +455,7 @@ impl World {
             alerts: None,
             gates_unlisted: None,
         });
-        if std::env::var("NODEKEEPER_WORLD_TRACE").is_ok() {
+        if self.verbose {
             for e in &plan.effects {
                 if let Effect::WritePolicyStatus { status, .. } = e {
                     for n in &status.nodes {
@@ -474,11 +477,7 @@ impl World {
         if self.down.contains_key(&n.name_any()) {
             return;
         }
-        let seen = self.seen_by_agents();
-        let on: Vec<&NodeMaintenance> = seen
-            .iter()
-            .filter(|m| m.spec.node_name == n.name_any())
-            .collect();
+        let on = self.seen_by_agents(&n.name_any());
         let policies = Self::arcs(&self.policies);
         let effects = node::decide(&node::Snapshot {
             node: &n,

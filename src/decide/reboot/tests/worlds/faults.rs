@@ -265,12 +265,11 @@ impl World {
 
     /// The NodeMaintenances a node agent's store holds: none created in
     /// this step.
-    pub(super) fn seen_by_agents(&self) -> Vec<NodeMaintenance> {
+    pub(super) fn seen_by_agents(&self, node: &str) -> Vec<&NodeMaintenance> {
         let hidden = &self.real.created_now;
         self.nms
             .iter()
-            .filter(|m| !hidden.contains(&m.name_any()))
-            .cloned()
+            .filter(|m| m.spec.node_name == node && !hidden.contains(&m.name_any()))
             .collect()
     }
 

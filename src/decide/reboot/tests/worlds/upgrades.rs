@@ -103,8 +103,7 @@ impl World {
             }
         }
         let n = self.nodes[i].clone();
-        let seen = self.seen_by_agents();
-        let on: Vec<&NodeMaintenance> = seen.iter().filter(|m| m.spec.node_name == name).collect();
+        let on = self.seen_by_agents(&name);
         let effects = upgrade_node::decide(&upgrade_node::Snapshot {
             node: &n,
             maintenances: on,
