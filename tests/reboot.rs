@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec};
 use nodekeeper::api::reboot::{RebootPhase, RebootPolicy};
 use serde_json::json;
 use support::machines::*;
@@ -765,15 +766,40 @@ fn a_give_back_refused_for_a_while_is_given_once_it_is_allowed() {
         (env, names, fleet)
     });
     let a = &names[0];
+    // The refusal also covers a probe, whose refused delete says the
+    // admission policy is in force (it takes a moment after its creation).
+    let probe = format!("probe-{}", env.id);
     let refusal = support::Refusal::install(
         &format!("{}-give-back", env.id),
         json!([{
-            "apiGroups": ["nodekeeper.io"], "apiVersions": ["*"],
+            "apiGroups": ["nodemaintenance.medik8s.io"], "apiVersions": ["*"],
             "operations": ["DELETE"], "resources": ["nodemaintenances"],
         }]),
-        &format!("oldObject.metadata.name != 'reboot-{a}'"),
+        &format!("!(oldObject.metadata.name in ['reboot-{a}', '{probe}'])"),
         "give-backs refused by the test",
     );
+    let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+    block_on(async {
+        let spec = NodeMaintenanceSpec {
+            node_name: format!("nowhere-{}", env.id),
+            reason: Some("probe".into()),
+        };
+        wait_for("the refusal in force", LONG, || async {
+            // (Re)created: a delete before the policy was in force worked.
+            let _ = nms
+                .create(
+                    &PostParams::default(),
+                    &NodeMaintenance::new(&probe, spec.clone()),
+                )
+                .await;
+            let refused = nms
+                .delete(&probe, &DeleteParams::default())
+                .await
+                .is_err_and(|e| e.to_string().contains("refused by the test"));
+            refused.then_some(())
+        })
+        .await;
+    });
     block_on(create_policy(
         &env,
         &fleet,
@@ -810,6 +836,12 @@ fn a_give_back_refused_for_a_while_is_given_once_it_is_allowed() {
     block_on(wait_for("a given back", LONG, || async {
         settled(&env.client, &names).await.then_some(())
     }));
+    block_on(async {
+        wait_for("the probe deleted", LONG, || async {
+            nms.delete(&probe, &DeleteParams::default()).await.ok()
+        })
+        .await;
+    });
     assert_eq!(
         fleet.commands(a),
         1,
