@@ -836,15 +836,9 @@ fn an_overdue_donor_drain_is_reported_and_leaves_the_cluster_role_idle() {
             "the donor's drain overdue",
             LIMIT,
             |v| {
-                v["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| {
-                        c["message"]
-                            .as_str()
-                            .is_some_and(|m| m.contains("is overdue"))
-                    })
+                v["status"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("is overdue"))
             },
         )
         .await;
