@@ -13,6 +13,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec};
 use nodekeeper::api::reboot::{RebootPhase, RebootPolicy};
 use serde_json::json;
+use support::machines::cluster_role_args;
 use support::machines::*;
 use support::{TestEnv, block_on, install_agent_identity, install_crds, wait_for};
 
@@ -848,4 +849,200 @@ fn a_give_back_refused_for_a_while_is_given_once_it_is_allowed() {
         "rebooted once\n{}",
         cluster.log_text()
     );
+}
+
+/// A blocking-pod gate whose pods the cluster role may not list holds up
+/// its own policy only, which says why, and the cluster role stays idle
+/// beside it; another policy's node is rebooted meanwhile. (One such gate
+/// stopped every reboot and upgrade in the cluster, and its pass waited
+/// 5 s for it every time.) The cluster role runs with the shipped
+/// cluster ClusterRole's rules except that it may read pods in the test's
+/// namespace only; node agents drain their own nodes.
+#[test]
+fn a_gate_that_cannot_list_holds_up_only_its_own_policy_and_leaves_the_cluster_role_idle() {
+    install_crds();
+    install_agent_identity();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-unlisted").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), Some(&[]));
+        (env, names, fleet)
+    });
+    let (good, bad) = (&names[0], &names[1]);
+    let limited = format!("{}-limited", env.id);
+    let _cleanup = support::Cleanup(vec![
+        ("clusterrole", limited.clone()),
+        ("clusterrolebinding", limited.clone()),
+    ]);
+    let kubeconfig = limited_identity(&env, &limited);
+    for n in &names {
+        fleet.start_agent(n);
+    }
+    // Two policies, one node each; the bad one's gate reads every
+    // namespace's pods, which the identity may not list.
+    let policies: Api<RebootPolicy> = Api::all(env.client.clone());
+    block_on(async {
+        for (node, name, namespace) in [
+            (good, env.id.clone(), Some(env.ns.clone())),
+            (bad, format!("{}-bad", env.id), None),
+        ] {
+            Api::<Node>::all(env.client.clone())
+                .patch(
+                    node,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"labels": {"nodekeeper.test/policy": name}}}),
+                    ),
+                )
+                .await
+                .expect("labelling the node");
+            let mut gate = json!({"selector": {"matchLabels": {"app": "never"}}});
+            if let Some(ns) = namespace {
+                gate["namespace"] = json!(ns);
+            }
+            let spec = json!({
+                "nodeSelector": {"matchLabels": {
+                    support::GROUP_LABEL: env.id,
+                    "nodekeeper.test/policy": name,
+                }},
+                "reboot": {"command": fleet.reboot_command()},
+                "detect": {"periodSeconds": 5},
+                "gates": {"blockingPods": [gate]},
+            });
+            let p = RebootPolicy::new(&name, serde_json::from_value(spec).expect("a policy spec"));
+            policies
+                .create(&PostParams::default(), &p)
+                .await
+                .expect("creating a policy");
+        }
+    });
+    let _bad_policy = support::Cleanup(vec![("rebootpolicy", format!("{}-bad", env.id))]);
+    let args = cluster_role_args(&env, &["--node-agents"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cluster = support::Agent::start_with(
+        std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
+        &kubeconfig,
+        "nodekeeper=info,warn",
+        &args,
+    );
+    block_on(async {
+        annotate(
+            &env.client,
+            good,
+            "nodekeeper.io/reboot-needed",
+            Some("now"),
+        )
+        .await;
+        annotate(&env.client, bad, "nodekeeper.io/reboot-needed", Some("now")).await;
+    });
+    fleet.serve(&names[..1], LONG, || {
+        block_on(settled(&env.client, &names[..1]))
+    });
+    let bad_policy = format!("{}-bad", env.id);
+    let why = block_on(wait_phase(
+        &env.client,
+        &bad_policy,
+        bad,
+        RebootPhase::Waiting,
+    ));
+    assert!(why.contains("not listed"), "{why}\n{}", cluster.log_text());
+    let used = block_on(support::cores_used(
+        cluster.child.id(),
+        Duration::from_secs(10),
+        "by the cluster role beside a gate that cannot list",
+    ));
+    assert!(
+        used < 0.05,
+        "the cluster role used {used:.3} cores\n{}",
+        cluster.log_text()
+    );
+    assert_eq!(fleet.commands(bad), 0, "the bad policy's node was taken");
+    assert_eq!(fleet.commands(good), 1);
+}
+
+/// A service account `name` in the test's namespace bound to the shipped
+/// cluster role's rules minus every pod permission, plus reading pods in
+/// the test's namespace; its kubeconfig.
+fn limited_identity(env: &TestEnv, name: &str) -> std::path::PathBuf {
+    let (status, yaml, err) =
+        support::run_cli(&["manifests", "--for", "deployment", "--node-agents"], &[]);
+    assert!(status.success(), "manifests --for deployment: {err}");
+    let out = support::kubectl(
+        &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+        Some(&yaml),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One JSON object per manifest, one after another.
+    let items: Vec<serde_json::Value> = serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter()
+        .map(|o| o.expect("JSON"))
+        .collect();
+    let role = items
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole")
+        .expect("the cluster role's ClusterRole");
+    let rules: Vec<serde_json::Value> = role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let mut r = r.clone();
+            let kept: Vec<serde_json::Value> = r["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|x| !x.as_str().is_some_and(|x| x.starts_with("pods")))
+                .cloned()
+                .collect();
+            (!kept.is_empty()).then(|| {
+                r["resources"] = json!(kept);
+                r
+            })
+        })
+        .collect();
+    support::apply(&json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": env.ns},
+    }));
+    support::apply(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": name}, "rules": rules,
+    }));
+    support::apply(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": env.ns}],
+    }));
+    // The shipped Roles (the leader Lease's namespace) into the test's
+    // namespace, plus its pods.
+    let mut namespaced: Vec<serde_json::Value> = items
+        .iter()
+        .filter(|o| o["kind"] == "Role")
+        .flat_map(|o| o["rules"].as_array().cloned().unwrap_or_default())
+        .collect();
+    namespaced
+        .push(json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}));
+    support::apply(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": name, "namespace": env.ns},
+        "rules": namespaced,
+    }));
+    support::apply(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": env.ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": env.ns}],
+    }));
+    let out = support::kubectl(&["create", "token", name, "-n", &env.ns], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    support::kubeconfig_with_token(String::from_utf8_lossy(&out.stdout).trim())
 }

@@ -71,6 +71,14 @@ pub async fn client() -> Client {
 /// A kube client for the test cluster that authenticates with `token` (a
 /// service account's) instead of the admin's.
 pub async fn client_with_token(token: &str) -> Client {
+    let path = kubeconfig_with_token(token);
+    let client = client_from(&path).await;
+    let _ = std::fs::remove_file(&path);
+    client
+}
+
+/// A kubeconfig for the test cluster that authenticates with `token`.
+pub fn kubeconfig_with_token(token: &str) -> PathBuf {
     let admin = std::fs::read_to_string(cluster()).expect("kubeconfig");
     let text: String = admin
         .lines()
@@ -85,9 +93,7 @@ pub async fn client_with_token(token: &str) -> Client {
         .join("\n");
     let path = scratch().join(format!("nk-token-kubeconfig-{:x}", rand_u64()));
     std::fs::write(&path, text).expect("write kubeconfig");
-    let client = client_from(&path).await;
-    let _ = std::fs::remove_file(&path);
-    client
+    path
 }
 
 /// A kube client for the test cluster from any kubeconfig (another identity's).
