@@ -79,7 +79,7 @@ pub async fn execute(
     ctx: &Context,
     who: &str,
     plan: Plan,
-    after: impl FnMut(&Effect, &Outcome) -> After,
+    after: impl FnMut(&Effect, &Outcome) -> After + Send,
 ) -> Result<Then> {
     run(ctx, who, plan, &mut AfterOnly(after)).await
 }
@@ -90,7 +90,16 @@ pub async fn execute(
 /// of provider calls in a row runs at once (each is a process that may
 /// take seconds, and a plan puts calls in a row only when none needs
 /// another's answer), their outcomes taken in order.
-pub async fn run(ctx: &Context, who: &str, plan: Plan, hooks: &mut impl Hooks) -> Result<Then> {
+///
+/// The hooks are a trait object: one copy of this state machine in the
+/// binary for every feature, not one per closure (the static binary's
+/// size budget is 8 MiB).
+pub async fn run(
+    ctx: &Context,
+    who: &str,
+    plan: Plan,
+    hooks: &mut (dyn Hooks + Send),
+) -> Result<Then> {
     let mut together = plan.together;
     let mut note = plan.note;
     let mut then = plan.then;

@@ -253,7 +253,7 @@ pub async fn pass(ctx: &Context, m: &MutexStores) -> Option<Duration> {
 /// Perform one object's effects; a Job the API server refuses is recorded
 /// for as long as that object exists, so its next decision fails the step
 /// instead of creating the Job again.
-async fn perform<K: kube::Resource<DynamicType = ()>>(
+async fn perform<K: kube::Resource<DynamicType = ()> + Sync>(
     ctx: &Context,
     kind: &str,
     owner: &K,
