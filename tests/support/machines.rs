@@ -192,13 +192,18 @@ impl Fleet {
         if let Some(mut a) = self.agents.lock().unwrap().remove(node) {
             let _ = a.child.kill();
             let _ = a.child.wait();
-            self.past_logs
-                .lock()
-                .unwrap()
-                .entry(node.to_string())
-                .or_default()
-                .push_str(&a.log_text());
+            self.keep_log(node, &a);
         }
+    }
+
+    /// Keep a stopped agent's log with the node's earlier ones.
+    fn keep_log(&self, node: &str, a: &Agent) {
+        self.past_logs
+            .lock()
+            .unwrap()
+            .entry(node.to_string())
+            .or_default()
+            .push_str(&a.log_text());
     }
 
     /// SIGTERM a node's agent (it is stopped, as systemd or the kubelet
@@ -207,12 +212,7 @@ impl Fleet {
         let mut a = self.agents.lock().unwrap().remove(node)?;
         a.signal("TERM");
         let status = a.wait_exit(Duration::from_secs(30));
-        self.past_logs
-            .lock()
-            .unwrap()
-            .entry(node.to_string())
-            .or_default()
-            .push_str(&a.log_text());
+        self.keep_log(node, &a);
         Some(status)
     }
 

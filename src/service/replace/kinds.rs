@@ -48,19 +48,9 @@ pub(super) async fn joining(
     let acted = !effects.is_empty();
     let plan = crate::decide::Plan::steps(effects);
     executor::execute(ctx, "replace", plan, |e, outcome| {
-        if let (
-            Effect::PatchObject { name, .. },
-            Outcome::ObjectWritten {
-                kind,
-                resource_version,
-                ..
-            },
-        ) = (e, outcome)
-        {
+        if let (Effect::PatchObject { name, .. }, Outcome::ObjectWritten { .. }) = (e, outcome) {
             log::info!("JoiningNode {name}: had no deadline; given one (48 h from its creation)");
-            expect
-                .written
-                .push((*kind, name.clone(), resource_version.clone()));
+            expect.written_by(outcome);
         }
         if let Effect::DeleteObject { kind, name, .. } = e {
             log::info!(
@@ -101,19 +91,11 @@ pub(super) async fn groups(
         .any(|e| matches!(e, Effect::WriteObjectStatus { .. }));
     let plan = crate::decide::Plan::steps(effects);
     executor::execute(ctx, "replace", plan, |e, outcome| {
-        if let (
-            Effect::WriteObjectStatus { name, .. },
-            Outcome::ObjectWritten {
-                kind,
-                resource_version,
-                ..
-            },
-        ) = (e, outcome)
+        if let (Effect::WriteObjectStatus { name, .. }, Outcome::ObjectWritten { .. }) =
+            (e, outcome)
         {
             log::info!("ScalingGroup {name}: the NodeVersion it names is reported");
-            expect
-                .written
-                .push((*kind, name.clone(), resource_version.clone()));
+            expect.written_by(outcome);
         }
         After::Go
     })
@@ -220,18 +202,8 @@ async fn strategy(
     }
     let plan = crate::decide::Plan::steps(effects);
     executor::execute(ctx, "replace", plan, |e, outcome| {
-        if let (
-            Effect::WriteObjectStatus { .. },
-            Outcome::ObjectWritten {
-                kind,
-                name,
-                resource_version,
-            },
-        ) = (e, outcome)
-        {
-            expect
-                .written
-                .push((*kind, name.clone(), resource_version.clone()));
+        if matches!(e, Effect::WriteObjectStatus { .. }) {
+            expect.written_by(outcome);
         }
         After::Go
     })

@@ -229,6 +229,21 @@ struct Expect {
     maintenances: Vec<String>,
 }
 
+impl Expect {
+    /// Wait for the watch to show an object the server stored for us.
+    fn written_by(&mut self, outcome: &crate::decide::Outcome) {
+        if let crate::decide::Outcome::ObjectWritten {
+            kind,
+            name,
+            resource_version,
+        } = outcome
+        {
+            self.written
+                .push((*kind, name.clone(), resource_version.clone()));
+        }
+    }
+}
+
 fn store_of(r: &Replace, kind: Kind) -> Option<&Store<DynamicObject>> {
     Some(match kind {
         Kind::NodeVersion => &r.stores.versions,

@@ -185,18 +185,7 @@ impl Hooks for Round<'_, '_> {
     fn after(&mut self, effect: &Effect, outcome: &Outcome) -> After {
         self.acted |= !matches!(effect, Effect::Event { .. });
         match (effect, outcome) {
-            (
-                _,
-                Outcome::ObjectWritten {
-                    kind,
-                    name,
-                    resource_version,
-                },
-            ) => {
-                self.expect
-                    .written
-                    .push((*kind, name.clone(), resource_version.clone()));
-            }
+            (_, Outcome::ObjectWritten { .. }) => self.expect.written_by(outcome),
             (Effect::CreateMaintenance { .. }, Outcome::MaintenanceWritten(m)) => {
                 self.expect.maintenances.push(m.name_any())
             }
