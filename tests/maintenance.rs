@@ -766,12 +766,18 @@ fn delete_and_sigterm_together_finish_exactly_once() {
             let mut logs = agent.log_text();
             if w.nms().get_opt(&name).await.ok().flatten().is_some() {
                 // The shutdown came first: the next agent finishes it.
-                let next = Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]);
+                let mut next = Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]);
                 wait_for("NodeMaintenance gone", LONG, || async {
                     w.nms().get_opt(&name).await.ok()?.is_none().then_some(())
                 })
                 .await;
                 expect_events(&w.env, &name, "RemovedMaintenance", 1).await;
+                // The plan's "removed" line is logged once its last effect
+                // (the event) is written: stop the agent and read its whole
+                // log, never a log it may still be writing.
+                next.signal("TERM");
+                let status = next.wait_exit(Duration::from_secs(20));
+                assert!(status.success(), "round {round}: next agent exit {status}");
                 logs.push_str(&next.log_text());
             } else {
                 expect_events(&w.env, &name, "RemovedMaintenance", 1).await;
