@@ -199,10 +199,27 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
             .expect("uncordon cp2");
         create(&cp_nm, &cp[0]).expect("cp1 is admitted once cp2 is back");
 
-        // 4. A restart brings a new CA, which replaces the old one in the
-        // bundle (same identity), and the webhook works with it.
+        // 4. Stopped, an instance takes its CA out of the bundle (a
+        // Deployment's replicas are a new identity with every pod: each
+        // rollout left a CA behind for 30 days). A restart brings a new
+        // CA, and the webhook works with it.
         agent.signal("TERM");
-        agent.wait_exit(Duration::from_secs(20));
+        let status = agent.wait_exit(Duration::from_secs(20));
+        assert!(status.success(), "exit {status}:\n{}", agent.log_text());
+        configs
+            .get(CONFIGURATION)
+            .await
+            .expect("the webhook configuration is still there");
+        let (withdrawn, owners) = ca_bundle(&configs).await;
+        assert!(
+            pem_blocks(&withdrawn).is_empty(),
+            "the stopped instance's CA is withdrawn: {withdrawn}\n{}",
+            agent.log_text()
+        );
+        assert!(
+            !owners.as_deref().is_some_and(|o| o.contains(&worker)),
+            "the owner list no longer names the stopped instance: {owners:?}"
+        );
         let mut agent = serve(&worker);
         let second_bundle = wait_for("the new CA in the caBundle", LONG, || async {
             let (b, _) = ca_bundle(&configs).await;

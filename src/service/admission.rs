@@ -126,9 +126,40 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A serving webhook: what [`Webhook::withdraw`] needs at shutdown.
+pub struct Webhook {
+    state: Arc<State>,
+}
+
+impl Webhook {
+    /// Take our CAs out of the caBundle as we stop. An instance's CA
+    /// otherwise stayed until it expired (30 days), and a Deployment's
+    /// replicas are a new identity with every pod, so each rollout left
+    /// one more CA behind. A crash still leaves it, for its lifetime.
+    pub async fn withdraw(&self) {
+        lock(&self.state.mine).clear();
+        match crate::runtime::timeout(WITHDRAW_LIMIT, certs::withdraw(&self.state)).await {
+            Ok(Ok(true)) => {
+                log::info!("admission: our CA is out of the caBundle of {CONFIGURATION}")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => log::warn!(
+                "admission: {e}; our CA stays in the caBundle of {CONFIGURATION} until it expires"
+            ),
+            Err(()) => log::warn!(
+                "admission: no answer within {} s; our CA stays in the caBundle of {CONFIGURATION} until it expires",
+                WITHDRAW_LIMIT.as_secs()
+            ),
+        }
+    }
+}
+
+/// How long a stopping instance tries to take its CA out of the bundle.
+const WITHDRAW_LIMIT: Duration = Duration::from_secs(5);
+
 /// Bind now (a taken port is a start-up error), then serve, keep the
 /// caBundle and rotate in the background for the life of the process.
-pub async fn serve(config: Config, client: Client) -> Result<SocketAddr> {
+pub async fn serve(config: Config, client: Client) -> Result<(SocketAddr, Webhook)> {
     let issued = issue(&config, Timestamp::now())?;
     let listener = TcpListener::bind(config.address)
         .await
@@ -153,8 +184,8 @@ pub async fn serve(config: Config, client: Client) -> Result<SocketAddr> {
     });
     crate::runtime::spawn(accept(listener, state.clone())).detach();
     crate::runtime::spawn(publish(state.clone(), kicked)).detach();
-    crate::runtime::spawn(rotate(state, issued.not_before, issued.not_after)).detach();
-    Ok(bound)
+    crate::runtime::spawn(rotate(state.clone(), issued.not_before, issued.not_after)).detach();
+    Ok((bound, Webhook { state }))
 }
 
 async fn accept(listener: TcpListener, state: Arc<State>) {

@@ -130,9 +130,10 @@ pub async fn run(
     }
     // The webhook reads the API server, not our stores: a standby replica
     // and an agent still listing answer as well.
-    if let Some(admission) = config.admission.clone() {
-        admission::serve(admission, client.clone()).await?;
-    }
+    let webhook = match config.admission.clone() {
+        Some(admission) => Some(admission::serve(admission, client.clone()).await?.1),
+        None => None,
+    };
 
     // One latch for "stop now": SIGTERM, or a lost leader lease. The wait
     // for leadership, the controller's graceful shutdown and the shutdown
@@ -170,6 +171,9 @@ pub async fn run(
         };
         let Some(won) = smol::future::or(async { Some(lead.await) }, waiting).await else {
             log::info!("stopped before becoming the leader");
+            if let Some(webhook) = &webhook {
+                webhook.withdraw().await;
+            }
             return Ok(());
         };
         let won = won?;
@@ -522,12 +526,18 @@ pub async fn run(
         .unwrap_or_else(|p| p.into_inner())
         .take();
     if let Some(why) = lost {
+        if let Some(webhook) = &webhook {
+            webhook.withdraw().await;
+        }
         return Err(Error::LostLease(format!(
             "{why}; exiting so a fresh start can compete again"
         )));
     }
     if let Some(won) = leadership {
         won.step_down().await;
+    }
+    if let Some(webhook) = &webhook {
+        webhook.withdraw().await;
     }
     crate::effects::host::stop_checks();
     log::info!("stopped");

@@ -200,6 +200,41 @@ pub(super) async fn publish(state: Arc<State>, kicked: smol::channel::Receiver<(
     }
 }
 
+/// Write the caBundle without our CAs (`state.mine` is emptied first),
+/// read fresh and guarded by its resourceVersion; a conflict reads again.
+/// `Ok(false)`: there was nothing of ours to take out.
+pub(super) async fn withdraw(state: &State) -> Result<bool> {
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(state.client.clone());
+    let ctx = || format!("taking our CA out of ValidatingWebhookConfiguration {CONFIGURATION}");
+    let mine = lock(&state.mine).clone();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let Some(current) = api
+            .get_opt(CONFIGURATION)
+            .await
+            .map_err(Error::kube(ctx()))?
+        else {
+            return Ok(false);
+        };
+        let Some(patch) = desired(&current, &mine, &state.config.identity, Timestamp::now()) else {
+            return Ok(false);
+        };
+        match api
+            .patch(
+                CONFIGURATION,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 && tries < 3 => continue,
+            Err(e) => return Err(Error::kube(ctx())(e)),
+        }
+    }
+}
+
 /// The merge patch that puts `mine` into every webhook's caBundle of
 /// `current`, or `None` if it already is so.
 fn desired(
