@@ -395,8 +395,9 @@
 //! by its selector while a policy or plan names it. Its memory grows with
 //! the nodes (7.4 KiB each) and the nodes in disruption, not with the pods.
 //! A leader that stops hands its Lease over once its effects in flight are
-//! done (up to 5 s; otherwise it lets the lease expire), so a restarted or
-//! rolled replica leads at once.
+//! done (up to 5 s; otherwise it lets the lease expire) by clearing its
+//! holder, and a standby that watches the Lease leads at once. Each pool
+//! (`--node-selector`) has a Lease of its own.
 //!
 //! **Surviving an API server restart.** Watches re-list with consistent
 //! reads and retry after 0.5 s doubling to 5 s, each on its own: their

@@ -276,24 +276,52 @@ fn a_policy_whose_writes_are_refused_is_reported_and_every_other_object_goes_on(
 
 /// Defect: without POD_NAME the leader identity was the host name, so two
 /// cluster roles on one machine both led and both acted.
+/// Two cluster roles of one pool elect one leader, and a leader stopped
+/// with SIGTERM hands over at once: under the shipped identity
+/// (`nodekeeper-cluster`'s token, its Role in the `nodekeeper` namespace).
+/// Defect: the hand-over deleted the Lease, a verb the shipped Role does
+/// not grant; it was refused with 403 and the standby led only after the
+/// lease expired (14.5 s), while the test, run as an administrator, passed.
+/// A cluster role of another pool leads beside them (one fixed lease name
+/// let one pool silently never run).
 #[test]
 fn two_cluster_roles_on_one_host_elect_one_leader() {
     install_crds();
     block_on(async {
         let env = TestEnv::new("cr-leader").await;
-        let args = cluster_role_args(&env, &["--node-agents"]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let first = Agent::start(&args);
+        let kubeconfig = support::cluster_identity_kubeconfig();
+        let bin = std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper"));
+        let pool = |selector: &str| {
+            let args = [
+                "run",
+                "--all-nodes",
+                "--node-agents",
+                "--node-selector",
+                selector,
+                "--leader-namespace",
+                support::NODEKEEPER_NAMESPACE,
+            ];
+            Agent::start_with(bin, &kubeconfig, "nodekeeper=debug,warn", &args)
+        };
+        let selector = format!("{GROUP_LABEL}={}", env.id);
+        let lease_name = nodekeeper::cli::run::leader_lease_name(Some(&selector));
+        let first = pool(&selector);
         wait_for("the first cluster role leading", LIMIT, || async {
             first.log_text().contains("leading as").then_some(())
         })
         .await;
-        let second = Agent::start(&args);
+        let second = pool(&selector);
         wait_for("the second cluster role waiting", LIMIT, || async {
             second
                 .log_text()
                 .contains("waiting for leadership")
                 .then_some(())
+        })
+        .await;
+        // Another pool's cluster role leads beside them.
+        let other = pool(&format!("{GROUP_LABEL}={}-other", env.id));
+        wait_for("the other pool's cluster role leading", LIMIT, || async {
+            other.log_text().contains("leading as").then_some(())
         })
         .await;
         // Two renewals of the leader later, the second still waits.
@@ -304,22 +332,10 @@ fn two_cluster_roles_on_one_host_elect_one_leader() {
             first.log_text(),
             second.log_text()
         );
-        // Stopped, the leader hands its lease over: the second takes it
-        // before the first's last renewal (at or after this read) could
-        // have expired.
         let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(env.client.clone(), &env.ns);
-        let held = leases
-            .get("nodekeeper-leader")
-            .await
-            .expect("the leader lease");
-        let spec = held.spec.unwrap_or_default();
-        let renewed = spec.renew_time.expect("a renew time").0;
-        let expires = renewed
-            + k8s_openapi::jiff::SignedDuration::from_secs(
-                spec.lease_duration_seconds.unwrap_or(15) as i64,
-            );
+            Api::namespaced(env.client.clone(), support::NODEKEEPER_NAMESPACE);
         let mut first = first;
+        let stopped_at = k8s_openapi::jiff::Timestamp::now();
         first.signal("TERM");
         let status = first.wait_exit(LIMIT);
         assert!(status.success(), "exit {status:?}:\n{}", first.log_text());
@@ -333,17 +349,33 @@ fn two_cluster_roles_on_one_host_elect_one_leader() {
         })
         .await;
         let taken = leases
-            .get("nodekeeper-leader")
+            .get(&lease_name)
             .await
             .expect("the leader lease")
             .spec
             .and_then(|s| s.acquire_time)
             .expect("an acquire time")
             .0;
+        let handover = taken.duration_since(stopped_at);
+        eprintln!("hand-over under the shipped RBAC: {handover:#}");
         assert!(
-            taken < expires,
-            "the second took the lease at {taken}, not before the first's expired at {expires}"
+            handover < k8s_openapi::jiff::SignedDuration::from_secs(2),
+            "the second took the lease {handover:#} after SIGTERM to the first:\nfirst:\n{}\nsecond:\n{}",
+            first.log_text(),
+            second.log_text()
         );
+        for (who, agent) in [("first", &first), ("second", &second), ("other", &other)] {
+            let log = agent.log_text();
+            assert!(
+                !log.contains("forbidden"),
+                "the {who} cluster role was refused something under its shipped identity:\n{log}"
+            );
+        }
+        drop((second, other));
+        for selector in [selector.clone(), format!("{GROUP_LABEL}={}-other", env.id)] {
+            let name = nodekeeper::cli::run::leader_lease_name(Some(&selector));
+            let _ = leases.delete(&name, &Default::default()).await;
+        }
     });
 }
 
@@ -372,8 +404,9 @@ fn a_leader_that_cannot_renew_stops_within_its_renew_deadline() {
                 "operations": ["UPDATE"], "resources": ["leases"],
             }]),
             &format!(
-                "!(object.metadata.namespace == '{}' && object.metadata.name == 'nodekeeper-leader')",
-                env.ns
+                "!(object.metadata.namespace == '{}' && object.metadata.name == '{}')",
+                env.ns,
+                nodekeeper::cli::run::leader_lease_name(Some(&format!("{GROUP_LABEL}={}", env.id)))
             ),
             "lease renewals refused by the test",
         );

@@ -31,6 +31,9 @@ pub struct RunArgs {
     /// namespace of the leader lease in --all-nodes mode (default: $POD_NAMESPACE, else kube-system)
     #[argh(option)]
     pub leader_namespace: Option<String>,
+    /// name of the leader lease in --all-nodes mode (default nodekeeper-leader; with --node-selector, nodekeeper-leader-HASH of the selector, so pools lead separately)
+    #[argh(option)]
+    pub leader_lease: Option<String>,
     /// with --all-nodes: node agents run on the nodes, so only admit (reboots) and leave draining and rebooting to them
     #[argh(switch)]
     pub node_agents: bool,
@@ -81,6 +84,8 @@ pub struct RunConfig {
     /// Who we are in events and the leader lease.
     pub identity: String,
     pub leader_namespace: String,
+    /// The leader lease's name ([`leader_lease_name`]).
+    pub leader_lease: String,
     /// `None` with `--metrics-address off`.
     pub metrics_address: Option<std::net::SocketAddr>,
     pub transport: crate::service::connect::Transport,
@@ -118,6 +123,20 @@ impl RunConfig {
                 "--node-selector only applies with --all-nodes".into(),
             ));
         }
+        if args.leader_lease.is_some() && !args.all_nodes {
+            return Err(Error::Invalid(
+                "--leader-lease only applies with --all-nodes".into(),
+            ));
+        }
+        let leader_lease = match args.leader_lease {
+            Some(name) if crate::api::common::is_node_name(&name) => name,
+            Some(name) => {
+                return Err(Error::Invalid(format!(
+                    "--leader-lease {name:?} is not a Lease name (lowercase letters, digits, '-' and '.', at most 253)"
+                )));
+            }
+            None => leader_lease_name(args.node_selector.as_deref()),
+        };
         if args.node_agents && !args.all_nodes {
             return Err(Error::Invalid(
                 "--node-agents only applies with --all-nodes".into(),
@@ -214,7 +233,25 @@ impl RunConfig {
             drain_timeout: std::time::Duration::from_secs(args.drain_timeout),
             identity,
             leader_namespace,
+            leader_lease,
         })
+    }
+}
+
+/// The leader lease of the default pool: `nodekeeper-leader`.
+pub const LEADER_LEASE: &str = "nodekeeper-leader";
+
+/// The leader lease a cluster role takes: [`LEADER_LEASE`], or for a pool
+/// (`--node-selector`) one named by a hash of its selector, so cluster
+/// roles of different pools in one namespace lead at once (with one fixed
+/// name, one pool silently never ran) while replicas of one pool share it.
+pub fn leader_lease_name(selector: Option<&str>) -> String {
+    match selector.map(str::trim).filter(|s| !s.is_empty()) {
+        None => LEADER_LEASE.into(),
+        Some(sel) => format!(
+            "{LEADER_LEASE}-{:08x}",
+            crate::decide::disrupt::fnv(sel.as_bytes()) as u32
+        ),
     }
 }
 

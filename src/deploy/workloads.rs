@@ -144,7 +144,9 @@ pub fn deployment(o: &Options) -> Vec<Value> {
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "nodekeeper-leader", "namespace": o.namespace, "labels": labels()},
                "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                          "verbs": ["get", "create", "update"]}]}),
+                          // update also hands the lease over at shutdown
+                          // (no delete); a standby watches it to lead at once.
+                          "verbs": ["get", "list", "watch", "create", "update"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": "nodekeeper-leader", "namespace": o.namespace, "labels": labels()},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodekeeper-leader"},

@@ -204,6 +204,42 @@ pub async fn release(client: &Client, namespace: &str, name: &str, holder: &str)
     }
 }
 
+/// Hand the leader lease over as client-go's `ReleaseOnCancel` does: if
+/// `holder` still holds it, write it back with no holder and a duration of
+/// 1 s. An update, which the leader needs anyway: a delete needed a verb
+/// the shipped Role did not grant (the hand-over was refused with 403 and
+/// the standby waited out the 15 s), and a lease without a holder is taken
+/// at once by whoever reads it next ([`acquire`]), a standby first: it
+/// watches the lease ([`lead`]).
+pub async fn release_leader(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    holder: &str,
+) -> Result<()> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let ctx = || format!("releasing lease {namespace}/{name}");
+    let Some(mut lease) = api.get_opt(name).await.map_err(Error::kube(ctx()))? else {
+        return Ok(());
+    };
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    if spec.holder_identity.as_deref() != Some(holder) {
+        return Ok(());
+    }
+    let now = MicroTime(Timestamp::now());
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.acquire_time = Some(now.clone());
+    spec.renew_time = Some(now);
+    // replace() carries resourceVersion: a lease taken meanwhile stays
+    // its new holder's.
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(ctx())(e)),
+    }
+}
+
 async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {
@@ -412,7 +448,8 @@ impl Leadership {
     /// Hand the lease over at shutdown (client-go's `ReleaseOnCancel`), so
     /// a standby or the next start leads at once rather than after the
     /// lease's 15 s: stop renewing, close the gate, wait for the effects
-    /// running (up to 5 s), then delete the lease if it is still ours.
+    /// running (up to 5 s), then clear the lease's holder if it is still
+    /// ours ([`release_leader`]).
     /// With an effect still running the lease is left to expire: a new
     /// leader must not begin beside it.
     pub async fn step_down(self) {
@@ -439,7 +476,7 @@ impl Leadership {
             );
             return;
         }
-        match release(&self.client, &self.namespace, &self.name, &self.identity).await {
+        match release_leader(&self.client, &self.namespace, &self.name, &self.identity).await {
             Ok(()) => log::info!(
                 "released lease {}/{}: another replica may lead now",
                 self.namespace,
@@ -459,8 +496,13 @@ pub async fn lead(
     name: String,
     identity: String,
 ) -> Result<Leadership> {
+    use smol::stream::StreamExt;
     let gate = LeaderGate::elected();
     let observed = Observed::default();
+    // A standby learns of a hand-over from a watch of the lease (its
+    // holder cleared, or the lease gone), not from its next poll up to 3 s
+    // later; the polls stay for a holder that died without one.
+    let mut released = Box::pin(released(Api::namespaced(client.clone(), &namespace), &name));
     loop {
         let start = Instant::now();
         let tried = try_leader_lease(
@@ -482,8 +524,15 @@ pub async fn lead(
             }
             Err(e) => log::warn!("leader election: {e}"),
         }
-        crate::runtime::sleep(RETRY_EVERY).await;
+        smol::future::or(crate::runtime::sleep(RETRY_EVERY), async {
+            if released.next().await.is_none() {
+                // The watch never ends; if it did, the polls go on.
+                std::future::pending::<()>().await
+            }
+        })
+        .await;
     }
+    drop(released);
     log::info!("leading as {identity} (lease {namespace}/{name})");
     let (tx, rx) = smol::channel::bounded(1);
     let renewing = gate.clone();
@@ -556,6 +605,30 @@ pub async fn lead(
         name: n,
         identity: id,
     })
+}
+
+/// Yields each time the lease `name` is seen without a holder or gone
+/// (a hand-over); watch errors back off and are logged at debug (a Role
+/// without `watch` on leases leaves the 3 s polls).
+fn released(api: Api<Lease>, name: &str) -> impl smol::stream::Stream<Item = ()> + Send + use<> {
+    use kube::runtime::WatchStreamExt;
+    use smol::stream::StreamExt;
+    let name = name.to_string();
+    kube::runtime::watcher::watch_object(api, &name)
+        .default_backoff()
+        .filter_map(move |seen| match seen {
+            Ok(None) => Some(()),
+            Ok(Some(lease)) => lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_none_or(str::is_empty)
+                .then_some(()),
+            Err(e) => {
+                log::debug!("watching leader lease {name}: {e}");
+                None
+            }
+        })
 }
 
 #[cfg(test)]

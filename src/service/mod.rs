@@ -161,7 +161,7 @@ pub async fn run(
         let lead = crate::effects::lease::lead(
             client.clone(),
             config.leader_namespace.clone(),
-            "nodekeeper-leader".into(),
+            config.leader_lease.clone(),
             identity.clone(),
         );
         // A standby waiting for the lease still stops on SIGTERM.

@@ -734,6 +734,61 @@ pub fn install_agent_identity() {
     });
 }
 
+/// The namespace the generated manifests put nodekeeper's identities in.
+pub const NODEKEEPER_NAMESPACE: &str = "nodekeeper";
+
+/// A kubeconfig with a token of the shipped cluster role's ServiceAccount
+/// (`nodekeeper-cluster`), its ClusterRole, bindings and leader Role applied
+/// from `nodekeeper manifests --for deployment` (all of it but the
+/// Deployment itself), as a cluster-role replica runs: its leader Lease is
+/// in [`NODEKEEPER_NAMESPACE`], where the Role grants it.
+pub fn cluster_identity_kubeconfig() -> PathBuf {
+    static APPLIED: OnceLock<()> = OnceLock::new();
+    APPLIED.get_or_init(|| {
+        install_agent_identity();
+        let (status, yaml, err) = run_cli(&["manifests", "--for", "deployment"], &[]);
+        assert!(
+            status.success(),
+            "nodekeeper manifests --for deployment: {err}"
+        );
+        let identity: Vec<&str> = yaml
+            .split("\n---\n")
+            .filter(|doc| !doc.lines().any(|l| l.trim() == "kind: Deployment"))
+            .collect();
+        assert!(
+            identity.iter().any(|d| d.contains("kind: Role")),
+            "manifests --for deployment carries the leader Role:\n{yaml}"
+        );
+        let out = kubectl(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            Some(&identity.join("\n---\n")),
+        );
+        assert!(
+            out.status.success(),
+            "kubectl apply of the cluster role's identity failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    let out = kubectl(
+        &[
+            "create",
+            "token",
+            "nodekeeper-cluster",
+            "-n",
+            NODEKEEPER_NAMESPACE,
+            "--duration",
+            "2h",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "a token of nodekeeper-cluster: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kubeconfig_with_token(String::from_utf8_lossy(&out.stdout).trim())
+}
+
 /// `nodekeeper host-kubeconfig NODE` against the test cluster, written to a
 /// temporary file whose path is returned.
 pub fn host_kubeconfig(node: &str) -> PathBuf {
