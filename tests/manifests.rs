@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
-use nodekeeper::deploy::{AGENT_ACCOUNT, Options, TARGETS, render};
+use nodekeeper::deploy::{AGENT_ACCOUNT, CLUSTER_ACCOUNT, Options, TARGETS, render};
 use serde_json::json;
 use support::{
     Agent, TestEnv, block_on, client_from, client_with_token, host_kubeconfig,
@@ -23,6 +23,7 @@ use support::{
 };
 
 const NAMESPACE: &str = "nodekeeper";
+const LIMIT: Duration = Duration::from_secs(60);
 
 #[test]
 fn checked_in_manifests_match_what_the_binary_generates() {
@@ -232,6 +233,133 @@ fn the_daemonset_runs_one_agent_on_every_node_even_cordoned_and_tainted() {
             Some("system-node-critical")
         );
         assert_eq!(spec.service_account_name.as_deref(), Some(AGENT_ACCOUNT));
+    })
+}
+
+/// The cluster role's Deployment as generated: its replicas never share a
+/// node (a third of two nodes stays Pending), so draining one node takes
+/// one of them at most, and a rollout still completes (one replica at a
+/// time: a surge pod would find no node free).
+#[test]
+fn the_cluster_role_replicas_never_share_a_node_and_roll_one_at_a_time() {
+    block_on(async {
+        let mut env = TestEnv::new("cr-spread").await;
+        let a = env.add_node("a").await;
+        let b = env.add_node("b").await;
+        env.wait_node_ready(&a).await;
+        env.wait_node_ready(&b).await;
+        let opts = Options {
+            namespace: env.ns.clone(),
+            ..Default::default()
+        };
+        let mut deployment = nodekeeper::deploy::deployment(&opts)
+            .into_iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("the deployment target has a Deployment");
+        deployment["spec"]["replicas"] = json!(3);
+        // Only this test's nodes: other tests share the cluster.
+        deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"] = json!({
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+                "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                      "values": [a.clone(), b.clone()]}]}]}});
+        let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                             "metadata": {"name": CLUSTER_ACCOUNT, "namespace": env.ns}});
+        let out = kubectl(
+            &["apply", "-f", "-"],
+            Some(&nodekeeper::yaml::documents(&[account, deployment])),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+        let selector = "app.kubernetes.io/component=cluster";
+        // Placement of the pods of the current template: (running nodes,
+        // pods the scheduler refused).
+        let placed = |hash: Option<String>| {
+            let pods = pods.clone();
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels(selector))
+                    .await
+                    .ok()?;
+                let mut running = Vec::new();
+                let mut refused = 0;
+                for p in list
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                {
+                    let labels = p.metadata.labels.clone().unwrap_or_default();
+                    if hash
+                        .as_ref()
+                        .is_some_and(|h| labels.get("pod-template-hash") != Some(h))
+                    {
+                        continue;
+                    }
+                    let status = p.status.as_ref()?;
+                    if status.phase.as_deref() == Some("Running") {
+                        running.push(p.spec.as_ref()?.node_name.clone()?);
+                    } else if status.conditions.iter().flatten().any(|c| {
+                        c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                    }) {
+                        refused += 1;
+                    }
+                }
+                running.sort();
+                Some((running, refused))
+            }
+        };
+        let (running, refused) =
+            wait_for("two replicas running, the third refused", LIMIT, || async {
+                placed(None).await.filter(|(r, n)| r.len() == 2 && *n == 1)
+            })
+            .await;
+        assert_eq!(running, vec![a.clone(), b.clone()], "one replica per node");
+        assert_eq!(refused, 1);
+
+        // Two replicas, then a new template: the rollout replaces them one
+        // at a time and ends with one per node.
+        let deploys: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+        deploys
+            .patch(
+                "nodekeeper-cluster",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 2, "template": {"metadata": {
+                    "annotations": {"nodekeeper.io/test-rollout": "1"}}}}})),
+            )
+            .await
+            .expect("a new template");
+        wait_for("the rollout to complete", LIMIT, || async {
+            let d = deploys.get("nodekeeper-cluster").await.ok()?;
+            let status = d.status?;
+            let generation = d.metadata.generation?;
+            (status.observed_generation == Some(generation)
+                && status.updated_replicas == Some(2)
+                && status.available_replicas == Some(2)
+                && status.replicas == Some(2))
+            .then_some(())
+        })
+        .await;
+        let rs: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+            Api::namespaced(env.client.clone(), &env.ns);
+        let hash = rs
+            .list(&ListParams::default().labels(selector))
+            .await
+            .expect("replica sets")
+            .items
+            .into_iter()
+            .find(|r| r.spec.replicas == Some(2))
+            .and_then(|r| r.metadata.labels?.get("pod-template-hash").cloned())
+            .expect("the new replica set");
+        let (running, _) = wait_for("the new replicas on both nodes", LIMIT, || async {
+            placed(Some(hash.clone()))
+                .await
+                .filter(|(r, _)| r.len() == 2)
+        })
+        .await;
+        assert_eq!(running, vec![a, b], "one new replica per node");
     })
 }
 

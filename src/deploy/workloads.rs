@@ -176,11 +176,23 @@ pub fn deployment(o: &Options) -> Vec<Value> {
     "spec": {
       "replicas": 2,
       "selector": {"matchLabels": sel},
+      // The replicas never share a node (below), so a surge pod would
+      // find none free: a rollout replaces one replica at a time.
+      "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
       "template": {
         "metadata": {"labels": sel},
         "spec": {
           "serviceAccountName": CLUSTER_ACCOUNT,
           "priorityClassName": "system-cluster-critical",
+          // Never two replicas on one node: draining or rebooting a node
+          // (nodekeeper's own work) takes one of them at most. No
+          // PodDisruptionBudget: on a single-node cluster (k3s at the edge)
+          // the second replica stays Pending, so any budget would refuse
+          // every eviction of the running one and no drain of that node
+          // would ever end.
+          "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": sel}, "topologyKey": "kubernetes.io/hostname"}
+          ]}},
           // The standby waits for the Lease and never becomes ready, so
           // only liveness is probed.
           "containers": [cluster_container]
