@@ -214,7 +214,9 @@ fn a_policy_whose_writes_are_refused_is_reported_and_every_other_object_goes_on(
         )
         .await;
         let args = cluster_role_args(&env, &["--node-agents"]);
-        let agent = Agent::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        // Its status writes of the bad policy are refused on purpose.
+        let agent =
+            Agent::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).expect_refusals();
         // Every other object goes on: the good policy and the plan have a
         // status, and the good policy took node a (the bad one cannot).
         wait_for("the plan's status", LIMIT, || async {
@@ -391,7 +393,8 @@ fn a_leader_that_cannot_renew_stops_within_its_renew_deadline() {
         let vap = format!("{}-lease", env.id);
         let args = cluster_role_args(&env, &["--node-agents"]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut agent = Agent::start(&args);
+        // Its renewals are refused on purpose.
+        let mut agent = Agent::start(&args).expect_refusals();
         wait_for("leading", LIMIT, || async {
             agent.log_text().contains("leading as").then_some(())
         })

@@ -806,7 +806,8 @@ fn a_give_back_refused_for_a_while_is_given_once_it_is_allowed() {
         &fleet,
         json!({"gates": {"settleSeconds": 2}}),
     ));
-    let cluster = cluster_role(&env, &[]);
+    // Its give-backs are refused on purpose for a while.
+    let cluster = cluster_role(&env, &[]).expect_refusals();
     block_on(annotate(
         &env.client,
         a,
@@ -919,12 +920,14 @@ fn a_gate_that_cannot_list_holds_up_only_its_own_policy_and_leaves_the_cluster_r
     let _bad_policy = support::Cleanup(vec![("rebootpolicy", format!("{}-bad", env.id))]);
     let args = cluster_role_args(&env, &["--node-agents"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // An identity that may not list the bad gate's pods, on purpose.
     let cluster = support::Agent::start_with(
         std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
         &kubeconfig,
         "nodekeeper=info,warn",
         &args,
-    );
+    )
+    .expect_refusals();
     block_on(async {
         annotate(
             &env.client,

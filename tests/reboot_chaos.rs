@@ -27,7 +27,9 @@ struct Supervised {
 
 impl Supervised {
     fn start(env: &TestEnv) -> Supervised {
-        let agent = cluster_role(env, &["--node-agents"]);
+        // A restarted API server answers 403 until its RBAC cache has
+        // synced: refusals are expected around the restart.
+        let agent = cluster_role(env, &["--node-agents"]).expect_refusals();
         let args = cluster_role_args(env, &["--node-agents"]);
         Supervised {
             agent,
@@ -40,7 +42,7 @@ impl Supervised {
         let _ = self.agent.child.kill();
         let _ = self.agent.child.wait();
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        self.agent = Agent::start(&args);
+        self.agent = Agent::start(&args).expect_refusals();
         self.restarts += 1;
     }
 
@@ -82,6 +84,9 @@ fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reb
         let mut env = TestEnv::new("rb-chaos").await;
         let names = nodes(&mut env, 5).await;
         let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
+        fleet
+            .refusals_expected
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         for n in &names {
             annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
         }

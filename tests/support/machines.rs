@@ -82,6 +82,9 @@ pub struct Fleet {
     /// they may do is then exactly the generated RBAC and the own-node
     /// admission policy.
     pub node_identity: std::sync::atomic::AtomicBool,
+    /// The test makes the API server refuse the agents on purpose (see
+    /// [`Agent::expect_refusals`]).
+    pub refusals_expected: std::sync::atomic::AtomicBool,
     kubeconfigs: Mutex<HashMap<String, PathBuf>>,
     /// Logs of agents killed so far, per node.
     past_logs: Mutex<BTreeMap<String, String>>,
@@ -117,6 +120,7 @@ impl Fleet {
             lost: Mutex::default(),
             agent_env,
             node_identity: std::sync::atomic::AtomicBool::new(false),
+            refusals_expected: std::sync::atomic::AtomicBool::new(false),
             kubeconfigs: Mutex::default(),
             past_logs: Mutex::default(),
             served: Mutex::default(),
@@ -180,10 +184,13 @@ impl Fleet {
             args.extend(["--kubeconfig", kc.as_str()]);
         }
         args.extend(extra.iter().map(String::as_str));
-        let agent = match &self.agent_env {
+        let mut agent = match &self.agent_env {
             Some((bin, kc, log)) => Agent::start_with(bin, kc, log, &args),
             None => Agent::start(&args),
         };
+        agent.refusals_expected = self
+            .refusals_expected
+            .load(std::sync::atomic::Ordering::SeqCst);
         self.agents.lock().unwrap().insert(node.to_string(), agent);
     }
 

@@ -402,11 +402,28 @@ where
 pub struct Agent {
     pub child: Child,
     pub log: PathBuf,
+    /// The test makes the API server refuse this process on purpose (an
+    /// admission policy, a narrowed identity): its log may say forbidden.
+    pub refusals_expected: bool,
 }
 
 impl Agent {
-    /// Start `nodekeeper <args>` against the test cluster, logging to a file.
+    /// Start `nodekeeper <args>` against the test cluster, logging to a
+    /// file, as users run it: with the identity the shipped manifests give
+    /// it ([`shipped_identity`]).
     pub fn start(args: &[&str]) -> Agent {
+        let identity = shipped_identity(args);
+        Agent::start_with(
+            Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
+            identity.as_deref().unwrap_or(cluster()),
+            "nodekeeper=debug,warn",
+            args,
+        )
+    }
+
+    /// [`Agent::start`] with the administrator's kubeconfig, for a test
+    /// whose subject is not the shipped identity (it says why).
+    pub fn start_as_admin(args: &[&str]) -> Agent {
         Agent::start_with(
             Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
             cluster(),
@@ -438,7 +455,11 @@ impl Agent {
             .stderr(file)
             .spawn()
             .expect("starting nodekeeper");
-        Agent { child, log }
+        Agent {
+            child,
+            log,
+            refusals_expected: false,
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -479,10 +500,44 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Say the test refuses this process some request on purpose.
+    pub fn expect_refusals(mut self) -> Agent {
+        self.refusals_expected = true;
+        self
+    }
+
+    /// Panics (failing the test) if the log says the API server refused
+    /// something: under the shipped identities a "forbidden" is a verb
+    /// missing from the RBAC we ship or a write the admission policy we
+    /// ship refuses, found by CI rather than by a user. Every agent is
+    /// checked as it is dropped, unless [`Agent::expect_refusals`].
+    fn check_refusals(&self) {
+        if self.refusals_expected || std::thread::panicking() {
+            return;
+        }
+        let log = self.log_text();
+        let refused: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+        assert!(
+            refused.is_empty(),
+            "nodekeeper was refused under its shipped identity ({} lines; log {}):\n{}",
+            refused.len(),
+            self.log.display(),
+            refused
+                .iter()
+                .take(5)
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.check_refusals();
     }
 }
 
@@ -737,31 +792,22 @@ pub fn install_agent_identity() {
 /// The namespace the generated manifests put nodekeeper's identities in.
 pub const NODEKEEPER_NAMESPACE: &str = "nodekeeper";
 
-/// A kubeconfig with a token of the shipped cluster role's ServiceAccount
-/// (`nodekeeper-cluster`), its ClusterRole, bindings and leader Role applied
-/// from `nodekeeper manifests --for deployment` (all of it but the
-/// Deployment itself), as a cluster-role replica runs: its leader Lease is
-/// in [`NODEKEEPER_NAMESPACE`], where the Role grants it.
-pub fn cluster_identity_kubeconfig() -> PathBuf {
+/// Apply the cluster role's generated identity once per test binary: its
+/// ServiceAccount `nodekeeper-cluster`, ClusterRole, bindings and leader
+/// Role, from `deploy::deployment` (all of it but the Deployment), beside
+/// the node agent's ([`install_agent_identity`]).
+fn install_cluster_identity() {
     static APPLIED: OnceLock<()> = OnceLock::new();
     APPLIED.get_or_init(|| {
         install_agent_identity();
-        let (status, yaml, err) = run_cli(&["manifests", "--for", "deployment"], &[]);
-        assert!(
-            status.success(),
-            "nodekeeper manifests --for deployment: {err}"
-        );
-        let identity: Vec<&str> = yaml
-            .split("\n---\n")
-            .filter(|doc| !doc.lines().any(|l| l.trim() == "kind: Deployment"))
-            .collect();
-        assert!(
-            identity.iter().any(|d| d.contains("kind: Role")),
-            "manifests --for deployment carries the leader Role:\n{yaml}"
-        );
+        let docs: Vec<serde_json::Value> =
+            nodekeeper::deploy::deployment(&nodekeeper::deploy::Options::default())
+                .into_iter()
+                .filter(|d| d["kind"] != "Deployment")
+                .collect();
         let out = kubectl(
             &["apply", "--server-side", "--force-conflicts", "-f", "-"],
-            Some(&identity.join("\n---\n")),
+            Some(&nodekeeper::yaml::documents(&docs)),
         );
         assert!(
             out.status.success(),
@@ -769,11 +815,18 @@ pub fn cluster_identity_kubeconfig() -> PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
     });
+}
+
+/// A kubeconfig with a token of the shipped cluster role's ServiceAccount,
+/// as a cluster-role replica runs: its leader Lease in
+/// [`NODEKEEPER_NAMESPACE`], where the shipped Role grants it.
+pub fn cluster_identity_kubeconfig() -> PathBuf {
+    install_cluster_identity();
     let out = kubectl(
         &[
             "create",
             "token",
-            "nodekeeper-cluster",
+            nodekeeper::deploy::CLUSTER_ACCOUNT,
             "-n",
             NODEKEEPER_NAMESPACE,
             "--duration",
@@ -783,10 +836,66 @@ pub fn cluster_identity_kubeconfig() -> PathBuf {
     );
     assert!(
         out.status.success(),
-        "a token of nodekeeper-cluster: {}",
+        "a token of {}: {}",
+        nodekeeper::deploy::CLUSTER_ACCOUNT,
         String::from_utf8_lossy(&out.stderr)
     );
     kubeconfig_with_token(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// [`cluster_identity_kubeconfig`] for a cluster role whose leader Lease
+/// is in `namespace` (a test's own, so that tests running at once never
+/// share a lease): the shipped leader Role's rules, bound there to the
+/// shipped ServiceAccount, as an operator who runs a pool's cluster role
+/// in a namespace of its own binds it.
+pub fn cluster_identity_kubeconfig_in(namespace: &str) -> PathBuf {
+    install_cluster_identity();
+    if namespace != NODEKEEPER_NAMESPACE {
+        let role = nodekeeper::deploy::deployment(&nodekeeper::deploy::Options::default())
+            .into_iter()
+            .find(|d| d["kind"] == "Role")
+            .expect("the deployment target has the leader Role");
+        apply(&serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": role["metadata"]["name"], "namespace": namespace},
+            "rules": role["rules"],
+        }));
+        apply(&serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role["metadata"]["name"], "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": nodekeeper::deploy::CLUSTER_ACCOUNT,
+                          "namespace": NODEKEEPER_NAMESPACE}],
+        }));
+    }
+    cluster_identity_kubeconfig()
+}
+
+/// The kubeconfig a `nodekeeper` started with `args` gets by default: the
+/// identity the shipped manifests give it. A node agent (`run --node N`)
+/// gets a token of `nodekeeper-agent` bound to its Node (`host-kubeconfig`,
+/// confined by the own-node admission policy); a cluster role (`run
+/// --all-nodes`) a token of `nodekeeper-cluster`. `None` (the
+/// administrator's) for other commands and where `--kubeconfig` is given.
+pub fn shipped_identity(args: &[&str]) -> Option<PathBuf> {
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| *a == flag)
+            .and_then(|i| args.get(i + 1).copied())
+    };
+    if args.first() != Some(&"run") || args.contains(&"--kubeconfig") {
+        return None;
+    }
+    if args.contains(&"--all-nodes") {
+        return Some(match value("--leader-namespace") {
+            Some(ns) => cluster_identity_kubeconfig_in(ns),
+            None => cluster_identity_kubeconfig(),
+        });
+    }
+    let node = value("--node")?;
+    install_agent_identity();
+    Some(host_kubeconfig(node))
 }
 
 /// `nodekeeper host-kubeconfig NODE` against the test cluster, written to a
