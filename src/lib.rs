@@ -153,8 +153,8 @@
 //!   Beside the loop, like metrics: the opt-in NodeMaintenance webhook
 //!   ([`service::admission`]: TLS with a CA it generates, its reads straight
 //!   from the API server, the caBundle of its own configuration kept by a
-//!   watch of that one object), independent of stores and leadership so
-//!   every replica answers.
+//!   watch of that one object, its CA taken out again as it stops),
+//!   independent of stores and leadership so every replica answers.
 //! - `cli/`: raw flags → validated configs per command family
 //!   ([`cli::run`], [`cli::status`]: `status [--watch]`, `reboot-required`;
 //!   [`cli::maintenance`]: `maintain --wait` progress, `unmaintain`, `drain
