@@ -236,6 +236,117 @@ fn the_daemonset_runs_one_agent_on_every_node_even_cordoned_and_tainted() {
     })
 }
 
+/// Pod Security Admission levels, as the README names them: the node agent
+/// of the default (maintenance-only) profile and the cluster role's
+/// Deployment run in a namespace that enforces `restricted`; the reboot
+/// profile (host PID, three capabilities, AppArmor unconfined) is refused
+/// under `baseline` and runs under `privileged`.
+#[test]
+fn each_profile_runs_under_the_pod_security_level_the_readme_names() {
+    block_on(async {
+        let mut env = TestEnv::new("psa").await;
+        let node = env.add_node("a").await;
+        env.wait_node_ready(&node).await;
+        // (level, reboot profile, runs)
+        for (level, reboot, runs) in [
+            ("restricted", false, true),
+            ("baseline", true, false),
+            ("privileged", true, true),
+        ] {
+            let ns = env.add_namespace(level).await;
+            let label = json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": level,
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }}});
+            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> =
+                Api::all(env.client.clone());
+            namespaces
+                .patch(&ns, &PatchParams::default(), &Patch::Merge(&label))
+                .await
+                .expect("labelling the namespace");
+            let opts = Options {
+                namespace: ns.clone(),
+                reboot,
+                ..Default::default()
+            };
+            let only_this_node = json!({
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+                    "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                          "values": [node.clone()]}]}]}});
+            let mut ds = nodekeeper::deploy::daemonset(&opts);
+            ds["spec"]["template"]["spec"]["affinity"] = json!({"nodeAffinity": only_this_node});
+            let mut objects = vec![
+                json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": AGENT_ACCOUNT, "namespace": ns}}),
+                ds,
+            ];
+            if !reboot {
+                let mut d = nodekeeper::deploy::deployment(&opts)
+                    .into_iter()
+                    .find(|d| d["kind"] == "Deployment")
+                    .expect("the deployment target has a Deployment");
+                d["spec"]["replicas"] = json!(1);
+                d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"] = only_this_node;
+                objects.push(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                                    "metadata": {"name": CLUSTER_ACCOUNT, "namespace": ns}}));
+                objects.push(d);
+            }
+            // One pod per workload: the DaemonSet's on the one node, and
+            // the Deployment's single replica.
+            let wanted = if reboot { 1 } else { 2 };
+            let out = kubectl(
+                &["apply", "-f", "-"],
+                Some(&nodekeeper::yaml::documents(&objects)),
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
+            let events: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(env.client.clone(), &ns);
+            if runs {
+                wait_for(
+                    &format!("{wanted} pod(s) running under {level}"),
+                    LIMIT,
+                    || async {
+                        let list = pods.list(&ListParams::default()).await.ok()?;
+                        let running = list
+                            .items
+                            .iter()
+                            .filter(|p| {
+                                p.status.as_ref().and_then(|s| s.phase.as_deref())
+                                    == Some("Running")
+                            })
+                            .count();
+                        (running == wanted).then_some(())
+                    },
+                )
+                .await;
+            } else {
+                let refusal = wait_for(
+                    &format!("the pods refused under {level}"),
+                    LIMIT,
+                    || async {
+                        let list = events.list(&ListParams::default()).await.ok()?;
+                        list.items.into_iter().find_map(|e| {
+                            let note = e.message.unwrap_or_default();
+                            (e.reason.as_deref() == Some("FailedCreate")
+                                && note.contains("violates PodSecurity"))
+                            .then_some(note)
+                        })
+                    },
+                )
+                .await;
+                assert!(refusal.contains("hostPID"), "{refusal}");
+                let list = pods.list(&ListParams::default()).await.expect("pods");
+                assert!(list.items.is_empty(), "no pod was created under {level}");
+            }
+        }
+    })
+}
+
 /// The cluster role's Deployment as generated: its replicas never share a
 /// node (a third of two nodes stays Pending), so draining one node takes
 /// one of them at most, and a rollout still completes (one replica at a
