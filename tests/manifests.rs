@@ -236,11 +236,12 @@ fn the_daemonset_runs_one_agent_on_every_node_even_cordoned_and_tainted() {
     })
 }
 
-/// Pod Security Admission levels, as the README names them: the node agent
-/// of the default (maintenance-only) profile and the cluster role's
-/// Deployment run in a namespace that enforces `restricted`; the reboot
-/// profile (host PID, three capabilities, AppArmor unconfined) is refused
-/// under `baseline` and runs under `privileged`.
+/// Pod Security Admission levels, as the shipped namespace enforces them:
+/// the node agent of the default (maintenance-only) profile and the cluster
+/// role's Deployment run in a namespace that enforces `restricted`; the
+/// reboot profile (host PID, three capabilities, AppArmor unconfined) is
+/// refused under `baseline` and runs under `privileged`, the level its
+/// DaemonSet's output gives the namespace.
 #[test]
 fn each_profile_runs_under_the_pod_security_level_the_readme_names() {
     block_on(async {
@@ -254,6 +255,40 @@ fn each_profile_runs_under_the_pod_security_level_the_readme_names() {
             ("privileged", true, true),
         ] {
             let ns = env.add_namespace(level).await;
+            let opts = Options {
+                namespace: ns.clone(),
+                reboot,
+                ..Default::default()
+            };
+            // The level the shipped namespace enforces for this profile
+            // (`rbac`, raised by the reboot DaemonSet's own output), except
+            // where the test asks whether a lower one would do.
+            let shipped = render("daemonset", &opts)
+                .expect("render")
+                .into_iter()
+                .chain(
+                    render(
+                        "rbac",
+                        &Options {
+                            reboot: false,
+                            ..opts.clone()
+                        },
+                    )
+                    .expect("render"),
+                )
+                .find_map(|f| {
+                    f.content
+                        .lines()
+                        .find_map(|l| {
+                            l.trim()
+                                .strip_prefix("pod-security.kubernetes.io/enforce: ")
+                        })
+                        .map(|v| v.trim_matches('"').to_string())
+                })
+                .expect("the shipped namespace enforces a Pod Security level");
+            if runs {
+                assert_eq!(shipped, level, "the shipped level of this profile");
+            }
             let label = json!({"metadata": {"labels": {
                 "pod-security.kubernetes.io/enforce": level,
                 "pod-security.kubernetes.io/enforce-version": "latest",
@@ -264,11 +299,6 @@ fn each_profile_runs_under_the_pod_security_level_the_readme_names() {
                 .patch(&ns, &PatchParams::default(), &Patch::Merge(&label))
                 .await
                 .expect("labelling the namespace");
-            let opts = Options {
-                namespace: ns.clone(),
-                reboot,
-                ..Default::default()
-            };
             let only_this_node = json!({
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
                     "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
@@ -614,7 +644,12 @@ async fn agent_pod(client: &Client, name: &str, node: &str) {
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {"nodeName": node, "serviceAccountName": AGENT_ACCOUNT,
                  "tolerations": [{"operator": "Exists"}],
-                 "containers": [{"name": "nodekeeper", "image": "localhost/nodekeeper:test"}]}
+                 // What the namespace's restricted level asks of a pod.
+                 "containers": [{"name": "nodekeeper", "image": "localhost/nodekeeper:test",
+                                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                     "allowPrivilegeEscalation": false,
+                                     "capabilities": {"drop": ["ALL"]},
+                                     "seccompProfile": {"type": "RuntimeDefault"}}}]}
     }))
     .expect("pod");
     Api::<Pod>::namespaced(client.clone(), NAMESPACE)

@@ -294,10 +294,16 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
             "Confines each node agent to its own Node (Kubernetes >= 1.30)",
             yaml(&admission(o)),
         )],
+        // The reboot profile raises the namespace's Pod Security level to
+        // the privileged one it needs (rbac renders it restricted).
         "daemonset" => vec![file(
             "daemonset.yaml",
             "nodekeeper's node agent as a DaemonSet (needs crds, rbac and admission)",
-            yaml(&[daemonset(o)]),
+            yaml(&if o.reboot {
+                vec![rbac::namespace(o), daemonset(o)]
+            } else {
+                vec![daemonset(o)]
+            }),
         )],
         "deployment" => vec![file(
             "deployment.yaml",

@@ -334,11 +334,21 @@ pub(super) fn bindings(identity: Identity, o: &Options) -> Vec<Value> {
     ]
 }
 
+/// nodekeeper's namespace, enforcing the Pod Security level its workloads
+/// need: `restricted` for the maintenance-only agent and the cluster role
+/// (non-root, no capabilities, RuntimeDefault seccomp), `privileged` for
+/// the reboot profile (host PID and capabilities are beyond `baseline`).
+pub(super) fn namespace(o: &Options) -> Value {
+    let level = if o.reboot { "privileged" } else { "restricted" };
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": o.namespace,
+           "labels": {"pod-security.kubernetes.io/enforce": level}}})
+}
+
 /// Namespaces, the node agent's ServiceAccount, the shared roles and the
 /// node agent's bindings.
 pub fn rbac(o: &Options) -> Vec<Value> {
     let mut docs = vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": o.namespace}}),
+        namespace(o),
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}),
         service_account(AGENT_ACCOUNT, o),
         cluster_role(Identity::Agent),
