@@ -752,6 +752,51 @@ fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
             None,
             "taint and label own node"
         );
+        // Beyond the two taints a maintenance sets, the spec, finalizers and
+        // owner references are not the agent's.
+        let foreign_taint = denial(
+            patch(
+                &as_a,
+                &a,
+                json!({"spec": {"taints": [
+                    {"key": "medik8s.io/drain", "effect": "NoSchedule"},
+                    {"key": "example.com/keep-off", "effect": "NoExecute"}]}}),
+            )
+            .await,
+        )
+        .unwrap_or_default();
+        assert!(
+            foreign_taint.contains("403")
+                && foreign_taint.contains("may add or remove only the taints"),
+            "{foreign_taint}"
+        );
+        let finalizer = denial(
+            patch(
+                &as_a,
+                &a,
+                json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+            )
+            .await,
+        )
+        .unwrap_or_default();
+        assert!(
+            finalizer.contains("403") && finalizer.contains("finalizers or owner references"),
+            "{finalizer}"
+        );
+        let owner = denial(
+            patch(
+                &as_a,
+                &a,
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Namespace",
+                    "name": "default", "uid": "00000000-0000-0000-0000-000000000000"}]}}),
+            )
+            .await,
+        )
+        .unwrap_or_default();
+        assert!(
+            owner.contains("403") && owner.contains("finalizers or owner references"),
+            "{owner}"
+        );
         let relabel = denial(
             patch(
                 &as_a,

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::api::nodemaintenance::LIFECYCLE_CONDITIONS;
+use crate::api::nodemaintenance::{DRAIN_TAINT, LIFECYCLE_CONDITIONS, UNSCHEDULABLE_TAINT};
 
 use super::*;
 
@@ -364,9 +364,11 @@ pub fn rbac(o: &Options) -> Vec<Value> {
 /// ServiceAccount may update a Node only if its token is bound to that node
 /// (directly, or through a pod scheduled there), and may change only
 /// nodekeeper's own label and annotations on it, and in its status only
-/// the lifecycle conditions. Taints and cordon are not
-/// restricted by key: maintenance needs both, and they are spec fields of
-/// the node the agent owns anyway.
+/// the lifecycle conditions. In its spec it may cordon and change only
+/// the two taints a maintenance sets (medik8s's drain taint and the
+/// unschedulable one); finalizers and owner references stay as they are,
+/// so a stolen token can neither keep pods off the node with a taint of
+/// its own nor hold the Node's deletion.
 pub fn admission(o: &Options) -> Vec<Value> {
     let user = format!("system:serviceaccount:{}:{AGENT_ACCOUNT}", o.namespace);
     let annotation_prefix = APPLIED_ANNOTATION
@@ -396,6 +398,12 @@ pub fn admission(o: &Options) -> Vec<Value> {
     // Kubernetes version has (status is a map to CEL at run time).
     let changed_status = "object.status.filter(k, k != 'conditions' && (!(k in oldObject.status) || object.status[k] != oldObject.status[k])) + \
          oldObject.status.filter(k, k != 'conditions' && !(k in object.status))";
+    // The same for the spec, but for the cordon and the taints.
+    let changed_spec = "object.spec.filter(k, k != 'unschedulable' && k != 'taints' && (!(k in oldObject.spec) || object.spec[k] != oldObject.spec[k])) + \
+         oldObject.spec.filter(k, k != 'unschedulable' && k != 'taints' && !(k in object.spec))";
+    let ours = format!("['{DRAIN_TAINT}', '{UNSCHEDULABLE_TAINT}']");
+    let other_taints =
+        |o: &str| format!("{o}.spec.?taints.orValue([]).filter(t, !(t.key in {ours}))");
     vec![
         json!({
           "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
@@ -412,7 +420,8 @@ pub fn admission(o: &Options) -> Vec<Value> {
               {"name": "changedLabels", "expression": changed("labels")},
               {"name": "changedAnnotations", "expression": changed("annotations")},
               {"name": "changedConditions", "expression": changed_conditions},
-              {"name": "changedStatus", "expression": changed_status}
+              {"name": "changedStatus", "expression": changed_status},
+              {"name": "changedSpec", "expression": changed_spec}
             ],
             "validations": [
               {"expression": "variables.boundNode != ''", "reason": "Forbidden",
@@ -426,7 +435,13 @@ pub fn admission(o: &Options) -> Vec<Value> {
               {"expression": format!("variables.changedConditions.all(t, t in {lifecycle})"), "reason": "Forbidden",
                "messageExpression": "'nodekeeper agent may change only the node lifecycle conditions (KEP-5683), not ' + variables.changedConditions.join(', ')"},
               {"expression": "variables.changedStatus.size() == 0", "reason": "Forbidden",
-               "messageExpression": "'nodekeeper agent may not change node status ' + variables.changedStatus.join(', ')"}
+               "messageExpression": "'nodekeeper agent may not change node status ' + variables.changedStatus.join(', ')"},
+              {"expression": "variables.changedSpec.size() == 0", "reason": "Forbidden",
+               "messageExpression": "'nodekeeper agent may change only the cordon and its own taints in node spec, not ' + variables.changedSpec.join(', ')"},
+              {"expression": format!("{} == {}", other_taints("object"), other_taints("oldObject")), "reason": "Forbidden",
+               "message": format!("nodekeeper agent may add or remove only the taints {DRAIN_TAINT} and {UNSCHEDULABLE_TAINT}")},
+              {"expression": "object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) && object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])", "reason": "Forbidden",
+               "message": "nodekeeper agent may not change a node's finalizers or owner references"}
             ]
           }
         }),
