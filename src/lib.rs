@@ -106,8 +106,10 @@
 //!   control-plane quorum), the caBundle instances share, rotation time.
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`] (concurrent
-//!   evictions guarded by pod UID) and [`effects::lease`] (the medik8s node
-//!   lease, leader election), [`effects::events`] (Events for `kubectl
+//!   evictions guarded by pod UID), [`effects::lease`] (taking and giving
+//!   back a lease: the medik8s node lease, the leader lease) and
+//!   [`effects::leader`] (the cluster role's election, its gate and
+//!   hand-over), [`effects::events`] (Events for `kubectl
 //!   describe`, repeats counted as a series, at most 128 remembered) and
 //!   [`effects::host`], the only module that
 //!   touches the machine: argv commands with a timeout (directly, or in PID
@@ -212,7 +214,7 @@
 //! guarded. (Replacement's pairing annotations stay guarded: a pair decided
 //! on a stale copy must not be written.) The interpreter holds
 //! no policy, and starts no effect once the cluster role's lease is in
-//! doubt ([`effects::lease::LeaderGate`]). (The webhook's caBundle write is
+//! doubt ([`effects::leader::LeaderGate`]). (The webhook's caBundle write is
 //! not the loop's: it lives with the server in [`service::admission`], also
 //! guarded by resourceVersion.) Status is written by server-side
 //! apply with one field manager, [`effects::FIELD_MANAGER`]; keys the new

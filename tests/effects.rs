@@ -27,7 +27,7 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
             ),
             exec: nodekeeper::effects::host::Exec::Direct,
             provider: None,
-            gate: nodekeeper::effects::lease::LeaderGate::always(),
+            gate: nodekeeper::effects::leader::LeaderGate::always(),
         };
         let name = format!("{}-owned", env.id);
         let mut nm = NodeMaintenance::new(

@@ -9,6 +9,7 @@
 pub mod events;
 pub mod evict;
 pub mod host;
+pub mod leader;
 pub mod lease;
 mod objects;
 pub mod prometheus;
@@ -39,7 +40,7 @@ pub struct Interpreter {
     pub provider: Option<provider::Provider>,
     /// The cluster role's leadership: no effect starts once its lease is in
     /// doubt (always open in the node role).
-    pub gate: lease::LeaderGate,
+    pub gate: leader::LeaderGate,
 }
 
 impl Interpreter {

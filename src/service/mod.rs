@@ -155,10 +155,10 @@ pub async fn run(
         Scope::AllNodes { .. } => metrics::Role::Cluster,
     });
     let lost_leadership: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let mut gate = crate::effects::lease::LeaderGate::always();
+    let mut gate = crate::effects::leader::LeaderGate::always();
     let mut leadership = None;
     if matches!(scope, Scope::AllNodes { .. }) {
-        let lead = crate::effects::lease::lead(
+        let lead = crate::effects::leader::lead(
             client.clone(),
             config.leader_namespace.clone(),
             config.leader_lease.clone(),

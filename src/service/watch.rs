@@ -160,7 +160,7 @@ const GATE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// a leader that renewed its lease for ever and decided nothing. A lease
 /// really lost ends the process (`service::run`), not this loop.
 pub async fn run_passes<F, Fut>(
-    gate: &crate::effects::lease::LeaderGate,
+    gate: &crate::effects::leader::LeaderGate,
     kicks: &smol::channel::Receiver<()>,
     mut pass: F,
 ) where
@@ -485,7 +485,7 @@ mod tests {
 #[cfg(test)]
 mod pass_loop_tests {
     use super::*;
-    use crate::effects::lease::LeaderGate;
+    use crate::effects::leader::LeaderGate;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
