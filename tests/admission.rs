@@ -3,8 +3,9 @@
 //! moved to this test's port), an agent serving `--admission-address` on
 //! loopback, and the API server calling it by URL. Checks NMO's refusals
 //! with their exact messages as `kubectl create` prints them, the caBundle
-//! nodekeeper writes, a restart with a new certificate, and the status
-//! fallback when no webhook answers (failurePolicy Ignore).
+//! nodekeeper writes and takes back as it stops, a restart with a new
+//! certificate, the bound on connections, and the status fallback when no
+//! webhook answers (failurePolicy Ignore).
 //!
 //! One test: the configuration is cluster-wide, so its phases run in turn.
 
@@ -18,7 +19,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use nodekeeper::api::nodemaintenance::*;
 use nodekeeper::decide::admission::{CONTROL_PLANE_LABEL, OWNERS_ANNOTATION, pem_blocks};
-use nodekeeper::service::admission::{CONFIGURATION, PATH, WEBHOOK};
+use nodekeeper::service::admission::{CONFIGURATION, MAX_CONNECTIONS, PATH, WEBHOOK};
 use support::{Agent, TestEnv, block_on, install_crds, kubectl, run_cli, wait_for};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -239,6 +240,41 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
                 probe(round)
             },
         )
+        .await;
+        assert!(
+            refused.contains(&refusal("invalid nodeName, no node with name")),
+            "{refused}"
+        );
+
+        // 4b. Connections beyond MAX_CONNECTIONS are closed as they come
+        // (idle ones, never past the TLS handshake, held each slot for its
+        // 10 s), and once they are gone the webhook answers again.
+        let held: Vec<std::net::TcpStream> = (0..=MAX_CONNECTIONS)
+            .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting"))
+            .collect();
+        let mut last = held
+            .last()
+            .expect("connections")
+            .try_clone()
+            .expect("a handle");
+        last.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("a read timeout");
+        let mut byte = [0u8; 1];
+        let read = std::io::Read::read(&mut last, &mut byte);
+        assert!(
+            matches!(read, Ok(0))
+                || read
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "connection {} of {} was not closed at once: {read:?}",
+            MAX_CONNECTIONS + 1,
+            MAX_CONNECTIONS
+        );
+        drop((held, last));
+        let refused = wait_for("the webhook to answer after a flood", LONG, || {
+            round += 1;
+            probe(round)
+        })
         .await;
         assert!(
             refused.contains(&refusal("invalid nodeName, no node with name")),

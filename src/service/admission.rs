@@ -48,6 +48,11 @@ pub const DEFAULT_PORT: u16 = 9443;
 const MAX_HEAD: usize = 16 * 1024;
 const MAX_BODY: usize = 3 * 1024 * 1024;
 const IDLE: Duration = Duration::from_secs(90);
+/// Connections served at once; more are closed as they arrive. The API
+/// servers keep a few alive each; without a bound, anyone who can reach
+/// the port could hold any number (each up to [`MAX_BODY`] for [`IDLE`]
+/// per read) and make the agent read the cluster for each.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// `run --admission-*`, validated.
 #[derive(Debug, Clone)]
@@ -188,12 +193,40 @@ pub async fn serve(config: Config, client: Client) -> Result<(SocketAddr, Webhoo
     Ok((bound, Webhook { state }))
 }
 
+/// One of [`MAX_CONNECTIONS`], given back when its connection ends.
+struct Slot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 async fn accept(listener: TcpListener, state: Arc<State>) {
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut warned = false;
     loop {
         match listener.accept().await {
             Ok((tcp, peer)) => {
+                if open.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    let level = if warned {
+                        log::Level::Debug
+                    } else {
+                        log::Level::Warn
+                    };
+                    warned = true;
+                    log::log!(
+                        level,
+                        "admission: {MAX_CONNECTIONS} connections open; closing the one from {peer}"
+                    );
+                    drop(tcp);
+                    continue;
+                }
+                let slot = Slot(open.clone());
                 let state = state.clone();
                 crate::runtime::spawn(async move {
+                    let _slot = slot;
                     let tls = lock(&state.serving).clone();
                     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
                     let handshake = crate::runtime::timeout(
