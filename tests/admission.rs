@@ -150,12 +150,16 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
                 r.err()
             }
         };
-        let mut round = 0;
-        let refused = wait_for("the webhook to answer", LONG, || {
-            round += 1;
-            probe(round)
-        })
-        .await;
+        // The first refusal of a fresh probe, once the webhook answers.
+        let round = std::cell::Cell::new(0);
+        let (round, probe) = (&round, &probe);
+        let answered = |what: &'static str| {
+            wait_for(what, LONG, move || {
+                round.set(round.get() + 1);
+                probe(round.get())
+            })
+        };
+        let refused = answered("the webhook to answer").await;
 
         // 1. No such node.
         assert!(
@@ -232,15 +236,7 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
             1,
             "the old CA is gone: {second_bundle}"
         );
-        let refused = wait_for(
-            "the webhook to answer with the new certificate",
-            LONG,
-            || {
-                round += 1;
-                probe(round)
-            },
-        )
-        .await;
+        let refused = answered("the webhook to answer with the new certificate").await;
         assert!(
             refused.contains(&refusal("invalid nodeName, no node with name")),
             "{refused}"
@@ -271,11 +267,7 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
             MAX_CONNECTIONS
         );
         drop((held, last));
-        let refused = wait_for("the webhook to answer after a flood", LONG, || {
-            round += 1;
-            probe(round)
-        })
-        .await;
+        let refused = answered("the webhook to answer after a flood").await;
         assert!(
             refused.contains(&refusal("invalid nodeName, no node with name")),
             "{refused}"
