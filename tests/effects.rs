@@ -26,6 +26,7 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
                 nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
             ),
             exec: nodekeeper::effects::host::Exec::Direct,
+            records: support::scratch().join("effects-records"),
             provider: None,
             gate: nodekeeper::effects::leader::LeaderGate::always(),
         };

@@ -43,6 +43,7 @@ pub enum Command {
     HostKubeconfig(deploy::HostKubeconfigArgs),
     Version(VersionArgs),
     HostExec(HostExecArgs),
+    HostRun(HostRunArgs),
 }
 
 /// Run a command in the host's mount namespace (PID 1's); used by the reboot DaemonSet, which has host PID.
@@ -52,6 +53,30 @@ pub struct HostExecArgs {
     /// whose mount namespace to join (default 1, the host's init)
     #[argh(option, default = "1")]
     pub pid: u32,
+    /// the command and its arguments, after --
+    #[argh(positional, greedy)]
+    pub argv: Vec<String>,
+}
+
+/// Start a reboot or upgrade command as the host's own process, with its result kept on the host (what the node agent runs; see effects::host_run).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "host-run")]
+pub struct HostRunArgs {
+    /// enter this process's namespaces and cgroups first (1: the host's init; for an agent in a pod with host PID)
+    #[argh(option)]
+    pub join: Option<u32>,
+    /// the command's id: one record, one run, per id
+    #[argh(option)]
+    pub id: String,
+    /// where records are kept on the host
+    #[argh(option, default = "std::path::PathBuf::from(crate::effects::host_run::DEFAULT_RECORDS)")]
+    pub records: std::path::PathBuf,
+    /// how long the command may run before it is killed
+    #[argh(option)]
+    pub seconds: u64,
+    /// run the command and write its result (started by host-run itself)
+    #[argh(switch)]
+    pub supervise: bool,
     /// the command and its arguments, after --
     #[argh(positional, greedy)]
     pub argv: Vec<String>,
@@ -143,6 +168,20 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::HostExec(args) => Err(Error::Invalid(crate::effects::host::host_exec(
             args.pid, &args.argv,
         ))),
+        Command::HostRun(args) => {
+            let run = if args.supervise {
+                crate::effects::host_run::supervise(&args.records, &args.id, args.seconds, &args.argv)
+            } else {
+                crate::effects::host_run::start(
+                    args.join,
+                    &args.records,
+                    &args.id,
+                    args.seconds,
+                    &args.argv,
+                )
+            };
+            run.map(|()| ExitCode::SUCCESS).map_err(Error::Invalid)
+        }
         Command::Status(args) => runtime::block_on(status::status(args)),
         Command::RebootRequired(args) => {
             validate_node_name(&args.node)?;

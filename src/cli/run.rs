@@ -43,6 +43,12 @@ pub struct RunArgs {
     /// run host commands (reboot, sentinel command) in PID 1's mount namespace: for the reboot DaemonSet, which has host PID
     #[argh(switch)]
     pub host_exec: bool,
+    /// where reboot and upgrade commands keep their records and results on the host, so that an agent restarted mid-command publishes the result (default /run/nodekeeper/commands)
+    #[argh(
+        option,
+        default = "PathBuf::from(crate::effects::host_run::DEFAULT_RECORDS)"
+    )]
+    pub command_records: PathBuf,
     /// talk HTTP/1.1 only to the API server (default: offer HTTP/2 and let the server choose)
     #[argh(switch)]
     pub http1_only: bool,
@@ -95,6 +101,8 @@ pub struct RunConfig {
     pub node_agents: bool,
     pub host_root: PathBuf,
     pub host_exec: crate::effects::host::Exec,
+    /// `--command-records`, a path on the host.
+    pub command_records: PathBuf,
     /// Cluster role: the provider plugin (`--provider-command`).
     pub provider: Option<crate::effects::provider::Provider>,
     /// The validating webhook (`--admission-address`), if served.
@@ -221,6 +229,7 @@ impl RunConfig {
             evictions_in_flight,
             node_agents: args.node_agents,
             host_root: args.host_root,
+            command_records: args.command_records,
             host_exec: if args.host_exec {
                 crate::effects::host::Exec::HostNamespace
             } else {

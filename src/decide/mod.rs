@@ -108,6 +108,14 @@ pub enum Effect {
     /// recorded on the node as `record` says.
     RunHost {
         node: String,
+        /// The command's id: the host keeps one record per id
+        /// (`effects::host_run`), so running it again attaches to the
+        /// first run (an agent restarted mid-upgrade publishes its
+        /// result) instead of starting a second.
+        id: String,
+        /// The cluster role's `reboot.remoteCommand`: run as its own child
+        /// (it reaches out to the machine), not as a host process.
+        remote: bool,
         argv: Vec<String>,
         record: HostRecord,
         /// How long the command may run before it is killed.

@@ -51,7 +51,7 @@ pub fn command_line(argv: &[String], exec: Exec) -> Vec<String> {
 pub const FS_LOOK_DEADLINE: Duration = Duration::from_secs(10);
 
 /// `look` on the blocking pool, within [`FS_LOOK_DEADLINE`].
-async fn bounded<T: Send + 'static>(
+pub(crate) async fn bounded<T: Send + 'static>(
     look: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> Result<T, String> {
     crate::runtime::timeout(FS_LOOK_DEADLINE, smol::unblock(look))

@@ -9,6 +9,7 @@
 pub mod events;
 pub mod evict;
 pub mod host;
+pub mod host_run;
 pub mod leader;
 pub mod lease;
 mod objects;
@@ -36,6 +37,9 @@ pub struct Interpreter {
     pub evictions: evict::Permits,
     /// How host commands start (directly, or in the host's mount namespace).
     pub exec: host::Exec,
+    /// Where host commands keep their records on the host
+    /// (`run --command-records`, see [`host_run`]).
+    pub records: std::path::PathBuf,
     /// The cloud provider plugin (`run --provider-command`), if any.
     pub provider: Option<provider::Provider>,
     /// The cluster role's leadership: no effect starts once its lease is in
@@ -129,8 +133,18 @@ impl Interpreter {
                     .await
             }
             Effect::PatchPool { name, patch } => self.patch_pool(name, patch).await,
-            Effect::RunHost { argv, timeout, .. } => Ok(
-                match host::command(&host::command_line(argv, self.exec), *timeout).await {
+            Effect::RunHost {
+                id,
+                remote,
+                argv,
+                timeout,
+                ..
+            } => Ok(
+                match if *remote {
+                    host::command(argv, *timeout).await
+                } else {
+                    host_run::command(id, argv, *timeout, self.exec, &self.records).await
+                } {
                     Ok(()) => Outcome::HostRan {
                         ok: true,
                         output: String::new(),

@@ -384,6 +384,7 @@ pub async fn run(
             events,
             evictions: crate::effects::evict::Permits::new(evictions_in_flight),
             exec: config.host_exec,
+            records: config.command_records.clone(),
             provider: config.provider.clone(),
             gate,
         },

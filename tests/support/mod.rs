@@ -447,6 +447,14 @@ impl Agent {
         if args.first() == Some(&"run") && !args.contains(&"--metrics-address") {
             args.extend(["--metrics-address", "127.0.0.1:0"]);
         }
+        // Host command records (`run --command-records`): the default is
+        // /run on a host, which a test user cannot write; each agent gets
+        // its own unless the test shares one (an agent restarted mid-
+        // command finds its predecessor's).
+        let records = log.with_extension("records").display().to_string();
+        if args.first() == Some(&"run") && !args.contains(&"--command-records") {
+            args.extend(["--command-records", records.as_str()]);
+        }
         let child = Command::new(bin)
             .args(&args)
             .env("KUBECONFIG", kubeconfig)

@@ -90,7 +90,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
             .find(|o| o.kind == OWNER_KIND)
             .and_then(|o| s.policies.iter().find(|p| p.name_any() == o.name));
         if let Some(p) = policy {
-            return issue(node, boot, argv(&p.spec.reboot.command, &n));
+            return issue(node, boot, argv(&p.spec.reboot.command, &n), false);
         }
     }
     // The host says a reboot is needed and nothing says so yet.
@@ -124,8 +124,9 @@ pub fn sentinel_record(node: &Node, error: Option<&str>) -> Option<Effect> {
 
 /// Issue a reboot in `boot`: first record it on the node, guarded by the
 /// resourceVersion (of two writers only one succeeds, and a failed write
-/// stops the plan before the command), then run the command.
-pub fn issue(node: &Node, boot: &str, argv: Vec<String>) -> Vec<Effect> {
+/// stops the plan before the command), then run the command: on this
+/// host, or (`remote`, the cluster role's `reboot.remoteCommand`) from here.
+pub fn issue(node: &Node, boot: &str, argv: Vec<String>, remote: bool) -> Vec<Effect> {
     let n = node.name_any();
     vec![
         Effect::PatchNode {
@@ -134,7 +135,9 @@ pub fn issue(node: &Node, boot: &str, argv: Vec<String>) -> Vec<Effect> {
             patch: json!({"metadata": {"annotations": {ISSUED_ANNOTATION: boot}}}),
         },
         Effect::RunHost {
+            id: format!("reboot/{n}/{boot}"),
             node: n,
+            remote,
             argv,
             record: HostRecord {
                 annotation: FAILED_ANNOTATION,

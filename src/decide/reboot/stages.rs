@@ -366,7 +366,7 @@ impl<'a> Decision<'a> {
         self.set(&n, RebootPhase::Rebooting, Some(before), None, msg.into());
         if !issued && remote && held {
             let argv = argv(&spec.remote_command, &n);
-            self.effects.extend(node::issue(node, before, argv));
+            self.effects.extend(node::issue(node, before, argv, true));
         }
         self.deadline(node);
     }

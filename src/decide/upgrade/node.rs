@@ -60,11 +60,24 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         let t = token(&plan.name_any(), version, boot);
         let strategy = &plan.spec.strategy;
         if annotation(node, ISSUED_ANNOTATION) == Some(t.as_str()) {
-            // Issued in this boot. With a reboot to follow: only after the
-            // command succeeded, and once per boot.
-            let ok = annotation(node, RESULT_ANNOTATION) == Some(format!("{t} ok").as_str());
+            // Issued in this boot, no result yet: the command runs, or ran,
+            // as the host's process (an agent that restarted meanwhile
+            // lost sight of it). Running it again attaches to that run by
+            // its id and publishes its result; it never starts a second.
+            let result = annotation(node, RESULT_ANNOTATION).unwrap_or_default();
+            if !result.starts_with(&format!("{t} ")) {
+                return vec![run(&n, &t, plan, version)];
+            }
+            // With a reboot to follow: only after the command succeeded,
+            // and once per boot.
+            let ok = result == format!("{t} ok");
             if strategy.reboot && ok && !issued_in(node, boot) && failure_in(node, boot).is_none() {
-                return issue(node, boot, expand(&strategy.reboot_command, version, &n));
+                return issue(
+                    node,
+                    boot,
+                    expand(&strategy.reboot_command, version, &n),
+                    false,
+                );
             }
             continue;
         }
@@ -82,19 +95,27 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
                 resource_version: node.resource_version(),
                 patch: json!({"metadata": {"annotations": {ISSUED_ANNOTATION: t}}}),
             },
-            Effect::RunHost {
-                node: n.clone(),
-                argv: expand(&strategy.command, version, &n),
-                record: HostRecord {
-                    annotation: RESULT_ANNOTATION,
-                    failed: format!("{t} failed: "),
-                    succeeded: Some(format!("{t} ok")),
-                },
-                timeout: Duration::from_secs(plan.spec.deadlines.upgrade_seconds.max(1) as u64),
-            },
+            run(&n, &t, plan, version),
         ];
     }
     Vec::new()
+}
+
+/// The upgrade command of `plan` to `version` on node `n`, whose token is
+/// `t`: its id on the host, and what its result records.
+fn run(n: &str, t: &str, plan: &UpgradePlan, version: &str) -> Effect {
+    Effect::RunHost {
+        node: n.to_string(),
+        id: t.to_string(),
+        remote: false,
+        argv: expand(&plan.spec.strategy.command, version, n),
+        record: HostRecord {
+            annotation: RESULT_ANNOTATION,
+            failed: format!("{t} failed: "),
+            succeeded: Some(format!("{t} ok")),
+        },
+        timeout: Duration::from_secs(plan.spec.deadlines.upgrade_seconds.max(1) as u64),
+    }
 }
 
 /// The plan that already issued the upgrade to `version` on this node in

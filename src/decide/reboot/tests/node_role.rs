@@ -59,7 +59,7 @@ fn the_host_signal_marks_need_once() {
 
 #[test]
 fn a_failed_command_is_recorded_with_its_boot() {
-    let run = issue(&node("a", "b0"), "b0", vec![]).remove(1);
+    let run = issue(&node("a", "b0"), "b0", vec![], false).remove(1);
     let fx = after_command(
         &run,
         &Outcome::HostRan {

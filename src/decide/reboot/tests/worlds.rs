@@ -64,6 +64,9 @@ struct World {
     cannot_run: std::collections::BTreeSet<String>,
     /// Upgrade commands per (node, version, boot).
     upgrades: BTreeMap<(String, String, String), u32>,
+    /// The host's records of upgrade commands, by id (`effects::host_run`):
+    /// running an id again attaches to its first run.
+    host_runs: BTreeMap<String, bool>,
     /// What the run did, for the message of a broken invariant.
     trace: Vec<String>,
     /// MaintenancePlanned writes: (True, False).
@@ -174,6 +177,7 @@ impl World {
             plans,
             cannot_run,
             upgrades: BTreeMap::new(),
+            host_runs: BTreeMap::new(),
             rng,
             now: now(),
             rv: 10,

@@ -418,3 +418,50 @@ fn a_node_found_at_the_version_is_done_and_says_which() {
     assert_eq!(e.phase, UpgradePhase::Done);
     assert_eq!(e.version.as_deref(), Some("v2"));
 }
+
+/// An agent restarted while its upgrade command runs (a DaemonSet rollout)
+/// asks for the same command again, by the same id and without a second
+/// issue record: the host's record attaches it to the first run
+/// (`effects::host_run`), whose result it then publishes. Once a result
+/// is recorded, nothing runs.
+#[test]
+fn an_agent_restarted_mid_upgrade_attaches_to_the_command_by_its_id() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    let fx = w.agent("a");
+    let (Effect::PatchNode { patch, .. }, Effect::RunHost { id, .. }) = (&fx[0], &fx[1]) else {
+        panic!("expected issue + run, got {fx:?}");
+    };
+    let (issued, first) = (
+        patch["metadata"]["annotations"][ISSUED_ANNOTATION]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        id.clone(),
+    );
+    assert_eq!(first, issued, "the command's id is its issue record");
+    w.edit_node("a", |n| {
+        n.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ISSUED_ANNOTATION.into(), issued.clone());
+    });
+    let again = w.agent("a");
+    assert!(
+        matches!(&again[..], [Effect::RunHost { id, .. }] if *id == first),
+        "attach, no second issue: {again:?}"
+    );
+    w.edit_node("a", |n| {
+        n.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(RESULT_ANNOTATION.into(), format!("{issued} failed: disk full"));
+    });
+    let after = w.agent("a");
+    assert!(after.is_empty(), "a result ends it: {after:?}");
+}

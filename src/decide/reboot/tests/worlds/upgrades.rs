@@ -195,9 +195,23 @@ impl World {
     /// and boot; it succeeds most of the time (the node then reports the
     /// version), and its result is recorded as the agent would.
     pub(super) fn run_upgrade(&mut self, who: &str, e: &Effect) -> Result<(), String> {
-        let Effect::RunHost { node, argv, .. } = e else {
+        let Effect::RunHost { node, argv, id, .. } = e else {
             return Ok(());
         };
+        // A second run of one id attaches to the first (the host's record)
+        // and publishes its result again: not a second command.
+        if let Some(ok) = self.host_runs.get(id).copied() {
+            self.trace
+                .push(format!("{node}: upgrade command {id} attached to, ok={ok}"));
+            let outcome = crate::decide::Outcome::HostRan {
+                ok,
+                output: if ok { String::new() } else { "exit 1".into() },
+            };
+            if let Some(follow) = node::after_command(e, &outcome) {
+                self.apply(who, &follow)?;
+            }
+            return Ok(());
+        }
         let version = argv.get(1).cloned().unwrap_or_default();
         let boot = self
             .nodes
@@ -215,6 +229,7 @@ impl World {
             "{node}: a second upgrade command to {version} in one boot"
         );
         let ok = !self.rng.chance(15);
+        self.host_runs.insert(id.clone(), ok);
         self.trace
             .push(format!("{node}: upgrade command to {version}, ok={ok}"));
         let outcome = crate::decide::Outcome::HostRan {
