@@ -248,16 +248,20 @@ fn each_profile_runs_under_the_pod_security_level_the_readme_names() {
         let mut env = TestEnv::new("psa").await;
         let node = env.add_node("a").await;
         env.wait_node_ready(&node).await;
-        // (level, reboot profile, runs)
-        for (level, reboot, runs) in [
-            ("restricted", false, true),
-            ("baseline", true, false),
-            ("privileged", true, true),
+        // (level, reboot profile, upgrade profile, runs)
+        for (level, reboot, upgrade, runs) in [
+            ("restricted", false, false, true),
+            ("baseline", true, false, false),
+            ("privileged", true, false, true),
+            ("baseline", true, true, false),
+            ("privileged", true, true, true),
         ] {
-            let ns = env.add_namespace(level).await;
+            let suffix = format!("{level}{}", if upgrade { "-upgrade" } else { "" });
+            let ns = env.add_namespace(&suffix).await;
             let opts = Options {
                 namespace: ns.clone(),
                 reboot,
+                upgrade,
                 ..Default::default()
             };
             // The level the shipped namespace enforces for this profile

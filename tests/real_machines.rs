@@ -61,19 +61,24 @@ fn kubectl(args: &[&str], stdin: Option<&str>) {
 }
 
 /// The README's reboot profile for the k3s folder / DaemonSet:
-/// `nodekeeper manifests --for k3s --reboot --out DIR`, applied as written.
+/// `nodekeeper manifests --for k3s --reboot --out DIR`, applied as written
+/// ([`deploy_profile`] with `--upgrade` for the upgrade profile).
 /// One change, the test cluster's and not the product's: the cluster
 /// role's Deployment is placed on the machines (they carry a test taint,
 /// and the cluster's other nodes are kwok's, whose pods do not run). Waits
 /// until an agent is Ready on every machine and the cluster role runs.
 fn deploy_reboot_profile(env: &TestEnv) {
-    let dir = support::scratch().join(format!("k3s-reboot-{}", env.id));
+    deploy_profile(env, "--reboot")
+}
+
+fn deploy_profile(env: &TestEnv, profile: &str) {
+    let dir = support::scratch().join(format!("k3s-{profile}-{}", env.id));
     let out = Command::new(shipped_bin())
-        .args(["manifests", "--for", "k3s", "--reboot", "--out"])
+        .args(["manifests", "--for", "k3s", profile, "--out"])
         .arg(&dir)
         .output()
         .expect("running nodekeeper manifests");
-    assert!(out.status.success(), "manifests --for k3s --reboot failed");
+    assert!(out.status.success(), "manifests --for k3s {profile} failed");
     kubectl(&["apply", "-f", &dir.display().to_string()], None);
     let placement = json!({"spec": {"template": {"spec": {
         "nodeSelector": {REAL_NODE_KEY: "true"},
@@ -716,11 +721,23 @@ fn a_machine_that_does_not_come_back_holds_its_slot_until_it_does() {
 /// machine. Each machine upgraded once, one at a time, its hook done
 /// before its cordon, verified by the osImage the kubelet reports after
 /// the reboot and a new boot ID.
+/// The upgrade profile (`manifests --for k3s --upgrade`). Each machine's
+/// upgrade command needs what the agent's container does not have: 200 MiB
+/// (its limit is 64 MiB) and the host's network namespace (it records the
+/// one it ran in). The first machine's agent pod is force-deleted while its
+/// command runs (a DaemonSet rollout); the command, the host's own process,
+/// runs on, and the agent the DaemonSet starts anew publishes its result
+/// (the command ended after the old agent was gone). Each machine is
+/// upgraded once: the commands' own marks count the runs.
 #[test]
 fn an_in_place_os_upgrade_upgrades_each_machine_once() {
     let (_one, env, _tidy) = on_machines("rmupgrade");
     let ms = machines();
-    deploy_reboot_profile(&env);
+    deploy_profile(&env, "--upgrade");
+    // Shared with the machines (they share the host's /tmp).
+    let marks = support::scratch().join(format!("upgrade-marks-{}", env.id));
+    std::fs::create_dir_all(&marks).expect("the marks' folder");
+    let marks_dir = marks.display().to_string();
     let boots: Vec<String> = ms.iter().map(Machine::boot_id).collect();
     let log = NodeLog::start(env.client.clone());
     let from = now_ms();
@@ -734,6 +751,15 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
         "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [{"name": "check", "image": "localhost/nodekeeper:0.1.0",
             "imagePullPolicy": "Never", "args": ["version"]}]}}});
+    // {node} and {version} are the plan's; MARKS is this test's folder.
+    // The first command to start sleeps 25 s: time to replace its agent.
+    let command = r#"m=MARKS; echo "start $(date +%s%3N)" >> $m/{node}.runs
+readlink /proc/self/ns/net > $m/{node}.net
+x=$(head -c 209715200 /dev/zero | tr '\000' a); echo "${#x}" > $m/{node}.bytes
+if mkdir $m/slow 2>/dev/null; then echo {node} > $m/slow/node; sleep 25; fi
+printf 'NAME="nodekeeper test machine"\nVERSION_ID={version}\nPRETTY_NAME="nodekeeper test machine {version}"\n' > /etc/os-release
+echo "done $(date +%s%3N)" >> $m/{node}.runs"#
+        .replace("MARKS", &marks_dir);
     let plan: UpgradePlan = serde_json::from_value(json!({
         "apiVersion": "nodekeeper.io/v1alpha1", "kind": "UpgradePlan",
         "metadata": {"name": env.id},
@@ -742,8 +768,7 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
             "version": version,
             "versionFrom": {"source": "OSImage"},
             "budget": {"maxUnavailable": 1},
-            "strategy": {"type": "InPlace", "reboot": true, "command": ["sh", "-c",
-                "printf 'NAME=\"nodekeeper test machine\"\\nVERSION_ID={version}\\nPRETTY_NAME=\"nodekeeper test machine {version}\"\\n' > /etc/os-release"]},
+            "strategy": {"type": "InPlace", "reboot": true, "command": ["sh", "-c", command]},
             "hooks": {"before": [{"name": "check", "namespace": env.ns, "deadlineSeconds": 120, "job": hook_job}]},
         }
     }))
@@ -756,6 +781,50 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
     let job_pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     let ran_on = std::cell::RefCell::new(std::collections::BTreeMap::<String, String>::new());
     let upgraded = format!("nodekeeper test machine {version}");
+    // The first command sleeps: its agent pod goes, force-deleted.
+    let slow = marks.join("slow").join("node");
+    wait_host("the first upgrade command running", WAVE, || slow.exists());
+    let slow_node = std::fs::read_to_string(&slow)
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let machine = ms
+        .iter()
+        .find(|m| m.name == slow_node)
+        .unwrap_or_else(|| panic!("the slow command's node {slow_node:?} is a machine"));
+    let agent_words = ["/nodekeeper", "run", "--metrics-address :9477"];
+    let old_agent = machine.processes_with(&agent_words);
+    assert!(!old_agent.is_empty(), "the agent runs in {}", machine.name);
+    let agents: Api<Pod> = Api::namespaced(env.client.clone(), NS);
+    let agent_pod = block_on(agents.list(&ListParams::default()))
+        .expect("the agent pods")
+        .items
+        .into_iter()
+        .find(|p| {
+            p.owner_references().iter().any(|o| o.kind == "DaemonSet")
+                && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&machine.name)
+        })
+        .expect("an agent pod on the machine");
+    kubectl(
+        &[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            &agent_pod.name_any(),
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    let mut old_gone = 0;
+    wait_host("the old agent gone", Duration::from_secs(60), || {
+        old_gone = now_ms();
+        machine
+            .processes_with(&agent_words)
+            .iter()
+            .all(|p| !old_agent.contains(p))
+    });
     block_on(wait_for(
         "every machine on the new version",
         WAVE,
@@ -833,6 +902,43 @@ fn an_in_place_os_upgrade_upgrades_each_machine_once() {
             "{}'s hook ran on {node:?}: another machine expected ({ran_on:?})",
             m.name
         );
+        // The command's own marks: one run, with the host's memory and
+        // network.
+        let read = |ext: &str| {
+            std::fs::read_to_string(marks.join(format!("{}.{ext}", m.name))).unwrap_or_default()
+        };
+        let runs = read("runs");
+        assert_eq!(
+            runs.lines().filter(|l| l.starts_with("start ")).count(),
+            1,
+            "{}: one upgrade command: {runs}",
+            m.name
+        );
+        assert_eq!(read("bytes").trim(), "209715200", "{}: 200 MiB held", m.name);
+        let host_net = std::fs::read_link("/proc/self/ns/net").expect("the host's net namespace");
+        assert_eq!(
+            read("net").trim(),
+            host_net.display().to_string(),
+            "{}: the command ran in the host's network namespace",
+            m.name
+        );
+        if m.name == machine.name {
+            let done: u64 = runs
+                .lines()
+                .find_map(|l| l.strip_prefix("done "))
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or_default();
+            assert!(
+                done > old_gone,
+                "{}: the command ended ({done}) after its first agent was gone ({old_gone}): the next agent published its result",
+                m.name
+            );
+            eprintln!(
+                "{}: agent replaced mid-upgrade; the command ended {} ms after the old agent was gone",
+                m.name,
+                done - old_gone
+            );
+        }
     }
     assert_none_cordoned(&env);
 }

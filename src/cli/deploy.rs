@@ -52,9 +52,12 @@ pub struct ManifestsArgs {
     /// metrics address HOST:PORT, :PORT or off (default :9477 in pods, 127.0.0.1:9477 on the host)
     #[argh(option)]
     pub metrics_address: Option<String>,
-    /// let the node role reboot its host (daemonset, static-pod, systemd, k3s): host PID and the few capabilities it takes
+    /// let the node role reboot its host (daemonset, static-pod, systemd, k3s): host PID, root and three capabilities (host root in effect)
     #[argh(switch)]
     pub reboot: bool,
+    /// the reboot profile plus what upgrade commands (UpgradePlan) need: host root, a privileged container or an unsandboxed unit
+    #[argh(switch)]
+    pub upgrade: bool,
     /// deployment: node agents run beside it, so it only admits (the k3s folder always does)
     #[argh(switch)]
     pub node_agents: bool,
@@ -72,7 +75,8 @@ impl ManifestsArgs {
             kubeconfig: self.kubeconfig.clone().unwrap_or(d.kubeconfig),
             log_level: self.log_level.clone().unwrap_or(d.log_level),
             metrics_address: self.metrics_address.clone(),
-            reboot: self.reboot,
+            reboot: self.reboot || self.upgrade,
+            upgrade: self.upgrade,
             node_agents: self.node_agents,
             admission: self.admission,
         }

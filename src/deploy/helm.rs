@@ -99,9 +99,10 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
                          "annotations": {"helm.sh/resource-policy": "keep"}}}))
     );
 
-    let daemonset_for = |reboot: bool| {
+    let daemonset_for = |reboot: bool, upgrade: bool| {
         let mut ds = daemonset(&Options {
             reboot,
+            upgrade,
             ..t.clone()
         });
         let pod = &mut ds["spec"]["template"]["spec"];
@@ -191,9 +192,10 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
         template(
             "daemonset.yaml",
             format!(
-                "{{{{- if .Values.nodeAgents.enabled }}}}\n{{{{- if .Values.nodeAgents.reboot }}}}\n{}{{{{- else }}}}\n{}{{{{- end }}}}\n{{{{- end }}}}\n",
-                daemonset_for(true),
-                daemonset_for(false)
+                "{{{{- if .Values.nodeAgents.enabled }}}}\n{{{{- if .Values.nodeAgents.upgrade }}}}\n{}{{{{- else if .Values.nodeAgents.reboot }}}}\n{}{{{{- else }}}}\n{}{{{{- end }}}}\n{{{{- end }}}}\n",
+                daemonset_for(true, true),
+                daemonset_for(true, false),
+                daemonset_for(false, false)
             ),
         ),
         template(
@@ -289,9 +291,11 @@ logLevel: {log}\n\
 nodeAgents:\n\
 \x20 # One agent per node (DaemonSet): cordons, drains, reboots its own node.\n\
 \x20 enabled: true\n\
-\x20 # May reboot and upgrade its host (RebootPolicy, UpgradePlan): host PID,\n\
-\x20 # root and the capabilities `--host-exec` needs. Off: drains only.\n\
+\x20 # May reboot its host (RebootPolicy): host PID, root and the three\n\
+\x20 # capabilities `--host-exec` needs (host root in effect). Off: drains only.\n\
 \x20 reboot: {reboot}\n\
+\x20 # May also upgrade it (UpgradePlan): a privileged container (host root).\n\
+\x20 upgrade: {upgrade}\n\
 \x20 # It must run on the nodes it cordons and taints.\n\
 \x20 tolerations: [{{operator: Exists}}]\n\
 \x20 nodeSelector: {{}}\n\
@@ -322,6 +326,7 @@ webhook: false\n",
         image = o.image,
         log = o.log_level,
         reboot = o.reboot,
+        upgrade = o.upgrade,
         agent = agent,
     )
 }
@@ -347,6 +352,7 @@ fn schema() -> Value {
         "webhook": {"type": "boolean"},
         "nodeAgents": {"type": "object", "additionalProperties": false, "properties": {
           "enabled": {"type": "boolean"}, "reboot": {"type": "boolean"},
+          "upgrade": {"type": "boolean"},
           "tolerations": list, "nodeSelector": object, "resources": resources}},
         "cluster": {"type": "object", "additionalProperties": false, "properties": {
           "enabled": {"type": "boolean"}, "replicas": {"type": "integer", "minimum": 1},

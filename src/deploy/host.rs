@@ -30,6 +30,43 @@ ExecStart=/usr/local/bin/nodekeeper run --metrics-address {metrics}{admission} $
 Restart=always
 RestartSec=5
 TimeoutStopSec=30
+{sandbox}
+[Install]
+WantedBy=multi-user.target
+",
+        kubeconfig = o.kubeconfig,
+        rust_log = o.rust_log(),
+        metrics = o.host_metrics(),
+        admission = if o.admission {
+            format!(" {}", super::webhook::loopback_args().join(" "))
+        } else {
+            String::new()
+        },
+        sandbox = if o.upgrade {
+            UPGRADE_PROFILE.to_string()
+        } else {
+            sandbox(o.reboot)
+        },
+    )
+}
+
+/// `--upgrade`: host root, said plainly. A package manager writes anywhere,
+/// changes owners, loads modules and needs memory beyond any fixed limit;
+/// the commands also leave this unit's cgroup (effects::host_run), so that
+/// `systemctl restart nodekeeper` does not cut an upgrade short.
+const UPGRADE_PROFILE: &str = "\
+# --upgrade: upgrade commands need host root (a package manager writes
+# anywhere, changes owners, loads modules), so this unit is not sandboxed
+# and keeps every capability. Host commands run outside this unit's cgroup
+# with their results kept in /run/nodekeeper (RuntimeDirectory).
+RuntimeDirectory=nodekeeper
+RuntimeDirectoryPreserve=yes
+";
+
+/// The sandbox of the maintenance-only and `--reboot` units.
+fn sandbox(reboot: bool) -> String {
+    format!(
+        "\
 {capabilities}
 NoNewPrivileges=yes
 ProtectSystem=strict
@@ -51,19 +88,16 @@ MemoryDenyWriteExecute=yes
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
 MemoryMax=64M
-
-[Install]
-WantedBy=multi-user.target
-",
-        kubeconfig = o.kubeconfig,
-        rust_log = o.rust_log(),
-        metrics = o.host_metrics(),
-        admission = if o.admission {
-            format!(" {}", super::webhook::loopback_args().join(" "))
+{records}",
+        records = if reboot {
+            "# Reboot commands keep their records (effects::host_run) in /run/nodekeeper,\n\
+             # kept across restarts of this unit.\n\
+             RuntimeDirectory=nodekeeper\n\
+             RuntimeDirectoryPreserve=yes\n"
         } else {
-            String::new()
+            ""
         },
-        capabilities = if o.reboot {
+        capabilities = if reboot {
             "# Root to read a root-owned 0600 kubeconfig; with --reboot, CAP_SYS_ADMIN so\n\
              # that systemd accepts `systemctl reboot` from this unit (its D-Bus\n\
              # privilege check) and CAP_SYS_BOOT for a reboot command that calls\n\

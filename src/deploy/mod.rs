@@ -68,6 +68,10 @@ pub struct Options {
     /// and static pod get host PID and the capabilities `host-exec` needs,
     /// the systemd unit the capabilities `systemctl reboot` needs.
     pub reboot: bool,
+    /// The upgrade profile (`--upgrade`, implies `reboot`): upgrade
+    /// commands need host root, so the DaemonSet's and static pod's
+    /// container is privileged and the systemd unit unsandboxed.
+    pub upgrade: bool,
     /// The cluster-role Deployment runs beside node agents (`--node-agents`):
     /// it admits and leaves draining and rebooting to them. Always so in
     /// the k3s folder, which has the DaemonSet.
@@ -87,6 +91,7 @@ impl Default for Options {
             log_level: "info".into(),
             metrics_address: None,
             reboot: false,
+            upgrade: false,
             node_agents: false,
             admission: false,
         }

@@ -23,6 +23,7 @@ fn options_flow_into_the_manifests() {
         log_level: "debug".into(),
         metrics_address: Some("127.0.0.1:9999".into()),
         reboot: false,
+        upgrade: false,
         node_agents: false,
         admission: false,
     };
@@ -163,6 +164,48 @@ fn only_reboot_profiles_get_host_pid_and_capabilities() {
     for t in ["talos", "containerfile", "deployment", "crds"] {
         assert!(render(t, &o).is_err(), "{t} refuses --reboot");
     }
+}
+
+/// `--upgrade` is the reboot profile made host root, said plainly: a
+/// privileged container for the DaemonSet and the static pod, an
+/// unsandboxed unit; `--reboot` alone stays at three capabilities, and its
+/// unit keeps its sandbox with the records' directory writable.
+#[test]
+fn the_upgrade_profile_is_host_root_and_the_reboot_profile_is_not() {
+    let o = Options {
+        reboot: true,
+        upgrade: true,
+        ..Default::default()
+    };
+    for pod in [
+        daemonset(&o)["spec"]["template"]["spec"].clone(),
+        static_pod(&o)["spec"].clone(),
+    ] {
+        let sc = &pod["containers"][0]["securityContext"];
+        assert_eq!(pod["hostPID"], true);
+        assert_eq!(sc["privileged"], true, "{sc}");
+        assert!(sc.get("capabilities").is_none(), "{sc}");
+    }
+    let unit = |o: &Options| -> String {
+        render("systemd", o)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| f.content)
+            .collect()
+    };
+    let upgrade = unit(&o);
+    for sandbox in ["ProtectSystem", "MemoryMax", "CapabilityBoundingSet", "NoNewPrivileges"] {
+        assert!(!upgrade.contains(sandbox), "{sandbox} in {upgrade}");
+    }
+    assert!(upgrade.contains("RuntimeDirectory=nodekeeper\nRuntimeDirectoryPreserve=yes"));
+    let reboot = unit(&Options {
+        reboot: true,
+        ..Default::default()
+    });
+    assert!(reboot.contains("ProtectSystem=strict") && reboot.contains("MemoryMax=64M"));
+    assert!(reboot.contains("RuntimeDirectory=nodekeeper\nRuntimeDirectoryPreserve=yes"));
+    let plain = unit(&Options::default());
+    assert!(!plain.contains("RuntimeDirectory"), "{plain}");
 }
 
 /// `--admission` serves the webhook where a mode can: loopback for the

@@ -61,7 +61,7 @@ impl PodMode {
 /// the container is unconfined by AppArmor; seccomp stays RuntimeDefault
 /// (it allows setns with SYS_ADMIN). kured runs fully privileged instead.
 /// The sentinel file is read through /proc/1/root: no hostPath mount.
-pub(super) fn reboot_profile(pod: &mut Value, container: &mut Value) {
+pub(super) fn reboot_profile(pod: &mut Value, container: &mut Value, upgrade: bool) {
     pod["hostPID"] = json!(true);
     let sc = &mut container["securityContext"];
     // Root, said outright: the image's USER is 65532, and capabilities added
@@ -72,6 +72,18 @@ pub(super) fn reboot_profile(pod: &mut Value, container: &mut Value) {
     sc["runAsUser"] = json!(0);
     sc["capabilities"] = json!({"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]});
     sc["appArmorProfile"] = json!({"type": "Unconfined"});
+    if upgrade {
+        // Host root, said plainly: upgrade commands (a package manager)
+        // write anywhere, change owners, load modules. They run as the
+        // host's processes (effects::host_run) with the capabilities this
+        // container has, so it has them all.
+        sc["privileged"] = json!(true);
+        sc["allowPrivilegeEscalation"] = json!(true);
+        sc["seccompProfile"] = json!({"type": "Unconfined"});
+        if let Some(sc) = sc.as_object_mut() {
+            sc.remove("capabilities");
+        }
+    }
     if let Some(args) = container["args"].as_array_mut() {
         args.extend(["--host-root", "/proc/1/root", "--host-exec"].map(|a| json!(a)));
     }
@@ -117,7 +129,7 @@ pub fn daemonset(o: &Options) -> Value {
       "terminationGracePeriodSeconds": 30
     });
     if o.reboot {
-        reboot_profile(&mut pod, &mut container);
+        reboot_profile(&mut pod, &mut container, o.upgrade);
     }
     pod["containers"] = json!([container]);
     json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -255,7 +267,7 @@ pub(super) fn static_pod(o: &Options) -> Value {
         "volumes": [{"name": "kubeconfig", "hostPath": {"path": dir, "type": "Directory"}}]
     });
     if o.reboot {
-        reboot_profile(&mut pod, &mut c);
+        reboot_profile(&mut pod, &mut c, o.upgrade);
     }
     pod["containers"] = json!([c]);
     json!({
