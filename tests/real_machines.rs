@@ -914,7 +914,12 @@ echo "done $(date +%s%3N)" >> $m/{node}.runs"#
             "{}: one upgrade command: {runs}",
             m.name
         );
-        assert_eq!(read("bytes").trim(), "209715200", "{}: 200 MiB held", m.name);
+        assert_eq!(
+            read("bytes").trim(),
+            "209715200",
+            "{}: 200 MiB held",
+            m.name
+        );
         let host_net = std::fs::read_link("/proc/self/ns/net").expect("the host's net namespace");
         assert_eq!(
             read("net").trim(),

@@ -32,6 +32,11 @@ pub const PAUSED_ANNOTATION: &str = "nodekeeper.io/reboot-paused";
 /// The boot ID a reboot was issued in. At most one reboot is issued per
 /// boot: while the node still runs this boot, nothing reboots it again.
 pub const ISSUED_ANNOTATION: &str = "nodekeeper.io/reboot-issued";
+/// The node agent's answer to "can the governing policy's reboot command
+/// run on this host?" (`decide::command_check`): `<policy>/<generation>/
+/// <uid8> ok`, or `… cannot run: why`. A node is admitted only after `ok`
+/// (unless the cluster role reboots it with `reboot.remoteCommand`).
+pub const CHECK_ANNOTATION: &str = "nodekeeper.io/reboot-command-check";
 /// `<boot ID>: <message>` when the reboot command failed in that boot.
 pub const FAILED_ANNOTATION: &str = "nodekeeper.io/reboot-failed";
 /// Set by the node agent while its last look at the host's reboot signal

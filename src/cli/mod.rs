@@ -69,7 +69,10 @@ pub struct HostRunArgs {
     #[argh(option)]
     pub id: String,
     /// where records are kept on the host
-    #[argh(option, default = "std::path::PathBuf::from(crate::effects::host_run::DEFAULT_RECORDS)")]
+    #[argh(
+        option,
+        default = "std::path::PathBuf::from(crate::effects::host_run::DEFAULT_RECORDS)"
+    )]
     pub records: std::path::PathBuf,
     /// how long the command may run before it is killed
     #[argh(option)]
@@ -170,7 +173,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         ))),
         Command::HostRun(args) => {
             let run = if args.supervise {
-                crate::effects::host_run::supervise(&args.records, &args.id, args.seconds, &args.argv)
+                crate::effects::host_run::supervise(
+                    &args.records,
+                    &args.id,
+                    args.seconds,
+                    &args.argv,
+                )
             } else {
                 crate::effects::host_run::start(
                     args.join,

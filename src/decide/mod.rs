@@ -16,6 +16,7 @@
 pub mod admission;
 pub mod budget;
 pub mod claim;
+pub mod command_check;
 pub mod disrupt;
 pub mod drain;
 pub mod foreign;

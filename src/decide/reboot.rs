@@ -30,6 +30,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::budget::Member;
+use super::command_check::Check;
 use super::disrupt;
 use super::drain::selector_matches;
 use super::maintenance::annotation;
@@ -77,6 +78,41 @@ pub const WAIT_OTHER_POLICY: &str = "OtherPolicy";
 pub const NOT_RETURNED: &str = "NotReturned";
 /// The node's agent cannot read the host's reboot signal.
 pub const SENTINEL_FAILED: &str = "SentinelFailed";
+/// The node's agent has not said yet whether it can run the reboot command.
+pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
+/// The node's agent cannot run the reboot command (the maintenance-only
+/// install, a command missing on the host).
+pub const WAIT_COMMAND: &str = "CommandNotRunnable";
+
+/// Before a node is taken: the agent that would reboot it must have said
+/// it can run the policy's reboot command there (an agent installed
+/// without `--reboot` has no `systemctl`: its node was drained, then the
+/// reboot failed). Not asked when this cluster role reboots the node
+/// itself (`reboot.remoteCommand`). A command that cannot run is reported
+/// on the node once, when it is found.
+fn agent_check(d: &mut Decision, node: &Node) -> Option<(&'static str, String)> {
+    let p = d.s.policy;
+    if d.s.remote && !p.spec.reboot.remote_command.is_empty() {
+        return None;
+    }
+    let n = node.name_any();
+    match node::check_of(node, p) {
+        Check::Runnable => None,
+        Check::Unchecked => Some((
+            WAIT_AGENT_CHECK,
+            "waiting for the node's agent to say it can run the reboot command".into(),
+        )),
+        Check::NotRunnable(why) => {
+            let msg = format!(
+                "the node's agent cannot run the reboot command: {why} (an agent installed without --reboot cannot reboot its host)"
+            );
+            if d.prev(&n).and_then(|e| e.reason.as_deref()) != Some(WAIT_COMMAND) {
+                d.event(node, true, "RebootCommandNotRunnable", &msg);
+            }
+            Some((WAIT_COMMAND, msg))
+        }
+    }
+}
 
 /// NodeMaintenances a RebootPolicy took nodes with whose policy is gone:
 /// give those nodes back (see [`crate::decide::disrupt::orphans`]).
@@ -295,6 +331,8 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 WAIT_NOT_READY,
                 "the node reports no boot ID, so a reboot could not be verified".into(),
             ))
+        } else if let Some(wait) = agent_check(&mut d, node) {
+            Some(wait)
         } else {
             disrupt::wait(&disrupt::Admission {
                 what: "reboot",

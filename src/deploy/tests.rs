@@ -194,7 +194,12 @@ fn the_upgrade_profile_is_host_root_and_the_reboot_profile_is_not() {
             .collect()
     };
     let upgrade = unit(&o);
-    for sandbox in ["ProtectSystem", "MemoryMax", "CapabilityBoundingSet", "NoNewPrivileges"] {
+    for sandbox in [
+        "ProtectSystem",
+        "MemoryMax",
+        "CapabilityBoundingSet",
+        "NoNewPrivileges",
+    ] {
         assert!(!upgrade.contains(sandbox), "{sandbox} in {upgrade}");
     }
     assert!(upgrade.contains("RuntimeDirectory=nodekeeper\nRuntimeDirectoryPreserve=yes"));

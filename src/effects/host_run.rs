@@ -81,8 +81,7 @@ pub fn start(
         (None, true) => leave_cgroups(1).err(),
         (None, false) => None,
     };
-    std::fs::create_dir_all(records)
-        .map_err(|e| format!("creating {}: {e}", records.display()))?;
+    std::fs::create_dir_all(records).map_err(|e| format!("creating {}: {e}", records.display()))?;
     let dir = records.join(record_name(id));
     match std::fs::create_dir(&dir) {
         Ok(()) => {}
@@ -536,7 +535,11 @@ mod tests {
             cgroup_mount(mountinfo, "cpu,cpuacct").as_deref(),
             Some("/sys/fs/cgroup/cpu,cpuacct")
         );
-        assert_eq!(cgroup_mount(mountinfo, "pids"), None, "only a whole hierarchy");
+        assert_eq!(
+            cgroup_mount(mountinfo, "pids"),
+            None,
+            "only a whole hierarchy"
+        );
         assert_eq!(
             cgroup_mount(mountinfo, "").as_deref(),
             Some("/sys/fs/cgroup/unified")

@@ -13,6 +13,7 @@ use serde_json::json;
 use super::facts::{argv, boot_id, failure_in, issued_in, needs_reboot, paused};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
+use crate::decide::command_check::{self, Check};
 use crate::decide::disrupt::check_selector;
 use crate::decide::drain::selector_matches;
 use crate::decide::maintenance::owner_of;
@@ -59,6 +60,33 @@ pub fn governing<'a>(
                     b.name_any(),
                 ))
         })
+}
+
+/// The agent's check of `policy`'s reboot command as recorded on `node`.
+pub fn check_of(node: &Node, policy: &RebootPolicy) -> Check {
+    command_check::recorded(node, CHECK_ANNOTATION, &command_check::key(policy))
+}
+
+/// The reboot command the agent must check before its node can be
+/// admitted, with the key to record the answer under: the governing
+/// policy's, expanded for this node. `None` when no policy governs the
+/// node or the agent found it runnable for the policy's current spec. A
+/// failed check is looked at again each time (the program may have been
+/// installed since); [`record_check`] writes only a changed answer.
+pub fn to_check(node: &Node, policies: &[Arc<RebootPolicy>]) -> Option<(String, Vec<String>)> {
+    let p = governing(node, policies)?;
+    if check_of(node, p) == Check::Runnable {
+        return None;
+    }
+    Some((
+        command_check::key(p.as_ref()),
+        argv(&p.spec.reboot.command, &node.name_any()),
+    ))
+}
+
+/// Record the agent's answer on its node, unless it says so already.
+pub fn record_check(node: &Node, key: &str, answer: &Result<(), String>) -> Option<Effect> {
+    command_check::record(node, CHECK_ANNOTATION, key, answer)
 }
 
 /// The node role's effects for its own node's reboot, in order.

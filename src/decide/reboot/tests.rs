@@ -141,9 +141,26 @@ impl World {
         };
         let mut policies = self.others.clone();
         policies.push(Arc::new(self.policy.clone()));
+        // Each node as its agent leaves it once it found the reboot
+        // command runnable (unless the test says otherwise).
+        let nodes: Vec<Arc<Node>> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                if annotation(n, CHECK_ANNOTATION).is_some() {
+                    return n.clone();
+                }
+                let mut x = (**n).clone();
+                x.metadata.annotations.get_or_insert_default().insert(
+                    CHECK_ANNOTATION.into(),
+                    format!("{} ok", crate::decide::command_check::key(&self.policy)),
+                );
+                Arc::new(x)
+            })
+            .collect();
         decide(&Snapshot {
             policy: &self.policy,
-            nodes: &self.nodes,
+            nodes: &nodes,
             maintenances: &self.nms,
             policies: &policies,
             pods_on: &pods_on,
@@ -597,3 +614,88 @@ mod ownership;
 mod settings;
 mod world_tools;
 mod worlds;
+
+/// A node whose agent cannot reboot it (installed without --reboot: no
+/// `systemctl` in its container) is never taken: it waits, the policy says
+/// why per node and warns once; one whose agent has not answered yet waits
+/// for it; its neighbour, whose agent can, is admitted. A cluster role
+/// that reboots with `reboot.remoteCommand` needs no agent's word.
+#[test]
+fn a_node_whose_agent_cannot_reboot_it_is_never_drained_and_says_why() {
+    let key = crate::decide::command_check::key(&policy(3));
+    let with_check = |name: &str, value: Option<String>| {
+        let mut n = node(name, "b0");
+        let ann = n.metadata.annotations.get_or_insert_default();
+        match value {
+            Some(v) => ann.insert(CHECK_ANNOTATION.into(), v),
+            // Another policy's answer: not this one's.
+            None => ann.insert(CHECK_ANNOTATION.into(), "older/1/deadbeef ok".into()),
+        };
+        n
+    };
+    let mut w = World::new(
+        policy(3),
+        vec![
+            with_check("a", Some(format!("{key} cannot run: systemctl: not found"))),
+            with_check("b", None),
+            with_check("c", Some(format!("{key} ok"))),
+        ],
+    );
+    let plan = w.plan();
+    assert_eq!(created(&plan), ["c"]);
+    let st = status_of(&plan);
+    let a = st.nodes.iter().find(|e| e.name == "a").cloned();
+    let a = a.unwrap_or_else(|| panic!("a in {st:?}"));
+    assert_eq!(
+        (a.phase, a.reason.as_deref()),
+        (RebootPhase::Waiting, Some(WAIT_COMMAND))
+    );
+    assert!(
+        a.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("systemctl: not found"),
+        "{a:?}"
+    );
+    let b = st
+        .nodes
+        .iter()
+        .find(|e| e.name == "b")
+        .map(|e| e.reason.clone());
+    assert_eq!(b, Some(Some(WAIT_AGENT_CHECK.to_string())));
+    let warned = |plan: &Plan| {
+        plan.effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Event { reason, .. } if *reason == "RebootCommandNotRunnable"))
+            .count()
+    };
+    assert_eq!(warned(&plan), 2, "on the node and on the policy");
+    // The next pass, with the status it wrote: no second warning.
+    w.policy.status = Some(st);
+    assert_eq!(warned(&w.plan()), 0);
+    // Rebooted from the cluster role: no agent is asked.
+    w.policy.spec.reboot.remote_command = vec!["ipmi-reboot".into(), "{node}".into()];
+    w.policy.status = None;
+    w.remote = true;
+    assert_eq!(created(&w.plan()), ["a", "b", "c"]);
+
+    // The agent's side: it checks the governing policy's command, records
+    // a changed answer only, and stops asking once it can.
+    let policies = [Arc::new(policy(3))];
+    let fresh = node("a", "b0");
+    let (k, argv) = node::to_check(&fresh, &policies).unwrap_or_default();
+    assert_eq!(
+        (k.as_str(), argv),
+        (
+            key.as_str(),
+            vec!["systemctl".to_string(), "reboot".to_string()]
+        )
+    );
+    let no = Err("systemctl: not found".to_string());
+    assert!(node::record_check(&fresh, &key, &no).is_some());
+    let said = with_check("a", Some(format!("{key} cannot run: systemctl: not found")));
+    assert!(node::record_check(&said, &key, &no).is_none());
+    assert!(node::to_check(&said, &policies).is_some(), "asked again");
+    let ok = with_check("a", Some(format!("{key} ok")));
+    assert!(node::to_check(&ok, &policies).is_none());
+}

@@ -126,39 +126,17 @@ pub fn issued_for(node: &Node, version: &str, boot: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// What the node's agent said about a plan's commands on this host.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Check {
-    /// Not (yet) said for the plan's current spec.
-    Unchecked,
-    Runnable,
-    /// Why not (a missing program, one that is not executable).
-    NotRunnable(String),
-}
+pub use crate::decide::command_check::Check;
 
 /// What a check is of: the plan's name, spec generation and uid (a plan
 /// re-created under the same name is checked afresh).
 pub fn check_key(plan: &UpgradePlan) -> String {
-    let uid = plan.metadata.uid.as_deref().unwrap_or_default();
-    format!(
-        "{}/{}/{}",
-        plan.name_any(),
-        plan.metadata.generation.unwrap_or_default(),
-        uid.get(..8).unwrap_or(uid)
-    )
+    crate::decide::command_check::key(plan)
 }
 
 /// The agent's check of `plan` as recorded on `node`.
 pub fn check_of(node: &Node, plan: &UpgradePlan) -> Check {
-    let key = check_key(plan);
-    let Some(rest) = annotation(node, CHECK_ANNOTATION).and_then(|v| v.strip_prefix(&key)) else {
-        return Check::Unchecked;
-    };
-    match rest.strip_prefix(' ') {
-        Some("ok") => Check::Runnable,
-        Some(r) => Check::NotRunnable(r.strip_prefix("cannot run: ").unwrap_or(r).to_string()),
-        None => Check::Unchecked,
-    }
+    crate::decide::command_check::recorded(node, CHECK_ANNOTATION, &check_key(plan))
 }
 
 /// The commands the agent must check before its node can be admitted: the
@@ -185,18 +163,9 @@ pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<
     Some((check_key(plan), argvs))
 }
 
-/// Record the agent's answer on its node, unless it says so already (one
-/// key of our own: no guard).
+/// Record the agent's answer on its node, unless it says so already.
 pub fn record_check(node: &Node, key: &str, answer: &Result<(), String>) -> Option<Effect> {
-    let value = match answer {
-        Ok(()) => format!("{key} ok"),
-        Err(why) => format!("{key} cannot run: {why}"),
-    };
-    (annotation(node, CHECK_ANNOTATION) != Some(value.as_str())).then(|| Effect::PatchNode {
-        node: node.name_any(),
-        resource_version: None,
-        patch: json!({"metadata": {"annotations": {CHECK_ANNOTATION: value}}}),
-    })
+    crate::decide::command_check::record(node, CHECK_ANNOTATION, key, answer)
 }
 
 /// Expand `{version}` and `{node}` in an argv template. Arguments are never

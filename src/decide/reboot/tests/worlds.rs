@@ -62,6 +62,9 @@ struct World {
     stale_plans: BTreeMap<String, UpgradePlan>,
     /// Nodes whose host lacks the upgrade command.
     cannot_run: std::collections::BTreeSet<String>,
+    /// Nodes whose agent cannot run the reboot command (installed without
+    /// --reboot): never taken for a RebootPolicy.
+    cannot_reboot: std::collections::BTreeSet<String>,
     /// Upgrade commands per (node, version, boot).
     upgrades: BTreeMap<(String, String, String), u32>,
     /// The host's records of upgrade commands, by id (`effects::host_run`):
@@ -172,7 +175,13 @@ impl World {
             .map(|n| n.name_any())
             .filter(|_| rng.chance(10))
             .collect();
+        let cannot_reboot = nodes
+            .iter()
+            .map(|n| n.name_any())
+            .filter(|_| rng.chance(5))
+            .collect();
         World {
+            cannot_reboot,
             stale_plans: plans.iter().map(|p| (p.name_any(), p.clone())).collect(),
             plans,
             cannot_run,
@@ -275,6 +284,15 @@ impl World {
                     .unwrap_or_default();
                 if kind == crate::api::upgrade::OWNER_KIND {
                     self.check_plan_admission(who, &n, &owner);
+                }
+                if kind == OWNER_KIND
+                    && let Some(p) = self.policies.iter().find(|p| p.name_any() == owner)
+                {
+                    assert_eq!(
+                        node::check_of(&n, p),
+                        crate::decide::command_check::Check::Runnable,
+                        "{who} took {node} for a reboot without its agent saying it can reboot it"
+                    );
                 }
                 let governor = oldest_selecting(&n, &self.policies).map(|p| p.name_any());
                 assert!(
@@ -481,8 +499,20 @@ impl World {
         if self.down.contains_key(&n.name_any()) {
             return;
         }
-        let on = self.seen_by_agents(&n.name_any());
         let policies = Self::arcs(&self.policies);
+        let name = n.name_any();
+        if let Some((key, _)) = node::to_check(&n, &policies) {
+            let answer = if self.cannot_reboot.contains(&name) {
+                Err("systemctl: not found".to_string())
+            } else {
+                Ok(())
+            };
+            if let Some(e) = node::record_check(&n, &key, &answer) {
+                self.run(&format!("agent {name}"), &[e]);
+            }
+        }
+        let n = self.nodes[i].clone();
+        let on = self.seen_by_agents(&n.name_any());
         let effects = node::decide(&node::Snapshot {
             node: &n,
             maintenances: on,

@@ -457,10 +457,10 @@ fn an_agent_restarted_mid_upgrade_attaches_to_the_command_by_its_id() {
         "attach, no second issue: {again:?}"
     );
     w.edit_node("a", |n| {
-        n.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(RESULT_ANNOTATION.into(), format!("{issued} failed: disk full"));
+        n.metadata.annotations.get_or_insert_default().insert(
+            RESULT_ANNOTATION.into(),
+            format!("{issued} failed: disk full"),
+        );
     });
     let after = w.agent("a");
     assert!(after.is_empty(), "a result ends it: {after:?}");
