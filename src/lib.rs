@@ -111,10 +111,14 @@
 //!   [`effects::leader`] (the cluster role's election, its gate and
 //!   hand-over), [`effects::events`] (Events for `kubectl
 //!   describe`, repeats counted as a series, at most 128 remembered) and
-//!   [`effects::host`], the only module that
-//!   touches the machine: argv commands with a timeout (directly, or in PID
-//!   1's mount namespace through `nodekeeper host-exec`), the sentinel file
-//!   and command; a host path under `--host-root` resolves every symlink
+//!   [`effects::host`] and [`effects::host_run`], the only modules that
+//!   touch the machine: checks (sentinel command, can-run) with a timeout
+//!   as this process's children (in PID 1's mount namespace through
+//!   `nodekeeper host-exec`), reboot and upgrade commands as the host's own
+//!   processes (`nodekeeper host-run`: PID 1's namespaces and cgroups, a
+//!   detached supervisor, the result in a record on the host by the
+//!   command's id, so an agent restarted mid-command attaches instead of
+//!   running it twice), the sentinel file; a host path under `--host-root` resolves every symlink
 //!   inside that root (`effects::host::in_root`: the kernel would follow
 //!   `/var/run -> /run` from the container's root). [`effects::provider`] runs the provider plugin (one JSON
 //!   request, one answer, a timeout, every failure one line);
@@ -161,13 +165,14 @@
 //!   ([`cli::run`], [`cli::status`]: `status [--watch]`, `reboot-required`;
 //!   [`cli::maintenance`]: `maintain --wait` progress, `unmaintain`, `drain
 //!   --dry-run`; [`cli::deploy`]: `crds`, `manifests`, `host-kubeconfig`;
-//!   `host-exec` in `cli/mod.rs`).
+//!   `host-exec` and `host-run` in `cli/mod.rs`).
 //! - `deploy/`: every deployment artifact, rendered from the code's types
 //!   and constants with one set of [`deploy::Options`]; [`deploy::TARGETS`]
 //!   is the one list of targets. `rbac.rs` (identities, the RBAC table with
 //!   a reason per verb, the own-node admission policy), `workloads.rs`
 //!   (DaemonSet, Deployment, static pod, each with its security profile, and
-//!   the `--reboot` profile: host PID and three capabilities),
+//!   the `--reboot` profile: host PID and three capabilities; `--upgrade`:
+//!   privileged, host root said plainly),
 //!   `host.rs` (systemd, Talos, Containerfile), `webhook.rs` (the opt-in
 //!   webhook's configuration by loopback URL or Service, and its one
 //!   named-object permission), `helm.rs` (the chart: the same objects as
@@ -464,7 +469,12 @@
 //!   `settleSeconds` pass) rather than pausing all admissions: with budget N
 //!   the other N-1 slots keep rolling.
 //! - The reboot DaemonSet reaches the host with host PID and setns
-//!   (`host-exec`, three capabilities) rather than `privileged` and nsenter.
+//!   (`host-exec`, three capabilities) rather than `privileged` and nsenter;
+//!   upgrades get a profile of their own that is privileged, since package
+//!   managers need host root.
+//! - A node is admitted for a reboot or an upgrade only after its agent said
+//!   it can run the command (`decide::command_check`): asked before the
+//!   drain, not discovered after it.
 //! - Upgrades run the command from the node agent on the host, not as a
 //!   privileged Job on the node (system-upgrade-controller): no image pull
 //!   before the network is up, and the once-per-boot record is the agent's.

@@ -48,17 +48,59 @@ fn checked_in_manifests_match_what_the_binary_generates() {
         .into_iter()
         .map(|f| f.path)
         .collect();
-    for entry in std::fs::read_dir(root.join("k3s-manifests")).expect("k3s-manifests/") {
-        let name = entry
-            .expect("entry")
-            .file_name()
-            .to_string_lossy()
-            .to_string();
-        assert!(
-            generated.contains(&name),
-            "k3s-manifests/{name} is not generated; remove it"
-        );
+    let mut folders = vec![root.join("k3s-manifests")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("k3s-manifests/") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                folders.push(path);
+                continue;
+            }
+            let name = path
+                .strip_prefix(root.join("k3s-manifests"))
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            assert!(
+                generated.contains(&name),
+                "k3s-manifests/{name} is not generated; remove it"
+            );
+        }
     }
+}
+
+/// The uninstall the README gives, `kubectl delete -f k3s-manifests/`,
+/// deletes every object of nodekeeper's but not the namespace of the
+/// medik8s leases, which medik8s's remediation operators share; the
+/// install, `kubectl apply -R -f k3s-manifests/`, creates it. (kubectl's
+/// own reading of the folder, as client-side dry runs.)
+#[test]
+fn uninstalling_the_k3s_folder_leaves_the_shared_lease_namespace() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("k3s-manifests")
+        .display()
+        .to_string();
+    let names = |args: &[&str]| -> String {
+        let out = kubectl(args, None);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let install = names(&["apply", "-R", "-f", &dir, "--dry-run=client", "-o", "name"]);
+    assert!(install.contains("namespace/medik8s-leases"), "{install}");
+    assert!(install.contains("daemonset.apps/nodekeeper"), "{install}");
+    let uninstall = names(&["delete", "-f", &dir, "--dry-run=client", "-o", "name"]);
+    assert!(
+        uninstall.contains("daemonset.apps/nodekeeper"),
+        "{uninstall}"
+    );
+    assert!(uninstall.contains("namespace/nodekeeper"), "{uninstall}");
+    assert!(
+        !uninstall.contains("medik8s-leases"),
+        "what `kubectl delete -f k3s-manifests/` reads: {uninstall}"
+    );
 }
 
 #[test]

@@ -79,7 +79,7 @@ fn deploy_profile(env: &TestEnv, profile: &str) {
         .output()
         .expect("running nodekeeper manifests");
     assert!(out.status.success(), "manifests --for k3s {profile} failed");
-    kubectl(&["apply", "-f", &dir.display().to_string()], None);
+    kubectl(&["apply", "-R", "-f", &dir.display().to_string()], None);
     let placement = json!({"spec": {"template": {"spec": {
         "nodeSelector": {REAL_NODE_KEY: "true"},
         "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],

@@ -769,7 +769,7 @@ fn pod_ready(p: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// The README's DaemonSet recipe (preload the image, `kubectl apply -f
+/// The README's DaemonSet recipe (preload the image, `kubectl apply -R -f
 /// k3s-manifests/`), run as written: the DaemonSet's pod on the real node
 /// runs on the pod network, under the manifest's security context; it
 /// reaches the API server through the `kubernetes` Service (kube-proxy) with

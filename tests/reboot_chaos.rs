@@ -9,13 +9,14 @@ mod support;
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::Api;
 use kube::api::DeleteParams;
+use kube::{Api, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, Phase};
 use serde_json::json;
 use support::machines::*;
-use support::{Agent, TestEnv, block_on, install_crds};
+use support::{Agent, TestEnv, block_on, install_crds, wait_for};
 
 /// The cluster role, restarted whenever it exits (as its Deployment would
 /// be): leadership lost while the API server is away ends the process.
@@ -107,6 +108,19 @@ fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reb
     for n in &names[1..] {
         fleet.start_agent(n);
     }
+    // n0's agent says it can reboot its node (no node is admitted
+    // without that), then goes down before the cluster role starts.
+    fleet.start_agent(&names[0]);
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let check = "n0's agent's reboot command check";
+    block_on(wait_for(check, Duration::from_secs(60), || async {
+        let n = nodes.get(&names[0]).await.ok()?;
+        n.annotations()
+            .get("nodekeeper.io/reboot-command-check")
+            .filter(|v| v.ends_with(" ok"))
+            .map(|_| ())
+    }));
+    fleet.kill_agent(&names[0]);
     let mut cluster = Supervised::start(&env);
 
     // Stage "before drain": n0 is admitted while its agent is down; the

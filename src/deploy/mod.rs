@@ -328,13 +328,26 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
                 "nodekeeper for k3s: copy this folder into /var/lib/rancher/k3s/server/manifests/",
                 crate::api::crds_yaml()?,
             ),
+            // Shared with medik8s's operators: in a subfolder, which k3s
+            // applies (it walks the folder) and `kubectl apply -R` too,
+            // but a plain `kubectl delete -f k3s-manifests/` leaves alone.
+            file(
+                "00-shared/medik8s-leases.yaml",
+                "The medik8s node leases' namespace, shared with medik8s's remediation operators.\n# `kubectl delete -f k3s-manifests/` (without -R) leaves it; delete it only when no operator uses it",
+                yaml(&[rbac::lease_namespace()]),
+            ),
             file(
                 "01-nodekeeper-rbac.yaml",
                 &format!(
                     "nodekeeper for k3s: the node agent identity.\n{}",
                     rules_comment(Identity::Agent)
                 ),
-                yaml(&rbac(o)),
+                yaml(
+                    &rbac(o)
+                        .into_iter()
+                        .filter(|d| d != &rbac::lease_namespace())
+                        .collect::<Vec<_>>(),
+                ),
             ),
             file(
                 "02-nodekeeper-admission.yaml",

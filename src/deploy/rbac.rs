@@ -51,7 +51,7 @@ const CLUSTER: &[Identity] = &[Identity::Cluster];
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 27] = [
+pub const GRANTS: [Grant; 26] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -107,14 +107,6 @@ pub const GRANTS: [Grant; 27] = [
         resource: "events",
         verbs: &["create", "patch"],
         why: "record BeginMaintenance etc.; patch repeats an event's count",
-    },
-    Grant {
-        feature: MAINTENANCE,
-        identities: BOTH,
-        group: "",
-        resource: "namespaces",
-        verbs: &["create"],
-        why: "create medik8s-leases when missing (a Namespace is cluster-scoped)",
     },
     Grant {
         feature: MAINTENANCE,
@@ -344,12 +336,22 @@ pub(super) fn namespace(o: &Options) -> Value {
            "labels": {"pod-security.kubernetes.io/enforce": level}}})
 }
 
+/// The namespace of the medik8s node leases, shared with medik8s's
+/// remediation operators (NMO, SNR, FAR take the same leases): nodekeeper
+/// creates it with its manifests but never deletes it (the k3s folder keeps
+/// it in a subfolder a plain `kubectl delete -f` leaves alone, Helm keeps it
+/// on uninstall), and no nodekeeper identity may create namespaces.
+pub fn lease_namespace() -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE,
+           "annotations": {"nodekeeper.io/shared": "the medik8s node leases, shared with medik8s's remediation operators: not deleted with nodekeeper"}}})
+}
+
 /// Namespaces, the node agent's ServiceAccount, the shared roles and the
 /// node agent's bindings.
 pub fn rbac(o: &Options) -> Vec<Value> {
     let mut docs = vec![
         namespace(o),
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}),
+        lease_namespace(),
         service_account(AGENT_ACCOUNT, o),
         cluster_role(Identity::Agent),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",

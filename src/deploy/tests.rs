@@ -268,6 +268,7 @@ fn admission_flows_into_the_serving_modes_and_nowhere_else() {
 /// namespace before any object in it.
 #[test]
 fn k3s_files_sort_in_the_order_they_must_be_applied() {
+    let has_line = |text: &str, line: &str| text.lines().any(|l| l.trim() == line);
     let o = Options::default();
     let files = render("k3s", &o).unwrap_or_default();
     let mut sorted: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
@@ -279,33 +280,43 @@ fn k3s_files_sort_in_the_order_they_must_be_applied() {
         "the CRDs come first: {}",
         files[0].path
     );
-    let in_namespace = format!("namespace: {}", o.namespace);
-    let created = files
+    // Every namespace is created (its Namespace document) in a file, and
+    // in that file before the objects in it, before any later file uses it.
+    let docs: Vec<(usize, &str)> = files
         .iter()
-        .position(|f| f.content.contains("kind: Namespace"))
-        .unwrap_or(usize::MAX);
-    for (i, f) in files.iter().enumerate() {
-        if f.content.contains(&in_namespace) {
-            assert!(
-                created <= i,
-                "{} has objects in {} before a file creates it",
-                f.path,
-                o.namespace
-            );
-        }
+        .enumerate()
+        .flat_map(|(i, f)| f.content.split("\n---\n").map(move |d| (i, d)))
+        .collect();
+    for ns in [o.namespace.as_str(), LEASE_NAMESPACE] {
+        let created = docs
+            .iter()
+            .position(|(_, d)| d.contains("kind: Namespace") && has_line(d, &format!("name: {ns}")))
+            .unwrap_or_else(|| panic!("no file creates namespace {ns}"));
+        let used = docs
+            .iter()
+            .position(|(_, d)| has_line(d, &format!("namespace: {ns}")))
+            .unwrap_or(usize::MAX);
+        assert!(
+            created < used,
+            "namespace {ns} is used before it is created"
+        );
     }
-    let rbac = &files[created];
-    let namespace_doc = rbac
-        .content
-        .split("\n---\n")
-        .position(|d| d.contains("kind: Namespace"));
-    let first_namespaced = rbac
-        .content
-        .split("\n---\n")
-        .position(|d| d.contains(&in_namespace) && !d.contains("kind: Namespace"));
+    // The shared one lives in a subfolder a plain `kubectl delete -f
+    // k3s-manifests/` does not read, and nowhere else.
+    let shared: Vec<&str> = files
+        .iter()
+        .filter(|f| {
+            f.content.contains("kind: Namespace")
+                && has_line(&f.content, &format!("name: {LEASE_NAMESPACE}"))
+        })
+        .map(|f| f.path.as_str())
+        .collect();
+    assert_eq!(shared, ["00-shared/medik8s-leases.yaml"]);
+    // No identity may create namespaces.
     assert!(
-        namespace_doc < first_namespaced || first_namespaced.is_none(),
-        "{}: the Namespace must precede the objects in it",
-        rbac.path
+        !GRANTS
+            .iter()
+            .any(|g| g.resource == "namespaces" && g.verbs.contains(&"create")),
+        "no shipped identity creates namespaces"
     );
 }

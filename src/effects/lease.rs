@@ -214,9 +214,14 @@ async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
         },
         ..Default::default()
     };
+    // The manifests create it; no shipped identity may create namespaces
+    // (an administrator running the CLI may).
     match api.create(&PostParams::default(), &ns).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 403 => Err(Error::Invalid(format!(
+            "namespace {name} does not exist and this identity may not create it: apply nodekeeper's manifests (k3s-manifests/00-shared/, the rbac target or the Helm chart create it)"
+        ))),
         Err(e) => Err(Error::kube(format!("creating namespace {name}"))(e)),
     }
 }
