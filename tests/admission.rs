@@ -121,9 +121,26 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
             "applied without a caBundle"
         );
 
+        // The API server's webhook client certificate's CA (the test
+        // cluster presents one to every webhook: tests/controlplane): only
+        // a caller with it is answered.
+        let pki = support::cluster()
+            .parent()
+            .expect("the cluster's folder")
+            .join("pki");
+        let client_ca = pki.join("webhook-client-ca.crt").display().to_string();
         let address = format!("127.0.0.1:{port}");
-        let serve =
-            |node: &str| Agent::start(&["run", "--node", node, "--admission-address", &address]);
+        let serve = |node: &str| {
+            Agent::start(&[
+                "run",
+                "--node",
+                node,
+                "--admission-address",
+                &address,
+                "--admission-client-ca",
+                &client_ca,
+            ])
+        };
         let mut agent = serve(&worker);
         let (first_bundle, owners) = wait_for("the caBundle written", LONG, || async {
             let (b, o) = ca_bundle(&configs).await;
@@ -179,6 +196,63 @@ fn webhook_refuses_like_nmo_rotates_with_restarts_and_falls_back_to_status() {
                 "invalid nodeName, a NodeMaintenance for node {worker} already exists"
             ))),
             "{err}"
+        );
+
+        // 2a. Only the API server is answered: a review without its
+        // client certificate ends at the TLS handshake; with it, answered.
+        let post = |cert: bool| {
+            let url = format!("https://127.0.0.1:{port}/validate-nodemaintenance");
+            let mut args = vec![
+                "-sk".to_string(),
+                "--max-time".into(),
+                "10".into(),
+                "-o".into(),
+                "/dev/null".into(),
+                "-w".into(),
+                "%{http_code}".into(),
+                "-H".into(),
+                "Content-Type: application/json".into(),
+                "--data".into(),
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","operation":"DELETE"}}"#.into(),
+            ];
+            if cert {
+                for (flag, file) in [
+                    ("--cert", "webhook-client.crt"),
+                    ("--key", "webhook-client.key"),
+                ] {
+                    args.push(flag.into());
+                    args.push(pki.join(file).display().to_string());
+                }
+            }
+            args.push(url);
+            let out = std::process::Command::new("curl")
+                .args(&args)
+                .output()
+                .expect("running curl");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        assert_eq!(
+            post(true),
+            "200",
+            "the API server's certificate is answered"
+        );
+        assert_eq!(post(false), "000", "no client certificate, no answer");
+
+        // 2b. The owner label skips the checks only with a live owner
+        // behind it: set by hand (an owner reference to no such policy),
+        // the same second maintenance is refused.
+        let forged = format!(
+            "apiVersion: nodemaintenance.medik8s.io/v1beta1\nkind: NodeMaintenance\nmetadata:\n  name: {id}-forged\n  labels:\n    nodekeeper.io/owner: RebootPolicy\n  ownerReferences:\n  - apiVersion: nodekeeper.io/v1alpha1\n    kind: RebootPolicy\n    name: {id}-no-such-policy\n    uid: 00000000-0000-0000-0000-000000000000\nspec:\n  nodeName: {worker}\n  reason: admission test\n",
+            id = env.id
+        );
+        let out = kubectl(&["create", "-f", "-"], Some(&forged));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && err.contains(&refusal(&format!(
+                    "invalid nodeName, a NodeMaintenance for node {worker} already exists"
+                ))),
+            "a forged owner label is refused like any second maintenance: {err}"
         );
 
         // 3. The control plane's quorum: 3 members, cp2 cordoned, so

@@ -123,7 +123,7 @@ fn the_chart_lints_and_renders_each_choice() {
     assert!(alone.contains("ValidatingWebhookConfiguration"));
     assert!(
         alone.contains(
-            r#""args": ["run","--all-nodes","--metrics-address",":9477","--admission-address",":9443","--admission-service","ops/nodekeeper-admission","--provider-command","/provider/aws","--drain-timeout","10m"]"#
+            r#""args": ["run","--all-nodes","--metrics-address",":9477","--admission-address",":9443","--admission-service","ops/nodekeeper-admission","--admission-client-ca","/etc/nodekeeper/admission-client-ca/ca.crt","--provider-command","/provider/aws","--drain-timeout","10m"]"#
         ),
         "{alone}"
     );

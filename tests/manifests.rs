@@ -88,7 +88,9 @@ fn uninstalling_the_k3s_folder_leaves_the_shared_lease_namespace() {
         );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
-    let install = names(&["apply", "-R", "-f", &dir, "--dry-run=client", "-o", "name"]);
+    // `create` reads the folder as `apply` does, without comparing with
+    // what the cluster holds.
+    let install = names(&["create", "-R", "-f", &dir, "--dry-run=client", "-o", "name"]);
     assert!(install.contains("namespace/medik8s-leases"), "{install}");
     assert!(install.contains("daemonset.apps/nodekeeper"), "{install}");
     let uninstall = names(&["delete", "-f", &dir, "--dry-run=client", "-o", "name"]);

@@ -76,6 +76,9 @@ pub struct RunArgs {
     /// with --admission-address: admit maintenance of a control-plane node even when it would leave fewer than a quorum of the control plane Ready and schedulable
     #[argh(switch)]
     pub admission_skip_quorum_check: bool,
+    /// with --admission-address: accept reviews only from clients with a certificate signed by this CA (PEM): the API server's webhook client certificate; needed on any address but loopback
+    #[argh(option)]
+    pub admission_client_ca: Option<PathBuf>,
 }
 
 /// The validated form of `run`'s flags.
@@ -198,9 +201,12 @@ impl RunConfig {
         }
         let admission = match &args.admission_address {
             None => {
-                if args.admission_service.is_some() || args.admission_skip_quorum_check {
+                if args.admission_service.is_some()
+                    || args.admission_skip_quorum_check
+                    || args.admission_client_ca.is_some()
+                {
                     return Err(Error::Invalid(
-                        "--admission-service and --admission-skip-quorum-check only apply with --admission-address".into(),
+                        "--admission-service, --admission-skip-quorum-check and --admission-client-ca only apply with --admission-address".into(),
                     ));
                 }
                 None
@@ -209,6 +215,7 @@ impl RunConfig {
                 a,
                 args.admission_service.as_deref(),
                 !args.admission_skip_quorum_check,
+                args.admission_client_ca.as_deref(),
                 identity.clone(),
             )?),
         };

@@ -8,8 +8,10 @@
 //! maintenances: the node must exist, no second live maintenance may name
 //! it, and a control-plane node may be taken only while a quorum of the
 //! control plane stays Ready and schedulable (etcd's). A feature's own
-//! maintenances (the owner label) are admitted: their budgets already
-//! decided, and an administrator's preempts them in status.
+//! maintenances (the owner label, with an owner reference to a live object
+//! of that kind) are admitted: their budgets already decided, and an
+//! administrator's preempts them in status. The label alone is an
+//! administrator's object like any other.
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -34,12 +36,16 @@ pub struct Request<'a> {
     pub existing: &'a [std::sync::Arc<NodeMaintenance>],
     /// Apply the control-plane quorum rule (`--admission-skip-quorum-check` turns it off).
     pub quorum_check: bool,
+    /// Whether the object's owner reference of the kind its owner label
+    /// names is a live object of that kind (same uid, not being deleted):
+    /// only then does the label skip the checks. A label anyone can set.
+    pub owner_live: bool,
 }
 
 /// `Err` is the refusal, as `kubectl apply` prints it.
 pub fn review(r: &Request) -> Result<(), String> {
     let node_name = &r.nm.spec.node_name;
-    if owner_of(r.nm).is_some() {
+    if owner_of(r.nm).is_some() && r.owner_live {
         return Ok(());
     }
     let Some(node) = r.node else {

@@ -13,7 +13,7 @@ use super::*;
 /// Placeholders the objects are rendered with, and what replaces them.
 /// Quoted ones stand for a whole JSON value; bare ones for text inside a
 /// string (namespace, image, log level: names with no quote in them).
-const SUBSTITUTIONS: [(&str, &str); 13] = [
+const SUBSTITUTIONS: [(&str, &str); 15] = [
     (
         "\"@AGENT_TOLERATIONS@\"",
         "{{ toJson .Values.nodeAgents.tolerations }}",
@@ -46,6 +46,15 @@ const SUBSTITUTIONS: [(&str, &str); 13] = [
     (
         "\"@CLUSTER_VOLUME_MOUNTS@\"",
         "{{ toJson .Values.cluster.extraVolumeMounts }}",
+    ),
+    // With the webhook: its client CA's ConfigMap (deploy::webhook) first.
+    (
+        "\"@CLUSTER_VOLUMES_CA@\"",
+        "{{ toJson (concat (list (dict \"name\" \"admission-client-ca\" \"configMap\" (dict \"name\" \"nodekeeper-admission-client-ca\"))) .Values.cluster.extraVolumes) }}",
+    ),
+    (
+        "\"@CLUSTER_VOLUME_MOUNTS_CA@\"",
+        "{{ toJson (concat (list (dict \"name\" \"admission-client-ca\" \"mountPath\" \"/etc/nodekeeper/admission-client-ca\" \"readOnly\" true)) .Values.cluster.extraVolumeMounts) }}",
     ),
     ("\"@PULL_POLICY@\"", "{{ toJson .Values.imagePullPolicy }}"),
     ("\"@IMAGE@\"", "{{ toJson .Values.image }}"),
@@ -132,11 +141,12 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
             let pod = &mut d["spec"]["template"]["spec"];
             pod["tolerations"] = json!("@CLUSTER_TOLERATIONS@");
             pod["nodeSelector"] = json!("@CLUSTER_NODE_SELECTOR@");
-            pod["volumes"] = json!("@CLUSTER_VOLUMES@");
+            let ca = if admission { "_CA" } else { "" };
+            pod["volumes"] = json!(format!("@CLUSTER_VOLUMES{ca}@"));
             let c = &mut pod["containers"][0];
             c["resources"] = json!("@CLUSTER_RESOURCES@");
             c["imagePullPolicy"] = json!("@PULL_POLICY@");
-            c["volumeMounts"] = json!("@CLUSTER_VOLUME_MOUNTS@");
+            c["volumeMounts"] = json!(format!("@CLUSTER_VOLUME_MOUNTS{ca}@"));
             // The provider and extra arguments come after ours: the
             // args list becomes one template action.
             let args: Vec<String> = c["args"]

@@ -242,6 +242,18 @@ fn admission_flows_into_the_serving_modes_and_nowhere_else() {
         "{deployment}"
     );
     assert!(deployment.contains("containerPort: 9443"), "{deployment}");
+    // Off loopback it answers only the API server: the CA of its client
+    // certificate, from a ConfigMap the operator creates.
+    assert!(
+        deployment.contains(
+            "- \"--admission-client-ca\"\n            - \"/etc/nodekeeper/admission-client-ca/ca.crt\""
+        ) && deployment.contains("name: nodekeeper-admission-client-ca"),
+        "{deployment}"
+    );
+    assert!(
+        !text("static-pod").contains("--admission-client-ca"),
+        "loopback needs none"
+    );
     for t in ["daemonset", "k3s", "webhook"] {
         let err = render(t, &o)
             .err()

@@ -30,7 +30,26 @@ pub(super) fn service_args(o: &Options) -> Vec<String> {
         format!(":{DEFAULT_PORT}"),
         "--admission-service".into(),
         format!("{}/{SERVICE}", o.namespace),
+        "--admission-client-ca".into(),
+        format!("{CLIENT_CA_DIR}/{CLIENT_CA_KEY}"),
     ]
+}
+
+/// The ConfigMap an operator creates with the CA of the API server's
+/// webhook client certificate (key [`CLIENT_CA_KEY`]): through a Service
+/// the webhook answers only the API server (see the README's Admission).
+pub const CLIENT_CA_CONFIGMAP: &str = "nodekeeper-admission-client-ca";
+pub const CLIENT_CA_KEY: &str = "ca.crt";
+const CLIENT_CA_DIR: &str = "/etc/nodekeeper/admission-client-ca";
+
+/// The Deployment's volume and mount of [`CLIENT_CA_CONFIGMAP`]. Not
+/// optional: a webhook that cannot tell the API server from anyone else
+/// does not start (the pod waits for the ConfigMap, and says so).
+pub(super) fn client_ca_volume() -> (Value, Value) {
+    (
+        json!({"name": "admission-client-ca", "configMap": {"name": CLIENT_CA_CONFIGMAP}}),
+        json!({"name": "admission-client-ca", "mountPath": CLIENT_CA_DIR, "readOnly": true}),
+    )
 }
 
 /// The configuration, reaching nodekeeper by URL on loopback (static pod,

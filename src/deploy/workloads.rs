@@ -182,6 +182,7 @@ pub fn deployment(o: &Options) -> Vec<Value> {
             Some(ports) => ports.push(port),
             None => cluster_container["ports"] = json!([port]),
         }
+        cluster_container["volumeMounts"] = json!([super::webhook::client_ca_volume().1]);
     }
     docs.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
     "metadata": {"name": "nodekeeper-cluster", "namespace": o.namespace, "labels": sel},
@@ -211,6 +212,16 @@ pub fn deployment(o: &Options) -> Vec<Value> {
         }
       }
     }}));
+    if o.admission
+        && let Some(spec) = docs
+            .last_mut()
+            .and_then(|d| d["spec"]["template"]["spec"].as_object_mut())
+    {
+        spec.insert(
+            "volumes".into(),
+            json!([super::webhook::client_ca_volume().0]),
+        );
+    }
     docs
 }
 

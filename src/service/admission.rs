@@ -61,6 +61,9 @@ pub struct Config {
     /// `--admission-service`: (namespace, name).
     pub service: Option<(String, String)>,
     pub quorum_check: bool,
+    /// `--admission-client-ca`: the CAs whose client certificates may ask
+    /// for a review (the API server's); `None` on loopback only.
+    pub client_ca: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
     /// Who we are in the caBundle's owner list.
     pub identity: String,
 }
@@ -70,6 +73,7 @@ impl Config {
         address: &str,
         service: Option<&str>,
         quorum_check: bool,
+        client_ca: Option<&std::path::Path>,
         identity: String,
     ) -> Result<Config> {
         let full = if address.starts_with(':') {
@@ -77,7 +81,7 @@ impl Config {
         } else {
             address.to_string()
         };
-        let address = full.parse().map_err(|_| {
+        let address: SocketAddr = full.parse().map_err(|_| {
             Error::Invalid(format!(
                 "--admission-address {address:?} is not HOST:PORT or :PORT (e.g. 127.0.0.1:{DEFAULT_PORT})"
             ))
@@ -95,10 +99,21 @@ impl Config {
                 }
             },
         };
+        let client_ca = client_ca.map(read_client_ca).transpose()?;
+        // A review reads the cluster on its caller's behalf: anyone who can
+        // reach a non-loopback port could make this identity read nodes
+        // and maintenances, and learn the answers. Only the API server
+        // may ask, proven by its webhook client certificate.
+        if client_ca.is_none() && !address.ip().is_loopback() {
+            return Err(Error::Invalid(format!(
+                "--admission-address {address} is not a loopback address: give --admission-client-ca FILE, the CA of the client certificate the API server presents to webhooks (its AdmissionConfiguration's kubeConfigFile; see the README's Admission), so that only the API server is answered"
+            )));
+        }
         Ok(Config {
             address,
             service,
             quorum_check,
+            client_ca,
             identity,
         })
     }
@@ -113,6 +128,25 @@ impl Config {
         }
         names
     }
+}
+
+/// The certificates of `--admission-client-ca FILE` (PEM, one or more).
+fn read_client_ca(
+    path: &std::path::Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    use rustls::pki_types::pem::PemObject;
+    let pem = std::fs::read(path)
+        .map_err(|e| Error::Invalid(format!("--admission-client-ca {}: {e}", path.display())))?;
+    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Invalid(format!("--admission-client-ca {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(Error::Invalid(format!(
+            "--admission-client-ca {}: no PEM certificate in it",
+            path.display()
+        )));
+    }
+    Ok(certs)
 }
 
 /// What the server and the caBundle writer share.
@@ -436,13 +470,75 @@ async fn decide(
             existing.extend(maintenances_on(client, &other).await?);
         }
     }
+    let owner_live = match crate::decide::maintenance::owner_of(nm) {
+        Some(kind) => owner_is_live(client, nm, kind).await?,
+        None => false,
+    };
     Ok(admission::review(&admission::Request {
         nm,
         node: node.as_ref(),
         control_plane: &control_plane,
         existing: &existing,
         quorum_check: state.config.quorum_check,
+        owner_live,
     }))
+}
+
+/// Whether `nm`'s owner reference of `kind` (its owner label's value)
+/// names a live object: one of nodekeeper's owner kinds at the version it
+/// writes, a valid name, the same uid, not being deleted. Anything else
+/// (a label set by hand) gets the administrator's checks.
+async fn owner_is_live(
+    client: &kube::Client,
+    nm: &NodeMaintenance,
+    kind: &str,
+) -> std::result::Result<bool, String> {
+    use kube::ResourceExt;
+    let Some(owner) = nm.owner_references().iter().find(|o| o.kind == kind) else {
+        return Ok(false);
+    };
+    if !crate::api::common::is_node_name(&owner.name) {
+        return Ok(false);
+    }
+    async fn get<K>(client: &kube::Client, name: &str) -> kube::Result<Option<(String, bool)>>
+    where
+        K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        Ok(Api::<K>::all(client.clone()).get_opt(name).await?.map(|o| {
+            let meta = o.meta();
+            (
+                meta.uid.clone().unwrap_or_default(),
+                meta.deletion_timestamp.is_some(),
+            )
+        }))
+    }
+    let (api_version, name) = (owner.api_version.as_str(), owner.name.as_str());
+    let found = match (api_version, kind) {
+        ("nodekeeper.io/v1alpha1", crate::api::reboot::OWNER_KIND) => {
+            get::<crate::api::reboot::RebootPolicy>(client, name).await
+        }
+        ("nodekeeper.io/v1alpha1", crate::api::upgrade::OWNER_KIND) => {
+            get::<crate::api::upgrade::UpgradePlan>(client, name).await
+        }
+        ("update.edgeless.systems/v1alpha1", "NodeVersion") => {
+            get::<crate::api::constellation::NodeVersion>(client, name).await
+        }
+        _ => return Ok(false),
+    };
+    match found {
+        Ok(Some((uid, deleting))) => Ok(uid == owner.uid && !deleting),
+        Ok(None) => Ok(false),
+        // Not served here, or this identity may not read it: no owner
+        // vouches for the label, so the checks apply.
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => Ok(false),
+        Err(e) => Err(format!(
+            "reading the owner {kind} {name}: {}",
+            crate::error::kube_cause(&e)
+        )),
+    }
 }
 
 /// The NodeMaintenances naming `node` (a node's name, so a safe field
@@ -468,4 +564,40 @@ async fn maintenances_on(
         .filter(|m| m.spec.node_name == node)
         .map(Arc::new)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A webhook off loopback answers only the API server: without the
+    /// CA of its client certificate it does not start, and says why.
+    #[test]
+    fn a_webhook_off_loopback_needs_the_api_servers_client_ca() {
+        let parse = |address: &str, ca: Option<&std::path::Path>| {
+            Config::parse(address, None, true, ca, "me".into()).map_err(|e| e.to_string())
+        };
+        assert!(parse("127.0.0.1:9443", None).is_ok());
+        let err = parse(":9443", None).err().unwrap_or_default();
+        assert!(err.contains("--admission-client-ca"), "{err}");
+        let dir = std::env::temp_dir().join(format!("nk-client-ca-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let empty = dir.join("empty.pem");
+        let _ = std::fs::write(&empty, "not a certificate\n");
+        let err = parse(":9443", Some(&empty)).err().unwrap_or_default();
+        assert!(err.contains("no PEM certificate"), "{err}");
+        let missing = dir.join("missing.pem");
+        let err = parse(":9443", Some(&missing)).err().unwrap_or_default();
+        assert!(err.contains("missing.pem"), "{err}");
+        let ca = rcgen::generate_simple_self_signed(vec!["ca".into()]).map(|c| c.cert.pem());
+        let pem = dir.join("ca.pem");
+        let _ = std::fs::write(&pem, ca.unwrap_or_default());
+        let ok = parse(":9443", Some(&pem));
+        assert!(
+            ok.as_ref()
+                .is_ok_and(|c| c.client_ca.as_ref().is_some_and(|v| v.len() == 1)),
+            "{ok:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

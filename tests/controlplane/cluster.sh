@@ -219,6 +219,46 @@ cmd_status() {
   fi
 }
 
+# The client certificate the API server presents to admission webhooks
+# (its AdmissionConfiguration's kubeConfigFile, user "*": every webhook),
+# from a CA of its own: nodekeeper's webhook is tested answering only
+# callers with it (`run --admission-client-ca pki/webhook-client-ca.crt`).
+gen_webhook_client() {
+  local p=$cluster_dir/pki
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=nodekeeper-test-webhook-client-ca" \
+    -keyout "$p/webhook-client-ca.key" -out "$p/webhook-client-ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver-webhook-client" \
+    -keyout "$p/webhook-client.key" -out "$p/webhook-client.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' >"$p/webhook-client.cnf"
+  openssl x509 -req -in "$p/webhook-client.csr" -CA "$p/webhook-client-ca.crt" \
+    -CAkey "$p/webhook-client-ca.key" -CAcreateserial -days 3650 \
+    -extfile "$p/webhook-client.cnf" -out "$p/webhook-client.crt" 2>/dev/null
+  cat >"$p/webhook-client.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+users:
+- name: "*"
+  user:
+    client-certificate: $p/webhook-client.crt
+    client-key: $p/webhook-client.key
+EOF
+  cat >"$p/admission.yaml" <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: ValidatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $p/webhook-client.kubeconfig
+- name: MutatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $p/webhook-client.kubeconfig
+EOF
+}
+
 gen_pki() {
   local p=$cluster_dir/pki
   mkdir -p "$p"
@@ -249,6 +289,7 @@ gen_pki() {
       echo "$(cat "$p/audited-token-$i"),nodekeeper-audited-$i,nodekeeper-audited-$i,\"system:masters,nodekeeper:audited\""
     done
   } >"$p/tokens.csv"
+  gen_webhook_client
   # The audit log records only the benchmark's identity and the audited
   # test identities: it is how benchmarks and tests count a process's API
   # requests without instrumenting it.
@@ -333,7 +374,9 @@ wait_for() {
 etcd_healthy() { curl -sf --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"'; }
 
 cmd_up() {
-  if running && healthy; then
+  # A cluster started by an older version of this script (no webhook
+  # client certificate) is started afresh.
+  if running && healthy && [[ -f $cluster_dir/pki/admission.yaml ]]; then
     echo "$(kubeconfig)"
     return
   fi
@@ -411,7 +454,8 @@ start_apiserver() {
     --service-cluster-ip-range="$service_cidr" \
     --allow-privileged=true \
     --audit-policy-file="$p/audit-policy.yaml" --audit-log-path="$cluster_dir/logs/audit.log" \
-    --audit-log-mode=blocking
+    --audit-log-mode=blocking \
+    --admission-control-config-file="$p/admission.yaml"
 }
 
 cmd_restart_apiserver() {

@@ -58,6 +58,8 @@ fn check(
         control_plane: cp,
         existing: &existing,
         quorum_check: true,
+        // Every labelled object here has its owner (see the forged one).
+        owner_live: true,
     })
 }
 
@@ -92,6 +94,19 @@ fn features_maintenances_are_left_to_their_budgets() {
     let mut feature = nm("reboot-w", "w");
     feature.metadata.labels = Some([(OWNER_LABEL.to_string(), "reboot".to_string())].into());
     assert_eq!(check(&feature, None, &[], vec![nm("a", "w")]), Ok(()));
+    // The label alone, without a live owner behind it, skips nothing.
+    let forged = review(&Request {
+        nm: &feature,
+        node: None,
+        control_plane: &[],
+        existing: &[],
+        quorum_check: true,
+        owner_live: false,
+    });
+    assert_eq!(
+        forged,
+        Err("invalid nodeName, no node with name w found".into())
+    );
     // And an administrator's preempts a feature's (status does the rest).
     let w = node("w", false, true, true);
     assert_eq!(check(&nm("a", "w"), Some(&w), &[], vec![feature]), Ok(()));

@@ -93,15 +93,35 @@ pub(super) fn issue(config: &Config, now: Timestamp) -> Result<Issued> {
         .map_err(fail("signing the serving certificate"))?;
 
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+    let tls_error =
+        |e: &dyn std::fmt::Display| Error::Invalid(format!("admission TLS configuration: {e}"));
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .and_then(|b| {
-            b.with_no_client_auth().with_single_cert(
-                vec![cert.der().clone(), ca_cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        .map_err(|e| tls_error(&e))?;
+    // Only the API server, by its webhook client certificate, unless on
+    // loopback (see Config::parse).
+    let builder = match &config.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(cas) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in cas {
+                roots.add(ca.clone()).map_err(|e| tls_error(&e))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
             )
-        })
-        .map_err(|e| Error::Invalid(format!("admission TLS configuration: {e}")))?;
+            .build()
+            .map_err(|e| tls_error(&e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut tls = builder
+        .with_single_cert(
+            vec![cert.der().clone(), ca_cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .map_err(|e| tls_error(&e))?;
     // HTTP/1.1 only: our server speaks nothing else.
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let ca_pem = ca_cert.pem();
