@@ -888,4 +888,72 @@ fn the_readme_daemonset_recipe_runs_an_agent_on_the_pod_network_confined_to_its_
         Some(false),
         "the other node is untouched"
     );
+
+    // A RebootPolicy on this default, maintenance-only install: the agent
+    // has no `systemctl` in its container and says so on its node, and the
+    // cluster role, asked to reboot the node, never drains it and says why.
+    let policy: nodekeeper::api::reboot::RebootPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodekeeper.io/v1alpha1", "kind": "RebootPolicy",
+        "metadata": {"name": env.id},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}}},
+    }))
+    .expect("a RebootPolicy");
+    let policies: Api<nodekeeper::api::reboot::RebootPolicy> = Api::all(env.client.clone());
+    block_on(policies.create(&PostParams::default(), &policy)).expect("creating the policy");
+    let _need = NeedCleanup(env.client.clone(), node.name.clone());
+    block_on(support::machines::annotate(
+        &env.client,
+        &node.name,
+        "nodekeeper.io/reboot-needed",
+        Some("now"),
+    ));
+    let selector = format!("kubernetes.io/hostname={}", node.name);
+    let _cluster = support::Agent::start(&[
+        "run",
+        "--all-nodes",
+        "--node-agents",
+        "--node-selector",
+        &selector,
+        "--leader-namespace",
+        &env.ns,
+    ]);
+    let entry = block_on(wait_for(
+        "the policy saying why the node is not taken",
+        Duration::from_secs(60),
+        || async {
+            let p = policies.get(&env.id).await.ok()?;
+            let e = p.entry(&node.name)?.clone();
+            (e.reason.as_deref() == Some("CommandNotRunnable")).then_some(e)
+        },
+    ));
+    let msg = entry.message.unwrap_or_default();
+    assert!(msg.contains("systemctl: not found"), "{msg}");
+    let n = block_on(Api::<Node>::all(env.client.clone()).get(&node.name)).expect("the node");
+    let check = n
+        .annotations()
+        .get("nodekeeper.io/reboot-command-check")
+        .cloned()
+        .unwrap_or_default();
+    assert!(check.contains("cannot run: systemctl: not found"), "{check}");
+    assert_eq!(block_on(unschedulable(&env, &node.name)), Some(false), "not drained");
+    let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let taken = block_on(nms.list(&Default::default()))
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.spec.node_name == node.name)
+        .count();
+    assert_eq!(taken, 0, "no NodeMaintenance for a node nobody can reboot");
+}
+
+/// Takes the reboot need and the agent's check off the real node, however
+/// the test ends: the node outlives it.
+struct NeedCleanup(kube::Client, String);
+
+impl Drop for NeedCleanup {
+    fn drop(&mut self) {
+        for key in ["nodekeeper.io/reboot-needed", "nodekeeper.io/reboot-command-check"] {
+            block_on(support::machines::annotate(&self.0, &self.1, key, None));
+        }
+    }
 }
