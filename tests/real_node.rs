@@ -934,8 +934,15 @@ fn the_readme_daemonset_recipe_runs_an_agent_on_the_pod_network_confined_to_its_
         .get("nodekeeper.io/reboot-command-check")
         .cloned()
         .unwrap_or_default();
-    assert!(check.contains("cannot run: systemctl: not found"), "{check}");
-    assert_eq!(block_on(unschedulable(&env, &node.name)), Some(false), "not drained");
+    assert!(
+        check.contains("cannot run: systemctl: not found"),
+        "{check}"
+    );
+    assert_eq!(
+        block_on(unschedulable(&env, &node.name)),
+        Some(false),
+        "not drained"
+    );
     let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
     let taken = block_on(nms.list(&Default::default()))
         .map(|l| l.items)
@@ -952,7 +959,10 @@ struct NeedCleanup(kube::Client, String);
 
 impl Drop for NeedCleanup {
     fn drop(&mut self) {
-        for key in ["nodekeeper.io/reboot-needed", "nodekeeper.io/reboot-command-check"] {
+        for key in [
+            "nodekeeper.io/reboot-needed",
+            "nodekeeper.io/reboot-command-check",
+        ] {
             block_on(support::machines::annotate(&self.0, &self.1, key, None));
         }
     }
