@@ -28,8 +28,8 @@ use serde_json::{Value, json};
 use smol::stream::StreamExt;
 use support::replace::{Cloud, install_constellation_crds};
 use support::{
-    Agent, GROUP_LABEL, TestEnv, audit_offset, audited_identity, block_on, install_crds, kubectl,
-    openshift, requests_of,
+    Agent, GROUP_LABEL, TestEnv, audit_offset, audited_identity_for, block_on, install_crds,
+    kubectl, openshift, requests_of,
 };
 
 /// How long an accepted object may go unreported.
@@ -203,32 +203,29 @@ fn every_bad_object_is_refused_or_reported_and_touches_no_node() {
     let mut agents = Vec::new();
     let started = audit_offset();
     for n in &nodes {
-        let (kubeconfig, user) = audited_identity();
+        let args = ["run", "--node", n];
+        let (kubeconfig, user) = audited_identity_for(&args);
         agents.push(Agent::start_with(
             bin,
             &kubeconfig,
             "nodekeeper=info,warn",
-            &["run", "--node", n],
+            &args,
         ));
         users.push((format!("agent of {n}"), user));
     }
-    let (kubeconfig, user) = audited_identity();
-    let cluster = Agent::start_with(
-        bin,
-        &kubeconfig,
-        "nodekeeper=info,warn",
-        &[
-            "run",
-            "--all-nodes",
-            "--node-agents",
-            "--leader-namespace",
-            &ns,
-            "--provider-command",
-            &provider,
-            "--provider-timeout",
-            "3",
-        ],
-    );
+    let args = [
+        "run",
+        "--all-nodes",
+        "--node-agents",
+        "--leader-namespace",
+        &ns,
+        "--provider-command",
+        &provider,
+        "--provider-timeout",
+        "3",
+    ];
+    let (kubeconfig, user) = audited_identity_for(&args);
+    let cluster = Agent::start_with(bin, &kubeconfig, "nodekeeper=info,warn", &args);
     users.push(("cluster role".to_string(), user));
     block_on(support::wait_for(
         "the cluster role leading",

@@ -17,7 +17,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use support::replace::{Cloud, install_constellation_crds};
 use support::{
-    Agent, GROUP_LABEL, TestEnv, apply, audit_offset, audited_identity, block_on, install_crds,
+    Agent, GROUP_LABEL, TestEnv, apply, audit_offset, audited_identity_for, block_on, install_crds,
     kubectl, openshift, requests_of, wait_for,
 };
 
@@ -189,24 +189,25 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
         "spec": {"nodeName": nodes[0], "reason": "idle test"}}),
     );
 
-    let (kubeconfig, user) = audited_identity();
     let provider = cloud.command.display().to_string();
+    let args = [
+        "run",
+        "--all-nodes",
+        // No node agents: the cluster role drains (and fails the bad
+        // NodeMaintenance) itself.
+        "--leader-namespace",
+        &ns,
+        "--provider-command",
+        &provider,
+        "--provider-timeout",
+        "3",
+    ];
+    let (kubeconfig, user) = audited_identity_for(&args);
     let agent = Agent::start_with(
         std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
         &kubeconfig,
         "nodekeeper=debug,warn",
-        &[
-            "run",
-            "--all-nodes",
-            // No node agents: the cluster role drains (and fails the bad
-            // NodeMaintenance) itself.
-            "--leader-namespace",
-            &ns,
-            "--provider-command",
-            &provider,
-            "--provider-timeout",
-            "3",
-        ],
+        &args,
     );
     // Settled: every policy, plan and NodeVersion has its status, and the
     // bad NodeMaintenance failed.

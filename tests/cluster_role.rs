@@ -460,7 +460,6 @@ fn pod_reads_of(user: &str, from: u64) -> Vec<(String, String, String)> {
 #[test]
 fn the_cluster_role_reads_only_the_pods_of_nodes_it_drains_and_of_its_gates() {
     install_crds();
-    let (kubeconfig, user) = support::audited_identity();
     let started = support::audit_offset();
     block_on(async {
         let mut env = TestEnv::new("cr-scope").await;
@@ -485,6 +484,7 @@ fn the_cluster_role_reads_only_the_pods_of_nodes_it_drains_and_of_its_gates() {
         .await;
         let args = cluster_role_args(&env, &[]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (kubeconfig, user) = support::audited_identity_for(&args);
         let bin = std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper"));
         let cluster = Agent::start_with(bin, &kubeconfig, "nodekeeper=debug,warn", &args);
         let nms: Api<NodeMaintenance> = Api::all(env.client.clone());

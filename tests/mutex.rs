@@ -378,19 +378,20 @@ fn a_rule_job_the_api_server_refuses_fails_the_run_and_is_asked_for_once() {
     let (target_pool, canary) = (format!("{id}-workers"), format!("{id}-canary"));
     let group = json!({GROUP_LABEL: id, WORKER_LABEL: ""});
     block_on(openshift::set_cluster_version(&c, OLD));
-    let (kubeconfig, user) = support::audited_identity();
+    let args = [
+        "run",
+        "--all-nodes",
+        "--node-agents",
+        "--leader-namespace",
+        &ns,
+    ];
+    let (kubeconfig, user) = support::audited_identity_for(&args);
     let from = support::audit_offset();
     let cluster = Agent::start_with(
         std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
         &kubeconfig,
         "nodekeeper=debug,warn",
-        &[
-            "run",
-            "--all-nodes",
-            "--node-agents",
-            "--leader-namespace",
-            &ns,
-        ],
+        &args,
     );
     block_on(async {
         openshift::create_pool(&c, &target_pool, json!({"matchLabels": group})).await;

@@ -286,7 +286,7 @@ gen_pki() {
     echo "$(cat "$p/token"),nodekeeper-admin,nodekeeper-admin,system:masters"
     echo "$(cat "$p/bench-token"),nodekeeper-bench,nodekeeper-bench,system:masters"
     for i in $(seq 0 $((audited - 1))); do
-      echo "$(cat "$p/audited-token-$i"),nodekeeper-audited-$i,nodekeeper-audited-$i,\"system:masters,nodekeeper:audited\""
+      echo "$(cat "$p/audited-token-$i"),nodekeeper-audited-$i,nodekeeper-audited-$i,nodekeeper:audited"
     done
   } >"$p/tokens.csv"
   gen_webhook_client
@@ -375,8 +375,10 @@ etcd_healthy() { curl -sf --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/d
 
 cmd_up() {
   # A cluster started by an older version of this script (no webhook
-  # client certificate) is started afresh.
-  if running && healthy && [[ -f $cluster_dir/pki/admission.yaml ]]; then
+  # client certificate, audited users with rights of their own) is started
+  # afresh.
+  if running && healthy && [[ -f $cluster_dir/pki/admission.yaml ]] &&
+    ! grep -q 'system:masters,nodekeeper:audited' "$cluster_dir/pki/tokens.csv"; then
     echo "$(kubeconfig)"
     return
   fi

@@ -1014,10 +1014,17 @@ pub fn event_count(e: &k8s_openapi::api::core::v1::Event) -> usize {
     series.or(e.count).unwrap_or(1).max(1) as usize
 }
 
-/// An identity whose every API request the audit log records: its
-/// kubeconfig and user name. Each call in a test process takes the next of
-/// the cluster's eight (test binaries run one after another).
-pub fn audited_identity() -> (PathBuf, String) {
+/// An identity whose every API request the audit log records, with the
+/// permissions the shipped manifests give `nodekeeper <args>` and no more:
+/// its kubeconfig and user name. The cluster's eight audited users hold no
+/// group with rights of their own (tests/controlplane/cluster.sh); each call
+/// in a test process takes the next and binds it to the shipped ClusterRole
+/// of the role `args` run (`run --all-nodes`: the cluster role's, with the
+/// leader Role in its `--leader-namespace`; `run --node N`: the node
+/// agent's), and to the medik8s lease Role. (A node agent's token is
+/// not bound to its Node here, so the own-node admission policy, which
+/// matches the agent's ServiceAccount, does not confine it.)
+pub fn audited_identity_for(args: &[&str]) -> (PathBuf, String) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let i = NEXT.fetch_add(1, Ordering::SeqCst) % 8;
     let path = cluster().with_file_name(format!("kubeconfig-audited-{i}"));
@@ -1026,7 +1033,59 @@ pub fn audited_identity() -> (PathBuf, String) {
         "{} is missing: restart the test cluster (just cluster-down) so cluster.sh writes it",
         path.display()
     );
-    (path, format!("nodekeeper-audited-{i}"))
+    let user = format!("nodekeeper-audited-{i}");
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| *a == flag)
+            .and_then(|i| args.get(i + 1).copied())
+    };
+    install_cluster_identity();
+    let (role, other) = if args.contains(&"--all-nodes") {
+        (
+            nodekeeper::deploy::CLUSTER_ACCOUNT,
+            nodekeeper::deploy::AGENT_ACCOUNT,
+        )
+    } else {
+        (
+            nodekeeper::deploy::AGENT_ACCOUNT,
+            nodekeeper::deploy::CLUSTER_ACCOUNT,
+        )
+    };
+    // A slot bound for the other role in an earlier test: that goes.
+    let _ = kubectl(
+        &[
+            "delete",
+            "clusterrolebinding",
+            &format!("{user}-{other}"),
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    let subject = serde_json::json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]);
+    apply(&serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{user}-{role}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": subject,
+    }));
+    apply(&serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": user, "namespace": nodekeeper::api::nodemaintenance::LEASE_NAMESPACE},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodekeeper-medik8s-lease"},
+        "subjects": subject,
+    }));
+    if role == nodekeeper::deploy::CLUSTER_ACCOUNT {
+        let namespace = value("--leader-namespace").unwrap_or(NODEKEEPER_NAMESPACE);
+        // The shipped leader Role, in the namespace of the lease.
+        cluster_identity_kubeconfig_in(namespace);
+        apply(&serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": user, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodekeeper-leader"},
+            "subjects": subject,
+        }));
+    }
+    (path, user)
 }
 
 /// The API server's audit log.
