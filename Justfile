@@ -5,6 +5,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 musl := "x86_64-unknown-linux-musl"
 static_bin := "target/" + musl + "/release/nodekeeper"
+static_bin_arm64 := "target/aarch64-unknown-linux-musl/release/nodekeeper"
 
 # List the recipes.
 default:
@@ -20,6 +21,11 @@ build:
 build-static:
     @tests/build-static >/dev/null
 
+# The same for arm64 (aarch64-unknown-linux-musl, cross-compiled; the tests run it under qemu-user).
+[doc('Static arm64 binary (cross-compiled, reused if built from the same source); fails if not static or over 8 MB.')]
+build-static-arm64:
+    @tests/build-static arm64 >/dev/null
+
 # fmt and clippy, warnings are errors.
 lint:
     cargo fmt --check
@@ -33,11 +39,12 @@ lint:
 # binaries may share one: its header); `just test --serial` runs them one
 # after another on one cluster, as `cargo test` would.
 [doc('All tests: unit, integration on the local control plane, real nodes and rebooting machines.')]
-test *args: build-static cluster-up
+test *args: build-static build-static-arm64 cluster-up
     #!/usr/bin/env bash
     set -euo pipefail
     trap 'tests/realnode/node.sh down; tests/controlplane/cluster.sh down' EXIT
     export NODEKEEPER_IMAGE_BIN="$PWD/{{static_bin}}"
+    export NODEKEEPER_ARM64_BIN="$PWD/{{static_bin_arm64}}"
     tests/run-suite {{args}}
 
 # OCI image archives without a container daemon (agent image and Talos
