@@ -48,10 +48,11 @@ test *args: build-static build-static-arm64 cluster-up
     tests/run-suite {{args}}
 
 # OCI image archives without a container daemon (agent image and Talos
-# extension) into target/image, plus the Containerfile's build context.
+# extension, each for linux/amd64 and linux/arm64) into target/image, plus
+# the Containerfile's build context.
 [doc('OCI image archives (agent image, Talos extension) into target/image, no daemon needed.')]
-image: build-static
-    image/oci-archive.sh {{static_bin}} target/image
+image: build-static build-static-arm64
+    image/oci-archive.sh {{static_bin}} target/image {{static_bin_arm64}}
 
 # Every benchmark: start-up and sizes, then the drain, a reboot wave, an upgrade plan and a node replacement on the local control plane.
 bench: bench-startup bench-drain bench-reboot bench-upgrade bench-replace

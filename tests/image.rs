@@ -3,7 +3,9 @@
 //! config and layer blobs with their digests and sizes, then the layer
 //! unpacked and the binary run from it. Also that a rebuild is
 //! byte-identical. Uses `$NODEKEEPER_IMAGE_BIN` (the static binary, in
-//! `tests/check`) or else the test build of the binary.
+//! `tests/check`) or else the test build of the binary, and with
+//! `$NODEKEEPER_ARM64_BIN` (`just test` sets it) checks the image index of
+//! both platforms, the arm64 binary run under qemu-user.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,9 +43,20 @@ fn temp(name: &str) -> PathBuf {
     dir
 }
 
+/// The arm64 binary, when the run has one (`just test`): the archives then
+/// hold both platforms.
+fn arm64_binary() -> Option<PathBuf> {
+    std::env::var_os("NODEKEEPER_ARM64_BIN").map(PathBuf::from)
+}
+
 fn build(out: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("image/oci-archive.sh");
-    sh(Command::new(script).arg(binary()).arg(out));
+    let mut cmd = Command::new(script);
+    cmd.arg(binary()).arg(out);
+    if let Some(arm) = arm64_binary() {
+        cmd.arg(arm);
+    }
+    sh(&mut cmd);
 }
 
 /// A blob the descriptor `d` names, after checking its digest and size.
@@ -61,13 +74,13 @@ fn json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("parse json")
 }
 
-/// Unpack an OCI archive, verify it, return (image config, unpacked rootfs).
-fn open(archive: &Path, want_ref: &str) -> (Value, PathBuf) {
+/// Unpack an OCI archive, verify it, return each platform's (image config,
+/// unpacked rootfs) by architecture: the one manifest its index names, or
+/// every manifest of the image index it names (multi-platform).
+fn open(archive: &Path, want_ref: &str) -> std::collections::BTreeMap<String, (Value, PathBuf)> {
     let dir = archive.with_extension("unpacked");
     let layout = dir.join("layout");
-    let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(&layout).expect("mkdir");
-    std::fs::create_dir_all(&rootfs).expect("mkdir");
     sh(Command::new("tar")
         .arg("-xf")
         .arg(archive)
@@ -79,43 +92,87 @@ fn open(archive: &Path, want_ref: &str) -> (Value, PathBuf) {
     );
     let index = json(&layout.join("index.json"));
     assert_eq!(index["schemaVersion"], 2);
-    let entry = &index["manifests"][0];
+    let entries = index["manifests"].as_array().expect("manifests");
+    assert_eq!(entries.len(), 1, "one image per archive");
+    let entry = &entries[0];
     assert_eq!(
         entry["annotations"]["org.opencontainers.image.ref.name"],
         want_ref
     );
-    assert_eq!(entry["platform"]["os"], "linux");
-    let manifest = json(&blob(&layout, entry));
-    assert_eq!(
-        manifest["mediaType"],
-        "application/vnd.oci.image.manifest.v1+json"
-    );
-    let config = json(&blob(&layout, &manifest["config"]));
-    let layers = manifest["layers"].as_array().expect("layers");
-    assert_eq!(layers.len(), 1);
-    assert_eq!(
-        layers[0]["mediaType"],
-        "application/vnd.oci.image.layer.v1.tar+gzip"
-    );
-    let layer = blob(&layout, &layers[0]);
-    // The config's diff_id is the digest of the uncompressed layer.
-    let plain = dir.join("layer.tar");
-    let tar = sh(Command::new("sh").arg("-c").arg(format!(
-        "gzip -dc '{}' > '{}'",
-        layer.display(),
-        plain.display()
-    )));
-    assert!(tar.is_empty());
-    assert_eq!(
-        config["rootfs"]["diff_ids"][0],
-        format!("sha256:{}", sha256(&plain))
-    );
-    sh(Command::new("tar")
-        .arg("-xf")
-        .arg(&plain)
-        .arg("-C")
-        .arg(&rootfs));
-    (config, rootfs)
+    let platforms: Vec<Value> = if entry["mediaType"] == "application/vnd.oci.image.index.v1+json" {
+        let nested = json(&blob(&layout, entry));
+        nested["manifests"]
+            .as_array()
+            .expect("the platforms")
+            .clone()
+    } else {
+        vec![entry.clone()]
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for d in &platforms {
+        assert_eq!(d["platform"]["os"], "linux");
+        let arch = d["platform"]["architecture"]
+            .as_str()
+            .expect("an architecture")
+            .to_string();
+        let manifest = json(&blob(&layout, d));
+        assert_eq!(
+            manifest["mediaType"],
+            "application/vnd.oci.image.manifest.v1+json"
+        );
+        let config = json(&blob(&layout, &manifest["config"]));
+        assert_eq!(
+            config["architecture"],
+            arch.as_str(),
+            "config and index agree"
+        );
+        let layers = manifest["layers"].as_array().expect("layers");
+        assert_eq!(layers.len(), 1);
+        assert_eq!(
+            layers[0]["mediaType"],
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+        );
+        let layer = blob(&layout, &layers[0]);
+        // The config's diff_id is the digest of the uncompressed layer.
+        let plain = dir.join(format!("layer-{arch}.tar"));
+        let tar = sh(Command::new("sh").arg("-c").arg(format!(
+            "gzip -dc '{}' > '{}'",
+            layer.display(),
+            plain.display()
+        )));
+        assert!(tar.is_empty());
+        assert_eq!(
+            config["rootfs"]["diff_ids"][0],
+            format!("sha256:{}", sha256(&plain))
+        );
+        let rootfs = dir.join(format!("rootfs-{arch}"));
+        std::fs::create_dir_all(&rootfs).expect("mkdir");
+        sh(Command::new("tar")
+            .arg("-xf")
+            .arg(&plain)
+            .arg("-C")
+            .arg(&rootfs));
+        out.insert(arch, (config, rootfs));
+    }
+    out
+}
+
+/// The platforms the archives must hold.
+fn platforms() -> Vec<&'static str> {
+    if arm64_binary().is_some() {
+        vec!["amd64", "arm64"]
+    } else {
+        vec!["amd64"]
+    }
+}
+
+/// Run `bin` (an arm64 one under qemu-user) with `args`.
+fn run_as(arch: &str, bin: &Path, args: &[&str]) -> String {
+    if arch == "arm64" {
+        sh(Command::new("qemu-aarch64-static").arg(bin).args(args))
+    } else {
+        sh(Command::new(bin).args(args))
+    }
 }
 
 #[test]
@@ -125,28 +182,52 @@ fn the_image_archives_are_valid_oci_and_run_the_binary() {
     let bin = binary();
     let version = env!("CARGO_PKG_VERSION");
 
-    let (config, rootfs) = open(
+    let binary_of = |arch: &str| match arch {
+        "arm64" => arm64_binary().expect("the arm64 binary"),
+        _ => bin.clone(),
+    };
+    let agent = open(
         &out.join(format!("nodekeeper-{version}.oci.tar")),
         &format!("localhost/nodekeeper:{version}"),
     );
-    assert_eq!(config["config"]["Entrypoint"][0], "/nodekeeper");
-    assert_eq!(config["config"]["User"], "65532:65532");
-    assert_eq!(config["architecture"], "amd64");
-    let inside = rootfs.join("nodekeeper");
-    assert_eq!(sha256(&inside), sha256(&bin), "the image holds the binary");
-    assert!(
-        rootfs
-            .join("etc/ssl/certs/ca-certificates.crt")
-            .metadata()
-            .is_ok_and(|m| m.len() > 0)
+    assert_eq!(
+        agent.keys().map(String::as_str).collect::<Vec<_>>(),
+        platforms()
     );
-    let printed = sh(Command::new(&inside).arg("version"));
-    assert_eq!(printed.trim(), format!("nodekeeper {version}"));
+    for (arch, (config, rootfs)) in &agent {
+        assert_eq!(config["config"]["Entrypoint"][0], "/nodekeeper");
+        assert_eq!(config["config"]["User"], "65532:65532");
+        let inside = rootfs.join("nodekeeper");
+        assert_eq!(
+            sha256(&inside),
+            sha256(&binary_of(arch)),
+            "the {arch} image holds the {arch} binary"
+        );
+        assert!(
+            rootfs
+                .join("etc/ssl/certs/ca-certificates.crt")
+                .metadata()
+                .is_ok_and(|m| m.len() > 0)
+        );
+        let printed = run_as(arch, &inside, &["version"]);
+        assert_eq!(printed.trim(), format!("nodekeeper {version}"));
+    }
 
-    let (_, ext) = open(
+    let extensions = open(
         &out.join(format!("nodekeeper-talos-extension-{version}.oci.tar")),
         &format!("localhost/nodekeeper-talos-extension:{version}"),
     );
+    assert_eq!(
+        extensions.keys().map(String::as_str).collect::<Vec<_>>(),
+        platforms()
+    );
+    for (arch, (_, ext)) in &extensions {
+        let ext_bin = ext.join("rootfs/usr/local/lib/containers/nodekeeper/nodekeeper");
+        assert_eq!(sha256(&ext_bin), sha256(&binary_of(arch)));
+        let printed = run_as(arch, &ext_bin, &["version"]);
+        assert_eq!(printed.trim(), format!("nodekeeper {version}"));
+    }
+    let (_, ext) = &extensions["amd64"];
     let service = ext.join("rootfs/usr/local/etc/containers/nodekeeper.yaml");
     let generated = nodekeeper::deploy::render("talos", &Default::default()).expect("render");
     let want = generated
@@ -162,9 +243,6 @@ fn the_image_archives_are_valid_oci_and_run_the_binary() {
         !ext.join("extension-service-config.yaml").exists(),
         "machine config stays out of the image"
     );
-    let ext_bin = ext.join("rootfs/usr/local/lib/containers/nodekeeper/nodekeeper");
-    let printed = sh(Command::new(&ext_bin).arg("version"));
-    assert_eq!(printed.trim(), format!("nodekeeper {version}"));
 
     // The Containerfile's build context is staged next to the archives.
     assert_eq!(sha256(&out.join("context/nodekeeper")), sha256(&bin));

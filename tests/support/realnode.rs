@@ -144,11 +144,14 @@ pub fn image_archive() -> &'static Path {
         let out = crate::support::scratch().join("nk-realnode-image");
         let _ = std::fs::remove_dir_all(&out);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("image/oci-archive.sh");
-        let st = Command::new(script)
-            .arg(&bin)
-            .arg(&out)
-            .status()
-            .expect("running oci-archive.sh");
+        // Both platforms when the run has the arm64 binary (`just test`):
+        // containerd imports the image index as users get it.
+        let mut cmd = Command::new(script);
+        cmd.arg(&bin).arg(&out);
+        if let Some(arm) = std::env::var_os("NODEKEEPER_ARM64_BIN") {
+            cmd.arg(arm);
+        }
+        let st = cmd.status().expect("running oci-archive.sh");
         assert!(st.success(), "image/oci-archive.sh failed");
         std::fs::read_dir(&out)
             .expect("the archive folder")
