@@ -221,7 +221,48 @@ fn the_image_archives_are_valid_oci_and_run_the_binary() {
         extensions.keys().map(String::as_str).collect::<Vec<_>>(),
         platforms()
     );
+    let ext_archive = out.join(format!("nodekeeper-talos-extension-{version}.oci.tar"));
     for (arch, (_, ext)) in &extensions {
+        // Talos's own rules for the rootfs (pkg/machinery/extensions): only
+        // regular files, directories and symlinks, none world-writable,
+        // every regular file under a prefix Talos allows.
+        let layer = ext_archive
+            .with_extension("unpacked")
+            .join(format!("layer-{arch}.tar"));
+        let listing = sh(Command::new("tar").arg("-tvf").arg(&layer));
+        let allowed = [
+            "/usr/local/",
+            "/usr/lib/firmware/",
+            "/usr/lib/modules/",
+            "/usr/lib/udev/rules.d/",
+            "/etc/cri/conf.d/",
+        ];
+        for line in listing.lines() {
+            let perms = line.split_whitespace().next().unwrap_or_default();
+            let path = line.split_whitespace().last().unwrap_or_default();
+            let kind = perms.chars().next().unwrap_or('?');
+            assert!(
+                matches!(kind, '-' | 'd' | 'l'),
+                "{arch}: a special file: {line}"
+            );
+            assert_ne!(
+                perms.chars().nth(8),
+                Some('w'),
+                "{arch}: world-writable: {line}"
+            );
+            if kind == '-'
+                && let Some(inside) = path.strip_prefix("rootfs")
+            {
+                assert!(
+                    allowed.iter().any(|a| inside.starts_with(a)),
+                    "{arch}: {inside} is outside what Talos allows an extension"
+                );
+            }
+        }
+        assert!(
+            listing.lines().any(|l| l.ends_with(" manifest.yaml")),
+            "{arch}: no manifest.yaml: {listing}"
+        );
         let ext_bin = ext.join("rootfs/usr/local/lib/containers/nodekeeper/nodekeeper");
         assert_eq!(sha256(&ext_bin), sha256(&binary_of(arch)));
         let printed = run_as(arch, &ext_bin, &["version"]);

@@ -332,3 +332,106 @@ fn k3s_files_sort_in_the_order_they_must_be_applied() {
         "no shipped identity creates namespaces"
     );
 }
+
+/// Talos's own checks of a system extension's metadata and service
+/// (`pkg/machinery/extensions`, as `../shared/compat/talos.md` reads them):
+/// what a Talos image build refuses. Empty when both pass.
+fn talos_problems(manifest: &serde_json::Value, service: &serde_json::Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let text = |v: &serde_json::Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+    if manifest["version"] != "v1alpha1" {
+        problems.push(format!("manifest version {}", manifest["version"]));
+    }
+    for field in ["name", "version", "author", "description"] {
+        if text(&manifest["metadata"][field]).is_none() {
+            problems.push(format!("metadata.{field} missing"));
+        }
+    }
+    // A semver range: constraints of an optional operator and a version
+    // (a `v` before a digit ignored), separated by spaces or commas.
+    let range =
+        text(&manifest["metadata"]["compatibility"]["talos"]["version"]).unwrap_or_default();
+    let constraints: Vec<&str> = range.split([' ', ',']).filter(|c| !c.is_empty()).collect();
+    let mut i = 0;
+    let mut parsed = 0;
+    while i < constraints.len() {
+        let mut c = constraints[i];
+        if [">=", "<=", ">", "<", "=", "~", "^", "!="].contains(&c) {
+            i += 1;
+            c = constraints.get(i).copied().unwrap_or_default();
+        } else {
+            c = c.trim_start_matches(['>', '<', '=', '~', '^', '!']);
+        }
+        let v = c
+            .strip_prefix('v')
+            .filter(|r| r.starts_with(|ch: char| ch.is_ascii_digit()))
+            .unwrap_or(c);
+        let parts: Vec<&str> = v.split('.').collect();
+        if parts.is_empty() || parts.len() > 3 || parts.iter().any(|p| p.parse::<u64>().is_err()) {
+            problems.push(format!(
+                "compatibility.talos.version {range:?} is not a semver range"
+            ));
+        }
+        parsed += 1;
+        i += 1;
+    }
+    if parsed == 0 {
+        problems.push("compatibility.talos.version missing".into());
+    }
+    let name = text(&service["name"]).unwrap_or_default();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+    {
+        problems.push(format!("service name {name:?}"));
+    }
+    if !["always", "never", "untilSuccess"]
+        .contains(&service["restart"].as_str().unwrap_or_default())
+    {
+        problems.push(format!("restart {}", service["restart"]));
+    }
+    if text(&service["container"]["entrypoint"]).is_none() {
+        problems.push("container.entrypoint empty".into());
+    }
+    let statuses = ["addresses", "connectivity", "hostname", "etcfiles"];
+    for d in service["depends"].as_array().into_iter().flatten() {
+        let keys: Vec<&String> = d
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
+        let ok = match keys.as_slice() {
+            [k] if k.as_str() == "service" => text(&d["service"]).is_some(),
+            [k] if k.as_str() == "path" => d["path"].as_str().is_some_and(|p| p.starts_with('/')),
+            [k] if k.as_str() == "configuration" => d["configuration"].is_boolean(),
+            [k] if k.as_str() == "network" => d["network"].as_array().is_some_and(|a| {
+                !a.is_empty()
+                    && a.iter()
+                        .all(|s| statuses.contains(&s.as_str().unwrap_or_default()))
+            }),
+            _ => false,
+        };
+        if !ok {
+            problems.push(format!("depends entry {d}"));
+        }
+    }
+    problems
+}
+
+/// The Talos extension as rendered (the image test checks the shipped
+/// files are exactly these, and its rootfs's files) passes Talos's own
+/// checks; the checker catches what Talos refuses.
+#[test]
+fn the_talos_extension_passes_talos_own_checks() {
+    let o = Options::default();
+    let (manifest, service) = (host::talos_manifest(), host::talos_service(&o));
+    assert_eq!(talos_problems(&manifest, &service), Vec::<String>::new());
+    let mut bad_manifest = manifest.clone();
+    bad_manifest["metadata"]["compatibility"]["talos"]["version"] = serde_json::json!("newest");
+    bad_manifest["metadata"]["author"] = serde_json::json!("");
+    let mut bad_service = service.clone();
+    bad_service["name"] = serde_json::json!("Node Keeper");
+    bad_service["restart"] = serde_json::json!("sometimes");
+    bad_service["depends"] = serde_json::json!([{"path": "relative"}, {"network": ["wifi"]}, {"service": "cri", "path": "/x"}]);
+    assert_eq!(talos_problems(&bad_manifest, &bad_service).len(), 7);
+}
