@@ -122,6 +122,9 @@
 //!   inside that root (`effects::host::in_root`: the kernel would follow
 //!   `/var/run -> /run` from the container's root). [`effects::provider`] runs the provider plugin (one JSON
 //!   request, one answer, a timeout, every failure one line);
+//!   [`effects::talos_wire`] is the wire format (protobuf, gRPC framing
+//!   and status) of the Talos machine API calls for reboots and upgrades,
+//!   not yet wired to a transport or a feature;
 //!   [`effects::prometheus`] asks a gate's Prometheus for its active alerts
 //!   (plain HTTP, a deadline, every failure one line); `objects.rs`
 //!   writes Constellation's kinds and the autoscaler Deployment untyped.

@@ -15,6 +15,7 @@ pub mod lease;
 mod objects;
 pub mod prometheus;
 pub mod provider;
+pub mod talos_wire;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
