@@ -28,8 +28,8 @@ use serde_json::{Value, json};
 use smol::stream::StreamExt;
 use support::replace::{Cloud, install_constellation_crds};
 use support::{
-    Agent, GROUP_LABEL, TestEnv, audit_offset, audited_identity_for, block_on, install_crds,
-    kubectl, openshift, requests_of,
+    GROUP_LABEL, TestEnv, audit_offset, audited_agent, block_on, install_crds, kubectl, openshift,
+    requests_of,
 };
 
 /// How long an accepted object may go unreported.
@@ -196,21 +196,14 @@ fn every_bad_object_is_refused_or_reported_and_touches_no_node() {
     assert_eq!(kinds.len(), 11, "every kind: {kinds:?}");
 
     // The processes, each as its own audited identity.
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper"));
     let cloud = Cloud::new(&env, json!([]), 1.0);
     let provider = cloud.command.display().to_string();
     let mut users = Vec::new();
     let mut agents = Vec::new();
     let started = audit_offset();
     for n in &nodes {
-        let args = ["run", "--node", n];
-        let (kubeconfig, user) = audited_identity_for(&args);
-        agents.push(Agent::start_with(
-            bin,
-            &kubeconfig,
-            "nodekeeper=info,warn",
-            &args,
-        ));
+        let (agent, user) = audited_agent(&["run", "--node", n], "nodekeeper=info,warn");
+        agents.push(agent);
         users.push((format!("agent of {n}"), user));
     }
     let args = [
@@ -224,8 +217,7 @@ fn every_bad_object_is_refused_or_reported_and_touches_no_node() {
         "--provider-timeout",
         "3",
     ];
-    let (kubeconfig, user) = audited_identity_for(&args);
-    let cluster = Agent::start_with(bin, &kubeconfig, "nodekeeper=info,warn", &args);
+    let (cluster, user) = audited_agent(&args, "nodekeeper=info,warn");
     users.push(("cluster role".to_string(), user));
     block_on(support::wait_for(
         "the cluster role leading",

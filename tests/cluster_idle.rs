@@ -17,8 +17,8 @@ use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use support::replace::{Cloud, install_constellation_crds};
 use support::{
-    Agent, GROUP_LABEL, TestEnv, apply, audit_offset, audited_identity_for, block_on, install_crds,
-    kubectl, openshift, requests_of, wait_for,
+    GROUP_LABEL, TestEnv, apply, audit_offset, audited_agent, block_on, install_crds, kubectl,
+    openshift, requests_of, wait_for,
 };
 
 const IDLE: Duration = Duration::from_secs(60);
@@ -202,13 +202,7 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
         "--provider-timeout",
         "3",
     ];
-    let (kubeconfig, user) = audited_identity_for(&args);
-    let agent = Agent::start_with(
-        std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
-        &kubeconfig,
-        "nodekeeper=debug,warn",
-        &args,
-    );
+    let (agent, user) = audited_agent(&args, "nodekeeper=debug,warn");
     // Settled: every policy, plan and NodeVersion has its status, and the
     // bad NodeMaintenance failed.
     block_on(async {

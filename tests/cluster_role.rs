@@ -484,9 +484,7 @@ fn the_cluster_role_reads_only_the_pods_of_nodes_it_drains_and_of_its_gates() {
         .await;
         let args = cluster_role_args(&env, &[]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (kubeconfig, user) = support::audited_identity_for(&args);
-        let bin = std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper"));
-        let cluster = Agent::start_with(bin, &kubeconfig, "nodekeeper=debug,warn", &args);
+        let (cluster, user) = support::audited_agent(&args, "nodekeeper=debug,warn");
         let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
         let nm: NodeMaintenance = serde_json::from_value(json!({
             "apiVersion": "nodemaintenance.medik8s.io/v1beta1",

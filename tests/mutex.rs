@@ -385,14 +385,8 @@ fn a_rule_job_the_api_server_refuses_fails_the_run_and_is_asked_for_once() {
         "--leader-namespace",
         &ns,
     ];
-    let (kubeconfig, user) = support::audited_identity_for(&args);
     let from = support::audit_offset();
-    let cluster = Agent::start_with(
-        std::path::Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
-        &kubeconfig,
-        "nodekeeper=debug,warn",
-        &args,
-    );
+    let (cluster, user) = support::audited_agent(&args, "nodekeeper=debug,warn");
     block_on(async {
         openshift::create_pool(&c, &target_pool, json!({"matchLabels": group})).await;
         openshift::create_pool(

@@ -178,6 +178,33 @@ pub async fn run(
     Ok(floor(then))
 }
 
+/// The node role's answer to "can these commands run on this host?"
+/// (`decide::command_check`), asked before the node can be admitted: looked
+/// at off the loop's thread, logged and written to the node only when it
+/// changed (`record` gives the write, or `None` when the node says so
+/// already). `what` names the object and its commands in the log.
+pub async fn record_command_check(
+    ctx: &Context,
+    name: &str,
+    what: &str,
+    argvs: Vec<Vec<String>>,
+    record: impl FnOnce(&std::result::Result<(), String>) -> Option<Effect>,
+) -> Result<()> {
+    let answer = crate::effects::host::can_run_bounded(argvs, ctx.effects.exec).await;
+    let Some(write) = record(&answer) else {
+        return Ok(());
+    };
+    match &answer {
+        Ok(()) => log::info!("node {name}: {what} can run here"),
+        Err(why) => {
+            log::warn!("node {name}: {what} cannot run here ({why}); the node is not admitted")
+        }
+    }
+    execute_plain(ctx, &format!("node {name}"), Plan::steps(vec![write]))
+        .await
+        .map(|_| ())
+}
+
 /// Perform one plan and go on whatever its outcomes (for features with
 /// nothing to record beyond the mutation cache).
 pub async fn execute_plain(ctx: &Context, who: &str, plan: Plan) -> Result<Then> {

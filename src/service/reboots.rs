@@ -175,19 +175,11 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
     // here? (An agent without --reboot has no `systemctl`: its node was
     // drained, then the reboot failed.) The policy admits only on `ok`.
     if let Some((key, argv)) = node::to_check(&n, &policies) {
-        let answer = host::can_run_bounded(vec![argv], ctx.effects.exec).await;
-        if let Some(record) = node::record_check(&n, &key, &answer) {
-            match &answer {
-                Ok(()) => {
-                    log::info!("node {name}: RebootPolicy {key}: its reboot command can run here")
-                }
-                Err(why) => log::warn!(
-                    "node {name}: RebootPolicy {key}: its reboot command cannot run here ({why}); the node is not admitted"
-                ),
-            }
-            let who = format!("node {name}");
-            executor::execute_plain(ctx, &who, crate::decide::Plan::steps(vec![record])).await?;
-        }
+        let what = format!("RebootPolicy {key}: its reboot command");
+        executor::record_command_check(ctx, name, &what, vec![argv], |answer| {
+            node::record_check(&n, &key, answer)
+        })
+        .await?;
     }
     let now = Timestamp::now();
     let period = governing.spec.detect.period_seconds.max(5) as i64;

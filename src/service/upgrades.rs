@@ -119,17 +119,11 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
     // run here? (A command that does not exist drained the node first and
     // left it in maintenance.) The plan admits the node only on `ok`.
     if let Some((key, argvs)) = node::to_check(&n, &plans) {
-        let answer = crate::effects::host::can_run_bounded(argvs, ctx.effects.exec).await;
-        if let Some(record) = node::record_check(&n, &key, &answer) {
-            match &answer {
-                Ok(()) => log::info!("node {name}: UpgradePlan {key}: its commands can run here"),
-                Err(why) => log::warn!(
-                    "node {name}: UpgradePlan {key}: its command cannot run here ({why}); the node is not admitted"
-                ),
-            }
-            let who = format!("node {name}");
-            executor::execute_plain(ctx, &who, Plan::steps(vec![record])).await?;
-        }
+        let what = format!("UpgradePlan {key}: its commands");
+        executor::record_command_check(ctx, name, &what, argvs, |answer| {
+            node::record_check(&n, &key, answer)
+        })
+        .await?;
     }
     let nms = ctx.maintenances_for(name);
     let effects = node::decide(&node::Snapshot {

@@ -1088,6 +1088,15 @@ pub fn audited_identity_for(args: &[&str]) -> (PathBuf, String) {
     (path, user)
 }
 
+/// `nodekeeper <args>` started as an audited user with the shipped
+/// permissions ([`audited_identity_for`]), logging at `filter`: the agent
+/// and the user its requests are logged under.
+pub fn audited_agent(args: &[&str], filter: &str) -> (Agent, String) {
+    let (kubeconfig, user) = audited_identity_for(args);
+    let bin = Path::new(env!("CARGO_BIN_EXE_nodekeeper"));
+    (Agent::start_with(bin, &kubeconfig, filter, args), user)
+}
+
 /// The API server's audit log.
 pub fn audit_log() -> PathBuf {
     cluster().with_file_name("logs").join("audit.log")
