@@ -27,6 +27,9 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
             ),
             exec: nodekeeper::effects::host::Exec::Direct,
             records: support::scratch().join("effects-records"),
+            talos: nodekeeper::effects::talos::Machined {
+                socket: support::scratch().join("no-machined.sock"),
+            },
             provider: None,
             gate: nodekeeper::effects::leader::LeaderGate::always(),
         };

@@ -207,3 +207,60 @@ fn names_that_reach_a_url_are_refused_with_the_field_named() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// How a node is rebooted and upgraded: each path's required fields, and
+/// the words the API server answers with (the rule's message names the
+/// field).
+#[test]
+fn reboot_methods_and_upgrade_strategies_are_refused_with_the_field_named() {
+    install_crds();
+    const NK: &str = "nodekeeper.io/v1alpha1";
+    // (kind, spec, None: accepted, Some: the refusal says this)
+    let cases: Vec<(&str, &str, Option<&str>)> = vec![
+        ("RebootPolicy", "{reboot: {method: Talos}}", None),
+        ("RebootPolicy", "{reboot: {method: Command}}", None),
+        (
+            "RebootPolicy",
+            "{reboot: {method: Ssh}}",
+            Some("reboot.method must be Auto, Command or Talos"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v1.13.1, strategy: {type: Talos, image: 'installer:{version}'}}",
+            None,
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: Talos}}",
+            Some("strategy.image is required for type Talos"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: InPlace}}",
+            Some("strategy.command needs at least the program"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {command: [x], image: 'installer:1'}}",
+            Some("strategy.image is for type Talos only"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: Replace, command: [x]}}",
+            Some("strategy.type must be InPlace or Talos"),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (kind, spec, refusal) in cases {
+        let (ok, said) = dry_run(&manifest(NK, kind, spec));
+        match refusal {
+            None if !ok => failures.push(format!("{kind} {spec}: refused: {said}")),
+            Some(why) if ok => failures.push(format!("{kind} {spec}: accepted, should say {why}")),
+            Some(why) if !said.contains(why) => {
+                failures.push(format!("{kind} {spec}: refused without {why:?}: {said}"))
+            }
+            _ => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -176,6 +176,15 @@ pub struct RebootSpec {
     #[x_kube(validation = Rule::new("self.size() > 0").message("reboot.command needs at least the program"))]
     #[schemars(length(max = 64))]
     pub command: Vec<String>,
+    /// How the node agent reboots its node: `Auto` (default) calls Talos's
+    /// machine API (`MachineService/Reboot` on machined's socket, which the
+    /// Talos extension mounts) on a node whose `status.nodeInfo.osImage`
+    /// names Talos, and runs `command` on any other; `Command` always runs
+    /// `command`; `Talos` always calls the API. The policy's status names
+    /// the path each node takes.
+    #[serde(default = "auto")]
+    #[x_kube(validation = Rule::new("self in ['Auto', 'Command', 'Talos']").message("reboot.method must be Auto, Command or Talos"))]
+    pub method: String,
     /// For a cluster role that runs without node agents: the command it
     /// runs itself to reboot a node (argv; `{node}` is replaced), e.g. an
     /// ssh or a BMC call. Without it such a cluster role waits for a node
@@ -195,10 +204,15 @@ impl Default for RebootSpec {
     fn default() -> Self {
         RebootSpec {
             command: default_command(),
+            method: auto(),
             remote_command: Vec::new(),
             return_timeout_seconds: return_timeout(),
         }
     }
+}
+
+fn auto() -> String {
+    "Auto".into()
 }
 
 fn default_command() -> Vec<String> {

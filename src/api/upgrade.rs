@@ -194,29 +194,51 @@ fn kubelet_version() -> String {
     "KubeletVersion".into()
 }
 
-/// How a node is upgraded. `InPlace` only for now; the type leaves room for
-/// `Replace` (new machines, see the replacement APIs).
+/// How a node is upgraded: `InPlace` runs a command on the host; `Talos`
+/// installs an image through Talos's machine API and reboots.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.type != 'InPlace' || size(self.command) > 0").message("strategy.command needs at least the program"))]
+#[x_kube(validation = Rule::new("self.type != 'Talos' || has(self.image)").message("strategy.image is required for type Talos"))]
+#[x_kube(validation = Rule::new("self.type == 'Talos' || !has(self.image)").message("strategy.image is for type Talos only"))]
 pub struct Strategy {
-    /// `InPlace`: the node role runs `command` on the host.
+    /// `InPlace`: the node agent runs `command` on the host. `Talos`: the
+    /// node agent asks machined (Talos's machine API, on the socket the
+    /// Talos extension mounts) to install `image`
+    /// (`LifecycleService/Upgrade`, or the staged `MachineService/Upgrade`
+    /// on Talos before 1.13), then reboots it through the API.
     #[serde(rename = "type", default = "in_place")]
-    #[x_kube(validation = Rule::new("self == 'InPlace'").message("strategy.type must be InPlace (Replace is not available yet)"))]
+    #[x_kube(validation = Rule::new("self in ['InPlace', 'Talos']").message("strategy.type must be InPlace or Talos (Replace is not available yet)"))]
     pub type_: String,
     /// The upgrade command (argv, no shell), run on the drained node's
     /// host by its node agent, at most once per version and boot. `{version}`
-    /// and `{node}` are replaced. Exit 0 is success.
-    #[x_kube(validation = Rule::new("self.size() > 0").message("strategy.command needs at least the program"))]
+    /// and `{node}` are replaced. Exit 0 is success. Type `InPlace` only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub command: Vec<String>,
+    /// Type `Talos`: the installer image to upgrade to, `{version}`
+    /// replaced (e.g. `factory.talos.dev/installer/ID:{version}`), installed
+    /// at most once per version and boot and always followed by a reboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
     /// Reboot after a successful command (verified by a new boot ID).
+    /// Type `Talos` always reboots.
     #[serde(default)]
     pub reboot: bool,
-    /// The reboot command (default `systemctl reboot`).
+    /// The reboot command (default `systemctl reboot`); type `Talos`
+    /// reboots through the API instead.
     #[serde(default = "reboot_command")]
     #[x_kube(validation = Rule::new("self.size() > 0").message("strategy.rebootCommand needs at least the program"))]
     #[schemars(length(max = 64))]
     pub reboot_command: Vec<String>,
+}
+
+impl Strategy {
+    /// Whether the node is rebooted after the upgrade.
+    pub fn reboots(&self) -> bool {
+        self.reboot || self.type_ == "Talos"
+    }
 }
 
 fn in_place() -> String {

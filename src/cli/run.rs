@@ -49,6 +49,12 @@ pub struct RunArgs {
         default = "PathBuf::from(crate::effects::host_run::DEFAULT_RECORDS)"
     )]
     pub command_records: PathBuf,
+    /// the socket of Talos's machine API, through which a node agent on Talos reboots and upgrades its node (default /system/run/machined/machine.sock, which the Talos extension mounts)
+    #[argh(
+        option,
+        default = "PathBuf::from(crate::effects::talos::DEFAULT_SOCKET)"
+    )]
+    pub talos_socket: PathBuf,
     /// talk HTTP/1.1 only to the API server (default: offer HTTP/2 and let the server choose)
     #[argh(switch)]
     pub http1_only: bool,
@@ -106,6 +112,8 @@ pub struct RunConfig {
     pub host_exec: crate::effects::host::Exec,
     /// `--command-records`, a path on the host.
     pub command_records: PathBuf,
+    /// `--talos-socket`.
+    pub talos_socket: PathBuf,
     /// Cluster role: the provider plugin (`--provider-command`).
     pub provider: Option<crate::effects::provider::Provider>,
     /// The validating webhook (`--admission-address`), if served.
@@ -237,6 +245,7 @@ impl RunConfig {
             node_agents: args.node_agents,
             host_root: args.host_root,
             command_records: args.command_records,
+            talos_socket: args.talos_socket,
             host_exec: if args.host_exec {
                 crate::effects::host::Exec::HostNamespace
             } else {

@@ -114,10 +114,8 @@ pub enum Effect {
         /// first run (an agent restarted mid-upgrade publishes its
         /// result) instead of starting a second.
         id: String,
-        /// The cluster role's `reboot.remoteCommand`: run as its own child
-        /// (it reaches out to the machine), not as a host process.
-        remote: bool,
-        argv: Vec<String>,
+        /// What runs: a command, or a call of Talos's machine API.
+        action: HostAction,
         record: HostRecord,
         /// How long the command may run before it is killed.
         timeout: Duration,
@@ -201,6 +199,57 @@ pub struct HostRecord {
     pub annotation: &'static str,
     pub failed: String,
     pub succeeded: Option<String>,
+}
+
+/// A host action of [`Effect::RunHost`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostAction {
+    /// argv run as the host's own process (`effects::host_run`).
+    Command(Vec<String>),
+    /// The cluster role's `reboot.remoteCommand`: run as its own child (it
+    /// reaches out to the machine), not as a host process.
+    Remote(Vec<String>),
+    /// `MachineService/Reboot` of Talos's machine API (`effects::talos`).
+    TalosReboot,
+    /// Upgrade to this installer image through Talos's machine API;
+    /// `legacy` (Talos before 1.13): the old call, which reboots by itself.
+    TalosUpgrade { image: String, legacy: bool },
+}
+
+impl HostAction {
+    /// The command's argv, for the actions that are commands.
+    pub fn argv(&self) -> Option<&[String]> {
+        match self {
+            HostAction::Command(argv) | HostAction::Remote(argv) => Some(argv),
+            HostAction::TalosReboot | HostAction::TalosUpgrade { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for HostAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostAction::Command(argv) | HostAction::Remote(argv) => {
+                write!(f, "{:?}", argv.join(" "))
+            }
+            HostAction::TalosReboot => f.write_str("Talos's MachineService/Reboot"),
+            HostAction::TalosUpgrade {
+                image,
+                legacy: false,
+            } => {
+                write!(
+                    f,
+                    "Talos's ImageService/Pull and LifecycleService/Upgrade of {image}"
+                )
+            }
+            HostAction::TalosUpgrade {
+                image,
+                legacy: true,
+            } => {
+                write!(f, "Talos's MachineService/Upgrade to {image}")
+            }
+        }
+    }
 }
 
 /// What one decision asks for: effects in order, then when to decide again.

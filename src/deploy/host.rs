@@ -150,13 +150,26 @@ pub(super) fn talos_service(o: &Options) -> Value {
       "depends": [
         // Waits for the ExtensionServiceConfig that carries the kubeconfig.
         {"configuration": true},
-        {"network": ["addresses", "connectivity", "hostname", "etcfiles"]}
+        {"network": ["addresses", "connectivity", "hostname", "etcfiles"]},
+        // machined's socket, through which the agent reboots and upgrades
+        // the node: Talos creates a missing mount source as a directory,
+        // so the service waits for the socket first.
+        {"path": crate::effects::talos::DEFAULT_SOCKET}
       ],
       "container": {
         "entrypoint": "./nodekeeper",
         "args": ["run", "--kubeconfig", o.kubeconfig, "--metrics-address", o.host_metrics()],
         "environment": [format!("RUST_LOG={}", o.rust_log())],
-        "security": {"writeableRootfs": false}
+        "security": {"writeableRootfs": false},
+        // As Talos's own installer container mounts it; `ro` still lets
+        // the agent connect. From Talos 1.13 machined grants processes of
+        // extension services (ext-*) every role on it.
+        "mounts": [{
+          "source": crate::effects::talos::DEFAULT_SOCKET,
+          "destination": crate::effects::talos::DEFAULT_SOCKET,
+          "type": "bind",
+          "options": ["rbind", "rshared", "ro"]
+        }]
       },
       "restart": "always"
     })

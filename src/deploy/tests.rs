@@ -434,4 +434,23 @@ fn the_talos_extension_passes_talos_own_checks() {
     bad_service["restart"] = serde_json::json!("sometimes");
     bad_service["depends"] = serde_json::json!([{"path": "relative"}, {"network": ["wifi"]}, {"service": "cri", "path": "/x"}]);
     assert_eq!(talos_problems(&bad_manifest, &bad_service).len(), 7);
+    // What the agent needs on Talos: machined's socket mounted where
+    // `run --talos-socket` looks by default, waited for before start.
+    let socket = crate::effects::talos::DEFAULT_SOCKET;
+    let mounts = service["container"]["mounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["source"] == socket && m["destination"] == socket && m["type"] == "bind"),
+        "machined's socket is mounted: {mounts:?}"
+    );
+    assert!(
+        service["depends"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|e| e["path"] == socket)),
+        "the service waits for the socket"
+    );
 }

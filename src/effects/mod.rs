@@ -15,6 +15,7 @@ pub mod lease;
 mod objects;
 pub mod prometheus;
 pub mod provider;
+pub mod talos;
 pub mod talos_wire;
 
 use k8s_openapi::api::core::v1::Node;
@@ -23,7 +24,7 @@ use kube::{Api, Client, Resource};
 use serde_json::json;
 
 use crate::api::nodemaintenance::NodeMaintenance;
-use crate::decide::{Effect, Outcome};
+use crate::decide::{Effect, HostAction, Outcome};
 use crate::error::{Error, Result};
 
 /// The field manager of every server-side apply: one name, so our status
@@ -41,6 +42,9 @@ pub struct Interpreter {
     /// Where host commands keep their records on the host
     /// (`run --command-records`, see [`host_run`]).
     pub records: std::path::PathBuf,
+    /// Talos's machine API on this host (`run --talos-socket`): how a
+    /// Talos node reboots and upgrades.
+    pub talos: talos::Machined,
     /// The cloud provider plugin (`run --provider-command`), if any.
     pub provider: Option<provider::Provider>,
     /// The cluster role's leadership: no effect starts once its lease is in
@@ -136,15 +140,23 @@ impl Interpreter {
             Effect::PatchPool { name, patch } => self.patch_pool(name, patch).await,
             Effect::RunHost {
                 id,
-                remote,
-                argv,
+                action,
                 timeout,
                 ..
             } => Ok(
-                match if *remote {
-                    host::command(argv, *timeout).await
-                } else {
-                    host_run::command(id, argv, *timeout, self.exec, &self.records).await
+                match match action {
+                    HostAction::Remote(argv) => host::command(argv, *timeout).await,
+                    HostAction::Command(argv) => {
+                        host_run::command(id, argv, *timeout, self.exec, &self.records).await
+                    }
+                    HostAction::TalosReboot => self.talos.reboot(*timeout).await,
+                    HostAction::TalosUpgrade { image, legacy } => self
+                        .talos
+                        .upgrade(image, *legacy, *timeout)
+                        .await
+                        .map(|last| {
+                            log::info!("Talos upgrade to {image}: {last}");
+                        }),
                 } {
                     Ok(()) => Outcome::HostRan {
                         ok: true,
@@ -511,8 +523,8 @@ pub fn describe(effect: &Effect) -> String {
             nm.spec.node_name
         ),
         Effect::DeleteMaintenance { nm, .. } => format!("DeleteMaintenance {{ {nm} }}"),
-        Effect::RunHost { node, argv, .. } => {
-            format!("RunHost {{ node: {node}, argv: {} }}", argv.join(" "))
+        Effect::RunHost { node, action, .. } => {
+            format!("RunHost {{ node: {node}, {action} }}")
         }
         Effect::WriteMutexStatus {
             name, namespace, ..

@@ -7,12 +7,14 @@
 //! `../shared/compat/talos.md`). Hand-written rather than generated: three
 //! small messages do not pay for a protobuf crate in an 8 MiB binary.
 //!
-//! **Not wired yet**: no transport (HTTP/2 over machined's unix socket) and
-//! no reboot/upgrade path uses this module; the Talos extension cannot
-//! reboot or upgrade its node today (README, Deploying).
+//! The transport (HTTP/2 over machined's unix socket) is `super::talos`.
 
 /// `machine.MachineService/Reboot`.
 pub const REBOOT: &str = "/machine.MachineService/Reboot";
+/// `machine.ImageService/Pull` (Talos 1.13+; streams progress, then the
+/// pulled image's name). LifecycleService/Upgrade installs only an image
+/// already in containerd's store.
+pub const IMAGE_PULL: &str = "/machine.ImageService/Pull";
 /// `machine.LifecycleService/Upgrade` (Talos 1.13+; streams progress).
 pub const LIFECYCLE_UPGRADE: &str = "/machine.LifecycleService/Upgrade";
 /// `machine.MachineService/Upgrade` (before Talos 1.13; removed in 1.18).
@@ -58,19 +60,54 @@ pub fn reboot_request(mode: RebootMode) -> Vec<u8> {
     out
 }
 
+/// `common.ContainerdInstance { ContainerDriver driver = 1;
+/// ContainerdNamespace namespace = 2; }` as talosctl sends it for installer
+/// images: driver `CRI` (1), namespace `NS_SYSTEM` (1). machined refuses the
+/// default `NS_UNKNOWN`.
+fn containerd_instance(out: &mut Vec<u8>) {
+    let mut instance = Vec::new();
+    varint_field(1, 1, &mut instance);
+    varint_field(2, 1, &mut instance);
+    bytes_field(1, &instance, out);
+}
+
+/// `ImageServicePullRequest { ContainerdInstance containerd = 1; string
+/// image_ref = 3; }`.
+pub fn image_pull_request(image: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    containerd_instance(&mut out);
+    bytes_field(3, image.as_bytes(), &mut out);
+    out
+}
+
+/// The pulled image's name from one `ImageServicePullResponse` (a oneof of
+/// `string name = 1` or `ImageServicePullProgress pull_progress = 2`), if
+/// this message is the name.
+pub fn pulled_name(message: &[u8]) -> Result<Option<String>, String> {
+    for (number, value) in fields(message)? {
+        if let (1, Value::Bytes(name)) = (number, value) {
+            return Ok(Some(String::from_utf8_lossy(name).into_owned()));
+        }
+    }
+    Ok(None)
+}
+
 /// `LifecycleServiceUpgradeRequest { ContainerdInstance containerd = 1;
 /// InstallArtifactsSource source = 2; }` with `InstallArtifactsSource {
-/// string image_name = 1; }`; the containerd instance left at its default.
+/// string image_name = 1; }`, in the store the pull used.
 pub fn lifecycle_upgrade_request(image: &str) -> Vec<u8> {
     let mut source = Vec::new();
     bytes_field(1, image.as_bytes(), &mut source);
     let mut out = Vec::new();
+    containerd_instance(&mut out);
     bytes_field(2, &source, &mut out);
     out
 }
 
 /// `UpgradeRequest { string image = 1; bool preserve = 2; bool stage = 3;
-/// bool force = 4; RebootMode reboot_mode = 5; }`, preserving data.
+/// bool force = 4; RebootMode reboot_mode = 5; }`, preserving data, not
+/// staged: machined pulls, installs and reboots by itself (one reboot; a
+/// staged one reboots twice).
 pub fn legacy_upgrade_request(image: &str) -> Vec<u8> {
     let mut out = Vec::new();
     bytes_field(1, image.as_bytes(), &mut out);
@@ -252,11 +289,23 @@ mod tests {
         // proto3: the default mode is no bytes at all.
         assert_eq!(reboot_request(RebootMode::Default), Vec::<u8>::new());
         assert_eq!(reboot_request(RebootMode::Powercycle), vec![0x08, 0x01]);
-        // source = 2 (0x12), holding image_name = 1 (0x0a).
+        // containerd = 1 {driver CRI, namespace NS_SYSTEM}, then source = 2
+        // (0x12) holding image_name = 1 (0x0a).
+        let instance = [0x0a, 4, 0x08, 1, 0x10, 1];
         assert_eq!(
             lifecycle_upgrade_request("ghcr.io/x:v1"),
-            [&[0x12, 14, 0x0a, 12][..], b"ghcr.io/x:v1"].concat()
+            [&instance[..], &[0x12, 14, 0x0a, 12], b"ghcr.io/x:v1"].concat()
         );
+        // image_ref = 3 (0x1a).
+        assert_eq!(
+            image_pull_request("img"),
+            [&instance[..], &[0x1a, 3], b"img"].concat()
+        );
+        assert_eq!(
+            pulled_name(&[&[0x0a, 3][..], b"a@b"].concat()),
+            Ok(Some("a@b".into()))
+        );
+        assert_eq!(pulled_name(&[0x12, 0]), Ok(None));
         assert_eq!(
             legacy_upgrade_request("img"),
             [&[0x0a, 3][..], b"img", &[0x10, 1]].concat()

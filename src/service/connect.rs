@@ -140,7 +140,7 @@ pub async fn speaks_http2(client: &Client) -> bool {
 /// Runs hyper's connection tasks (an HTTP/2 connection is a task of its
 /// own) on smol, inside `Compat`, like every other future of ours.
 #[derive(Clone, Copy)]
-struct SmolExecutor;
+pub(crate) struct SmolExecutor;
 
 impl<F> hyper::rt::Executor<F> for SmolExecutor
 where

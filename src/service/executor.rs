@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::context::Context;
-use crate::decide::{Effect, Outcome, Plan, Then};
+use crate::decide::{Effect, HostAction, Outcome, Plan, Then};
 use crate::error::Result;
 
 /// The shortest wait any pass or reconcile asks for.
@@ -187,10 +187,21 @@ pub async fn record_command_check(
     ctx: &Context,
     name: &str,
     what: &str,
-    argvs: Vec<Vec<String>>,
+    actions: Vec<HostAction>,
     record: impl FnOnce(&std::result::Result<(), String>) -> Option<Effect>,
 ) -> Result<()> {
-    let answer = crate::effects::host::can_run_bounded(argvs, ctx.effects.exec).await;
+    let argvs = actions
+        .iter()
+        .filter_map(|a| a.argv())
+        .map(<[String]>::to_vec)
+        .collect();
+    let talos = actions.iter().any(|a| a.argv().is_none());
+    let answer = match crate::effects::host::can_run_bounded(argvs, ctx.effects.exec).await {
+        // Talos's API: machined's socket must be there (mounted into the
+        // extension service).
+        Ok(()) if talos => ctx.effects.talos.reachable(),
+        other => other,
+    };
     let Some(write) = record(&answer) else {
         return Ok(());
     };

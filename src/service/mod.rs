@@ -385,6 +385,9 @@ pub async fn run(
             evictions: crate::effects::evict::Permits::new(evictions_in_flight),
             exec: config.host_exec,
             records: config.command_records.clone(),
+            talos: crate::effects::talos::Machined {
+                socket: config.talos_socket.clone(),
+            },
             provider: config.provider.clone(),
             gate,
         },

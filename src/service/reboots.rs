@@ -141,12 +141,10 @@ fn observe(ctx: &Context, policy: &RebootPolicy, effect: &Effect, outcome: &Outc
 }
 
 fn log_command_failure(effect: &Effect, outcome: &Outcome) {
-    if let (Effect::RunHost { node, argv, .. }, Outcome::HostRan { output, .. }) = (effect, outcome)
+    if let (Effect::RunHost { node, action, .. }, Outcome::HostRan { output, .. }) =
+        (effect, outcome)
     {
-        log::warn!(
-            "node {node}: reboot command {:?} failed: {output}",
-            argv.join(" ")
-        );
+        log::warn!("node {node}: reboot by {action} failed: {output}");
     }
 }
 
@@ -174,9 +172,9 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
     // Before the node can be admitted: can the policy's reboot command run
     // here? (An agent without --reboot has no `systemctl`: its node was
     // drained, then the reboot failed.) The policy admits only on `ok`.
-    if let Some((key, argv)) = node::to_check(&n, &policies) {
-        let what = format!("RebootPolicy {key}: its reboot command");
-        executor::record_command_check(ctx, name, &what, vec![argv], |answer| {
+    if let Some((key, action)) = node::to_check(&n, &policies) {
+        let what = format!("RebootPolicy {key}: its reboot by {action}");
+        executor::record_command_check(ctx, name, &what, vec![action], |answer| {
             node::record_check(&n, &key, answer)
         })
         .await?;
@@ -234,11 +232,8 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<Option
     });
     log::debug!("node {name}: reboot step: {} effect(s)", effects.len());
     for effect in &effects {
-        if let Effect::RunHost { argv, .. } = effect {
-            log::info!(
-                "node {name}: drained for its reboot; running {:?}",
-                argv.join(" ")
-            );
+        if let Effect::RunHost { action, .. } = effect {
+            log::info!("node {name}: drained for its reboot; rebooting by {action}");
         }
         if let Effect::PatchNode { patch, .. } = effect
             && patch["metadata"]["annotations"][crate::api::reboot::NEEDED_ANNOTATION].is_string()

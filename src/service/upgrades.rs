@@ -118,9 +118,9 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
     // Before the node can be admitted: can its governing plan's commands
     // run here? (A command that does not exist drained the node first and
     // left it in maintenance.) The plan admits the node only on `ok`.
-    if let Some((key, argvs)) = node::to_check(&n, &plans) {
+    if let Some((key, actions)) = node::to_check(&n, &plans) {
         let what = format!("UpgradePlan {key}: its commands");
-        executor::record_command_check(ctx, name, &what, argvs, |answer| {
+        executor::record_command_check(ctx, name, &what, actions, |answer| {
             node::record_check(&n, &key, answer)
         })
         .await?;
@@ -141,8 +141,8 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
     let mut effects = effects;
     let background = upgrade_at.map(|i| effects.split_off(i));
     for effect in &effects {
-        if let Effect::RunHost { argv, .. } = effect {
-            log::info!("node {name}: upgraded; rebooting with {:?}", argv.join(" "));
+        if let Effect::RunHost { action, .. } = effect {
+            log::info!("node {name}: upgraded; rebooting by {action}");
         }
     }
     let who = format!("node {name}");
@@ -159,7 +159,7 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
     .await?;
     if let Some(effect) = background.and_then(|mut rest| (!rest.is_empty()).then(|| rest.remove(0)))
     {
-        let Effect::RunHost { record, argv, .. } = &effect else {
+        let Effect::RunHost { record, action, .. } = &effect else {
             return Ok(());
         };
         let token = record.succeeded.clone().unwrap_or_default();
@@ -167,10 +167,7 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
             log::debug!("node {name}: an upgrade command is already running");
             return Ok(());
         }
-        log::info!(
-            "node {name}: drained for its upgrade; running {:?}",
-            argv.join(" ")
-        );
+        log::info!("node {name}: drained for its upgrade; upgrading by {action}");
         let (ctx, name) = (ctx.clone(), name.to_string());
         crate::runtime::spawn(async move {
             run_in_background(&ctx, &name, &effect).await;

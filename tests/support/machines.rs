@@ -143,6 +143,20 @@ impl Fleet {
         self.dir.join(name)
     }
 
+    /// Where a node's agent finds Talos's machine API (`run
+    /// --talos-socket`): a stand-in machined serves it in the Talos tests
+    /// (tests/talos/machined.py); nothing listens there otherwise.
+    pub fn talos_socket(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}.machined.sock"))
+    }
+
+    /// The OS image a machine's disk holds, reported as its node's
+    /// `status.nodeInfo.osImage` from its next boot on (absent: kwok's
+    /// default). An installer (the stand-in machined's upgrade) writes it.
+    pub fn os_image_file(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}.os-image"))
+    }
+
     /// The host root a node's agent reads sentinels under.
     pub fn host_root(&self, node: &str) -> PathBuf {
         let root = self.dir.join(format!("{node}.root"));
@@ -168,7 +182,16 @@ impl Fleet {
             return;
         };
         let root = self.host_root(node).display().to_string();
-        let mut args = vec!["run", "--node", node, "--host-root", &root];
+        let talos = self.talos_socket(node).display().to_string();
+        let mut args = vec![
+            "run",
+            "--node",
+            node,
+            "--host-root",
+            &root,
+            "--talos-socket",
+            &talos,
+        ];
         let kubeconfig = if self.node_identity.load(std::sync::atomic::Ordering::SeqCst) {
             let mut cached = self.kubeconfigs.lock().unwrap();
             let path = cached
@@ -275,6 +298,9 @@ impl Fleet {
             "lastTransitionTime": now()}]});
         if let Some(b) = boot {
             status["nodeInfo"] = json!({"bootID": b});
+            if let Ok(os) = std::fs::read_to_string(self.os_image_file(node)) {
+                status["nodeInfo"]["osImage"] = json!(os.trim());
+            }
         }
         nodes
             .patch_status(

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
+use crate::decide::HostAction;
 use crate::decide::disrupt;
 pub use crate::decide::disrupt::{
     blocking_pod, boot_id, check_selector, node_ref, ready, unschedulable,
@@ -167,4 +168,33 @@ pub fn maintenance_for(p: &RebootPolicy, node: &Node, boot: &str) -> NodeMainten
 /// shell string: a node name cannot inject a command.
 pub fn argv(template: &[String], node: &str) -> Vec<String> {
     template.iter().map(|a| a.replace("{node}", node)).collect()
+}
+
+/// Whether the kubelet says the node runs Talos (`status.nodeInfo.osImage`
+/// is `Talos (v1.x.y)` there): no shell and no systemd, reboots and
+/// upgrades through machined's API.
+pub fn is_talos(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .is_some_and(|i| i.os_image.starts_with("Talos"))
+}
+
+/// The Talos release the node's osImage names (`Talos (v1.12.3)` →
+/// (1, 12)), if it is Talos and names one.
+pub fn talos_release(node: &Node) -> Option<(u64, u64)> {
+    let image = &node.status.as_ref()?.node_info.as_ref()?.os_image;
+    let version = image.strip_prefix("Talos")?.split_once("(v")?.1;
+    let mut parts = version.split(['.', ')', '-']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// How the node agent reboots `node` under `reboot` (its `method`): through
+/// Talos's API, or by running `command` on the host.
+pub fn reboot_action(reboot: &RebootSpec, node: &Node) -> HostAction {
+    match reboot.method.as_str() {
+        "Talos" => HostAction::TalosReboot,
+        "Auto" if is_talos(node) => HostAction::TalosReboot,
+        _ => HostAction::Command(argv(&reboot.command, &node.name_any())),
+    }
 }

@@ -10,14 +10,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::facts::{argv, boot_id, failure_in, issued_in, needs_reboot, paused};
+use super::facts::{boot_id, failure_in, issued_in, needs_reboot, paused, reboot_action};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::command_check::{self, Check};
 use crate::decide::disrupt::check_selector;
 use crate::decide::drain::selector_matches;
 use crate::decide::maintenance::owner_of;
-use crate::decide::{Effect, HostRecord, Outcome};
+use crate::decide::{Effect, HostAction, HostRecord, Outcome};
 
 /// How long a reboot command may run: `systemctl reboot` returns once the
 /// shutdown is queued.
@@ -73,14 +73,14 @@ pub fn check_of(node: &Node, policy: &RebootPolicy) -> Check {
 /// node or the agent found it runnable for the policy's current spec. A
 /// failed check is looked at again each time (the program may have been
 /// installed since); [`record_check`] writes only a changed answer.
-pub fn to_check(node: &Node, policies: &[Arc<RebootPolicy>]) -> Option<(String, Vec<String>)> {
+pub fn to_check(node: &Node, policies: &[Arc<RebootPolicy>]) -> Option<(String, HostAction)> {
     let p = governing(node, policies)?;
     if check_of(node, p) == Check::Runnable {
         return None;
     }
     Some((
         command_check::key(p.as_ref()),
-        argv(&p.spec.reboot.command, &node.name_any()),
+        reboot_action(&p.spec.reboot, node),
     ))
 }
 
@@ -118,7 +118,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
             .find(|o| o.kind == OWNER_KIND)
             .and_then(|o| s.policies.iter().find(|p| p.name_any() == o.name));
         if let Some(p) = policy {
-            return issue(node, boot, argv(&p.spec.reboot.command, &n), false);
+            return issue(node, boot, reboot_action(&p.spec.reboot, node));
         }
     }
     // The host says a reboot is needed and nothing says so yet.
@@ -152,9 +152,10 @@ pub fn sentinel_record(node: &Node, error: Option<&str>) -> Option<Effect> {
 
 /// Issue a reboot in `boot`: first record it on the node, guarded by the
 /// resourceVersion (of two writers only one succeeds, and a failed write
-/// stops the plan before the command), then run the command: on this
-/// host, or (`remote`, the cluster role's `reboot.remoteCommand`) from here.
-pub fn issue(node: &Node, boot: &str, argv: Vec<String>, remote: bool) -> Vec<Effect> {
+/// stops the plan before the command), then run the action: on this host
+/// (a command or Talos's API), or from here (the cluster role's
+/// `reboot.remoteCommand`).
+pub fn issue(node: &Node, boot: &str, action: HostAction) -> Vec<Effect> {
     let n = node.name_any();
     vec![
         Effect::PatchNode {
@@ -165,8 +166,7 @@ pub fn issue(node: &Node, boot: &str, argv: Vec<String>, remote: bool) -> Vec<Ef
         Effect::RunHost {
             id: format!("reboot/{n}/{boot}"),
             node: n,
-            remote,
-            argv,
+            action,
             record: HostRecord {
                 annotation: FAILED_ANNOTATION,
                 failed: format!("{boot}: "),

@@ -16,7 +16,7 @@ use super::{NOT_RETURNED, Snapshot, WAIT_IN_MAINTENANCE, node};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::maintenance::owner_of;
-use crate::decide::{Effect, duration_until, earliest};
+use crate::decide::{Effect, HostAction, duration_until, earliest};
 
 /// One decision in the making: the new entries, the effects that follow
 /// the status write, and when to look again.
@@ -354,19 +354,25 @@ impl<'a> Decision<'a> {
         let spec = &self.s.policy.spec.reboot;
         let issued = issued_in(node, before);
         let remote = self.s.remote && !spec.remote_command.is_empty();
-        let msg = if issued {
-            "reboot issued; waiting for the node to come back with a new boot ID"
-        } else if remote {
-            "drained; rebooting with reboot.remoteCommand"
-        } else if self.s.remote {
-            "drained; waiting for a node agent to reboot it (no reboot.remoteCommand)"
-        } else {
-            "drained; waiting for the node agent to reboot it"
+        // Which path the node takes, so `kubectl describe` says it.
+        let how = match (remote, reboot_action(spec, node)) {
+            (true, _) => "reboot.remoteCommand".to_string(),
+            (false, HostAction::TalosReboot) => "Talos's machine API".to_string(),
+            (false, action) => action.to_string(),
         };
-        self.set(&n, RebootPhase::Rebooting, Some(before), None, msg.into());
+        let msg = if issued {
+            format!("reboot issued by {how}; waiting for the node to come back with a new boot ID")
+        } else if remote {
+            "drained; rebooting with reboot.remoteCommand".to_string()
+        } else if self.s.remote {
+            "drained; waiting for a node agent to reboot it (no reboot.remoteCommand)".to_string()
+        } else {
+            format!("drained; waiting for the node agent to reboot it by {how}")
+        };
+        self.set(&n, RebootPhase::Rebooting, Some(before), None, msg);
         if !issued && remote && held {
-            let argv = argv(&spec.remote_command, &n);
-            self.effects.extend(node::issue(node, before, argv, true));
+            let remote = HostAction::Remote(argv(&spec.remote_command, &n));
+            self.effects.extend(node::issue(node, before, remote));
         }
         self.deadline(node);
     }

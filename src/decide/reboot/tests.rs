@@ -16,6 +16,7 @@ use crate::api::nodemaintenance::{
     DRAIN_GRACE_ANNOTATION, DRAIN_ON_TIMEOUT_ANNOTATION, DRAIN_POD_SELECTOR_ANNOTATION,
     NodeMaintenanceSpec, NodeMaintenanceStatus, Phase,
 };
+use crate::decide::HostAction;
 
 fn now() -> Timestamp {
     "2026-11-23T12:00:00Z".parse().unwrap_or_default()
@@ -399,7 +400,7 @@ fn drained_nodes_are_rebooted_once_per_boot_in_remote_mode() {
     assert!(
         plan.effects
             .iter()
-            .any(|e| matches!(e, Effect::RunHost { argv, .. } if argv == &["ipmi-reboot", "a"]))
+            .any(|e| matches!(e, Effect::RunHost { action: HostAction::Remote(argv), .. } if argv == &["ipmi-reboot", "a"]))
     );
     // Issued in this boot: never again, whatever else happens.
     w.nodes = vec![Arc::new(annotate(a.clone(), ISSUED_ANNOTATION, "b0"))];
@@ -683,12 +684,13 @@ fn a_node_whose_agent_cannot_reboot_it_is_never_drained_and_says_why() {
     // a changed answer only, and stops asking once it can.
     let policies = [Arc::new(policy(3))];
     let fresh = node("a", "b0");
-    let (k, argv) = node::to_check(&fresh, &policies).unwrap_or_default();
+    let (k, action) =
+        node::to_check(&fresh, &policies).unwrap_or_else(|| panic!("nothing to check"));
     assert_eq!(
-        (k.as_str(), argv),
+        (k.as_str(), action),
         (
             key.as_str(),
-            vec!["systemctl".to_string(), "reboot".to_string()]
+            HostAction::Command(vec!["systemctl".into(), "reboot".into()])
         )
     );
     let no = Err("systemctl: not found".to_string());

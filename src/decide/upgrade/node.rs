@@ -18,8 +18,9 @@ use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::upgrade::*;
 use crate::decide::disrupt::boot_id;
 use crate::decide::maintenance::{annotation, owner_of};
+use crate::decide::reboot::facts::talos_release;
 use crate::decide::reboot::{failure_in, issued_in, node::issue};
-use crate::decide::{Effect, HostRecord};
+use crate::decide::{Effect, HostAction, HostRecord};
 
 /// What the node role knows about its node's upgrade.
 pub struct Snapshot<'a> {
@@ -66,22 +67,27 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
             // its id and publishes its result; it never starts a second.
             let result = annotation(node, RESULT_ANNOTATION).unwrap_or_default();
             if !result.starts_with(&format!("{t} ")) {
-                return vec![run(&n, &t, plan, version)];
+                return vec![run(node, &t, plan, version)];
             }
             // With a reboot to follow: only after the command succeeded,
             // and once per boot.
             let ok = result == format!("{t} ok");
-            if strategy.reboot && ok && !issued_in(node, boot) && failure_in(node, boot).is_none() {
-                return issue(
-                    node,
-                    boot,
-                    expand(&strategy.reboot_command, version, &n),
-                    false,
-                );
+            // machined's old upgrade call reboots by itself: no second one.
+            let own_reboot = !matches!(
+                upgrade_action(strategy, version, node),
+                HostAction::TalosUpgrade { legacy: true, .. }
+            );
+            if strategy.reboots()
+                && own_reboot
+                && ok
+                && !issued_in(node, boot)
+                && failure_in(node, boot).is_none()
+            {
+                return issue(node, boot, reboot_action(strategy, version, &n));
             }
             continue;
         }
-        if at_version(node, &plan.spec.version_from, version) && !strategy.reboot {
+        if at_version(node, &plan.spec.version_from, version) && !strategy.reboots() {
             continue;
         }
         // At most one command per node, version and boot, whichever plan
@@ -95,7 +101,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
                 resource_version: node.resource_version(),
                 patch: json!({"metadata": {"annotations": {ISSUED_ANNOTATION: t}}}),
             },
-            run(&n, &t, plan, version),
+            run(node, &t, plan, version),
         ];
     }
     Vec::new()
@@ -103,12 +109,11 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
 
 /// The upgrade command of `plan` to `version` on node `n`, whose token is
 /// `t`: its id on the host, and what its result records.
-fn run(n: &str, t: &str, plan: &UpgradePlan, version: &str) -> Effect {
+fn run(node: &Node, t: &str, plan: &UpgradePlan, version: &str) -> Effect {
     Effect::RunHost {
-        node: n.to_string(),
+        node: node.name_any(),
         id: t.to_string(),
-        remote: false,
-        argv: expand(&plan.spec.strategy.command, version, n),
+        action: upgrade_action(&plan.spec.strategy, version, node),
         record: HostRecord {
             annotation: RESULT_ANNOTATION,
             failed: format!("{t} failed: "),
@@ -146,7 +151,7 @@ pub fn check_of(node: &Node, plan: &UpgradePlan) -> Check {
 /// it is at the plan's version, or the agent found them runnable for this
 /// spec. A failed check is looked at again each time (the program may have
 /// been installed since); [`record_check`] writes only a changed answer.
-pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<Vec<String>>)> {
+pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<HostAction>)> {
     let plan = super::governing(node, plans)?;
     let spec = &plan.spec;
     if at_version(node, &spec.version_from, &spec.version) {
@@ -156,11 +161,32 @@ pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<
         return None;
     }
     let n = node.name_any();
-    let mut argvs = vec![expand(&spec.strategy.command, &spec.version, &n)];
-    if spec.strategy.reboot {
-        argvs.push(expand(&spec.strategy.reboot_command, &spec.version, &n));
+    let mut actions = vec![upgrade_action(&spec.strategy, &spec.version, node)];
+    if spec.strategy.reboots() {
+        actions.push(reboot_action(&spec.strategy, &spec.version, &n));
     }
-    Some((check_key(plan), argvs))
+    Some((check_key(plan), actions))
+}
+
+/// The upgrade itself: the command on the host, or Talos's upgrade calls
+/// (the old one on a node whose osImage names Talos before 1.13).
+fn upgrade_action(strategy: &Strategy, version: &str, node: &Node) -> HostAction {
+    match &strategy.image {
+        Some(image) if strategy.type_ == "Talos" => HostAction::TalosUpgrade {
+            image: image.replace("{version}", version),
+            legacy: talos_release(node).is_some_and(|r| r < (1, 13)),
+        },
+        _ => HostAction::Command(expand(&strategy.command, version, &node.name_any())),
+    }
+}
+
+/// The reboot after the upgrade: through Talos's API for type `Talos`.
+fn reboot_action(strategy: &Strategy, version: &str, node: &str) -> HostAction {
+    if strategy.type_ == "Talos" {
+        HostAction::TalosReboot
+    } else {
+        HostAction::Command(expand(&strategy.reboot_command, version, node))
+    }
 }
 
 /// Record the agent's answer on its node, unless it says so already.

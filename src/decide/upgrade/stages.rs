@@ -15,6 +15,7 @@ use super::*;
 use crate::api::nodemaintenance::Phase;
 use crate::decide::disrupt::{node_ref, owner_ref, take};
 use crate::decide::maintenance::owner_of;
+use crate::decide::reboot::facts::talos_release;
 use crate::decide::reboot::failure_in;
 use crate::decide::{duration_until, earliest};
 
@@ -467,7 +468,7 @@ impl<'a> Decision<'a> {
         let result = annotation(node, RESULT_ANNOTATION)
             .and_then(|r| r.strip_prefix(t.as_str()))
             .and_then(|r| r.strip_prefix(" failed: "));
-        if at_version(node, &p.spec.version_from, v) && (rebooted || !p.spec.strategy.reboot) {
+        if at_version(node, &p.spec.version_from, v) && (rebooted || !p.spec.strategy.reboots()) {
             let message = format!("reports version {v}; waiting for Ready");
             self.step(
                 e,
@@ -558,10 +559,18 @@ fn upgrading_message(node: &Node, e: &NodeUpgrade, p: &UpgradePlan) -> String {
     let before = e.boot_id_before.as_deref().unwrap_or_default();
     let issued =
         annotation(node, ISSUED_ANNOTATION) == Some(token(&p.name_any(), v, before).as_str());
-    if issued {
-        format!("upgrade command issued; waiting for the node to report version {v}")
+    let how = if p.spec.strategy.type_ == "Talos" {
+        match talos_release(node) {
+            Some(r) if r < (1, 13) => "Talos's MachineService/Upgrade",
+            _ => "Talos's LifecycleService/Upgrade",
+        }
     } else {
-        format!("drained; waiting for the node agent to run the upgrade to {v}")
+        "strategy.command"
+    };
+    if issued {
+        format!("upgrade issued by {how}; waiting for the node to report version {v}")
+    } else {
+        format!("drained; waiting for the node agent to upgrade it to {v} by {how}")
     }
 }
 

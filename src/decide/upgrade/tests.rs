@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::*;
 use crate::api::nodemaintenance::{NodeMaintenanceStatus, Phase};
-use crate::decide::Effect;
+use crate::decide::{Effect, HostAction};
 
 const VERSION_LABEL: &str = "example.com/os-version";
 const CP: &str = "node-role.kubernetes.io/control-plane";
@@ -419,7 +419,7 @@ fn a_node_goes_through_hooks_drain_upgrade_verify_and_is_given_back_group_by_gro
     // The node role runs the command once, with placeholders expanded.
     let fx = w.agent("cp-1");
     assert!(
-        matches!(&fx[1], Effect::RunHost { argv, .. } if argv == &["/sbin/upgrade", "--to", "v2", "cp-1"])
+        matches!(&fx[1], Effect::RunHost { action: HostAction::Command(argv), .. } if argv == &["/sbin/upgrade", "--to", "v2", "cp-1"])
     );
     w.upgrade_host("cp-1", true);
     assert!(

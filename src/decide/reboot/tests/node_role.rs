@@ -1,7 +1,7 @@
 //! The node role's half: issuing the reboot, marking need, recording failure.
 use super::super::node::{Snapshot, after_command, decide, issue};
 use super::*;
-use crate::decide::Outcome;
+use crate::decide::{HostAction, Outcome};
 
 fn decide_for(
     n: &Node,
@@ -26,7 +26,7 @@ fn reboots_only_in_the_recorded_boot_and_only_once() {
     let drained = ours(&p, &a, "b0", Some(Phase::Succeeded));
     let fx = decide_for(&a, std::slice::from_ref(&drained), &policies, None);
     assert!(
-        matches!(&fx[..], [Effect::PatchNode { .. }, Effect::RunHost { argv, .. }] if argv == &["systemctl", "reboot"])
+        matches!(&fx[..], [Effect::PatchNode { .. }, Effect::RunHost { action: HostAction::Command(argv), .. }] if argv == &["systemctl", "reboot"])
     );
     // Still draining: nothing.
     let draining = ours(&p, &a, "b0", Some(Phase::Running));
@@ -59,7 +59,7 @@ fn the_host_signal_marks_need_once() {
 
 #[test]
 fn a_failed_command_is_recorded_with_its_boot() {
-    let run = issue(&node("a", "b0"), "b0", vec![], false).remove(1);
+    let run = issue(&node("a", "b0"), "b0", HostAction::TalosReboot).remove(1);
     let fx = after_command(
         &run,
         &Outcome::HostRan {
@@ -141,4 +141,41 @@ fn the_governing_policy_reports_a_node_whose_signal_is_unreadable() {
     // Reported once, not on every decision.
     w.policy.status = Some(st);
     assert_eq!(events(&w.plan()), 0);
+}
+
+/// `reboot.method`: Auto takes Talos's API on a node whose osImage names
+/// Talos and the command elsewhere; Command and Talos force the path.
+#[test]
+fn the_reboot_method_picks_talos_api_or_the_command() {
+    let talos = |mut n: Node| {
+        if let Some(i) = n.status.as_mut().and_then(|s| s.node_info.as_mut()) {
+            i.os_image = "Talos (v1.13.0)".into();
+        }
+        n
+    };
+    let reboot_of = |method: &str, n: &Node| {
+        let mut p = policy(1);
+        p.spec.reboot.method = method.into();
+        let policies = [Arc::new(p.clone())];
+        let drained = ours(&p, n, "b0", Some(Phase::Succeeded));
+        let fx = decide_for(n, &[drained], &policies, None);
+        match &fx[..] {
+            [Effect::PatchNode { .. }, Effect::RunHost { action, .. }] => action.clone(),
+            other => panic!("{method}: {other:?}"),
+        }
+    };
+    let debian = node("a", "b0");
+    let systemctl = HostAction::Command(vec!["systemctl".into(), "reboot".into()]);
+    assert_eq!(
+        reboot_of("Auto", &talos(debian.clone())),
+        HostAction::TalosReboot
+    );
+    assert_eq!(reboot_of("Auto", &debian), systemctl);
+    assert_eq!(reboot_of("Command", &talos(debian.clone())), systemctl);
+    assert_eq!(reboot_of("Talos", &debian), HostAction::TalosReboot);
+    assert_eq!(
+        crate::decide::reboot::facts::talos_release(&talos(debian.clone())),
+        Some((1, 13))
+    );
+    assert_eq!(crate::decide::reboot::facts::talos_release(&debian), None);
 }

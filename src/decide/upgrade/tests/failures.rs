@@ -3,6 +3,7 @@
 //! a new boot.
 
 use super::*;
+use crate::decide::HostAction;
 
 #[test]
 fn a_failed_before_hook_fails_the_node_untouched_and_pauses_the_plan_until_the_spec_changes() {
@@ -191,7 +192,7 @@ fn with_a_reboot_the_version_alone_is_not_enough_a_new_boot_is() {
     // The agent reboots once the command succeeded, once per boot.
     let fx = w.agent("a");
     assert!(
-        matches!(&fx[..], [Effect::PatchNode { .. }, Effect::RunHost { argv, .. }] if argv == &["reboot-now"])
+        matches!(&fx[..], [Effect::PatchNode { .. }, Effect::RunHost { action: HostAction::Command(argv), .. }] if argv == &["reboot-now"])
     );
     w.edit_node("a", |n| {
         n.metadata
@@ -329,7 +330,15 @@ fn the_agent_checks_its_governing_plans_commands_until_they_can_run() {
     let plans = [Arc::new(p.clone())];
     let (key, argvs) = node::to_check(&n, &plans).unwrap_or_else(|| panic!("nothing to check"));
     assert_eq!(key, node::check_key(&p));
-    assert_eq!(argvs[0], ["/sbin/upgrade", "--to", "v2", "a"]);
+    assert_eq!(
+        argvs[0],
+        HostAction::Command(vec![
+            "/sbin/upgrade".into(),
+            "--to".into(),
+            "v2".into(),
+            "a".into()
+        ])
+    );
     assert_eq!(argvs.len(), 2, "the reboot command too: {argvs:?}");
     let failed: Result<(), String> = Err("/sbin/upgrade: not found".into());
     let Some(Effect::PatchNode { patch, .. }) = node::record_check(&n, &key, &failed) else {
@@ -464,4 +473,59 @@ fn an_agent_restarted_mid_upgrade_attaches_to_the_command_by_its_id() {
     });
     let after = w.agent("a");
     assert!(after.is_empty(), "a result ends it: {after:?}");
+}
+
+/// Type Talos: the agent upgrades through machined's API and reboots
+/// through it once the upgrade succeeded; a Talos before 1.13 (its
+/// osImage says) gets the old call, which reboots by itself, so no second
+/// reboot follows.
+#[test]
+fn a_talos_plan_upgrades_and_reboots_through_the_api_by_the_nodes_release() {
+    for (os, legacy) in [("Talos (v1.13.2)", false), ("Talos (v1.12.0)", true)] {
+        let mut p = plan();
+        p.spec.groups.clear();
+        p.spec.hooks = Hooks::default();
+        p.spec.strategy.type_ = "Talos".into();
+        p.spec.strategy.command.clear();
+        p.spec.strategy.image = Some("factory.example/installer:{version}".into());
+        let mut a = node("a", "v1", false);
+        if let Some(i) = a.status.as_mut().and_then(|s| s.node_info.as_mut()) {
+            i.os_image = os.into();
+        }
+        let mut w = World::new(p, vec![a]);
+        w.step();
+        w.drained("a");
+        w.step();
+        let fx = w.agent("a");
+        let image = "factory.example/installer:v2".to_string();
+        assert!(
+            matches!(&fx[..], [Effect::PatchNode { .. }, Effect::RunHost { action: HostAction::TalosUpgrade { image: i, legacy: l }, .. }] if *i == image && *l == legacy),
+            "{os}: {fx:?}"
+        );
+        w.upgrade_host("a", true);
+        let after = w.agent("a");
+        if legacy {
+            assert!(
+                after.is_empty(),
+                "{os}: machined reboots by itself: {after:?}"
+            );
+        } else {
+            assert!(
+                matches!(
+                    &after[..],
+                    [
+                        Effect::PatchNode { .. },
+                        Effect::RunHost {
+                            action: HostAction::TalosReboot,
+                            ..
+                        }
+                    ]
+                ),
+                "{os}: {after:?}"
+            );
+        }
+        // The version alone does not finish it: a new boot must follow.
+        w.step();
+        assert_eq!(w.phase("a"), UpgradePhase::Upgrading, "{os}");
+    }
 }

@@ -14,6 +14,7 @@ use serde_json::json;
 use super::super::world_tools::Rng;
 use super::*;
 use crate::api::upgrade::{CHECK_ANNOTATION, RESULT_ANNOTATION, UpgradePlan, UpgradePlanSpec};
+use crate::decide::HostAction;
 use crate::decide::upgrade::{self, node as upgrade_node};
 
 /// The label the worlds' nodes report their version in.
@@ -195,7 +196,13 @@ impl World {
     /// and boot; it succeeds most of the time (the node then reports the
     /// version), and its result is recorded as the agent would.
     pub(super) fn run_upgrade(&mut self, who: &str, e: &Effect) -> Result<(), String> {
-        let Effect::RunHost { node, argv, id, .. } = e else {
+        let Effect::RunHost {
+            node,
+            action: HostAction::Command(argv),
+            id,
+            ..
+        } = e
+        else {
             return Ok(());
         };
         // A second run of one id attaches to the first (the host's record)
