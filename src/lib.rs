@@ -122,9 +122,13 @@
 //!   inside that root (`effects::host::in_root`: the kernel would follow
 //!   `/var/run -> /run` from the container's root). [`effects::provider`] runs the provider plugin (one JSON
 //!   request, one answer, a timeout, every failure one line);
-//!   [`effects::talos_wire`] is the wire format (protobuf, gRPC framing
-//!   and status) of the Talos machine API calls for reboots and upgrades,
-//!   not yet wired to a transport or a feature;
+//!   [`effects::talos`] is the other way a node agent touches its host:
+//!   on Talos (no shell, no systemd) a reboot or upgrade is a call of
+//!   machined's API on its unix socket, one gRPC call per HTTP/2
+//!   connection on hyper, with the wire format (hand-written protobuf,
+//!   framing, status) in [`effects::talos_wire`]; which path a node takes
+//!   is the decision's ([`decide::HostAction`], from `reboot.method`,
+//!   `strategy.type` and the node's osImage), never a run-time fallback;
 //!   [`effects::prometheus`] asks a gate's Prometheus for its active alerts
 //!   (plain HTTP, a deadline, every failure one line); `objects.rs`
 //!   writes Constellation's kinds and the autoscaler Deployment untyped.
