@@ -32,9 +32,10 @@ lint:
     cargo clippy --all-targets -- -D warnings
 
 # All tests: unit tests and integration tests on the local control plane,
-# one real node and three machines that reboot for real (kubelet +
-# containerd, tests/realnode/node.sh), started for the run and stopped after
-# it. They run the static binary's image. tests/run-suite runs the binaries
+# one real node, three machines that reboot for real (kubelet +
+# containerd, tests/realnode/node.sh) and two that boot a real Debian image
+# with systemd as PID 1 (tests/osimage), started for the run and stopped
+# after it. They run the static binary's image. tests/run-suite runs the binaries
 # in three lanes at once, each lane on a control plane of its own (which
 # binaries may share one: its header); `just test --serial` runs them one
 # after another on one cluster, as `cargo test` would.
@@ -42,7 +43,7 @@ lint:
 test *args: build-static build-static-arm64 cluster-up
     #!/usr/bin/env bash
     set -euo pipefail
-    trap 'tests/realnode/node.sh down; tests/controlplane/cluster.sh down' EXIT
+    trap 'tests/realnode/node.sh down; tests/osimage/machine.sh down; tests/controlplane/cluster.sh down' EXIT
     export NODEKEEPER_IMAGE_BIN="$PWD/{{static_bin}}"
     export NODEKEEPER_ARM64_BIN="$PWD/{{static_bin_arm64}}"
     tests/run-suite {{args}}

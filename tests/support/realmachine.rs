@@ -196,6 +196,12 @@ pub struct NodeLog {
 
 impl NodeLog {
     pub fn start(client: Client) -> NodeLog {
+        NodeLog::start_labelled(client, &format!("{}=true", realnode::REAL_NODE_KEY))
+    }
+
+    /// A watch of the Nodes that match the label selector `labels`.
+    pub fn start_labelled(client: Client, labels: &str) -> NodeLog {
+        let labels = labels.to_string();
         let stop = Latch::default();
         let stop2 = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -204,7 +210,7 @@ impl NodeLog {
                 let mut last: BTreeMap<String, Seen> = BTreeMap::new();
                 let nodes = watcher(
                     Api::<Node>::all(client),
-                    watcher::Config::default().labels(&format!("{}=true", realnode::REAL_NODE_KEY)),
+                    watcher::Config::default().labels(&labels),
                 );
                 let mut nodes = std::pin::pin!(nodes);
                 let run = async {

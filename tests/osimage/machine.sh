@@ -1,0 +1,704 @@
+#!/usr/bin/env bash
+# Test machines that boot a real OS image (tests/osimage/image.sh: Debian
+# bookworm, systemd as PID 1, containerd, the kubelet and nodekeeper.service
+# baked in) under systemd-nspawn, as real Kubernetes nodes of the test
+# control plane (tests/controlplane/cluster.sh).
+#
+#   machine.sh up [N]        boot N machines os-0 … os-(N-1) (default 1), wait
+#                            until each Node is Ready and nodekeeper.service is
+#                            active in it, print the env lines
+#   machine.sh exec NODE CMD…  run CMD inside the booted machine (nsenter into
+#                            its PID 1's namespaces), e.g. `systemctl reboot`
+#   machine.sh down          stop everything, remove every trace (idempotent)
+#   machine.sh env           the shell-sourceable variables tests read (also in
+#                            $NODEKEEPER_OSIMAGE_DIR/env while machines are up)
+#   machine.sh status        exit 0 when every machine is booted and Ready
+#   machine.sh supervise DIR the host side of one machine (`up` starts it):
+#                            boots it, boots it again when nspawn exits 133
+#                            (the machine asked to reboot), stops on any other
+#                            exit or when DIR/halt appears
+#
+# Each machine: an overlay (lower: the cached image, read-only; upper:
+# DIR/upper, its disk, kept across reboots) mounted at DIR/root and booted
+# with `systemd-nspawn --boot --register=no --keep-unit` (this host's PID 1 is
+# not systemd: no machined to register with, no unit to move into). Inside:
+# systemd starts nk-cgroup-rw, containerd, the sandbox image import, the
+# kubelet and nodekeeper as units of the image. A reboot is systemd's own
+# (`systemctl reboot`: units stopped, nspawn exits 133); the next boot has a
+# new boot ID (nspawn binds a fresh /proc/sys/kernel/random/boot_id) and a
+# fresh /run, the same /etc and /var.
+#
+# What is per machine, written into DIR/root before the first boot (the
+# image stays generic): the kubelet's kubeconfig (a client certificate for
+# system:node:os-<i> signed by the cluster CA) and the CA, its ports and
+# taints (/etc/kubernetes/kubelet.conf.d/10-machine.conf), its node label
+# (/etc/default/kubelet), its pod network (/etc/cni/net.d), and
+# nodekeeper.service of the chosen profile regenerated with the machine's
+# metrics port (every machine shares the host network; 127.0.0.1:9477 would
+# collide). Once the Node is registered, nodekeeper's host kubeconfig
+# (`nodekeeper host-kubeconfig os-<i>` with the cluster's admin kubeconfig,
+# the README's systemd recipe) lands in /etc/nodekeeper/kubeconfig; the unit
+# retries every 5 s until it is there.
+#
+# Living beside tests/realnode/node.sh (its real-<i> nodes and kube-proxy may
+# run at the same time): everything this makes outside its folder is named
+# apart from node.sh's. Cgroups /nkos-<run>-<i> (the machine's cgroup
+# namespace root: its kubelet's "/" is there), bridges nkos<run>b<i>, pod
+# subnets 10.89.x.0/24 (node.sh uses 10.88.x.0/24), kubelet ports from 11250
+# and healthz ports from 11350 (node.sh: 10250, 10350), nodekeeper metrics
+# from 19477, label nodekeeper.test/os-machine=true (node.sh's `down` deletes
+# the Nodes labelled nodekeeper.test/real-node), ClusterRoleBinding
+# nodekeeper-osimage-system-node. <run> is six hex digits of a hash of
+# NODEKEEPER_OSIMAGE_DIR. No kube-proxy: the kubelets and nodekeeper reach
+# the API server by its address; a pod needing Services relies on node.sh's
+# kube-proxy when it runs.
+#
+# Outside its folder, `up` also changes (and `down` restores) the host
+# sysctls the kubelet insists on (vm.overcommit_memory, vm.panic_on_oom,
+# kernel.panic, kernel.panic_on_oops, kernel.keys.root_max*) and
+# net.ipv4.ip_forward (CNI bridge): they are global, not per container, and
+# /proc/sys is read-only inside nspawn, so they are set from outside, where a
+# kubelet finds them already right and writes nothing. It also applies
+# nodekeeper's CRDs, RBAC and admission policy (`nodekeeper crds`,
+# `manifests --for rbac|admission`, as the tests do; left in place).
+#
+# Records, in DIR = $NODEKEEPER_OSIMAGE_DIR/os-<i> (host paths):
+#   machine.log  `boot MS BOOT_ID` (the ID read from inside), `down MS
+#                exit=RC` (MS: ms since the epoch, host clock)
+#   console.log  the machine's console (systemd's boot and shutdown messages)
+#   init.pid     the host PID of the current boot's PID 1 (systemd)
+#   boot_id      the current boot's ID
+#
+# Environment: NODEKEEPER_OSIMAGE_DIR (default ~/.cache/nodekeeper/osmachines),
+# NODEKEEPER_OSIMAGE_PROFILE (nodekeeper.service profile: default, reboot or
+# upgrade; default reboot), NODEKEEPER_OSIMAGE_TIMEOUT (seconds to wait for
+# Ready, default 120), NODEKEEPER_OSIMAGE_TAINT (default
+# nodekeeper.test/os-machine=true:NoSchedule, empty for none), and what
+# image.sh reads (NODEKEEPER_OSIMAGE_NODEKEEPER, …), NODEKEEPER_CACHE_DIR,
+# NODEKEEPER_CLUSTER_DIR.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cluster_sh=$here/../controlplane/cluster.sh
+cache_root=${NODEKEEPER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekeeper}
+cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
+dir=${NODEKEEPER_OSIMAGE_DIR:-$cache_root/osmachines}
+profile=${NODEKEEPER_OSIMAGE_PROFILE:-reboot}
+ready_timeout=${NODEKEEPER_OSIMAGE_TIMEOUT:-120}
+taint=${NODEKEEPER_OSIMAGE_TAINT-nodekeeper.test/os-machine=true:NoSchedule}
+label=nodekeeper.test/os-machine
+run_id=$(printf '%s' "$dir" | sha1sum | cut -c1-6)
+cgroup_prefix=nkos-$run_id-
+# The sysctls the kubelet sets when they differ (setupKernelTunables), with
+# its values, and the CNI bridge's forwarding.
+kernel_tunables=(vm.overcommit_memory=1 vm.panic_on_oom=0 kernel.panic=10 kernel.panic_on_oops=1
+  kernel.keys.root_maxkeys=1000000 kernel.keys.root_maxbytes=25000000 net.ipv4.ip_forward=1)
+
+log() { echo "osmachine: $*" >&2; }
+die() { echo "osmachine: error: $*" >&2; exit 1; }
+now_ms() { date +%s%3N; }
+
+kc() { "$kubectl" --kubeconfig="$cluster_dir/kubeconfig" "$@"; }
+setup_kubectl() {
+  local bins
+  bins=$("$cluster_sh" build 2>/dev/null) || die "cannot find the control plane's binaries (tests/controlplane/cluster.sh build)"
+  kubectl=$bins/kubectl
+}
+cluster_up() { "$cluster_sh" status >/dev/null 2>&1; }
+
+node_name() { echo "os-$1"; }
+mdir() { echo "$dir/os-$1"; }
+bridge_of() { echo "nkos${run_id}b$1"; }
+recorded() { [[ -f $dir/count ]] && seq 0 $(($(cat "$dir/count") - 1)); }
+
+# A process that exists and is not a zombie (this host's PID 1 reaps lazily).
+running() {
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n $st && ${st:0:1} != Z && ${st:0:1} != X ]]
+}
+alive() { [[ -f $1 ]] && running "$(cat "$1")"; }
+
+wait_until() {
+  local limit=$1
+  shift
+  local deadline=$((SECONDS + limit))
+  until "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+taken_ports=" "
+free_port() {
+  port=$1
+  while [[ $taken_ports == *" $port "* ]] || ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; do
+    port=$((port + 1))
+  done
+  taken_ports+="$port "
+}
+
+# The cgroup v1 hierarchies' roots (each controller's, name=systemd, and the
+# hybrid "unified" one): a machine's processes go into /nkos-<run>-<i> in
+# each, which nspawn's cgroup namespace makes the machine's "/".
+hierarchies() {
+  local h t
+  for h in /sys/fs/cgroup/*/; do
+    [[ -L ${h%/} ]] && continue # cpu,cpuacct -> … links
+    t=$(stat -fc %T "$h" 2>/dev/null) || continue
+    [[ $t == cgroupfs || $t == cgroup2fs ]] && echo "$h"
+  done
+  return 0
+}
+
+# The machine's PID 1 (systemd, host PID) of the current boot.
+machine_init() {
+  local pid
+  pid=$(cat "$(mdir "$1")/init.pid" 2>/dev/null) || return 1
+  [[ -n $pid ]] && running "$pid" && echo "$pid"
+}
+
+# Run a command in a machine: every namespace of its PID 1 (mount, PID, UTS,
+# IPC, cgroup; the network is the host's anyway).
+in_machine() {
+  local init=$1
+  shift
+  nsenter -t "$init" -m -u -i -p -C -- "$@"
+}
+
+# ------------------------------------------------------------- supervisor
+
+# Empty cgroups the last boot's kubelet and systemd left (cgroup v1 is not
+# torn down with the namespace): removed so the next boot starts clean.
+clean_cgroups() {
+  local h
+  for h in $(hierarchies); do
+    [[ -d $h$cgroup ]] || continue
+    find "$h$cgroup" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+}
+
+# Put this process (and so nspawn and the machine) into the machine's cgroup
+# in every hierarchy. cpuset first needs cpus and mems, or joining fails
+# with ENOSPC (and the machine would see the host's cpuset root).
+enter_cgroups() {
+  local h
+  for h in $(hierarchies); do
+    mkdir -p "$h$cgroup"
+    if [[ -f $h$cgroup/cpuset.cpus && -z $(cat "$h$cgroup/cpuset.cpus") ]]; then
+      cat "$h/cpuset.cpus" >"$h$cgroup/cpuset.cpus"
+      cat "$h/cpuset.mems" >"$h$cgroup/cpuset.mems"
+    fi
+    echo $BASHPID >"$h$cgroup/cgroup.procs"
+  done
+}
+
+# The boot ID as the machine's own processes read it. nspawn binds a fresh
+# one over /proc/sys/kernel/random/boot_id before it starts systemd; until
+# then the file shows the host's.
+read_boot_id() {
+  local init=$1 host id _
+  host=$(cat /proc/sys/kernel/random/boot_id)
+  for _ in $(seq 100); do
+    id=$(nsenter -t "$init" -m -- cat /proc/sys/kernel/random/boot_id 2>/dev/null) || id=""
+    [[ -n $id && $id != "$host" ]] && { echo "$id"; return; }
+    sleep 0.05
+  done
+  echo "unknown"
+}
+
+# The container's PID 1 among nspawn's children: the one that is PID 1 in
+# its own PID namespace (NSpid ends in 1). nspawn first forks a helper that
+# sets up the mounts and exits; the first child seen may be that helper.
+find_init() {
+  local n=$1 c _
+  for _ in $(seq 500); do
+    # shellcheck disable=SC2013 # one line of PIDs
+    for c in $(cat "/proc/$n/task/$n/children" 2>/dev/null); do
+      [[ $(awk '/^NSpid:/ {print $NF}' "/proc/$c/status" 2>/dev/null) == 1 ]] && { echo "$c"; return 0; }
+    done
+    running "$n" || return 1
+    sleep 0.02
+  done
+  return 1
+}
+
+supervise() {
+  cgroup=$(cat "$mdir_/cgroup")
+  local name n rc init _
+  name=$(cat "$mdir_/name")
+  enter_cgroups
+  while :; do
+    [[ -f $mdir_/halt ]] && exit 0
+    clean_cgroups
+    # SYSTEMD_NSPAWN_LOCK=0: no lock files under /run/systemd/nspawn/locks
+    # to clean up. --capability=all: nk-cgroup-rw.service remounts the
+    # cgroup controllers; the kubelet and runc need the rest. No --network-*
+    # option: the host's network, like the realnode machines. /dev/kmsg: the
+    # kubelet refuses to start without it (its OOM watcher reads it) and
+    # nspawn gives a container none; the host's, read-only. The keyring
+    # system calls: nspawn's seccomp filter refuses them with EPERM, and runc
+    # (which tolerates only ENOSYS) then fails every container with "unable
+    # to join session keyring".
+    SYSTEMD_NSPAWN_LOCK=0 systemd-nspawn -q -D "$mdir_/root" --machine="$name" --boot \
+      --register=no --keep-unit --capability=all --console=read-only --bind-ro=/dev/kmsg \
+      --system-call-filter='add_key keyctl request_key' \
+      </dev/null >>"$mdir_/console.log" 2>&1 &
+    n=$!
+    echo "$n" >"$mdir_/nspawn.pid"
+    init=$(find_init "$n") || init=""
+    if [[ -n $init ]]; then
+      echo "$init" >"$mdir_/init.pid"
+      read_boot_id "$init" >"$mdir_/boot_id.next"
+      mv "$mdir_/boot_id.next" "$mdir_/boot_id"
+      echo "boot $(now_ms) $(cat "$mdir_/boot_id")" >>"$mdir_/machine.log"
+    fi
+    rc=0
+    wait "$n" || rc=$?
+    echo "down $(now_ms) exit=$rc" >>"$mdir_/machine.log"
+    : >"$mdir_/init.pid"
+    # 133: the machine asked to reboot (as systemd-nspawn@.service's
+    # RestartForceExitStatus=133). Anything else (poweroff is 0) stays off.
+    ((rc == 133)) || exit 0
+  done
+}
+
+# ---------------------------------------------------------------- host state
+
+save_host_state() {
+  [[ -f $dir/host.saved ]] && return
+  mkdir -p "$dir"
+  local t s
+  for t in "${kernel_tunables[@]}"; do
+    s=${t%%=*}
+    [[ -e /proc/sys/${s//.//} ]] && echo "sysctl $s $(cat "/proc/sys/${s//.//}")"
+  done >"$dir/host.saved.tmp"
+  mv "$dir/host.saved.tmp" "$dir/host.saved"
+}
+
+set_kernel_tunables() {
+  local t s v f
+  for t in "${kernel_tunables[@]}"; do
+    s=${t%%=*} v=${t#*=} f=/proc/sys/${s//.//}
+    [[ -e $f ]] || continue
+    [[ $(cat "$f") == "$v" ]] || echo "$v" >"$f" || die "cannot set $s=$v"
+  done
+}
+
+restore_sysctls() {
+  [[ -f $dir/host.saved ]] || return 0
+  local kind name value f
+  while read -r kind name value; do
+    [[ $kind == sysctl ]] || continue
+    f=/proc/sys/${name//.//}
+    if [[ -e $f && $(cat "$f") != "$value" ]]; then
+      echo "$value" >"$f" 2>/dev/null || log "warning: could not restore $name=$value"
+    fi
+  done <"$dir/host.saved"
+}
+
+# ------------------------------------------------------------------------ up
+
+# A client certificate signed by the cluster CA for USER in GROUP, and a
+# kubeconfig using it at FILE.
+write_client_kubeconfig() {
+  local file=$1 user=$2 group=$3 p=$cluster_dir/pki server work
+  work=$(mktemp -d)
+  openssl ecparam -name prime256v1 -genkey -noout -out "$work/client.key" 2>/dev/null
+  openssl req -new -key "$work/client.key" -subj "/O=$group/CN=$user" -out "$work/client.csr" 2>/dev/null
+  printf 'keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >"$work/ext.cnf"
+  openssl x509 -req -in "$work/client.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" \
+    -set_serial "0x$(openssl rand -hex 12)" -days 30 -extfile "$work/ext.cnf" -out "$work/client.crt" 2>/dev/null ||
+    { rm -rf "$work"; die "cannot sign $user's client certificate with $p/ca.key"; }
+  server=$(sed -n 's/^ *server: *//p' "$cluster_dir/kubeconfig" | head -n1)
+  install -D -m 0600 /dev/stdin "$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nodekeeper-test
+  cluster:
+    server: $server
+    certificate-authority-data: $(base64 -w0 <"$p/ca.crt")
+users:
+- name: $user
+  user:
+    client-certificate-data: $(base64 -w0 <"$work/client.crt")
+    client-key-data: $(base64 -w0 <"$work/client.key")
+contexts:
+- name: nodekeeper-test
+  context: {cluster: nodekeeper-test, user: "$user"}
+current-context: nodekeeper-test
+EOF
+  rm -rf "$work"
+}
+
+# What makes the generic image this machine (see the header).
+provision() {
+  local i=$1 d r
+  d=$(mdir "$i")
+  r=$d/root
+  write_client_kubeconfig "$r/etc/kubernetes/kubelet.conf" "system:node:$(node_name "$i")" system:nodes
+  install -m 0644 "$cluster_dir/pki/ca.crt" "$r/etc/kubernetes/pki/ca.crt"
+  local taints=""
+  if [[ -n $taint ]]; then
+    local k=${taint%%=*} rest=${taint#*=}
+    local v=${rest%%:*} e=${rest##*:}
+    taints="registerWithTaints:
+- {key: \"$k\", value: \"$v\", effect: \"$e\"}"
+  fi
+  cat >"$r/etc/kubernetes/kubelet.conf.d/10-machine.conf" <<EOF
+# Written by tests/osimage/machine.sh: what this machine must not share with
+# the others on the host network.
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: $(cat "$d/port")
+healthzBindAddress: 127.0.0.1
+healthzPort: $(cat "$d/healthz-port")
+readOnlyPort: 0
+$taints
+EOF
+  echo "KUBELET_EXTRA_ARGS=--node-labels=$label=true" >"$r/etc/default/kubelet"
+  # The pod network: a bridge of its own, leases per boot (in /run).
+  cat >"$r/etc/cni/net.d/10-nodekeeper.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "nkos$run_id-$i",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$(bridge_of "$i")",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": false,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "10.89.$(cat "$d/subnet").0/24"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "/run/cni-ipam"
+      }
+    }
+  ]
+}
+EOF
+  # nodekeeper.service of the chosen profile, generated by the image's own
+  # binary with this machine's metrics port.
+  local flags=() work
+  case $profile in
+    default) ;;
+    reboot) flags=(--reboot) ;;
+    upgrade) flags=(--upgrade) ;;
+    *) die "NODEKEEPER_OSIMAGE_PROFILE must be default, reboot or upgrade (is $profile)" ;;
+  esac
+  work=$(mktemp -d)
+  "$r/usr/local/bin/nodekeeper" manifests --for systemd "${flags[@]}" \
+    --metrics-address "127.0.0.1:$(cat "$d/metrics-port")" --out "$work" >/dev/null 2>&1 ||
+    die "nodekeeper manifests --for systemd ${flags[*]} failed"
+  install -m 0644 "$work/nodekeeper.service" "$r/etc/systemd/system/nodekeeper.service"
+  install -m 0644 "$work/nodekeeper.env" "$r/etc/nodekeeper/nodekeeper.env"
+  rm -rf "$work"
+}
+
+start_machine() {
+  local i=$1 d
+  d=$(mdir "$i")
+  rm -f "$d/halt"
+  # setsid + 9>&-: the supervisor outlives `up` and must not hold its lock.
+  setsid bash "$here/machine.sh" supervise "$d" >>"$d/supervisor.log" 2>&1 </dev/null 9>&- &
+  echo $! >"$d/supervisor.pid"
+  disown $!
+}
+
+node_ready() {
+  [[ $(kc get node "$(node_name "$1")" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+}
+
+node_ready_or_dead() {
+  node_ready "$1" && return 0
+  alive "$(mdir "$1")/supervisor.pid" || die "the supervisor of machine $(node_name "$1") exited (see $(mdir "$1")/console.log)"
+  return 1
+}
+
+nodekeeper_active() {
+  local init
+  init=$(machine_init "$1") || return 1
+  [[ $(in_machine "$init" systemctl is-active nodekeeper.service 2>/dev/null) == active ]]
+}
+
+# nodekeeper's CRDs, RBAC and admission policy, as the tests apply them.
+install_nodekeeper_api() {
+  local nk=$1 target
+  "$nk" crds | kc apply --server-side --force-conflicts -f - >/dev/null || die "cannot apply nodekeeper's CRDs"
+  for target in rbac admission; do
+    "$nk" manifests --for "$target" | kc apply --server-side --force-conflicts -f - >/dev/null ||
+      die "cannot apply nodekeeper manifests --for $target"
+  done
+}
+
+cmd_up() {
+  local n=${1:-1}
+  if ! [[ $n =~ ^[1-9][0-9]*$ ]] || ((n > 50)); then die "usage: machine.sh up [N], 1 <= N <= 50"; fi
+  [[ $(id -u) == 0 ]] || die "machines need root"
+  cluster_up || die "the control plane is not up: run tests/controlplane/cluster.sh up first"
+  [[ -f $cluster_dir/pki/ca.key ]] || die "no cluster CA key at $cluster_dir/pki/ca.key"
+  local c
+  for c in openssl ss nsenter; do command -v "$c" >/dev/null || die "'$c' is missing"; done
+  setup_kubectl
+  if [[ -f $dir/count && $(cat "$dir/count") == "$n" ]] && all_up; then
+    log "already up: $n machine(s)"
+    cmd_env
+    return
+  fi
+  if [[ -e $dir ]]; then
+    log "taking down what a previous up left"
+    cmd_down
+  fi
+
+  local start=$SECONDS image
+  image=$("$here/image.sh" build) || die "image.sh build failed"
+  command -v systemd-nspawn >/dev/null || die "systemd-nspawn is missing (apt-get install systemd-container)"
+  log "image $image ready in $((SECONDS - start)) s"
+  mkdir -p "$dir"
+  trap 'on_up_exit' EXIT
+  save_host_state
+  set_kernel_tunables
+  echo "$n" >"$dir/count"
+  echo "$image" >"$dir/image"
+  echo "$profile" >"$dir/profile"
+
+  kc apply -f - >/dev/null <<EOF || die "cannot create the ClusterRoleBinding for nodes"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: nodekeeper-osimage-system-node
+  labels: {$label: "true"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:node"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:nodes"}
+EOF
+  install_nodekeeper_api "$image/usr/local/bin/nodekeeper"
+
+  local i d x=0 taken=" "
+  for i in $(seq 0 $((n - 1))); do
+    d=$(mdir "$i")
+    mkdir -p "$d/upper" "$d/work" "$d/root"
+    node_name "$i" >"$d/name"
+    echo "/$cgroup_prefix$i" >"$d/cgroup"
+    # The first 10.89.x.0/24 no route uses (a bridge gets its route once its
+    # first pod starts).
+    while [[ $taken == *" $x "* ]] || ip -4 route show | grep -q "^10\.89\.$x\."; do
+      x=$((x + 1))
+      ((x < 256)) || die "no free 10.89.x.0/24 for $(node_name "$i")"
+    done
+    taken+="$x "
+    echo "$x" >"$d/subnet"
+    free_port 11250; echo "$port" >"$d/port"
+    free_port 11350; echo "$port" >"$d/healthz-port"
+    free_port 19477; echo "$port" >"$d/metrics-port"
+    mount -t overlay overlay -o "lowerdir=$image,upperdir=$d/upper,workdir=$d/work" "$d/root" ||
+      die "cannot mount the overlay for $(node_name "$i")"
+    provision "$i"
+    start_machine "$i"
+  done
+  for i in $(seq 0 $((n - 1))); do
+    wait_until "$ready_timeout" node_ready_or_dead "$i" || die "node $(node_name "$i") is not Ready within ${ready_timeout}s (see $(mdir "$i")/console.log, machine.sh exec $(node_name "$i") journalctl -u kubelet)"
+    log "$(node_name "$i") Ready after $((SECONDS - start)) s"
+  done
+  # The README's systemd recipe, last step: the host kubeconfig, once the
+  # Node exists (the token is bound to it).
+  for i in $(seq 0 $((n - 1))); do
+    d=$(mdir "$i")
+    "$image/usr/local/bin/nodekeeper" host-kubeconfig "$(node_name "$i")" --kubeconfig "$cluster_dir/kubeconfig" \
+      --out "$d/root/etc/nodekeeper/kubeconfig" >/dev/null 2>&1 || die "nodekeeper host-kubeconfig $(node_name "$i") failed"
+  done
+  for i in $(seq 0 $((n - 1))); do
+    wait_until 60 nodekeeper_active "$i" || die "nodekeeper.service is not active in $(node_name "$i") within 60 s"
+  done
+  write_env
+  trap - EXIT
+  log "up: $n machine(s) Ready in $((SECONDS - start)) s"
+  cmd_env
+}
+
+on_up_exit() {
+  local rc=$?
+  ((rc == 0)) && return
+  log "up failed; the machines are left as they are for a look (machine.sh down removes them)"
+}
+
+all_up() {
+  local i
+  [[ -f $dir/env ]] || return 1
+  for i in $(recorded); do
+    alive "$(mdir "$i")/supervisor.pid" && machine_init "$i" >/dev/null && node_ready "$i" || return 1
+  done
+}
+
+# ---------------------------------------------------------------------- env
+
+write_env() {
+  local i d
+  {
+    echo "# tests/osimage/machine.sh env: KEY='value' lines, values never hold a quote"
+    echo "NODEKEEPER_OSIMAGE_DIR='$dir'"
+    echo "NODEKEEPER_OSIMAGE_IMAGE='$(cat "$dir/image")'"
+    echo "NODEKEEPER_OSIMAGE_PROFILE='$(cat "$dir/profile")'"
+    echo "NODEKEEPER_OSIMAGE_COUNT='$(cat "$dir/count")'"
+    echo "NODEKEEPER_OSIMAGE_NODES='$(for i in $(recorded); do printf '%s ' "$(node_name "$i")"; done | sed 's/ $//')'"
+    echo "NODEKEEPER_OSIMAGE_LABEL='$label=true'"
+    echo "NODEKEEPER_OSIMAGE_TAINT='$taint'"
+    echo "NODEKEEPER_OSIMAGE_KUBECONFIG='$cluster_dir/kubeconfig'"
+    for i in $(recorded); do
+      d=$(mdir "$i")
+      echo "# machine $i (paths on the host; ROOT is its / while it is up)"
+      echo "NODEKEEPER_OSIMAGE_${i}_NAME='$(node_name "$i")'"
+      echo "NODEKEEPER_OSIMAGE_${i}_DIR='$d'"
+      echo "NODEKEEPER_OSIMAGE_${i}_ROOT='$d/root'"
+      echo "NODEKEEPER_OSIMAGE_${i}_MANIFESTS='$d/root/etc/kubernetes/manifests'"
+      echo "NODEKEEPER_OSIMAGE_${i}_MACHINE_LOG='$d/machine.log'"
+      echo "NODEKEEPER_OSIMAGE_${i}_CONSOLE_LOG='$d/console.log'"
+      echo "NODEKEEPER_OSIMAGE_${i}_KUBELET_PORT='$(cat "$d/port")'"
+      echo "NODEKEEPER_OSIMAGE_${i}_HEALTHZ_PORT='$(cat "$d/healthz-port")'"
+      echo "NODEKEEPER_OSIMAGE_${i}_METRICS_PORT='$(cat "$d/metrics-port")'"
+      echo "NODEKEEPER_OSIMAGE_${i}_CGROUP='$(cat "$d/cgroup")'"
+      echo "NODEKEEPER_OSIMAGE_${i}_BRIDGE='$(bridge_of "$i")'"
+    done
+  } >"$dir/env.tmp"
+  mv "$dir/env.tmp" "$dir/env"
+}
+
+cmd_env() {
+  [[ -f $dir/env ]] || die "no machines are up (machine.sh up)"
+  cat "$dir/env"
+}
+
+cmd_status() {
+  [[ -f $dir/count ]] || { echo "down"; return 1; }
+  setup_kubectl
+  local i ok=0 r init
+  for i in $(recorded); do
+    r=NotReady
+    cluster_up && node_ready "$i" && r=Ready
+    if init=$(machine_init "$i"); then
+      echo "$(node_name "$i"): $r, PID 1 $init, boot $(cat "$(mdir "$i")/boot_id")"
+    else
+      echo "$(node_name "$i"): $r, not booted"
+      ok=1
+    fi
+    [[ $r == Ready ]] || ok=1
+  done
+  return $ok
+}
+
+cmd_exec() {
+  local node=${1:?usage: machine.sh exec NODE CMD...} i init found=""
+  shift
+  (($#)) || die "usage: machine.sh exec NODE CMD..."
+  for i in $(recorded); do [[ $(node_name "$i") == "$node" ]] && found=$i; done
+  [[ -n $found ]] || die "no machine named $node is up"
+  init=$(machine_init "$found") || die "machine $node is not booted"
+  exec 9>&-
+  # The machine's environment, not the caller's (PATH of a Debian root).
+  exec nsenter -t "$init" -m -u -i -p -C -- env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TERM=dumb "$@"
+}
+
+# ---------------------------------------------------------------------- down
+
+kill_wait() {
+  local pid=$1 _
+  kill -KILL "$pid" 2>/dev/null || return 0
+  for _ in $(seq 100); do running "$pid" || return 0; sleep 0.05; done
+}
+
+# Mounts under our folder on the host: each machine's overlay root (what
+# runs inside mounts in the machine's own namespace, gone with it).
+umount_ours() {
+  local m mounts
+  # mountinfo's 5th field, octal escapes decoded; deepest first.
+  mounts=$(awk '{print $5}' /proc/self/mountinfo | while read -r m; do printf '%b\n' "$m"; done |
+    grep -F -- "$dir/" | awk '{print length, $0}' | sort -rn | cut -d' ' -f2-) || true
+  [[ -n $mounts ]] || return 0
+  while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done <<<"$mounts"
+}
+
+our_cgroups() {
+  local h
+  for h in $(hierarchies); do
+    compgen -G "$h$cgroup_prefix*" >/dev/null || continue
+    find "$h$cgroup_prefix"* -depth -type d 2>/dev/null
+  done
+  return 0
+}
+
+cmd_down() {
+  [[ -e $dir ]] || { log "down"; return 0; }
+  [[ $(id -u) == 0 ]] || die "down needs root"
+  local d pid
+  # Supervisors first (nothing boots again), then each machine's PID 1: the
+  # kernel ends every process of its PID namespace, pods included; nspawn
+  # then exits.
+  for d in "$dir"/os-*; do
+    [[ -d $d ]] || continue
+    touch "$d/halt"
+    [[ -f $d/supervisor.pid ]] && kill_wait "$(cat "$d/supervisor.pid")"
+    [[ -s $d/init.pid ]] && kill_wait "$(cat "$d/init.pid")"
+    [[ -f $d/nspawn.pid ]] && kill_wait "$(cat "$d/nspawn.pid")"
+  done
+  # Anything still in our cgroups (an init killed before its children).
+  local pids g
+  for _ in 1 2 3 4 5; do
+    pids=$(for g in $(our_cgroups); do cat "$g/cgroup.procs" 2>/dev/null; done | sort -un)
+    [[ -n $pids ]] || break
+    # shellcheck disable=SC2086 # a list of PIDs
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.2
+  done
+  # nspawn's per-machine folder on the host (/run/systemd/nspawn/propagate).
+  for d in "$dir"/os-*; do
+    [[ -f $d/name ]] && rm -rf "/run/systemd/nspawn/propagate/$(cat "$d/name")"
+  done
+  local br
+  for br in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep "^nkos${run_id}b[0-9]*\$" || true); do
+    ip link delete "$br" 2>/dev/null || true
+  done
+  umount_ours
+  for _ in $(seq 10); do
+    local left=0
+    for g in $(our_cgroups); do rmdir "$g" 2>/dev/null || left=1; done
+    ((left)) || break
+    sleep 0.3
+  done
+  [[ -z $(our_cgroups) ]] || log "warning: cgroups left: $(our_cgroups | tr '\n' ' ')"
+  restore_sysctls
+  if cluster_up; then
+    setup_kubectl
+    local nodes node
+    nodes=$(kc get nodes -l "$label=true" -o 'jsonpath={.items[*].metadata.name}' 2>/dev/null) || true
+    for node in $nodes; do
+      kc delete pods --all-namespaces --field-selector "spec.nodeName=$node" --force --grace-period=0 --wait=false >/dev/null 2>&1 || true
+    done
+    [[ -n $nodes ]] && { kc delete nodes -l "$label=true" --wait=true --timeout=30s >/dev/null 2>&1 || log "warning: could not delete nodes $nodes"; }
+    kc delete clusterrolebinding nodekeeper-osimage-system-node --ignore-not-found >/dev/null 2>&1 || true
+  else
+    log "the control plane is down: no Node to delete"
+  fi
+  umount_ours
+  rm -rf --one-file-system "$dir" || log "warning: could not remove $dir"
+  log "down"
+}
+
+lock() {
+  mkdir -p "$cache_root"
+  exec 9>"$cache_root/osmachines.lock"
+  flock -w 300 9 || die "another machine.sh holds $cache_root/osmachines.lock"
+}
+
+case ${1:-} in
+  up) shift; lock; cmd_up "$@" ;;
+  down) lock; cmd_down ;;
+  env) cmd_env ;;
+  status) cmd_status ;;
+  exec) shift; cmd_exec "$@" ;;
+  supervise) mdir_=$2; supervise ;;
+  *) die "usage: machine.sh up [N] | exec NODE CMD... | down | env | status | supervise DIR" ;;
+esac
