@@ -1049,3 +1049,105 @@ fn limited_identity(env: &TestEnv, name: &str) -> std::path::PathBuf {
     );
     support::kubeconfig_with_token(String::from_utf8_lossy(&out.stdout).trim())
 }
+
+/// `gates.health`: after the first node's reboot its slot is held while a
+/// Deployment the gate selects is not fully available, and the second node
+/// is taken only once it is. Asserted from the fleet's own reboot records
+/// and the Deployment as the API server shows it, checked at every poll.
+#[test]
+fn the_health_gate_holds_the_next_node_until_a_deployment_is_available() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-health").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+    // A Deployment no node can run yet: 0 of 1 available.
+    let mut d = env.deployment("gated", 1);
+    d.metadata.labels = Some([("tier".to_string(), "gated".to_string())].into());
+    if let Some(spec) = d.spec.template.spec.as_mut() {
+        spec.node_selector =
+            Some([("nodekeeper.test/nowhere".to_string(), "yes".to_string())].into());
+    }
+    block_on(async {
+        deployments
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("the gated deployment");
+        for n in &names {
+            annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
+        }
+    });
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({
+            "budget": {"maxUnavailable": 1},
+            "gates": {"health": {
+                "workloads": [{"namespace": env.ns, "selector": {"matchLabels": {"tier": "gated"}}}],
+                "timeoutSeconds": 600,
+            }},
+        }),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    let (first, second) = (&names[0], &names[1]);
+    let policies: Api<RebootPolicy> = Api::all(env.client.clone());
+    let entry = |n: &str| {
+        block_on(async {
+            let p = policies.get(&policy).await.ok()?;
+            p.status?.nodes.into_iter().find(|e| e.name == n)
+        })
+    };
+    // The first node reboots and comes back; its slot is then held for the
+    // Deployment, which its message names.
+    let held_msg = format!("Deployment {}/gated: 0/1 available", env.ns);
+    fleet.serve(&names, Duration::from_secs(120), || {
+        entry(first).is_some_and(|e| {
+            e.phase == RebootPhase::Settling
+                && e.message.as_deref().is_some_and(|m| m.contains(&held_msg))
+        })
+    });
+    assert_eq!(fleet.commands(first), 1);
+    assert_eq!(fleet.commands(second), 0, "{}", cluster.log_text());
+    let waiting = entry(second).expect("the second node's entry");
+    assert_eq!(waiting.phase, RebootPhase::Waiting, "{waiting:?}");
+    // Let it run: the second node goes only after it is available, and
+    // nothing of the policy is in maintenance meanwhile but the first.
+    block_on(async {
+        let patch = json!({"spec": {"template": {"spec": {"nodeSelector": {
+            "kubernetes.io/hostname": first,
+            "nodekeeper.test/nowhere": null,
+        }}}}});
+        deployments
+            .patch("gated", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("letting the deployment run");
+    });
+    let available = || {
+        block_on(async {
+            deployments
+                .get("gated")
+                .await
+                .ok()
+                .and_then(|d| d.status?.available_replicas)
+                .unwrap_or(0)
+                >= 1
+        })
+    };
+    let seen_available = std::cell::Cell::new(false);
+    fleet.serve(&names, Duration::from_secs(120), || {
+        seen_available.set(seen_available.get() || available());
+        assert!(
+            seen_available.get() || fleet.commands(second) == 0,
+            "the second node was rebooted before the gated Deployment was available\n{}",
+            cluster.log_text()
+        );
+        block_on(settled(&env.client, &names))
+    });
+    assert!(seen_available.get());
+    assert_eq!(fleet.commands(second), 1);
+    assert_eq!(entry(first).map(|e| e.phase), Some(RebootPhase::Done));
+}

@@ -223,8 +223,61 @@ pub struct Gates {
     pub require_ready: bool,
     /// Admit nothing while Prometheus reports a matching alert (kured's
     /// `--prometheus-url`, `--alert-filter-regexp`, `--alert-firing-only`).
+    /// With `health`, a node that came back also keeps its slot while one
+    /// fires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusGate>,
+    /// After a node came back (Ready with its new boot), it keeps its slot
+    /// until the cluster is healthy again, not merely the node: the node
+    /// Ready and schedulable, the workloads named here fully available, no
+    /// matching alert (`prometheus`), for at least `settleSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthGate>,
+}
+
+/// What must be healthy again before a node that came back gives its slot
+/// to the next node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthGate {
+    /// Workloads that must be fully available: every Deployment,
+    /// StatefulSet and DaemonSet these select has its controller's view
+    /// current and its updated, ready and available replicas equal to the
+    /// desired count (as `kubectl rollout status` reads them).
+    #[schemars(length(min = 1, max = 16))]
+    pub workloads: Vec<Workloads>,
+    /// Seconds from the node's return within which the gate must be met;
+    /// past it `onTimeout` applies. Default 600.
+    #[serde(default = "health_timeout")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub timeout_seconds: i32,
+    /// `Pause` (default): the node keeps its slot, so no further node is
+    /// taken, and the status reports `HealthTimeout` until the workloads
+    /// recover. `Continue`: the slot is given back, `HealthTimeout`
+    /// reported on the node's entry and as an event.
+    #[serde(default = "pause")]
+    #[x_kube(validation = Rule::new("self in ['Pause', 'Continue']").message("gates.health.onTimeout must be Pause or Continue"))]
+    pub on_timeout: String,
+}
+
+fn health_timeout() -> i32 {
+    600
+}
+
+fn pause() -> String {
+    "Pause".into()
+}
+
+/// Workloads selected by label, in one namespace or all.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Workloads {
+    /// Only in this namespace (default: every namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub namespace: Option<String>,
+    /// Which Deployments, StatefulSets and DaemonSets.
+    pub selector: LabelSelector,
 }
 
 /// CEL: an http:// URL with a host and an optional path, nothing else.

@@ -198,9 +198,9 @@ fn kubelet_version() -> String {
 /// installs an image through Talos's machine API and reboots.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.type != 'InPlace' || size(self.command) > 0").message("strategy.command needs at least the program"))]
-#[x_kube(validation = Rule::new("self.type != 'Talos' || has(self.image)").message("strategy.image is required for type Talos"))]
-#[x_kube(validation = Rule::new("self.type == 'Talos' || !has(self.image)").message("strategy.image is for type Talos only"))]
+#[x_kube(validation = Rule::new("self.type != 'InPlace' || size(self.command) > 0").message("strategy.command needs at least the program").field_path(".command"))]
+#[x_kube(validation = Rule::new("self.type != 'Talos' || has(self.image)").message("strategy.image is required for type Talos").field_path(".image"))]
+#[x_kube(validation = Rule::new("self.type == 'Talos' || !has(self.image)").message("strategy.image is for type Talos only").field_path(".image"))]
 pub struct Strategy {
     /// `InPlace`: the node agent runs `command` on the host. `Talos`: the
     /// node agent asks machined (Talos's machine API, on the socket the
@@ -376,6 +376,9 @@ pub enum UpgradePhase {
     Verifying,
     /// Verified; running the after hooks.
     PostHooks,
+    /// Upgraded and given back; keeps its slot for `gates.settleSeconds`
+    /// and until `gates.health` is met.
+    Settling,
     /// At the version.
     Done,
     /// Not upgraded, or upgraded and not verified; the message says why.
@@ -392,6 +395,7 @@ impl UpgradePhase {
             UpgradePhase::Upgrading => "Upgrading",
             UpgradePhase::Verifying => "Verifying",
             UpgradePhase::PostHooks => "PostHooks",
+            UpgradePhase::Settling => "Settling",
             UpgradePhase::Done => "Done",
             UpgradePhase::Failed => "Failed",
         }
@@ -406,6 +410,7 @@ impl UpgradePhase {
                 | UpgradePhase::Upgrading
                 | UpgradePhase::Verifying
                 | UpgradePhase::PostHooks
+                | UpgradePhase::Settling
         )
     }
 }

@@ -321,6 +321,19 @@ pub fn check_pod_selectors(
     {
         problems.push(e);
     }
+    // The health gate's lists carry these in their URL.
+    for (i, w) in gates.health.iter().flat_map(|h| &h.workloads).enumerate() {
+        if let Err(e) = check_selector_at(
+            &format!("gates.health.workloads[{i}].selector"),
+            &w.selector,
+        ) {
+            problems.push(e);
+        }
+        let field = format!("gates.health.workloads[{i}].namespace");
+        if let Err(e) = check_namespace(&field, w.namespace.as_deref()) {
+            problems.push(e);
+        }
+    }
     // A pattern that is not a regular expression makes the gate unusable.
     if let Some(gate) = &gates.prometheus
         && let Err(e) = blocking_alerts(gate, &Alerts::Active(Vec::new()))

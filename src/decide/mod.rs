@@ -20,6 +20,7 @@ pub mod command_check;
 pub mod disrupt;
 pub mod drain;
 pub mod foreign;
+pub mod health;
 pub mod jobs;
 pub mod maintenance;
 pub mod mutex;

@@ -38,7 +38,7 @@ use super::{Effect, Plan, Then, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
 pub use facts::*;
-use stages::{Decision, after};
+use stages::Decision;
 
 /// Everything one policy's decision reads.
 pub struct Snapshot<'a> {
@@ -61,6 +61,9 @@ pub struct Snapshot<'a> {
     pub failing: Option<&'a str>,
     /// Prometheus's last answer for the URL of the gate, if it has one.
     pub alerts: Option<&'a disrupt::Alerts>,
+    /// The health gate's workloads as last listed, if it has one and a
+    /// node waits for it.
+    pub health: Option<&'a super::health::Health>,
     /// A blocking-pod gate of this object whose pods are not listed yet
     /// (named): admissions wait, nodes already held go on.
     pub gates_unlisted: Option<&'a str>,
@@ -199,24 +202,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             .collect();
         let prev = d.prev(&n);
         if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Settling) {
-            let until = after(prev.since.0, p.spec.gates.settle_seconds.max(0) as u64);
             // Level-triggered give-back: the status said Settling before
             // the give-back's writes ran, and any of them may have failed
             // (a 409 on the node's need, a refused delete). Every pass
             // asks again until the world agrees.
             d.reassert_give_back(node, ours, prev);
-            if ours.is_none() && now >= until {
-                d.set(
-                    &n,
-                    RebootPhase::Done,
-                    prev.boot_id_before.as_deref(),
-                    None,
-                    "reboot verified".into(),
-                );
-            } else {
-                d.entries.insert(n.clone(), prev.clone());
-                d.wake_at(until);
-            }
+            d.settling(node, ours.is_none(), prev);
             continue;
         }
         if let Some(prev) =

@@ -3,7 +3,7 @@
 //! - [`decide`] (cluster role, the single writer of admissions): for one
 //!   UpgradePlan, the group being upgraded (the first with a node not
 //!   finished), then each node along Pending/Waiting → PreHooks → Draining →
-//!   Upgrading → Verifying → PostHooks → Done (or Failed), admitting nodes
+//!   Upgrading → Verifying → PostHooks → (Settling →) Done (or Failed), admitting nodes
 //!   in group and name order within the windows, gates and budget. As for
 //!   reboots, the admission record is the plan's status, written guarded by
 //!   its resourceVersion before anything touches the node; each hook Job is
@@ -62,6 +62,9 @@ pub struct Snapshot<'a> {
     pub failing: Option<&'a str>,
     /// Prometheus's last answer for the URL of the gate, if it has one.
     pub alerts: Option<&'a disrupt::Alerts>,
+    /// The health gate's workloads as last listed, if it has one and a
+    /// node waits for it.
+    pub health: Option<&'a super::health::Health>,
     /// A blocking-pod gate of this object whose pods are not listed yet
     /// (named): admissions wait, nodes already held go on.
     pub gates_unlisted: Option<&'a str>,

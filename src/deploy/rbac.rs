@@ -45,13 +45,14 @@ const REBOOT: &str = "reboot";
 const UPGRADE: &str = "upgrade";
 const MUTEX: &str = "mutex";
 const REPLACE: &str = "replace";
+const HEALTH: &str = "health gate";
 const BOTH: &[Identity] = &[Identity::Agent, Identity::Cluster];
 const CLUSTER: &[Identity] = &[Identity::Cluster];
 
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 26] = [
+pub const GRANTS: [Grant; 27] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -259,6 +260,14 @@ pub const GRANTS: [Grant; 26] = [
         resource: "deployments",
         verbs: &["get", "patch"],
         why: "an AutoscalingStrategy's cluster-autoscaler Deployment: replicas 0 during a rollout, 1 after, and its command",
+    },
+    Grant {
+        feature: HEALTH,
+        identities: CLUSTER,
+        group: "apps",
+        resource: "deployments,statefulsets,daemonsets",
+        verbs: &["list"],
+        why: "gates.health: whether the workloads a gate selects are fully available again, listed only while a node waits on it",
     },
 ];
 

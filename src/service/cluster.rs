@@ -89,6 +89,12 @@ async fn pass(
         .map(|g| g.url.as_str())
         .collect();
     ctx.alerts.retain(&urls);
+    let health: Vec<_> = policies
+        .iter()
+        .filter_map(|p| p.spec.gates.health.as_ref())
+        .chain(plans.iter().filter_map(|p| p.spec.gates.health.as_ref()))
+        .collect();
+    ctx.health.retain(&health);
     // Blocking-pod gates read the pods their selectors watch: a gate
     // decided on a watch that has not listed yet would admit a node whose
     // blocking pod it has not seen, so the features wait for it.

@@ -85,6 +85,9 @@ pub struct Context {
     pub agent: Mutex<(String, crate::decide::claim::Claim)>,
     /// Cluster role: Prometheus's answers for the features' alert gates.
     pub alerts: super::alerts::AlertCache,
+    /// Cluster role: the health gates' workloads, listed while a node
+    /// waits on one.
+    pub health: super::health::HealthCache,
     /// Cluster role: nodes whose `MaintenancePlanned` write was refused,
     /// and until when none is tried again (see `planned.rs`).
     pub planned_refused: Mutex<HashMap<String, Instant>>,
@@ -144,6 +147,7 @@ impl Context {
             failing: Failing::default(),
             anchor,
             alerts: Default::default(),
+            health: Default::default(),
             planned_refused: Default::default(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,

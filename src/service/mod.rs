@@ -22,6 +22,7 @@ pub mod context;
 pub mod executor;
 pub mod failing;
 pub mod fresh;
+pub mod health;
 pub mod metrics;
 pub mod mutex;
 pub mod planned;

@@ -59,6 +59,20 @@ async fn reconcile_policy(
     let gate = policy.spec.gates.prometheus.as_ref();
     let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
     let unlisted = ctx.pods.first_unlisted(&policy.spec.gates.blocking_pods);
+    // The health gate's workloads, while a node of the policy holds a slot
+    // (it may come back in this pass).
+    let holding = policy
+        .status
+        .as_ref()
+        .is_some_and(|s| s.nodes.iter().any(|e| e.phase.holds_slot()));
+    let (health, again_health) = policy
+        .spec
+        .gates
+        .health
+        .as_ref()
+        .filter(|_| holding)
+        .map(|g| ctx.health.get(&ctx.effects.client, g))
+        .unzip();
     let plan = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -74,6 +88,7 @@ async fn reconcile_policy(
             remote: !ctx.node_agents,
             failing,
             alerts: alerts.as_ref(),
+            health: health.as_ref(),
             gates_unlisted: unlisted.as_deref(),
         })
     };
@@ -83,7 +98,10 @@ async fn reconcile_policy(
         record_command(effect, outcome)
     })
     .await?;
-    Ok(earliest(executor::wake(then), again))
+    Ok(earliest(
+        earliest(executor::wake(then), again),
+        again_health,
+    ))
 }
 
 /// A host command's result, recorded on its node next (a failed reboot:

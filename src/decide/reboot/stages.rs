@@ -16,7 +16,7 @@ use super::{NOT_RETURNED, Snapshot, WAIT_IN_MAINTENANCE, node};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::maintenance::owner_of;
-use crate::decide::{Effect, HostAction, duration_until, earliest};
+use crate::decide::{Effect, HostAction, duration_until, earliest, health};
 
 /// One decision in the making: the new entries, the effects that follow
 /// the status write, and when to look again.
@@ -315,12 +315,78 @@ impl<'a> Decision<'a> {
         self.deadline(node);
     }
 
+    /// Given back after its verified reboot, it keeps its slot for
+    /// `settleSeconds` and, with `gates.health`, until the cluster is
+    /// healthy again (or the gate's timeout says otherwise).
+    pub(super) fn settling(&mut self, node: &Node, given_back: bool, prev: &NodeReboot) {
+        let n = node.name_any();
+        let gates = &self.s.policy.spec.gates;
+        let before = prev.boot_id_before.as_deref();
+        let until = after(prev.since.0, gates.settle_seconds.max(0) as u64);
+        let waiting = health::unhealthy(gates, node, self.s.health, self.s.alerts);
+        if given_back && self.s.now >= until && waiting.is_empty() {
+            self.set(
+                &n,
+                RebootPhase::Done,
+                before,
+                None,
+                "reboot verified".into(),
+            );
+            return;
+        }
+        if self.s.now < until {
+            self.wake_at(until);
+        }
+        let Some(gate) = gates.health.as_ref().filter(|_| !waiting.is_empty()) else {
+            // Settling its time out (or its give-back still running): the
+            // entry as it was, no status write for nothing.
+            self.entries.insert(n, prev.clone());
+            return;
+        };
+        let what = health::summary(&waiting);
+        let due = after(prev.since.0, gate.timeout_seconds.max(0) as u64);
+        if self.s.now < due {
+            self.wake_at(due);
+            let msg = format!("reboot verified; waiting for health: {what}");
+            return self.set(&n, RebootPhase::Settling, before, None, msg);
+        }
+        let limit = gate.timeout_seconds;
+        let first = prev.reason.as_deref() != Some(health::HEALTH_TIMEOUT);
+        if gate.on_timeout == "Continue" && given_back {
+            let msg = format!(
+                "reboot verified; not healthy within {limit} s (gates.health, onTimeout: Continue): {what}"
+            );
+            self.event(node, true, "HealthTimeout", &msg);
+            self.set(
+                &n,
+                RebootPhase::Done,
+                before,
+                Some(health::HEALTH_TIMEOUT),
+                msg,
+            );
+            return;
+        }
+        let msg = format!(
+            "not healthy within {limit} s (gates.health); keeps its slot until it is: {what}"
+        );
+        if first {
+            self.event(node, true, "HealthTimeout", &msg);
+        }
+        self.set(
+            &n,
+            RebootPhase::Settling,
+            before,
+            Some(health::HEALTH_TIMEOUT),
+            msg,
+        );
+    }
+
     /// Back with a new boot and Ready: its need cleared, it keeps its slot
     /// while it settles (the caller gives the node back).
     fn verified(&mut self, node: &Node, before: &str) {
         let n = node.name_any();
         let settle = self.s.policy.spec.gates.settle_seconds.max(0) as u64;
-        if settle == 0 {
+        if settle == 0 && self.s.policy.spec.gates.health.is_none() {
             self.set(
                 &n,
                 RebootPhase::Done,

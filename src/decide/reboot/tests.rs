@@ -117,6 +117,7 @@ struct World {
     pods: Vec<Arc<Pod>>,
     now: Timestamp,
     remote: bool,
+    health: Option<crate::decide::health::Health>,
 }
 
 impl World {
@@ -129,6 +130,7 @@ impl World {
             pods: Vec::new(),
             now: now(),
             remote: false,
+            health: None,
         }
     }
 
@@ -169,6 +171,7 @@ impl World {
             remote: self.remote,
             failing: None,
             alerts: None,
+            health: self.health.as_ref(),
             gates_unlisted: None,
         })
     }
@@ -438,6 +441,94 @@ fn a_new_boot_and_ready_is_verified_given_back_and_settles() {
         .unwrap_or_default();
     let plan = w2.plan();
     assert_eq!(phase_of(&status_of(&plan), "a").0, RebootPhase::Done);
+    assert_eq!(created(&plan), ["b"]);
+}
+
+/// `gates.health`: a node that came back keeps its slot until the
+/// workloads are available again; past the timeout `Pause` keeps it
+/// (reported once), `Continue` gives it up (reported).
+#[test]
+fn the_health_gate_holds_the_slot_until_the_workloads_are_available() {
+    use crate::decide::health::{HEALTH_TIMEOUT, Health, Workload};
+    let db = |available| Workload {
+        kind: "Deployment",
+        namespace: "prod".into(),
+        name: "db".into(),
+        desired: 3,
+        updated: 3,
+        ready: available,
+        available,
+        observed: true,
+    };
+    let gated = |on_timeout: &str| {
+        let mut p = policy(1);
+        p.spec.gates.health = serde_json::from_value(serde_json::json!({
+            "workloads": [{"namespace": "prod", "selector": {"matchLabels": {"tier": "db"}}}],
+            "timeoutSeconds": 300,
+            "onTimeout": on_timeout,
+        }))
+        .ok();
+        assert!(p.spec.gates.health.is_some());
+        with_entry(p, entry("a", RebootPhase::Settling, "b0", now()))
+    };
+    let reason = |st: &RebootPolicyStatus| {
+        st.nodes
+            .iter()
+            .find(|e| e.name == "a")
+            .and_then(|e| e.reason.clone())
+    };
+    let timeouts = |plan: &Plan| {
+        plan.effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Event { reason, .. } if *reason == "HealthTimeout"))
+            .count()
+    };
+    let mut w = World::new(
+        gated("Pause"),
+        vec![no_need(node("a", "b1")), node("b", "b0")],
+    );
+    // Not listed yet: held.
+    let plan = w.plan();
+    assert_eq!(phase_of(&status_of(&plan), "a").0, RebootPhase::Settling);
+    assert!(created(&plan).is_empty());
+    // A workload short of a replica: held, and the status names it.
+    w.health = Some(Health::Listed(vec![db(2)]));
+    let plan = w.plan();
+    let (phase, msg) = phase_of(&status_of(&plan), "a");
+    assert_eq!(phase, RebootPhase::Settling);
+    assert!(msg.contains("Deployment prod/db: 2/3 available"), "{msg}");
+    assert!(created(&plan).is_empty(), "b waits for a's slot");
+    // Available again: a is done and b is taken.
+    w.health = Some(Health::Listed(vec![db(3)]));
+    let plan = w.plan();
+    assert_eq!(phase_of(&status_of(&plan), "a").0, RebootPhase::Done);
+    assert_eq!(created(&plan), ["b"]);
+    // Past the timeout, still short: Pause keeps the slot, reported once.
+    w.health = Some(Health::Listed(vec![db(2)]));
+    w.now = now()
+        .checked_add(SignedDuration::from_secs(301))
+        .unwrap_or_default();
+    let plan = w.plan();
+    let st = status_of(&plan);
+    assert_eq!(phase_of(&st, "a").0, RebootPhase::Settling);
+    assert_eq!(reason(&st).as_deref(), Some(HEALTH_TIMEOUT));
+    assert!(created(&plan).is_empty());
+    assert_eq!(timeouts(&plan), 2, "on the node and the policy");
+    w.policy.status = Some(st);
+    let again = w.plan();
+    assert_eq!(timeouts(&again), 0, "reported once");
+    // Continue: the slot goes, reported, and b is taken.
+    let mut c = World::new(
+        gated("Continue"),
+        vec![no_need(node("a", "b1")), node("b", "b0")],
+    );
+    c.health = Some(Health::Listed(vec![db(2)]));
+    c.now = w.now;
+    let plan = c.plan();
+    let st = status_of(&plan);
+    assert_eq!(phase_of(&st, "a").0, RebootPhase::Done);
+    assert_eq!(reason(&st).as_deref(), Some(HEALTH_TIMEOUT));
+    assert_eq!(timeouts(&plan), 2);
     assert_eq!(created(&plan), ["b"]);
 }
 

@@ -17,7 +17,7 @@ use crate::decide::disrupt::{node_ref, owner_ref, take};
 use crate::decide::maintenance::owner_of;
 use crate::decide::reboot::facts::talos_release;
 use crate::decide::reboot::failure_in;
-use crate::decide::{duration_until, earliest};
+use crate::decide::{duration_until, earliest, health};
 
 /// How long past a hook's deadline its Job may still run before we stop
 /// waiting for it (the Job's own `activeDeadlineSeconds` normally ends it
@@ -242,7 +242,8 @@ impl<'a> Decision<'a> {
         );
     }
 
-    /// Verified and after hooks done: give the node back.
+    /// Verified and after hooks done: give the node back; it settles in
+    /// its slot when the plan's gates ask for it.
     fn finish(&mut self, e: &NodeUpgrade) {
         if let Some(m) = self.ours(&e.name) {
             self.give_back(&m);
@@ -254,15 +255,84 @@ impl<'a> Decision<'a> {
             "UpgradeVerified",
             &format!("upgraded to {v} and verified"),
         );
+        let gates = &self.s.plan.spec.gates;
+        let (phase, message) = if gates.settle_seconds > 0 || gates.health.is_some() {
+            (UpgradePhase::Settling, format!("upgraded to {v}; settling"))
+        } else {
+            (UpgradePhase::Done, format!("upgraded to {v}"))
+        };
         self.step(
             e,
             Next {
-                phase: UpgradePhase::Done,
+                phase,
                 hook: None,
                 job: None,
                 reason: None,
-                message: format!("upgraded to {v}"),
+                message,
             },
+        );
+    }
+
+    /// Given back after its verified upgrade, it keeps its slot for
+    /// `settleSeconds` and, with `gates.health`, until the cluster is
+    /// healthy again (or the gate's timeout says otherwise). The give-back
+    /// is asked again on every pass until it happened.
+    fn settling(&mut self, node: &Node, e: &NodeUpgrade, ours: Option<&NodeMaintenance>) {
+        if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+            self.give_back(m);
+        }
+        let gates = &self.s.plan.spec.gates;
+        let v = version(e, self.s.plan).to_string();
+        let until = after(e.since.0, gates.settle_seconds.max(0) as i64);
+        let waiting = health::unhealthy(gates, node, self.s.health, self.s.alerts);
+        let next = |phase, reason, message| Next {
+            phase,
+            hook: None,
+            job: None,
+            reason,
+            message,
+        };
+        if ours.is_none() && self.s.now >= until && waiting.is_empty() {
+            return self.step(
+                e,
+                next(UpgradePhase::Done, None, format!("upgraded to {v}")),
+            );
+        }
+        if self.s.now < until {
+            self.wake_at(until);
+        }
+        let Some(gate) = gates.health.as_ref().filter(|_| !waiting.is_empty()) else {
+            self.entries.insert(e.name.clone(), e.clone());
+            return;
+        };
+        let what = health::summary(&waiting);
+        let due = after(e.since.0, gate.timeout_seconds.max(0) as i64);
+        if self.s.now < due {
+            self.wake_at(due);
+            let msg = format!("upgraded to {v}; waiting for health: {what}");
+            return self.step(e, next(UpgradePhase::Settling, None, msg));
+        }
+        let limit = gate.timeout_seconds;
+        let first = e.reason.as_deref() != Some(health::HEALTH_TIMEOUT);
+        if gate.on_timeout == "Continue" && ours.is_none() {
+            let msg = format!(
+                "upgraded to {v}; not healthy within {limit} s (gates.health, onTimeout: Continue): {what}"
+            );
+            self.event(&e.name, true, "HealthTimeout", &msg);
+            return self.step(
+                e,
+                next(UpgradePhase::Done, Some(health::HEALTH_TIMEOUT), msg),
+            );
+        }
+        let msg = format!(
+            "upgraded to {v}; not healthy within {limit} s (gates.health); keeps its slot until it is: {what}"
+        );
+        if first {
+            self.event(&e.name, true, "HealthTimeout", &msg);
+        }
+        self.step(
+            e,
+            next(UpgradePhase::Settling, Some(health::HEALTH_TIMEOUT), msg),
         );
     }
 
@@ -315,6 +385,7 @@ impl<'a> Decision<'a> {
             UpgradePhase::Draining => self.draining(node, &e, ours),
             UpgradePhase::Upgrading => self.upgrading(node, &e, ours),
             UpgradePhase::Verifying => self.verifying(node, &e, ours),
+            UpgradePhase::Settling => self.settling(node, &e, ours),
             _ => {
                 self.entries.insert(e.name.clone(), e);
             }

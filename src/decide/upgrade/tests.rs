@@ -124,6 +124,7 @@ struct World {
     /// Every Job ever created, in order.
     created: Vec<Job>,
     events: Vec<&'static str>,
+    health: Option<crate::decide::health::Health>,
 }
 
 impl World {
@@ -137,6 +138,7 @@ impl World {
             now: now(),
             created: Vec::new(),
             events: Vec::new(),
+            health: None,
         }
     }
 
@@ -156,6 +158,7 @@ impl World {
             plans: &[Arc::new(self.plan.clone())],
             failing: None,
             alerts: None,
+            health: self.health.as_ref(),
             gates_unlisted: None,
         })
     }
@@ -553,6 +556,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
             plans: &plans,
             failing: None,
             alerts: None,
+            health: None,
             gates_unlisted: None,
         })
     };
@@ -588,3 +592,52 @@ fn a_plan_that_selects_no_node_says_so() {
 
 mod failures;
 mod give_back;
+
+/// `gates.settleSeconds` and `gates.health` hold an upgraded node's slot
+/// after it is given back (UpgradePlan accepted `settleSeconds` and ignored
+/// it before): the next node waits until both are met.
+#[test]
+fn an_upgraded_node_settles_in_its_slot_until_the_health_gate_is_met() {
+    use crate::decide::health::{Health, Workload};
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    p.spec.gates.settle_seconds = 30;
+    p.spec.gates.health = serde_json::from_value(json!({
+        "workloads": [{"selector": {"matchLabels": {"tier": "db"}}}],
+    }))
+    .ok();
+    let db = |available| Workload {
+        kind: "StatefulSet",
+        namespace: "prod".into(),
+        name: "db".into(),
+        desired: 3,
+        updated: 3,
+        ready: available,
+        available,
+        observed: true,
+    };
+    let mut w = World::new(p, vec![node("a", "v1", false), node("b", "v1", false)]);
+    w.step();
+    w.drained("a");
+    w.step();
+    w.upgrade_host("a", true);
+    w.step();
+    w.nms.clear(); // the give-back went through
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Settling);
+    assert_eq!(w.phase("b"), UpgradePhase::Waiting, "b waits for a's slot");
+    // Settled, but a workload is short: still held, and the status says so.
+    w.later(31);
+    w.health = Some(Health::Listed(vec![db(2)]));
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Settling);
+    let msg = w.entry("a").message.clone().unwrap_or_default();
+    assert!(msg.contains("StatefulSet prod/db: 2/3 available"), "{msg}");
+    assert_eq!(w.phase("b"), UpgradePhase::Waiting);
+    // Healthy: a is done, b is taken.
+    w.health = Some(Health::Listed(vec![db(3)]));
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Done);
+    assert_ne!(w.phase("b"), UpgradePhase::Waiting);
+}

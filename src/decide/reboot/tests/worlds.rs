@@ -475,6 +475,7 @@ impl World {
             remote: false,
             failing: None,
             alerts: None,
+            health: None,
             gates_unlisted: None,
         });
         if self.verbose {

@@ -76,6 +76,7 @@ impl World {
             plans: &plans,
             failing: None,
             alerts: None,
+            health: None,
             gates_unlisted: None,
         });
         self.run(&format!("plan {name}"), &plan.effects);

@@ -1,0 +1,259 @@
+//! The health gate (`gates.health`), pure: after a node came back from its
+//! reboot or upgrade it keeps its budget slot until the cluster is healthy
+//! again, not merely the node — the node Ready and schedulable, every
+//! workload the gate names fully available, no matching Prometheus alert —
+//! for at least `settleSeconds`; past `timeoutSeconds` its `onTimeout`
+//! says whether the slot is kept (`Pause`) or given back (`Continue`).
+//!
+//! The workloads' state comes from the service (`service::health` lists
+//! them while a node waits for the gate) as [`Workload`] rows; this module
+//! only reads them. "Fully available" is what `kubectl rollout status`
+//! waits for: the controller has seen the latest spec, and the updated,
+//! ready and available counts equal the desired one.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use super::disrupt::{Alerts, blocking_alerts};
+use crate::api::common::Gates;
+
+/// Machine-readable reason of an entry the gate held past its timeout.
+pub const HEALTH_TIMEOUT: &str = "HealthTimeout";
+
+/// One Deployment, StatefulSet or DaemonSet as the gate reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub desired: i32,
+    pub updated: i32,
+    pub ready: i32,
+    pub available: i32,
+    /// Its controller has observed its latest spec.
+    pub observed: bool,
+}
+
+impl Workload {
+    pub fn deployment(d: &Deployment) -> Workload {
+        let s = d.status.clone().unwrap_or_default();
+        Workload {
+            kind: "Deployment",
+            namespace: d.namespace().unwrap_or_default(),
+            name: d.name_any(),
+            desired: d.spec.replicas.unwrap_or(1),
+            updated: s.updated_replicas.unwrap_or(0),
+            ready: s.ready_replicas.unwrap_or(0),
+            available: s.available_replicas.unwrap_or(0),
+            observed: s.observed_generation >= d.metadata.generation,
+        }
+    }
+
+    pub fn stateful_set(x: &StatefulSet) -> Workload {
+        let s = x.status.clone().unwrap_or_default();
+        Workload {
+            kind: "StatefulSet",
+            namespace: x.namespace().unwrap_or_default(),
+            name: x.name_any(),
+            desired: x.spec.replicas.unwrap_or(1),
+            updated: s.updated_replicas.unwrap_or(0),
+            ready: s.ready_replicas.unwrap_or(0),
+            available: s.available_replicas.unwrap_or(0),
+            observed: s.observed_generation >= x.metadata.generation,
+        }
+    }
+
+    pub fn daemon_set(x: &DaemonSet) -> Workload {
+        let s = x.status.clone().unwrap_or_default();
+        Workload {
+            kind: "DaemonSet",
+            namespace: x.namespace().unwrap_or_default(),
+            name: x.name_any(),
+            desired: s.desired_number_scheduled,
+            updated: s.updated_number_scheduled.unwrap_or(0),
+            ready: s.number_ready,
+            available: s.number_available.unwrap_or(0),
+            observed: s.observed_generation >= x.metadata.generation,
+        }
+    }
+
+    /// Why it is not fully available, if it is not.
+    pub fn unavailable(&self) -> Option<String> {
+        let what = format!("{} {}/{}", self.kind, self.namespace, self.name);
+        if !self.observed {
+            return Some(format!("{what}: its latest spec not yet observed"));
+        }
+        let d = self.desired;
+        if self.updated < d || self.ready < d || self.available < d {
+            return Some(format!(
+                "{what}: {}/{d} available ({} updated, {} ready)",
+                self.available, self.updated, self.ready
+            ));
+        }
+        None
+    }
+}
+
+/// The gate's workloads as last listed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Health {
+    Listed(Vec<Workload>),
+    /// Not listed yet, or the last list failed (why): holds the slot.
+    Unknown(String),
+}
+
+/// What still holds a node that came back under `gates` (empty: healthy,
+/// and always without a health gate: then `settleSeconds` alone counts).
+pub fn unhealthy(
+    gates: &Gates,
+    node: &Node,
+    health: Option<&Health>,
+    alerts: Option<&Alerts>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if gates.health.is_none() {
+        return out;
+    }
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if !ready {
+        out.push(format!("node {} not Ready", node.name_any()));
+    }
+    if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+        out.push(format!("node {} cordoned", node.name_any()));
+    }
+    match health {
+        Some(Health::Listed(workloads)) => {
+            out.extend(workloads.iter().filter_map(Workload::unavailable));
+        }
+        Some(Health::Unknown(why)) => out.push(format!("workloads not known: {why}")),
+        None => out.push("workloads not listed yet".into()),
+    }
+    if let Some(gate) = &gates.prometheus {
+        match alerts.map(|a| blocking_alerts(gate, a)) {
+            Some(Ok(firing)) => out.extend(firing.into_iter().map(|a| format!("alert {a}"))),
+            Some(Err(why)) => out.push(why),
+            None => out.push("Prometheus not asked yet".into()),
+        }
+    }
+    out
+}
+
+/// `reasons` joined for a status message, the first few only.
+pub fn summary(reasons: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let mut s = reasons
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if reasons.len() > SHOWN {
+        s.push_str(&format!("; and {} more", reasons.len() - SHOWN));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn deployment(replicas: i32, available: i32, generation: i64, observed: i64) -> Deployment {
+        Deployment {
+            metadata: ObjectMeta {
+                name: Some("api".into()),
+                namespace: Some("prod".into()),
+                generation: Some(generation),
+                ..Default::default()
+            },
+            spec: DeploymentSpec {
+                replicas: Some(replicas),
+                ..Default::default()
+            },
+            status: Some(DeploymentStatus {
+                observed_generation: Some(observed),
+                updated_replicas: Some(replicas),
+                ready_replicas: Some(available),
+                available_replicas: Some(available),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn node(ready: bool, cordoned: bool) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(cordoned),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_workload_is_available_when_rollout_status_would_say_so() {
+        assert_eq!(
+            Workload::deployment(&deployment(3, 3, 2, 2)).unavailable(),
+            None
+        );
+        assert_eq!(
+            Workload::deployment(&deployment(3, 2, 2, 2)).unavailable(),
+            Some("Deployment prod/api: 2/3 available (3 updated, 2 ready)".into())
+        );
+        assert!(
+            Workload::deployment(&deployment(3, 3, 3, 2))
+                .unavailable()
+                .is_some_and(|w| w.contains("not yet observed"))
+        );
+    }
+
+    #[test]
+    fn the_gate_holds_for_the_node_its_workloads_and_its_alerts() {
+        let gates: Gates = serde_json::from_value(serde_json::json!({
+            "health": {"workloads": [{"selector": {"matchLabels": {"tier": "db"}}}]},
+        }))
+        .unwrap_or_default();
+        let ok = Health::Listed(vec![Workload::deployment(&deployment(1, 1, 1, 1))]);
+        assert!(unhealthy(&gates, &node(true, false), Some(&ok), None).is_empty());
+        let held = unhealthy(&gates, &node(true, true), None, None);
+        assert_eq!(held, ["node a cordoned", "workloads not listed yet"]);
+        // No gate: nothing but settleSeconds holds the slot.
+        let none = Gates::default();
+        assert!(unhealthy(&none, &node(false, true), None, None).is_empty());
+        assert_eq!(
+            unhealthy(&gates, &node(false, false), Some(&ok), None),
+            ["node a not Ready"]
+        );
+        // An alert of the Prometheus gate holds it too.
+        let mut with_alerts = gates.clone();
+        with_alerts.prometheus =
+            serde_json::from_value(serde_json::json!({"url": "http://p:9090"})).ok();
+        let firing = Alerts::Active(vec![("DiskFull".into(), "firing".into())]);
+        assert_eq!(
+            unhealthy(&with_alerts, &node(true, false), Some(&ok), Some(&firing)),
+            ["alert DiskFull"]
+        );
+        assert_eq!(
+            summary(&["a".into(), "b".into(), "c".into(), "d".into(), "e".into()]),
+            "a; b; c; and 2 more"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! The health gate's workloads (`gates.health`), listed in the background
+//! for the cluster role's passes: a pass reads the last list per gate and
+//! never waits for one. Lists are made only while a node of the object
+//! holds a slot (its decision may need them), at most every [`EVERY`], each
+//! bounded by [`DEADLINE`]: the cost follows disruption, not the cluster's
+//! size, and nothing is watched for a gate nobody waits on. A list older
+//! than both counts as not known (it holds the slot, never releases it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use kube::Client;
+use kube::api::{Api, ListParams};
+
+use crate::api::common::{HealthGate, Workloads};
+use crate::decide::health::{Health, Workload};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How old a list may get before it is made again.
+pub const EVERY: Duration = Duration::from_secs(5);
+/// How long one round of lists may take.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+/// How soon a pass looks again while a list is out.
+const SOON: Duration = Duration::from_secs(1);
+
+struct Entry {
+    answer: Health,
+    listed: Option<Instant>,
+    listing: bool,
+}
+
+/// The last list per gate (keyed by its workloads' JSON).
+#[derive(Default)]
+pub struct HealthCache(Arc<Mutex<HashMap<String, Entry>>>);
+
+impl HealthCache {
+    /// The last list for `gate`, and when the pass should look again;
+    /// lists anew in the background when it is missing or stale.
+    pub fn get(&self, client: &Client, gate: &HealthGate) -> (Health, Duration) {
+        let key = serde_json::to_string(&gate.workloads).unwrap_or_default();
+        let mut map = lock(&self.0);
+        let entry = map.entry(key.clone()).or_insert_with(|| Entry {
+            answer: Health::Unknown("not listed yet".into()),
+            listed: None,
+            listing: false,
+        });
+        let stale = entry.listed.is_none_or(|t| t.elapsed() >= EVERY);
+        if stale && !entry.listing {
+            entry.listing = true;
+            let (cache, client, workloads) =
+                (self.0.clone(), client.clone(), gate.workloads.clone());
+            crate::runtime::spawn(async move {
+                let listed = smol::future::or(list(&client, &workloads), async {
+                    crate::runtime::sleep(DEADLINE).await;
+                    Err(format!("no answer within {} s", DEADLINE.as_secs()))
+                })
+                .await;
+                let answer = listed.map(Health::Listed).unwrap_or_else(|why| {
+                    log::warn!("gates.health: {why}");
+                    Health::Unknown(why)
+                });
+                if let Some(e) = lock(&cache).get_mut(&key) {
+                    e.answer = answer;
+                    e.listed = Some(Instant::now());
+                    e.listing = false;
+                }
+            })
+            .detach();
+        }
+        let again = if entry.listing {
+            SOON
+        } else {
+            entry
+                .listed
+                .map_or(SOON, |t| EVERY.saturating_sub(t.elapsed()).max(SOON))
+        };
+        let answer = match entry.listed.map(|t| t.elapsed()) {
+            Some(age) if age > EVERY + DEADLINE => Health::Unknown(format!(
+                "listing again (the last list is {} s old)",
+                age.as_secs()
+            )),
+            _ => entry.answer.clone(),
+        };
+        (answer, again)
+    }
+
+    /// Forget gates no object waits on any more.
+    pub fn retain(&self, gates: &[&HealthGate]) {
+        let keys: Vec<String> = gates
+            .iter()
+            .map(|g| serde_json::to_string(&g.workloads).unwrap_or_default())
+            .collect();
+        lock(&self.0).retain(|k, _| keys.contains(k));
+    }
+}
+
+/// Every Deployment, StatefulSet and DaemonSet the gate selects.
+async fn list(client: &Client, workloads: &[Workloads]) -> Result<Vec<Workload>, String> {
+    let mut out: Vec<Workload> = Vec::new();
+    for w in workloads {
+        // The decision refuses a selector or namespace the API cannot take
+        // (`disrupt::check_pod_selectors`); checked again before any URL.
+        let selector = kube::core::Selector::try_from(w.selector.clone())
+            .map_err(|e| format!("a selector the API cannot take: {e}"))?
+            .to_string();
+        let ns = w.namespace.as_deref().filter(|n| !n.is_empty());
+        if ns.is_some_and(|n| !crate::api::common::is_dns_label(n)) {
+            return Err(format!("{ns:?} is not a namespace name"));
+        }
+        let lp = ListParams::default().labels(&selector);
+        let where_ = ns.map(|n| format!(" in {n}")).unwrap_or_default();
+        let deployments: Api<Deployment> = api(client, ns);
+        for d in deployments
+            .list(&lp)
+            .await
+            .map_err(|e| format!("listing Deployments {selector}{where_}: {e}"))?
+        {
+            out.push(Workload::deployment(&d));
+        }
+        let sets: Api<StatefulSet> = api(client, ns);
+        for s in sets
+            .list(&lp)
+            .await
+            .map_err(|e| format!("listing StatefulSets {selector}{where_}: {e}"))?
+        {
+            out.push(Workload::stateful_set(&s));
+        }
+        let daemons: Api<DaemonSet> = api(client, ns);
+        for d in daemons
+            .list(&lp)
+            .await
+            .map_err(|e| format!("listing DaemonSets {selector}{where_}: {e}"))?
+        {
+            out.push(Workload::daemon_set(&d));
+        }
+    }
+    out.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
+    out.dedup_by(|a, b| (a.kind, &a.namespace, &a.name) == (b.kind, &b.namespace, &b.name));
+    Ok(out)
+}
+
+fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
