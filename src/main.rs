@@ -9,12 +9,30 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    nodekeeper::logging::init(cli.verbose);
+    let format = cli.log_format();
+    nodekeeper::logging::init(cli.verbose, format);
     match nodekeeper::cli::dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("nodekeeper: error: {err}");
+            // The one line a failed start leaves, in the log's own layout
+            // (a pipeline reading JSON lines would drop a plain one).
+            match format {
+                nodekeeper::logging::Format::Text => eprintln!("nodekeeper: error: {err}"),
+                nodekeeper::logging::Format::Json => eprintln!(
+                    "{}",
+                    nodekeeper::logging::json_line(
+                        &jiff_now(),
+                        log::Level::Error,
+                        "nodekeeper",
+                        &err.to_string()
+                    )
+                ),
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+fn jiff_now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
 }

@@ -369,3 +369,55 @@ fn agents_started_together_under_cpu_load_all_reconcile_and_stop_on_sigterm() {
         }
     }
 }
+
+/// `--log-format json`: every line the agent writes is one JSON object with
+/// time, level, target and message, and lines about a node or an object
+/// carry it as a field (what a log pipeline indexes by).
+#[test]
+fn json_logs_are_one_object_per_line_with_the_node_and_object_as_fields() {
+    use kube::Api;
+    use kube::api::PostParams;
+    use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec};
+    support::install_crds();
+    let mut env = block_on(TestEnv::new("jsonlog"));
+    let node = block_on(env.add_node("a"));
+    block_on(env.wait_node_ready(&node));
+    let agent = Agent::start(&["run", "--node", &node, "--log-format", "json"]);
+    let nm = NodeMaintenance::new(
+        &format!("{}-json", env.id),
+        NodeMaintenanceSpec {
+            node_name: node.clone(),
+            reason: Some("json logs".into()),
+        },
+    );
+    block_on(async {
+        Api::<NodeMaintenance>::all(env.client.clone())
+            .create(&PostParams::default(), &nm)
+            .await
+            .expect("creating the NodeMaintenance");
+    });
+    let object = format!("NodeMaintenance/{}-json", env.id);
+    let lines = block_on(wait_for(
+        "JSON lines about the node and the maintenance",
+        Duration::from_secs(60),
+        || async {
+            let lines: Vec<serde_json::Value> = agent
+                .log_text()
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| {
+                    serde_json::from_str(l)
+                        .unwrap_or_else(|e| panic!("not one JSON object: {l:?}: {e}"))
+                })
+                .collect();
+            let about_node = lines.iter().any(|l| l["node"] == node.as_str());
+            let about_nm = lines.iter().any(|l| l["object"] == object.as_str());
+            (about_node && about_nm).then_some(lines)
+        },
+    ));
+    for l in &lines {
+        for key in ["time", "level", "target", "message"] {
+            assert!(l[key].is_string(), "{key} missing in {l}");
+        }
+    }
+}

@@ -25,6 +25,9 @@ pub struct Cli {
     /// log at debug level (RUST_LOG overrides)
     #[argh(switch, short = 'v')]
     pub verbose: bool,
+    /// log lines as text (default) or json: one JSON object per line with time, level, target, message, and node and object when the line is about one
+    #[argh(option, default = "crate::logging::Format::Text")]
+    pub log_format: crate::logging::Format,
     #[argh(subcommand)]
     pub command: Command,
 }
@@ -120,6 +123,17 @@ pub(crate) async fn named_node(
 
 /// Run the parsed command line; the `ExitCode` is for commands whose success
 /// has shades (such as `maintain --wait`).
+impl Cli {
+    /// The log format: `run --log-format` (where a service's flags go) or
+    /// the global `--log-format`.
+    pub fn log_format(&self) -> crate::logging::Format {
+        match &self.command {
+            Command::Run(r) => r.log_format.unwrap_or(self.log_format),
+            _ => self.log_format,
+        }
+    }
+}
+
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Version(_) => {

@@ -55,6 +55,9 @@ pub struct RunArgs {
         default = "PathBuf::from(crate::effects::talos::DEFAULT_SOCKET)"
     )]
     pub talos_socket: PathBuf,
+    /// log lines as text or json (one JSON object per line: time, level, target, message, node, object); the same as the global --log-format
+    #[argh(option)]
+    pub log_format: Option<crate::logging::Format>,
     /// talk HTTP/1.1 only to the API server (default: offer HTTP/2 and let the server choose)
     #[argh(switch)]
     pub http1_only: bool,
