@@ -1151,3 +1151,174 @@ fn the_health_gate_holds_the_next_node_until_a_deployment_is_available() {
     assert_eq!(fleet.commands(second), 1);
     assert_eq!(entry(first).map(|e| e.phase), Some(RebootPhase::Done));
 }
+
+/// What a watch of the test's nodes saw, per change: (ms since the test
+/// began, node, the marks it carried).
+#[derive(Clone, Debug)]
+struct Marks {
+    ms: u64,
+    node: String,
+    during: bool,
+    after: bool,
+    waiting_taint: bool,
+    cordoned: bool,
+    ready: bool,
+    boot: String,
+}
+
+/// Pacing and marking on the real control plane, seen by a watch of the
+/// Nodes of its own: the soft taint while a node waits its turn, the
+/// `during` label while it is taken, the `after` label once done, and
+/// `settleSeconds` as the cooldown between one node's return and the next
+/// node's cordon (kured's --lock-release-delay, SUC's postCompleteDelay).
+#[test]
+fn labels_the_soft_taint_and_the_cooldown_are_seen_on_the_nodes() {
+    use kube::runtime::watcher;
+    use smol::stream::StreamExt;
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-marks").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let started = std::time::Instant::now();
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<Marks>>> = Default::default();
+    let stop = nodekeeper::runtime::Latch::default();
+    let watch = {
+        let (client, seen, stop) = (env.client.clone(), seen.clone(), stop.clone());
+        let selector = format!("{}={}", support::GROUP_LABEL, env.id);
+        std::thread::spawn(move || {
+            block_on(async move {
+                let nodes = watcher(
+                    Api::<Node>::all(client),
+                    watcher::Config::default().labels(&selector),
+                );
+                let mut nodes = std::pin::pin!(nodes);
+                let run = async {
+                    while let Some(ev) = nodes.next().await {
+                        let n = match ev {
+                            Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,
+                            _ => continue,
+                        };
+                        let labels = n.metadata.labels.clone().unwrap_or_default();
+                        let spec = n.spec.clone().unwrap_or_default();
+                        seen.lock().unwrap_or_else(|p| p.into_inner()).push(Marks {
+                            ms: started.elapsed().as_millis() as u64,
+                            node: n.metadata.name.clone().unwrap_or_default(),
+                            during: labels.contains_key("nodekeeper.test/rebooting"),
+                            after: labels.get("nodekeeper.test/rebooted").map(String::as_str)
+                                == Some("yes"),
+                            waiting_taint: spec.taints.iter().flatten().any(|t| {
+                                t.key == "nodekeeper.io/waiting" && t.effect == "PreferNoSchedule"
+                            }),
+                            cordoned: spec.unschedulable == Some(true),
+                            ready: n
+                                .status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|c| {
+                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                }),
+                            boot: n
+                                .status
+                                .and_then(|s| s.node_info)
+                                .map(|i| i.boot_id)
+                                .unwrap_or_default(),
+                        });
+                    }
+                };
+                smol::future::or(run, stop.wait()).await;
+            })
+        })
+    };
+    block_on(async {
+        for n in &names {
+            annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
+        }
+    });
+    const SETTLE: u64 = 3;
+    block_on(create_policy(
+        &env,
+        &fleet,
+        json!({
+            "budget": {"maxUnavailable": 1},
+            "gates": {"settleSeconds": SETTLE},
+            "nodeLabels": {"during": {"nodekeeper.test/rebooting": "yes"}, "after": {"nodekeeper.test/rebooted": "yes"}},
+            "preferNoScheduleWhileWaiting": true,
+        }),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    let marks_settled = || {
+        block_on(async {
+            let nodes: Api<Node> = Api::all(env.client.clone());
+            for n in &names {
+                let Ok(node) = nodes.get(n).await else {
+                    return false;
+                };
+                let labels = node.metadata.labels.unwrap_or_default();
+                let tainted = node
+                    .spec
+                    .and_then(|s| s.taints)
+                    .is_some_and(|t| t.iter().any(|t| t.key == "nodekeeper.io/waiting"));
+                if !labels.contains_key("nodekeeper.test/rebooted")
+                    || labels.contains_key("nodekeeper.test/rebooting")
+                    || tainted
+                {
+                    return false;
+                }
+            }
+            settled(&env.client, &names).await
+        })
+    };
+    fleet.serve(&names, Duration::from_secs(120), marks_settled);
+    stop.open();
+    let _ = watch.join();
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let context = format!("{seen:#?}\ncluster role:\n{}", cluster.log_text());
+    let (first, second) = (&names[0], &names[1]);
+    let of = |n: &str| {
+        seen.iter()
+            .filter(|m| m.node == n)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    for n in &names {
+        assert_eq!(fleet.commands(n), 1, "{n}");
+        assert!(
+            of(n).iter().any(|m| m.cordoned && m.during),
+            "{n}: the during label while taken\n{context}"
+        );
+    }
+    // The second node waited its turn tainted while the first was taken.
+    let first_taken = of(first)
+        .iter()
+        .find(|m| m.cordoned)
+        .map(|m| m.ms)
+        .unwrap_or(u64::MAX);
+    // Back: Ready with its new boot ID (what the policy verifies).
+    let first_back = of(first)
+        .iter()
+        .find(|m| m.boot.starts_with("boot-1-") && m.ready)
+        .map(|m| m.ms)
+        .unwrap_or_else(|| panic!("the first node's return was not seen\n{context}"));
+    assert!(
+        of(second)
+            .iter()
+            .any(|m| m.waiting_taint && m.ms >= first_taken && m.ms <= first_back),
+        "the second node carried the soft taint while it waited\n{context}"
+    );
+    // The cooldown: the second node is taken no sooner than settleSeconds
+    // after the first came back.
+    let second_taken = of(second)
+        .iter()
+        .find(|m| m.cordoned)
+        .map(|m| m.ms)
+        .unwrap_or_else(|| panic!("the second node's cordon was not seen\n{context}"));
+    let gap = second_taken.saturating_sub(first_back);
+    println!(
+        "cooldown: the first node back at {first_back} ms, the second cordoned at {second_taken} ms: {gap} ms (settleSeconds {SETTLE})"
+    );
+    assert!(gap >= SETTLE * 1000, "the cooldown was {gap} ms\n{context}");
+    assert!(of(first).iter().any(|m| m.after), "{context}");
+}

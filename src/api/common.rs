@@ -6,6 +6,7 @@
 //! arithmetic is pure code in `decide/` (`budget.rs`, `window.rs`); the
 //! schema's CEL rules refuse what is checkable without other objects.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -233,6 +234,29 @@ pub struct Gates {
     /// matching alert (`prometheus`), for at least `settleSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthGate>,
+}
+
+/// Labels a feature puts on the nodes it works on.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLabels {
+    /// Set when the node is taken (before its drain), removed when it is
+    /// given back (kured's `--pre-reboot-node-labels`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 16))]
+    pub during: BTreeMap<String, String>,
+    /// Set when the node is done with successfully (kured's
+    /// `--post-reboot-node-labels`, SUC's `postCompleteLabels`); in an
+    /// UpgradePlan `{version}` in a value is replaced by the version.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 16))]
+    pub after: BTreeMap<String, String>,
+}
+
+impl NodeLabels {
+    pub fn is_empty(&self) -> bool {
+        self.during.is_empty() && self.after.is_empty()
+    }
 }
 
 /// What must be healthy again before a node that came back gives its slot

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, T
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::common::{Budget, DrainSpec, Gates, Window};
+use super::common::{Budget, DrainSpec, Gates, NodeLabels, Window};
 
 /// nodekeeper's own need marker (set by the node role from the host's
 /// signals, or by `nodekeeper reboot-required NODE`); the value is when the
@@ -120,6 +120,15 @@ pub struct RebootPolicySpec {
     /// How a node is rebooted, and how long it may take to come back.
     #[serde(default)]
     pub reboot: RebootSpec,
+    /// Labels on a node while the policy has it and after its reboot.
+    #[serde(default, skip_serializing_if = "NodeLabels::is_empty")]
+    pub node_labels: NodeLabels,
+    /// While a node needs a reboot and waits its turn, taint it
+    /// `nodekeeper.io/waiting=reboot:PreferNoSchedule` (kured's
+    /// `--prefer-no-schedule-taint`): the scheduler prefers other nodes for
+    /// new pods before this one is drained. Removed when it is taken.
+    #[serde(default)]
+    pub prefer_no_schedule_while_waiting: bool,
 }
 
 /// Signals that mean "this node needs a reboot". Annotations always count:

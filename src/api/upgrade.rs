@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, T
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::common::{Budget, DrainSpec, Gates, Window};
+use super::common::{Budget, DrainSpec, Gates, NodeLabels, Window};
 
 /// The owner label value on NodeMaintenances an UpgradePlan creates.
 pub const OWNER_KIND: &str = "UpgradePlan";
@@ -149,6 +149,15 @@ pub struct UpgradePlanSpec {
     /// Deadlines of the upgrade and verification stages.
     #[serde(default)]
     pub deadlines: Deadlines,
+    /// Labels on a node while the plan has it and after it is at the
+    /// version (`{version}` in a value replaced).
+    #[serde(default, skip_serializing_if = "NodeLabels::is_empty")]
+    pub node_labels: NodeLabels,
+    /// While a node is to be upgraded and waits its turn, taint it
+    /// `nodekeeper.io/waiting=upgrade:PreferNoSchedule`. Removed when it is
+    /// taken.
+    #[serde(default)]
+    pub prefer_no_schedule_while_waiting: bool,
 }
 
 fn pause() -> String {

@@ -246,7 +246,7 @@ pub fn check_selector_at(field: &str, sel: &LabelSelector) -> Result<(), String>
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of
 /// at most 63 characters (alphanumerics, `-`, `_`, `.`, alphanumeric at
 /// both ends).
-fn check_label_key(field: &str, key: &str) -> Result<(), String> {
+pub(crate) fn check_label_key(field: &str, key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -258,7 +258,7 @@ fn check_label_key(field: &str, key: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_label_value(field: &str, key: &str, value: &str) -> Result<(), String> {
+pub(crate) fn check_label_value(field: &str, key: &str, value: &str) -> Result<(), String> {
     if !value.is_empty() && !label_name(value) {
         return Err(format!(
             "{field}: {key}={value:?} is not a valid label value (at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends)"

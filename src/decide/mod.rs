@@ -23,6 +23,7 @@ pub mod foreign;
 pub mod health;
 pub mod jobs;
 pub mod maintenance;
+pub mod marking;
 pub mod mutex;
 pub mod node_conditions;
 pub mod reboot;

@@ -34,7 +34,7 @@ use super::command_check::Check;
 use super::disrupt;
 use super::drain::selector_matches;
 use super::maintenance::annotation;
-use super::{Effect, Plan, Then, window};
+use super::{Effect, Plan, Then, marking, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
 pub use facts::*;
@@ -154,6 +154,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         problems.push(e);
     }
     problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
+    problems.extend(super::marking::check(&p.spec.node_labels));
     let valid = problems.is_empty();
 
     // Admission order: by name, stable across decisions and restarts.
@@ -397,6 +398,31 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
     }
 
+    // The policy's marks on its nodes, from each entry's phase.
+    if valid {
+        for node in &selected {
+            // A node another policy governs carries that policy's marks.
+            if node::governing(node, s.policies).is_some_and(|g| g.name_any() != name) {
+                continue;
+            }
+            let stage = match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
+                None => marking::Stage::Untouched,
+                Some(RebootPhase::Pending | RebootPhase::Waiting) => marking::Stage::Waiting,
+                Some(RebootPhase::Settling | RebootPhase::Done) => marking::Stage::Done,
+                Some(RebootPhase::Failed) => marking::Stage::Failed,
+                Some(_) => marking::Stage::Held,
+            };
+            let labels = marking::labels(node, &p.spec.node_labels, stage, "");
+            let taint = marking::waiting_taint(
+                node,
+                "reboot",
+                p.spec.prefer_no_schedule_while_waiting,
+                stage,
+            );
+            let marks = marking::marks(&d.effects, node, labels, taint);
+            d.effects.extend(marks);
+        }
+    }
     let status = status(
         s,
         old,

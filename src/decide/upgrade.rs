@@ -34,7 +34,7 @@ use super::budget::Member;
 use super::disrupt::{self, boot_id, check_selector, owned_by, ready, unschedulable};
 use super::drain::selector_matches;
 use super::maintenance::annotation;
-use super::{Effect, Plan, Then, window};
+use super::{Effect, Plan, Then, marking, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::upgrade::*;
 pub use hooks::{JobState, Stage, job_name};
@@ -181,6 +181,7 @@ fn problems(p: &UpgradePlan) -> Vec<String> {
         }
     }
     problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
+    problems.extend(marking::check(&p.spec.node_labels));
     problems.extend(hooks::check(p));
     problems
 }
@@ -442,6 +443,31 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
     }
 
+    // The plan's marks on its nodes, from each entry's phase. A failed
+    // node stays in maintenance (for a person): it keeps the labels of
+    // being held.
+    if valid {
+        for &(_, node) in &selected {
+            if governing(node, s.plans).is_some_and(|g| g.name_any() != name) {
+                continue;
+            }
+            let stage = match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
+                None => marking::Stage::Untouched,
+                Some(UpgradePhase::Pending | UpgradePhase::Waiting) => marking::Stage::Waiting,
+                Some(UpgradePhase::Settling | UpgradePhase::Done) => marking::Stage::Done,
+                Some(_) => marking::Stage::Held,
+            };
+            let labels = marking::labels(node, &p.spec.node_labels, stage, &p.spec.version);
+            let taint = marking::waiting_taint(
+                node,
+                "upgrade",
+                p.spec.prefer_no_schedule_while_waiting,
+                stage,
+            );
+            let marks = marking::marks(&d.effects, node, labels, taint);
+            d.effects.extend(marks);
+        }
+    }
     let status = status(s, old, d.entries, &problems, failure_pause, current);
     let mut effects = Vec::new();
     if p.status.as_ref() != Some(&status) {

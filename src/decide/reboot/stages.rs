@@ -322,7 +322,11 @@ impl<'a> Decision<'a> {
         let n = node.name_any();
         let gates = &self.s.policy.spec.gates;
         let before = prev.boot_id_before.as_deref();
-        let until = after(prev.since.0, gates.settle_seconds.max(0) as u64);
+        // `since` is kept to the second (metav1.Time), up to a second
+        // before the return: counting a second more never cuts the
+        // cooldown short of settleSeconds.
+        let settle = gates.settle_seconds.max(0) as u64;
+        let until = after(prev.since.0, if settle > 0 { settle + 1 } else { 0 });
         let waiting = health::unhealthy(gates, node, self.s.health, self.s.alerts);
         if given_back && self.s.now >= until && waiting.is_empty() {
             self.set(

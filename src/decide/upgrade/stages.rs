@@ -283,7 +283,10 @@ impl<'a> Decision<'a> {
         }
         let gates = &self.s.plan.spec.gates;
         let v = version(e, self.s.plan).to_string();
-        let until = after(e.since.0, gates.settle_seconds.max(0) as i64);
+        // `since` is kept to the second (metav1.Time): a second more never
+        // cuts the cooldown short of settleSeconds.
+        let settle = gates.settle_seconds.max(0) as i64;
+        let until = after(e.since.0, if settle > 0 { settle + 1 } else { 0 });
         let waiting = health::unhealthy(gates, node, self.s.health, self.s.alerts);
         let next = |phase, reason, message| Next {
             phase,
