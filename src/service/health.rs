@@ -10,9 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
 use crate::api::common::{HealthGate, Workloads};
 use crate::decide::health::{Health, Workload};
@@ -114,43 +113,24 @@ async fn list(client: &Client, workloads: &[Workloads]) -> Result<Vec<Workload>,
         }
         let lp = ListParams::default().labels(&selector);
         let where_ = ns.map(|n| format!(" in {n}")).unwrap_or_default();
-        let deployments: Api<Deployment> = api(client, ns);
-        for d in deployments
-            .list(&lp)
-            .await
-            .map_err(|e| format!("listing Deployments {selector}{where_}: {e}"))?
-        {
-            out.push(Workload::deployment(&d));
-        }
-        let sets: Api<StatefulSet> = api(client, ns);
-        for s in sets
-            .list(&lp)
-            .await
-            .map_err(|e| format!("listing StatefulSets {selector}{where_}: {e}"))?
-        {
-            out.push(Workload::stateful_set(&s));
-        }
-        let daemons: Api<DaemonSet> = api(client, ns);
-        for d in daemons
-            .list(&lp)
-            .await
-            .map_err(|e| format!("listing DaemonSets {selector}{where_}: {e}"))?
-        {
-            out.push(Workload::daemon_set(&d));
+        // Untyped, as the Job watch: see `Workload::from_json`.
+        for kind in ["Deployment", "StatefulSet", "DaemonSet"] {
+            let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", kind));
+            let api: Api<DynamicObject> = match ns {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+                None => Api::all_with(client.clone(), &resource),
+            };
+            let list = api
+                .list(&lp)
+                .await
+                .map_err(|e| format!("listing {kind}s {selector}{where_}: {e}"))?;
+            for o in list.items {
+                let value = serde_json::to_value(&o).unwrap_or_default();
+                out.push(Workload::from_json(kind, &value));
+            }
         }
     }
     out.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
     out.dedup_by(|a, b| (a.kind, &a.namespace, &a.name) == (b.kind, &b.namespace, &b.name));
     Ok(out)
-}
-
-fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    match ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
 }
