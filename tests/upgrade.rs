@@ -503,3 +503,91 @@ fn a_command_that_does_not_exist_drains_no_node() {
         assert_eq!(runs(&fleet, n), ["v2"], "{n}");
     }
 }
+
+/// Two exclusive plans (SUC's `exclusive`) over different nodes: never a
+/// node of one in maintenance while a node of the other is, though each
+/// plan's budget would take both of its nodes at once. Asserted from the
+/// independent timeline of the nodes' availability.
+#[test]
+fn exclusive_plans_never_upgrade_at_the_same_time() {
+    use kube::api::PostParams;
+    use nodekeeper::api::upgrade::UpgradePlanSpec;
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-excl").await;
+        let names = nodes(&mut env, 4, 0).await;
+        (env, names)
+    });
+    let side = |n: &str| {
+        if names[..2].contains(&n.to_string()) {
+            "a"
+        } else {
+            "b"
+        }
+    };
+    block_on(async {
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        for n in &names {
+            let patch = json!({"metadata": {"labels": {"nodekeeper.test/plan": side(n)}}});
+            nodes
+                .patch(n, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("labelling a node");
+        }
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    let plans: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|s| {
+            let spec: UpgradePlanSpec = serde_json::from_value(json!({
+                "nodeSelector": {"matchLabels": {support::GROUP_LABEL: env.id, "nodekeeper.test/plan": s}},
+                "version": "v2",
+                "versionFrom": {"source": "Label", "key": VERSION_LABEL},
+                "strategy": {"command": command(&fleet)},
+                "budget": {"maxUnavailable": 2},
+                "exclusive": true,
+            }))
+            .expect("a plan spec");
+            let name = format!("{}-{s}", env.id);
+            block_on(async {
+                Api::<UpgradePlan>::all(env.client.clone())
+                    .create(&PostParams::default(), &UpgradePlan::new(&name, spec))
+                    .await
+                    .expect("creating a plan");
+            });
+            name
+        })
+        .collect();
+    serve(&fleet, &timeline, &names, Duration::from_secs(180), || {
+        all_done(&env.client, &plans[0], &names[..2])
+            && all_done(&env.client, &plans[1], &names[2..])
+    });
+    timeline.stop();
+    let events = timeline.events();
+    let mut down: std::collections::BTreeSet<String> = Default::default();
+    let mut together = 0;
+    for e in &events {
+        if let Some(n) = e.strip_prefix("down ") {
+            down.insert(n.to_string());
+        } else if let Some(n) = e.strip_prefix("up ") {
+            down.remove(n);
+        }
+        let sides: std::collections::BTreeSet<&str> = down.iter().map(|n| side(n)).collect();
+        assert!(
+            sides.len() < 2,
+            "nodes of both exclusive plans down at once: {down:?}\ntimeline: {events:#?}\ncluster role:\n{}",
+            cluster.log_text()
+        );
+        together = together.max(down.len());
+    }
+    assert_eq!(
+        together, 2,
+        "each plan took both its nodes at once: {events:#?}"
+    );
+    for n in &names {
+        assert_eq!(runs(&fleet, n).len(), 1, "{n} upgraded once");
+    }
+}

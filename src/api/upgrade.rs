@@ -153,6 +153,12 @@ pub struct UpgradePlanSpec {
     /// version (`{version}` in a value replaced).
     #[serde(default, skip_serializing_if = "NodeLabels::is_empty")]
     pub node_labels: NodeLabels,
+    /// Never run beside another exclusive UpgradePlan (SUC's `exclusive`):
+    /// while one has a node admitted, the others' nodes wait (reason
+    /// `Exclusive`), e.g. an OS plan and a Kubernetes plan on the same
+    /// fleet.
+    #[serde(default)]
+    pub exclusive: bool,
     /// While a node is to be upgraded and waits its turn, taint it
     /// `nodekeeper.io/waiting=upgrade:PreferNoSchedule`. Removed when it is
     /// taken.

@@ -81,6 +81,8 @@ pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
 pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const WAIT_FAILURE: &str = "Failure";
 pub const WAIT_OTHER_PLAN: &str = "OtherPlan";
+/// Another exclusive plan has a node admitted.
+pub const WAIT_EXCLUSIVE: &str = "Exclusive";
 /// The upgrade to this version already ran on the node in this boot,
 /// under another plan, and did not bring it there.
 pub const WAIT_ISSUED: &str = "IssuedThisBoot";
@@ -142,6 +144,32 @@ pub fn orphans(maintenances: &[Arc<NodeMaintenance>], plans: &[Arc<UpgradePlan>]
 
 /// The plan that upgrades `node` when several select it: the oldest (then
 /// by name), as for RebootPolicies.
+/// Another exclusive plan that still has a node, when `plan` is exclusive:
+/// its name. It has one while an entry is admitted or a NodeMaintenance it
+/// owns is there (a `Done` node is given back only once that is gone).
+/// Plans are decided one after the other by one writer, each on the
+/// others' latest status, so two never both admit.
+pub fn exclusive_with(
+    plan: &UpgradePlan,
+    plans: &[Arc<UpgradePlan>],
+    maintenances: &[Arc<NodeMaintenance>],
+) -> Option<String> {
+    if !plan.spec.exclusive {
+        return None;
+    }
+    plans
+        .iter()
+        .filter(|o| o.spec.exclusive && o.name_any() != plan.name_any())
+        .find(|o| {
+            let name = o.name_any();
+            o.status
+                .as_ref()
+                .is_some_and(|s| s.nodes.iter().any(|e| e.phase.admitted()))
+                || maintenances.iter().any(|m| owned_by(m, OWNER_KIND, &name))
+        })
+        .map(|o| o.name_any())
+}
+
 pub fn governing<'a>(node: &Node, plans: &'a [Arc<UpgradePlan>]) -> Option<&'a Arc<UpgradePlan>> {
     plans.iter().filter(|p| selects(p, node)).min_by(|a, b| {
         let key = |p: &UpgradePlan| {
@@ -385,6 +413,11 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 format!(
                     "paused after node {f} failed (onFailure: Pause); change the spec to retry, e.g. pause and unpause the plan"
                 ),
+            ))
+        } else if let Some(other) = exclusive_with(p, s.plans, s.maintenances) {
+            Some((
+                WAIT_EXCLUSIVE,
+                format!("the exclusive UpgradePlan {other} is upgrading a node"),
             ))
         } else if Some(g) != current {
             let waits_for = current.and_then(group_name).unwrap_or_default();

@@ -33,9 +33,8 @@ pub async fn pass(ctx: &Context) -> Option<Duration> {
             continue;
         }
         let subject = Subject::typed(plan.as_ref());
-        let plans = &plans;
         let w = contain(ctx, &subject, |failing| async move {
-            reconcile_plan(ctx, plan, plans, failing.as_deref()).await
+            reconcile_plan(ctx, plan, failing.as_deref()).await
         })
         .await;
         wake = earliest(wake, w);
@@ -51,7 +50,6 @@ pub async fn pass(ctx: &Context) -> Option<Duration> {
 async fn reconcile_plan(
     ctx: &Context,
     plan: &UpgradePlan,
-    plans: &[Arc<UpgradePlan>],
     failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
@@ -88,7 +86,9 @@ async fn reconcile_plan(
             job_errors: &job_errors,
             pods_on: &pods_on,
             now,
-            plans,
+            // Fresh: an exclusive plan decided earlier in this pass may
+            // have admitted a node since `plans` was read.
+            plans: &ctx.plans(),
             failing,
             alerts: alerts.as_ref(),
             health: health.as_ref(),
