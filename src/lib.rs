@@ -79,7 +79,12 @@
 //!   nodes (`facts.rs`), and the node role's half (`node.rs`: mark need,
 //!   issue the reboot once per boot). [`decide::budget`] (every unavailable
 //!   node counts; topology and control-plane limits) and [`decide::window`]
-//!   (IANA zones, wrapping, DST, the next boundary) serve every feature.
+//!   (IANA zones, wrapping, DST, the next boundary) serve every feature,
+//!   as do [`decide::health`] (the health gate's verdict on a node that
+//!   came back: its readiness, the named workloads' rollout state, the
+//!   alert gate) and [`decide::marking`] (labels during and after, the
+//!   soft taint while a node waits; level-triggered, written only where a
+//!   node differs).
 //!   [`decide::upgrade`]: the cluster role's admission and per-node stages
 //!   of an UpgradePlan (`stages.rs`), its hook Jobs (`hooks.rs`) and the
 //!   node role's half (`node.rs`: the upgrade command once per plan,
@@ -150,7 +155,9 @@
 //!   per-object failure memory every pass reports through; its last step,
 //!   [`service::planned`], publishes MaintenancePlanned),
 //!   [`service::alerts`] (Prometheus's answers for alert gates, asked in the
-//!   background so no pass waits on Prometheus), one module per
+//!   background so no pass waits on Prometheus) and [`service::health`]
+//!   (the health gates' workloads, listed untyped in the background only
+//!   while a node of the object holds a slot), one module per
 //!   feature's half in the loop ([`service::reboots`], [`service::upgrades`],
 //!   [`service::mutex`], [`service::replace`]: each the cluster role's pass
 //!   over its objects and, for reboots and upgrades, the node role's own
