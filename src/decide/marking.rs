@@ -132,22 +132,30 @@ pub fn waiting_taint(node: &Node, owner: &str, wanted: bool, stage: Stage) -> Op
     })
 }
 
-/// The marks of one node, unless the plan already writes that node (a
-/// second guarded write in one plan would fail on the first's change):
-/// then the next pass does it.
-pub fn marks(
-    effects: &[Effect],
-    node: &Node,
-    labels_effect: Option<Effect>,
-    taint_effect: Option<Effect>,
-) -> Vec<Effect> {
+/// What one object asks of the nodes it works on.
+pub struct Marks<'a> {
+    pub labels: &'a NodeLabels,
+    /// `preferNoScheduleWhileWaiting`.
+    pub soft_taint: bool,
+    /// The feature, the soft taint's value: `reboot` or `upgrade`.
+    pub feature: &'a str,
+    /// What `{version}` in a label value becomes.
+    pub version: &'a str,
+}
+
+/// The writes `node` needs at `stage`. The taint's is left to the next
+/// pass when the plan already writes that node guarded (a second guarded
+/// write in one plan would fail on the first's change).
+pub fn marks(effects: &[Effect], node: &Node, m: &Marks, stage: Stage) -> Vec<Effect> {
     let n = node.name_any();
     let busy = effects.iter().any(
         |e| matches!(e, Effect::PatchNode { node, resource_version: Some(_), .. } if *node == n),
     );
-    let mut out: Vec<Effect> = labels_effect.into_iter().collect();
+    let mut out: Vec<Effect> = labels(node, m.labels, stage, m.version)
+        .into_iter()
+        .collect();
     if !busy {
-        out.extend(taint_effect);
+        out.extend(waiting_taint(node, m.feature, m.soft_taint, stage));
     }
     out
 }

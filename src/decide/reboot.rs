@@ -399,6 +399,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     }
 
     // The policy's marks on its nodes, from each entry's phase.
+    let wanted = marking::Marks {
+        labels: &p.spec.node_labels,
+        soft_taint: p.spec.prefer_no_schedule_while_waiting,
+        feature: "reboot",
+        version: "",
+    };
     if valid {
         for node in &selected {
             // A node another policy governs carries that policy's marks.
@@ -412,14 +418,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 Some(RebootPhase::Failed) => marking::Stage::Failed,
                 Some(_) => marking::Stage::Held,
             };
-            let labels = marking::labels(node, &p.spec.node_labels, stage, "");
-            let taint = marking::waiting_taint(
-                node,
-                "reboot",
-                p.spec.prefer_no_schedule_while_waiting,
-                stage,
-            );
-            let marks = marking::marks(&d.effects, node, labels, taint);
+            let marks = marking::marks(&d.effects, node, &wanted, stage);
             d.effects.extend(marks);
         }
     }

@@ -479,6 +479,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     // The plan's marks on its nodes, from each entry's phase. A failed
     // node stays in maintenance (for a person): it keeps the labels of
     // being held.
+    let wanted = marking::Marks {
+        labels: &p.spec.node_labels,
+        soft_taint: p.spec.prefer_no_schedule_while_waiting,
+        feature: "upgrade",
+        version: &p.spec.version,
+    };
     if valid {
         for &(_, node) in &selected {
             if governing(node, s.plans).is_some_and(|g| g.name_any() != name) {
@@ -490,14 +496,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 Some(UpgradePhase::Settling | UpgradePhase::Done) => marking::Stage::Done,
                 Some(_) => marking::Stage::Held,
             };
-            let labels = marking::labels(node, &p.spec.node_labels, stage, &p.spec.version);
-            let taint = marking::waiting_taint(
-                node,
-                "upgrade",
-                p.spec.prefer_no_schedule_while_waiting,
-                stage,
-            );
-            let marks = marking::marks(&d.effects, node, labels, taint);
+            let marks = marking::marks(&d.effects, node, &wanted, stage);
             d.effects.extend(marks);
         }
     }

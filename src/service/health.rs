@@ -88,6 +88,20 @@ impl HealthCache {
         (answer, again)
     }
 
+    /// An object's gate, if it has one and a node of it holds a slot (it
+    /// may come back in this pass): the last list and when to look again.
+    /// No list is made for anyone else.
+    pub fn when_holding(
+        &self,
+        client: &Client,
+        gate: Option<&HealthGate>,
+        holding: bool,
+    ) -> (Option<Health>, Option<Duration>) {
+        gate.filter(|_| holding)
+            .map(|g| self.get(client, g))
+            .unzip()
+    }
+
     /// Forget gates no object waits on any more.
     pub fn retain(&self, gates: &[&HealthGate]) {
         let keys: Vec<String> = gates

@@ -59,20 +59,12 @@ async fn reconcile_policy(
     let gate = policy.spec.gates.prometheus.as_ref();
     let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
     let unlisted = ctx.pods.first_unlisted(&policy.spec.gates.blocking_pods);
-    // The health gate's workloads, while a node of the policy holds a slot
-    // (it may come back in this pass).
     let holding = policy
         .status
         .as_ref()
         .is_some_and(|s| s.nodes.iter().any(|e| e.phase.holds_slot()));
-    let (health, again_health) = policy
-        .spec
-        .gates
-        .health
-        .as_ref()
-        .filter(|_| holding)
-        .map(|g| ctx.health.get(&ctx.effects.client, g))
-        .unzip();
+    let gate = policy.spec.gates.health.as_ref();
+    let (health, again_health) = ctx.health.when_holding(&ctx.effects.client, gate, holding);
     let plan = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();

@@ -58,19 +58,12 @@ async fn reconcile_plan(
     let gate = plan.spec.gates.prometheus.as_ref();
     let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
     let unlisted = ctx.pods.first_unlisted(&plan.spec.gates.blocking_pods);
-    // The health gate's workloads, while a node of the plan holds a slot.
     let holding = plan
         .status
         .as_ref()
         .is_some_and(|s| s.nodes.iter().any(|e| e.phase.admitted()));
-    let (health, again_health) = plan
-        .spec
-        .gates
-        .health
-        .as_ref()
-        .filter(|_| holding)
-        .map(|g| ctx.health.get(&ctx.effects.client, g))
-        .unzip();
+    let gate = plan.spec.gates.health.as_ref();
+    let (health, again_health) = ctx.health.when_holding(&ctx.effects.client, gate, holding);
     let again = earliest(again, again_health);
     let plan_fx = {
         let nodes = ctx.all_nodes();
