@@ -70,7 +70,10 @@ impl StandIn {
         };
         let ready = Duration::from_secs(30);
         let started = std::time::Instant::now();
-        while !s.socket.exists() {
+        // Serving, not merely bound: the socket file appears at bind, before
+        // the server starts (a connect then is refused); it prints its line
+        // once started.
+        while !s.log_text().contains("machined stand-in") {
             if let Ok(Some(status)) = s.child.try_wait() {
                 panic!(
                     "the stand-in machined ended ({status}); is grpcio installed (tests/install-prereqs)?\n{}",
