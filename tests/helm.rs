@@ -116,7 +116,20 @@ fn the_chart_lints_and_renders_each_choice() {
             && alone.contains("\"kind\": \"Role\""),
         "{alone}"
     );
-    for out in [&plain, &reboot, &alone] {
+    assert!(
+        !plain.contains("nodekeeper-notify"),
+        "no Secret readable by default"
+    );
+    let notify = template(&[
+        "notifications.defaultSecret=ops-slack",
+        "notifications.secrets={team-hook,ops-slack}",
+    ]);
+    assert!(
+        notify.contains(r#""resourceNames": ["ops-slack","team-hook"]"#)
+            && notify.contains(r#""--notify-default","ops-slack""#),
+        "{notify}"
+    );
+    for out in [&plain, &reboot, &alone, &notify] {
         assert!(!out.contains('@'), "a placeholder left: {out}");
     }
     assert!(!alone.contains("--node-agents"));

@@ -1322,3 +1322,292 @@ fn labels_the_soft_taint_and_the_cooldown_are_seen_on_the_nodes() {
     assert!(gap >= SETTLE * 1000, "the cooldown was {gap} ms\n{context}");
     assert!(of(first).iter().any(|m| m.after), "{context}");
 }
+
+/// What a receiver was sent: the request's path and its JSON body.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>;
+
+/// A webhook receiver on loopback, plain HTTP or HTTPS (a certificate for
+/// `localhost` signed by a CA of its own, whose PEM is returned): it
+/// records every POST and answers 200.
+fn receiver(tls: bool) -> (u16, Received, Option<String>) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a receiver's port");
+    let port = listener.local_addr().expect("its address").port();
+    let got: Received = Default::default();
+    let (config, ca_pem) = if tls {
+        let ca_key = KeyPair::generate().expect("a CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).expect("the CA");
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().expect("a key");
+        let leaf = CertificateParams::new(vec!["localhost".to_string()]).expect("parameters");
+        let cert = leaf.signed_by(&key, &issuer).expect("the certificate");
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .expect("the server's TLS");
+        (Some(std::sync::Arc::new(config)), Some(ca_cert.pem()))
+    } else {
+        (None, None)
+    };
+    let record = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+            let (record, config) = (record.clone(), config.clone());
+            std::thread::spawn(move || {
+                let mut stream: Box<dyn ReadWrite> = match config {
+                    Some(c) => match rustls::ServerConnection::new(c) {
+                        Ok(s) => Box::new(rustls::StreamOwned::new(s, conn)),
+                        Err(_) => return,
+                    },
+                    None => Box::new(conn),
+                };
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                let body_at = loop {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    }
+                    if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&raw[..body_at]).to_string();
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                while raw.len() < body_at + length {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let path = head.split(' ').nth(1).unwrap_or_default().to_string();
+                let body = serde_json::from_slice(&raw[body_at..]).unwrap_or_default();
+                record
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((path, body));
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
+                let _ = stream.flush();
+            });
+        }
+    });
+    (port, got, ca_pem)
+}
+
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
+/// Notifications: a reboot's drain, reboot and return arrive at the
+/// test's HTTPS receiver (checked against the Secret's own CA) with the
+/// template filled, once each; a Slack-format target gets only the event
+/// it asked for; a dead URL and a Secret the cluster role may not read are
+/// reported in the policy's status, as an event and in the metrics. The
+/// cluster role runs as shipped (its ServiceAccount), reading the Secrets
+/// through the Role `manifests --notify-secret` renders.
+#[test]
+fn notifications_arrive_at_the_receivers_and_failures_are_reported() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-notify").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let (https_port, https_got, ca) = receiver(true);
+    let (http_port, slack_got, _) = receiver(false);
+    let dead_port = support::free_port();
+    let secret = |name: &str, data: serde_json::Value| {
+        support::apply(&json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": env.ns}, "stringData": data}));
+    };
+    secret(
+        "hook-https",
+        json!({"url": format!("https://localhost:{https_port}/hook?token=s3cret"), "ca.crt": ca}),
+    );
+    secret(
+        "hook-slack",
+        json!({"url": format!("http://127.0.0.1:{http_port}/services/T0/B0/x")}),
+    );
+    secret(
+        "hook-dead",
+        json!({"url": format!("http://127.0.0.1:{dead_port}/")}),
+    );
+    secret(
+        "hook-unlisted",
+        json!({"url": format!("http://127.0.0.1:{http_port}/never")}),
+    );
+    // The shipped Role for the named Secrets, in the namespace this
+    // cluster role runs in (its leader namespace), bound to the shipped
+    // ServiceAccount.
+    let options = nodekeeper::deploy::Options {
+        namespace: env.ns.clone(),
+        notify_secrets: vec!["hook-https".into(), "hook-slack".into(), "hook-dead".into()],
+        ..Default::default()
+    };
+    for mut doc in nodekeeper::deploy::notify_rbac(&options) {
+        if doc["kind"] == "RoleBinding" {
+            doc["subjects"][0]["namespace"] = json!(support::NODEKEEPER_NAMESPACE);
+        }
+        support::apply(&doc);
+    }
+    let first = names[0].clone();
+    block_on(annotate(
+        &env.client,
+        &first,
+        "nodekeeper.io/reboot-needed",
+        Some("now"),
+    ));
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({
+            "budget": {"maxUnavailable": 1},
+            "notifications": [
+                {"urlFrom": {"name": "hook-https"},
+                 "template": "{event} {node} {kind}/{name}: {phase}"},
+                {"urlFrom": {"name": "hook-slack"}, "format": "Slack", "events": ["NodeReturned"]},
+                {"urlFrom": {"name": "hook-dead"}, "events": ["DrainStarted"]},
+                {"urlFrom": {"name": "hook-unlisted"}, "events": ["DrainStarted"]},
+            ],
+        }),
+    ));
+    let metrics_port = support::free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    // hook-unlisted's read is refused (that is the point): the only refusal.
+    let cluster = cluster_role(&env, &["--metrics-address", &metrics]).expect_refusals();
+    let one = vec![first.clone()];
+    fleet.serve(&one, Duration::from_secs(120), || {
+        block_on(settled(&env.client, &one))
+    });
+    let events = |got: &Received| {
+        got.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(path, body)| (path.clone(), body.clone()))
+            .collect::<Vec<_>>()
+    };
+    let api: Api<RebootPolicy> = Api::all(env.client.clone());
+    // Delivered 4 (three to HTTPS, one to Slack), failed 2 (the dead URL
+    // after its three tries, the unreadable Secret at once).
+    // Bounded wait, then the assertion with everything seen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status = block_on(api.get(&policy))
+            .ok()
+            .and_then(|p| p.status?.notifications)
+            .unwrap_or_default();
+        let done = status.delivered + status.failed >= 6;
+        if done || std::time::Instant::now() > deadline {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let context = format!(
+        "https: {:#?}\nslack: {:#?}\nstatus: {status:#?}\ncluster role:\n{}",
+        events(&https_got),
+        events(&slack_got),
+        cluster.log_text()
+    );
+    assert_eq!((status.delivered, status.failed), (4, 2), "{context}");
+    let texts: Vec<String> = events(&https_got)
+        .iter()
+        .map(|(path, b)| {
+            assert_eq!(path, "/hook?token=s3cret", "{context}");
+            assert_eq!(b["node"], first.as_str(), "{context}");
+            b["text"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        vec![
+            format!("DrainStarted {first} RebootPolicy/{policy}: Draining"),
+            format!("RebootIssued {first} RebootPolicy/{policy}: Rebooting"),
+            format!("NodeReturned {first} RebootPolicy/{policy}: Done"),
+        ],
+        "{context}"
+    );
+    assert_eq!(
+        events(&slack_got),
+        vec![(
+            "/services/T0/B0/x".to_string(),
+            json!({"text": format!("node {first} is back (RebootPolicy {policy})")})
+        )],
+        "{context}"
+    );
+    let failure = status.last_failure.clone().unwrap_or_default();
+    assert!(
+        failure.contains("hook-dead") || failure.contains("hook-unlisted"),
+        "{context}"
+    );
+    assert!(!failure.contains("s3cret"), "{context}");
+    let log = cluster.log_text();
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    assert!(
+        !refused.is_empty() && refused.iter().all(|l| l.contains("hook-unlisted")),
+        "{context}"
+    );
+    assert!(
+        !log.contains("s3cret"),
+        "the URL's token in the log\n{context}"
+    );
+    // The failure reaches `kubectl describe` and the metrics.
+    let told = block_on(wait_for(
+        "a NotificationFailed event on the policy",
+        Duration::from_secs(30),
+        || async {
+            let evs: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
+            let list = evs.list(&Default::default()).await.ok()?;
+            let told: Vec<_> = list
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("NotificationFailed")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(policy.as_str())
+                })
+                .collect();
+            (!told.is_empty()).then_some(told)
+        },
+    ));
+    // Each failure told once, not once per pass (a status time finer than
+    // the API server keeps made every pass see a new failure).
+    assert!(
+        told.len() <= 2 && told.iter().all(|e| e.series.is_none()),
+        "{told:#?}"
+    );
+    let text = support::http_get(metrics_port, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    assert!(
+        text.contains("nodekeeper_notifications_total{result=\"delivered\"} 4")
+            && text.contains("nodekeeper_notifications_total{result=\"failed\"} 2"),
+        "{text}"
+    );
+    // The other node needed nothing: nothing was said of it.
+    assert!(
+        !events(&https_got)
+            .iter()
+            .any(|(_, b)| b["node"] == names[1].as_str()),
+        "{context}"
+    );
+}

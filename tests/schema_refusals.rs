@@ -249,6 +249,32 @@ fn reboot_methods_and_upgrade_strategies_are_refused_with_the_field_named() {
             "{version: v2, strategy: {type: Replace, command: [x]}}",
             Some("strategy.type must be InPlace or Talos"),
         ),
+        // Notifications: formats, events and template placeholders.
+        (
+            "RebootPolicy",
+            "{notifications: [{urlFrom: {name: ops}, format: Slack, events: [Failed, NotReturned], template: '{node}: {text}'}]}",
+            None,
+        ),
+        (
+            "RebootPolicy",
+            "{notifications: [{urlFrom: {name: ops}, format: Discord}]}",
+            Some("notifications[].format must be Webhook, Slack or Teams"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {command: [x]}, notifications: [{urlFrom: {name: ops}, events: [Rebooted]}]}",
+            Some("notifications[].events may name DrainStarted"),
+        ),
+        (
+            "RebootPolicy",
+            "{notifications: [{urlFrom: {name: ops}, template: '{node} {host}'}]}",
+            Some("notifications[].template may name only"),
+        ),
+        (
+            "RebootPolicy",
+            "{notifications: [{urlFrom: {name: 'Ops/x'}}]}",
+            Some("spec.notifications[0].urlFrom.name"),
+        ),
     ];
     let mut failures = Vec::new();
     for (kind, spec, refusal) in cases {

@@ -390,6 +390,95 @@ fn wait() -> String {
     "Wait".into()
 }
 
+/// CEL: a template names only the placeholders [`NOTIFY_PLACEHOLDERS`]
+/// knows (each removed, then no `{word}` may be left).
+pub const TEMPLATE_RULE: &str = "!self.replace('{event}', '').replace('{node}', '').replace('{kind}', '').replace('{name}', '').replace('{phase}', '').replace('{reason}', '').replace('{message}', '').replace('{version}', '').replace('{text}', '').matches('[{][A-Za-z_]+[}]')";
+
+/// What a notification template may name.
+pub const NOTIFY_PLACEHOLDERS: [&str; 9] = [
+    "event", "node", "kind", "name", "phase", "reason", "message", "version", "text",
+];
+
+/// Where to tell people about the nodes a RebootPolicy or UpgradePlan
+/// works on (kured's `--notify-url`), and what.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Notification {
+    /// The Secret, in nodekeeper's own namespace, whose key holds the
+    /// webhook's URL (`http://` or `https://`; it carries a token, so it is
+    /// never written in the object). The cluster role may read only the
+    /// Secrets its manifests name (`manifests --notify-secret NAME`, Helm
+    /// `notifications.secrets`). An optional `ca.crt` key in the same
+    /// Secret is the CA bundle an `https://` URL's certificate is checked
+    /// against instead of the system's.
+    pub url_from: SecretKey,
+    /// The body: `Webhook` (default; JSON with every field of the event),
+    /// `Slack` (a Slack incoming webhook's `{"text": …}`) or `Teams` (a
+    /// Teams workflow webhook's message with one Adaptive Card).
+    #[serde(default = "webhook")]
+    #[x_kube(validation = Rule::new("self in ['Webhook', 'Slack', 'Teams']").message("notifications[].format must be Webhook, Slack or Teams"))]
+    pub format: String,
+    /// Which events are sent (empty: all): `DrainStarted`, `RebootIssued`,
+    /// `UpgradeIssued`, `NodeReturned`, `Failed`, `NotReturned`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 6))]
+    #[x_kube(validation = Rule::new("self.all(e, e in ['DrainStarted', 'RebootIssued', 'UpgradeIssued', 'NodeReturned', 'Failed', 'NotReturned'])").message("notifications[].events may name DrainStarted, RebootIssued, UpgradeIssued, NodeReturned, Failed and NotReturned"))]
+    pub events: Vec<String>,
+    /// The message's text, with `{event}`, `{node}`, `{kind}`, `{name}`
+    /// (the object's), `{phase}`, `{reason}`, `{message}`, `{version}` and
+    /// `{text}` (the default sentence) replaced. Default: `{text}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new(TEMPLATE_RULE).message("notifications[].template may name only {event}, {node}, {kind}, {name}, {phase}, {reason}, {message}, {version} and {text}"))]
+    pub template: Option<String>,
+}
+
+fn webhook() -> String {
+    "Webhook".into()
+}
+
+/// A key of a Secret in nodekeeper's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKey {
+    /// The Secret's name.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// The key (default `url`).
+    #[serde(default = "url_key")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+}
+
+fn url_key() -> String {
+    "url".into()
+}
+
+/// How an object's notifications fared (this cluster role's deliveries).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotificationStatus {
+    /// Notifications delivered (answered 2xx).
+    #[serde(default)]
+    pub delivered: i64,
+    /// Notifications given up on after their retries.
+    #[serde(default)]
+    pub failed: i64,
+    /// Every node entry that entered its phase at or before this time has
+    /// been notified (or given up on): a new leader sends only what is
+    /// later, so nothing is sent twice and a hand-over loses nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub through: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The last failure, one line: which Secret, which event, why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

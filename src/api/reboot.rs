@@ -129,6 +129,12 @@ pub struct RebootPolicySpec {
     /// new pods before this one is drained. Removed when it is taken.
     #[serde(default)]
     pub prefer_no_schedule_while_waiting: bool,
+    /// Who is told when a node's drain starts, its reboot is issued, it is
+    /// back, it failed or did not come back. Absent: the cluster-wide
+    /// default (`run --notify-default SECRET`), if any; empty: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub notifications: Option<Vec<super::common::Notification>>,
 }
 
 /// Signals that mean "this node needs a reboot". Annotations always count:
@@ -350,6 +356,9 @@ pub struct RebootPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::nodemaintenance::conditions_schema")]
     pub conditions: Option<Vec<Condition>>,
+    /// How the notifications fared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<super::common::NotificationStatus>,
 }
 
 impl RebootPolicy {

@@ -164,6 +164,13 @@ pub struct UpgradePlanSpec {
     /// taken.
     #[serde(default)]
     pub prefer_no_schedule_while_waiting: bool,
+    /// Who is told when a node's drain starts, its upgrade is issued, it
+    /// is back, it failed or was not verified in time. Absent: the
+    /// cluster-wide default (`run --notify-default SECRET`), if any; empty:
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub notifications: Option<Vec<super::common::Notification>>,
 }
 
 fn pause() -> String {
@@ -502,6 +509,9 @@ pub struct UpgradePlanStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::nodemaintenance::conditions_schema")]
     pub conditions: Option<Vec<Condition>>,
+    /// How the notifications fared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<super::common::NotificationStatus>,
 }
 
 impl UpgradePlan {

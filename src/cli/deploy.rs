@@ -64,6 +64,12 @@ pub struct ManifestsArgs {
     /// static-pod, systemd, deployment: serve the NodeMaintenance webhook (apply the webhook or webhook-service target too)
     #[argh(switch)]
     pub admission: bool,
+    /// deployment: the Secret whose keys are every RebootPolicy's and UpgradePlan's default notifications (run --notify-default); the cluster role may read it
+    #[argh(option)]
+    pub notify_default: Option<String>,
+    /// deployment: a Secret the objects' notifications name (repeatable); the cluster role may read these and no other
+    #[argh(option)]
+    pub notify_secret: Vec<String>,
 }
 
 impl ManifestsArgs {
@@ -79,6 +85,8 @@ impl ManifestsArgs {
             upgrade: self.upgrade,
             node_agents: self.node_agents,
             admission: self.admission,
+            notify_default: self.notify_default.clone(),
+            notify_secrets: self.notify_secret.clone(),
         }
     }
 }

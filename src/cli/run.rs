@@ -88,6 +88,9 @@ pub struct RunArgs {
     /// with --admission-address: accept reviews only from clients with a certificate signed by this CA (PEM): the API server's webhook client certificate; needed on any address but loopback
     #[argh(option)]
     pub admission_client_ca: Option<PathBuf>,
+    /// with --all-nodes: the Secret (in the leader namespace) whose keys url and, optionally, format, events, template and ca.crt are the notifications of every RebootPolicy and UpgradePlan without its own; see README "Notifications"
+    #[argh(option)]
+    pub notify_default: Option<String>,
 }
 
 /// The validated form of `run`'s flags.
@@ -121,6 +124,8 @@ pub struct RunConfig {
     pub provider: Option<crate::effects::provider::Provider>,
     /// The validating webhook (`--admission-address`), if served.
     pub admission: Option<crate::service::admission::Config>,
+    /// Cluster role: the default notifications' Secret (`--notify-default`).
+    pub notify_default: Option<String>,
 }
 
 impl RunConfig {
@@ -230,6 +235,20 @@ impl RunConfig {
                 identity.clone(),
             )?),
         };
+        match &args.notify_default {
+            Some(_) if !args.all_nodes => {
+                return Err(Error::Invalid(
+                    "--notify-default only applies with --all-nodes (the cluster role notifies)"
+                        .into(),
+                ));
+            }
+            Some(s) if !crate::api::common::is_node_name(s) => {
+                return Err(Error::Invalid(format!(
+                    "--notify-default {s:?} is not a Secret name (lowercase letters, digits, '-' and '.', at most 253)"
+                )));
+            }
+            _ => {}
+        }
         let provider = args
             .provider_command
             .map(|command| crate::effects::provider::Provider {
@@ -237,6 +256,7 @@ impl RunConfig {
                 timeout: std::time::Duration::from_secs(args.provider_timeout),
             });
         Ok(RunConfig {
+            notify_default: args.notify_default,
             admission,
             provider,
             transport: if args.http1_only {

@@ -26,6 +26,7 @@ pub mod maintenance;
 pub mod marking;
 pub mod mutex;
 pub mod node_conditions;
+pub mod notify;
 pub mod reboot;
 pub mod replace;
 pub mod upgrade;

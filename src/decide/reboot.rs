@@ -67,6 +67,9 @@ pub struct Snapshot<'a> {
     /// A blocking-pod gate of this object whose pods are not listed yet
     /// (named): admissions wait, nodes already held go on.
     pub gates_unlisted: Option<&'a str>,
+    /// How this object's notifications fared (the notifier's count), for
+    /// its status; `None`: it has none, the status keeps what it says.
+    pub notified: Option<&'a crate::api::common::NotificationStatus>,
 }
 
 /// Machine-readable reasons of Waiting and NotReturned entries.
@@ -432,6 +435,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         selected.len(),
     );
     let mut effects = Vec::new();
+    // After the status write: a failed write is decided again, event too.
+    let told = super::notify::failure_event(
+        kube::Resource::object_ref(p, &()),
+        old.notifications.as_ref(),
+        status.notifications.as_ref(),
+    );
     if p.status.as_ref() != Some(&status) {
         effects.push(Effect::WritePolicyStatus {
             policy: name.clone(),
@@ -439,6 +448,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             status: Box::new(status),
         });
     }
+    effects.extend(told);
     effects.extend(d.effects);
     let note = (!admitted.is_empty()).then(|| {
         (
@@ -535,6 +545,7 @@ fn status(
         nodes,
         observed_generation: p.metadata.generation,
         conditions: Some(conds),
+        notifications: s.notified.cloned().or_else(|| old.notifications.clone()),
     }
 }
 

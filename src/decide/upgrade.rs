@@ -68,6 +68,9 @@ pub struct Snapshot<'a> {
     /// A blocking-pod gate of this object whose pods are not listed yet
     /// (named): admissions wait, nodes already held go on.
     pub gates_unlisted: Option<&'a str>,
+    /// How this object's notifications fared (the notifier's count), for
+    /// its status; `None`: it has none, the status keeps what it says.
+    pub notified: Option<&'a crate::api::common::NotificationStatus>,
 }
 
 /// Machine-readable reasons of Waiting and Failed entries.
@@ -502,6 +505,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     }
     let status = status(s, old, d.entries, &problems, failure_pause, current);
     let mut effects = Vec::new();
+    // After the status write: a failed write is decided again, event too.
+    let told = super::notify::failure_event(
+        kube::Resource::object_ref(p, &()),
+        old.notifications.as_ref(),
+        status.notifications.as_ref(),
+    );
     if p.status.as_ref() != Some(&status) {
         effects.push(Effect::WriteUpgradeStatus {
             plan: name.clone(),
@@ -509,6 +518,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             status: Box::new(status),
         });
     }
+    effects.extend(told);
     effects.extend(d.effects);
     let note = (!admitted.is_empty()).then(|| {
         (
@@ -627,6 +637,7 @@ fn status(
         nodes,
         observed_generation: p.metadata.generation,
         conditions: Some(conds),
+        notifications: s.notified.cloned().or_else(|| old.notifications.clone()),
     }
 }
 

@@ -165,7 +165,17 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
         }
         docs(&all)
     };
-    let provider = "{{- $provider := list }}\n{{- if .Values.cluster.providerCommand }}{{- $provider = list \"--provider-command\" .Values.cluster.providerCommand }}{{- end }}\n";
+    let provider = "{{- $provider := list }}\n{{- if .Values.cluster.providerCommand }}{{- $provider = list \"--provider-command\" .Values.cluster.providerCommand }}{{- end }}\n\
+                    {{- if .Values.notifications.defaultSecret }}{{- $provider = concat $provider (list \"--notify-default\" .Values.notifications.defaultSecret) }}{{- end }}\n";
+    // The notifications' Role: the names come from the values.
+    let notify = docs(&super::workloads::notify_rbac(&Options {
+        notify_secrets: vec!["@NOTIFY_NAMES@".into()],
+        ..t.clone()
+    }))
+    .replace(
+        "[\n        \"@NOTIFY_NAMES@\"\n      ]",
+        "{{ toJson (compact (concat (list .Values.notifications.defaultSecret) (.Values.notifications.secrets | default list)) | uniq) }}",
+    );
 
     let mut files = vec![
         file(
@@ -221,6 +231,12 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
                 cluster_for(true, false),
                 cluster_for(false, true),
                 cluster_for(false, false)
+            ),
+        ),
+        template(
+            "notifications.yaml",
+            format!(
+                "{{{{- if and .Values.cluster.enabled (or .Values.notifications.defaultSecret .Values.notifications.secrets) }}}}\n{notify}{{{{- end }}}}\n"
             ),
         ),
         template(
@@ -330,6 +346,15 @@ cluster:\n\
 \x20 # More `nodekeeper run` flags, e.g. [--drain-timeout, 10m].\n\
 \x20 extraArgs: []\n\
 \n\
+# Notifications (RebootPolicy/UpgradePlan `notifications`): the cluster role\n\
+# may read only the Secrets named here, in the release's namespace.\n\
+notifications:\n\
+\x20 # Its keys (url; optional format, events, template, ca.crt) notify for\n\
+\x20 # every object without notifications of its own (run --notify-default).\n\
+\x20 defaultSecret: \"\"\n\
+\x20 # Secrets the objects' notifications[].urlFrom name.\n\
+\x20 secrets: []\n\
+\n\
 # The opt-in NodeMaintenance webhook (NMO's refusals at create time), served\n\
 # by the cluster role through a Service; nodekeeper makes its certificates.\n\
 webhook: false\n",
@@ -360,6 +385,9 @@ fn schema() -> Value {
         "logLevel": {"enum": ["error", "warn", "info", "debug", "trace"]},
         "ownNodePolicy": {"type": "boolean"},
         "webhook": {"type": "boolean"},
+        "notifications": {"type": "object", "additionalProperties": false, "properties": {
+          "defaultSecret": {"type": "string", "pattern": "^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"},
+          "secrets": {"type": "array", "items": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}}}},
         "nodeAgents": {"type": "object", "additionalProperties": false, "properties": {
           "enabled": {"type": "boolean"}, "reboot": {"type": "boolean"},
           "upgrade": {"type": "boolean"},

@@ -27,7 +27,7 @@ use rbac::*;
 pub use rbac::{GRANTS, Grant, Identity, admission, rbac};
 pub use webhook::webhook;
 use workloads::*;
-pub use workloads::{daemonset, deployment};
+pub use workloads::{NOTIFY_ROLE, daemonset, deployment, notify_rbac};
 
 use crate::api::nodemaintenance::{
     APPLIED_ANNOTATION, CORDONED_ANNOTATION, EXCLUDE_REMEDIATION_LABEL, LEASE_NAMESPACE,
@@ -80,6 +80,22 @@ pub struct Options {
     /// loopback in the static pod and the systemd unit, through a Service
     /// in the Deployment. Its configuration is the `webhook` target.
     pub admission: bool,
+    /// The cluster role's default notifications (`run --notify-default`).
+    pub notify_default: Option<String>,
+    /// Secrets the objects' notifications name: with the default, the
+    /// only Secrets the cluster role may read (`get`, by name).
+    pub notify_secrets: Vec<String>,
+}
+
+impl Options {
+    /// Every Secret the cluster role may read for notifications.
+    pub fn notify_secret_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.notify_default.iter().cloned().collect();
+        names.extend(self.notify_secrets.iter().cloned());
+        names.sort();
+        names.dedup();
+        names
+    }
 }
 
 impl Default for Options {
@@ -94,6 +110,8 @@ impl Default for Options {
             upgrade: false,
             node_agents: false,
             admission: false,
+            notify_default: None,
+            notify_secrets: Vec::new(),
         }
     }
 }
@@ -102,6 +120,14 @@ impl Options {
     /// Reject values that would produce broken manifests.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: &str, why: &str| Err(Error::Invalid(format!("{what}: {why}")));
+        for name in self.notify_secret_names() {
+            if !crate::api::common::is_node_name(&name) {
+                return bad(
+                    &format!("--notify-secret/--notify-default {name:?}"),
+                    "is not a Secret name (lowercase letters, digits, '-' and '.', at most 253)",
+                );
+            }
+        }
         if self.image.trim().is_empty() || self.image.contains(char::is_whitespace) {
             return bad("--image", "must be an image reference without spaces");
         }

@@ -2,6 +2,7 @@
 //! the output, bad options name their flag.
 
 use super::*;
+use serde_json::json;
 
 #[test]
 fn every_target_renders_with_defaults() {
@@ -12,6 +13,44 @@ fn every_target_renders_with_defaults() {
             "{t}: {files:?}"
         );
     }
+}
+
+/// The notifications' Secrets: the cluster role may `get` those names and
+/// nothing else; none named, no Role at all; the default goes to `run`.
+#[test]
+fn the_cluster_role_reads_only_the_notification_secrets_it_is_given() {
+    let plain = super::workloads::deployment(&Options::default());
+    assert!(plain.iter().all(|d| d["metadata"]["name"] != NOTIFY_ROLE));
+    let o = Options {
+        notify_default: Some("ops-slack".into()),
+        notify_secrets: vec!["team-hook".into(), "ops-slack".into()],
+        ..Options::default()
+    };
+    let docs = super::workloads::deployment(&o);
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == NOTIFY_ROLE)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"],
+                "resourceNames": ["ops-slack", "team-hook"], "verbs": ["get"]}])
+    );
+    assert!(docs.iter().any(|d| d["kind"] == "RoleBinding"
+        && d["metadata"]["name"] == NOTIFY_ROLE
+        && d["subjects"][0]["name"] == CLUSTER_ACCOUNT));
+    let args = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].to_string())
+        .unwrap_or_default();
+    assert!(args.contains(r#""--notify-default","ops-slack""#), "{args}");
+    let bad = Options {
+        notify_secrets: vec!["Not A Name".into()],
+        ..Options::default()
+    };
+    assert!(bad.validate().is_err());
 }
 
 #[test]
@@ -26,6 +65,8 @@ fn options_flow_into_the_manifests() {
         upgrade: false,
         node_agents: false,
         admission: false,
+        notify_default: None,
+        notify_secrets: Vec::new(),
     };
     let text: String = ["k3s", "static-pod", "systemd", "deployment"]
         .iter()

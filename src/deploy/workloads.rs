@@ -164,6 +164,7 @@ pub fn deployment(o: &Options) -> Vec<Value> {
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodekeeper-leader"},
                "subjects": [{"kind": "ServiceAccount", "name": CLUSTER_ACCOUNT, "namespace": o.namespace}]}),
     ]);
+    docs.extend(notify_rbac(o));
     let sel =
         json!({"app.kubernetes.io/name": "nodekeeper", "app.kubernetes.io/component": "cluster"});
     let cluster_args: &[&str] = if o.node_agents {
@@ -172,6 +173,11 @@ pub fn deployment(o: &Options) -> Vec<Value> {
         &["run", "--all-nodes"]
     };
     let mut cluster_container = pod_container(o, PodMode::Deployment, cluster_args, false);
+    if let (Some(secret), Some(args)) =
+        (&o.notify_default, cluster_container["args"].as_array_mut())
+    {
+        args.extend([json!("--notify-default"), json!(secret)]);
+    }
     if o.admission {
         if let Some(args) = cluster_container["args"].as_array_mut() {
             args.extend(super::webhook::service_args(o).into_iter().map(Value::from));
@@ -224,6 +230,29 @@ pub fn deployment(o: &Options) -> Vec<Value> {
     }
     docs
 }
+
+/// The notifications' Secrets: `get` of those names, in nodekeeper's
+/// namespace, for the cluster role alone (no list, no watch: it reads one
+/// when it delivers). Nothing when no Secret is named.
+pub fn notify_rbac(o: &Options) -> Vec<Value> {
+    let names = o.notify_secret_names();
+    if names.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": NOTIFY_ROLE, "namespace": o.namespace, "labels": labels()},
+               "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                          "resourceNames": names, "verbs": ["get"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": NOTIFY_ROLE, "namespace": o.namespace, "labels": labels()},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NOTIFY_ROLE},
+               "subjects": [{"kind": "ServiceAccount", "name": CLUSTER_ACCOUNT, "namespace": o.namespace}]}),
+    ]
+}
+
+/// The Role that lets the cluster role read the notifications' Secrets.
+pub const NOTIFY_ROLE: &str = "nodekeeper-notify";
 
 fn static_args(o: &Options, metrics: &str) -> Vec<String> {
     let mut args: Vec<String> = [

@@ -12,6 +12,7 @@ pub mod host;
 pub mod host_run;
 pub mod leader;
 pub mod lease;
+pub mod notify;
 mod objects;
 pub mod prometheus;
 pub mod provider;

@@ -88,6 +88,9 @@ pub struct Context {
     /// Cluster role: the health gates' workloads, listed while a node
     /// waits on one.
     pub health: super::health::HealthCache,
+    /// Cluster role: the objects' notifications, delivered in the
+    /// background.
+    pub notify: super::notifier::Notifier,
     /// Cluster role: nodes whose `MaintenancePlanned` write was refused,
     /// and until when none is tried again (see `planned.rs`).
     pub planned_refused: Mutex<HashMap<String, Instant>>,
@@ -148,6 +151,7 @@ impl Context {
             anchor,
             alerts: Default::default(),
             health: Default::default(),
+            notify: Default::default(),
             planned_refused: Default::default(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,

@@ -25,6 +25,7 @@ pub mod fresh;
 pub mod health;
 pub mod metrics;
 pub mod mutex;
+pub mod notifier;
 pub mod planned;
 pub mod pod_watches;
 pub mod reboots;
@@ -416,6 +417,12 @@ pub async fn run(
         jobs: ctx.jobs.clone(),
     });
     if cluster_role {
+        ctx.notify.configure(
+            client.clone(),
+            config.leader_namespace.clone(),
+            config.notify_default.clone(),
+            planned_kick.clone(),
+        );
         let versions = replace_stores.as_ref().map(|r| r.stores.versions.clone());
         cluster::start(ctx.clone(), mutex_stores, versions, kicks);
         replace::start_task(

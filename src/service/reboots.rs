@@ -65,6 +65,8 @@ async fn reconcile_policy(
         .is_some_and(|s| s.nodes.iter().any(|e| e.phase.holds_slot()));
     let gate = policy.spec.gates.health.as_ref();
     let (health, again_health) = ctx.health.when_holding(&ctx.effects.client, gate, holding);
+    ctx.notify.observe_policy(policy, None);
+    let notified = ctx.notify.status(policy.uid().as_deref());
     let plan = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -82,6 +84,7 @@ async fn reconcile_policy(
             alerts: alerts.as_ref(),
             health: health.as_ref(),
             gates_unlisted: unlisted.as_deref(),
+            notified: notified.as_ref(),
         })
     };
     let who = format!("RebootPolicy {}", policy.name_any());
@@ -135,6 +138,7 @@ fn observe(ctx: &Context, policy: &RebootPolicy, effect: &Effect, outcome: &Outc
             }
         }
         (Effect::WritePolicyStatus { status, .. }, Outcome::PolicyWritten(_)) => {
+            ctx.notify.observe_policy(policy, Some(status));
             let old = policy.status.clone().unwrap_or_default();
             for e in &status.nodes {
                 let was = old.nodes.iter().find(|o| o.name == e.name);

@@ -65,6 +65,8 @@ async fn reconcile_plan(
     let gate = plan.spec.gates.health.as_ref();
     let (health, again_health) = ctx.health.when_holding(&ctx.effects.client, gate, holding);
     let again = earliest(again, again_health);
+    ctx.notify.observe_plan(plan, None);
+    let notified = ctx.notify.status(plan.uid().as_deref());
     let plan_fx = {
         let nodes = ctx.all_nodes();
         let maintenances = ctx.all_maintenances();
@@ -86,12 +88,18 @@ async fn reconcile_plan(
             alerts: alerts.as_ref(),
             health: health.as_ref(),
             gates_unlisted: unlisted.as_deref(),
+            notified: notified.as_ref(),
         })
     };
     let name = plan.name_any();
     let mut refused = false;
     let who = format!("UpgradePlan {name}");
     let then = executor::execute(ctx, &who, plan_fx, |effect, outcome| {
+        if let (Effect::WriteUpgradeStatus { status, .. }, Outcome::UpgradePlanWritten(_)) =
+            (effect, outcome)
+        {
+            ctx.notify.observe_plan(plan, Some(status));
+        }
         if let (Effect::CreateJob { job }, Outcome::JobRefused(why)) = (effect, outcome) {
             let key = crate::decide::jobs::key_of(
                 job.metadata.namespace.as_deref().unwrap_or_default(),

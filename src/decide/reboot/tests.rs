@@ -173,6 +173,7 @@ impl World {
             alerts: None,
             health: self.health.as_ref(),
             gates_unlisted: None,
+            notified: None,
         })
     }
 }

@@ -160,6 +160,7 @@ impl World {
             alerts: None,
             health: self.health.as_ref(),
             gates_unlisted: None,
+            notified: None,
         })
     }
 
@@ -558,6 +559,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
             alerts: None,
             health: None,
             gates_unlisted: None,
+            notified: None,
         })
     };
     let status_of = |plan: Plan| match &plan.effects[0] {

@@ -296,6 +296,16 @@ pub(super) fn render((nms, policies): &Stores) -> String {
     ] {
         metric(name, "counter", help, &[(String::new(), load(c))]);
     }
+    let n = &NOTIFICATIONS;
+    metric(
+        "nodekeeper_notifications_total",
+        "counter",
+        "Notifications of RebootPolicies and UpgradePlans: delivered, or failed after their retries.",
+        &[
+            ("{result=\"delivered\"}".to_string(), load(&n.delivered)),
+            ("{result=\"failed\"}".to_string(), load(&n.failed)),
+        ],
+    );
     let refused: Vec<(String, u64)> = REFUSAL_REASONS
         .iter()
         .zip(&r.refused)

@@ -98,6 +98,17 @@ pub static REBOOTS: Reboots = Reboots {
     duration_sum_ms: AtomicU64::new(0),
 };
 
+/// Notifications (cluster role), monotonic since start-up.
+pub struct Notifications {
+    pub delivered: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+pub static NOTIFICATIONS: Notifications = Notifications {
+    delivered: AtomicU64::new(0),
+    failed: AtomicU64::new(0),
+};
+
 /// The reasons an admission waits, as the status reports them.
 pub const REFUSAL_REASONS: [&str; 9] = [
     "Budget",

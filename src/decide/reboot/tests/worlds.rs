@@ -477,6 +477,7 @@ impl World {
             alerts: None,
             health: None,
             gates_unlisted: None,
+            notified: None,
         });
         if self.verbose {
             for e in &plan.effects {

@@ -78,6 +78,7 @@ impl World {
             alerts: None,
             health: None,
             gates_unlisted: None,
+            notified: None,
         });
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();
