@@ -247,7 +247,33 @@ fn reboot_methods_and_upgrade_strategies_are_refused_with_the_field_named() {
         (
             "UpgradePlan",
             "{version: v2, strategy: {type: Replace, command: [x]}}",
-            Some("strategy.type must be InPlace or Talos"),
+            Some("strategy.type must be InPlace, Talos or Job"),
+        ),
+        // Type Job (SUC's upgrade container).
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: Job, job: {namespace: system-upgrade, image: 'k3s-upgrade:{version}'}}}",
+            None,
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: Job}}",
+            Some("strategy.job is required for type Job"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: Job, reboot: true, job: {namespace: s, image: i}}}",
+            Some("strategy.reboot is not for type Job"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: Job, command: [x], job: {namespace: s, image: i}}}",
+            Some("strategy.command is for type InPlace"),
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, strategy: {type: Job, job: {namespace: Bad_NS, image: i}}}",
+            Some("strategy.job.namespace must be a lowercase RFC 1123 label"),
         ),
         // Notifications: formats, events and template placeholders.
         (

@@ -591,3 +591,165 @@ fn exclusive_plans_never_upgrade_at_the_same_time() {
         assert_eq!(runs(&fleet, n).len(), 1, "{n} upgraded once");
     }
 }
+
+/// `strategy.type: Job` (system-upgrade-controller's upgrade container):
+/// the cluster role, under its shipped identity, runs one Job per node
+/// after its drain, pinned to the node, privileged, with the host's root
+/// at /host and SUC's environment; the node agents run nothing. kwok
+/// completes the Job's pod (it runs no container); the harness then makes
+/// the node report the version, as an upgrade image replacing the k3s
+/// binary would. From the independent timeline: each Job created while
+/// its node was cordoned, once; the budget held.
+#[test]
+fn a_container_image_upgrade_runs_once_per_node_as_a_pinned_privileged_job() {
+    use k8s_openapi::api::batch::v1::Job;
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-job").await;
+        let names = nodes(&mut env, 2, 0).await;
+        (env, names)
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let watcher = Watcher::start(env.client.clone(), &env.id);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({
+            "budget": {"maxUnavailable": 1},
+            "strategy": {"type": "Job", "command": [], "job": {
+                "namespace": env.ns,
+                "image": "registry.invalid/k3s-upgrade:{version}",
+                "args": ["upgrade", "--node", "{node}"],
+                "env": [{"name": "UPGRADE_CHANNEL", "value": "stable"}],
+            }},
+        }),
+    ));
+    // The Jobs' pods as created (kwok deletes a pod it completed).
+    let pods_seen: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let stop = nodekeeper::runtime::Latch::default();
+    {
+        use kube::runtime::watcher;
+        use smol::stream::StreamExt;
+        let (client, ns, seen, stop) = (
+            env.client.clone(),
+            env.ns.clone(),
+            pods_seen.clone(),
+            stop.clone(),
+        );
+        std::thread::spawn(move || {
+            block_on(async move {
+                let pods = watcher(Api::<Pod>::namespaced(client, &ns), Default::default());
+                let mut pods = std::pin::pin!(pods);
+                let run = async {
+                    while let Some(ev) = pods.next().await {
+                        if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev {
+                            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                            if !seen
+                                .iter()
+                                .any(|s| s["metadata"]["name"] == p.name_any().as_str())
+                            {
+                                seen.push(serde_json::to_value(&p).unwrap_or_default());
+                            }
+                        }
+                    }
+                };
+                smol::future::or(run, stop.wait()).await;
+            })
+        });
+    }
+    // The harness's part of an upgrade image: once a node's Job succeeded,
+    // the node reports the version.
+    let mut served: Vec<String> = Vec::new();
+    let started = std::time::Instant::now();
+    while !all_done(&env.client, &plan, &names) {
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "the upgrades did not finish\ntimeline: {:#?}\ncluster role:\n{}",
+            timeline.events(),
+            cluster.log_text()
+        );
+        for job in block_on(jobs(&env.client, &plan)) {
+            let node = job
+                .labels()
+                .get(nodekeeper::api::upgrade::NODE_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            let succeeded = job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0);
+            if succeeded > 0 && !served.contains(&node) {
+                timeline.push(format!("served {node}"));
+                block_on(report_version(&env.client, &node, "v2"));
+                served.push(node);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    timeline.stop();
+    stop.open();
+    let pods_seen = pods_seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let history = watcher.finish();
+    let events = timeline.events();
+    let context = format!(
+        "timeline: {events:#?}\ncluster role:\n{}",
+        cluster.log_text()
+    );
+    let peak = history.iter().map(|h| h.0).max().unwrap_or(0);
+    assert!(peak <= 1, "over budget: {history:?}\n{context}");
+    let all_jobs: Vec<Job> = block_on(jobs(&env.client, &plan));
+    for n in &names {
+        // One Job, created while the node was drained (down), never a
+        // command by the agent.
+        let created = timeline.count(&format!("job upgrade {n} "));
+        assert_eq!(created, 1, "{n}: {created} upgrade Jobs\n{context}");
+        let per_node = all_jobs
+            .iter()
+            .filter(|j| j.labels().get(nodekeeper::api::upgrade::NODE_LABEL) == Some(n))
+            .count();
+        assert_eq!(per_node, 1, "{n}\n{context}");
+        let down = timeline.first(&format!("down {n}"));
+        let job = timeline.first(&format!("job upgrade {n} "));
+        assert!(
+            down.is_some() && down < job,
+            "{n}: Job before the drain\n{context}"
+        );
+        assert!(runs(&fleet, n).is_empty(), "{n}: the agent ran a command");
+    }
+    // The pod: pinned, privileged, the host's root and namespaces, SUC's
+    // and our environment, the placeholders filled.
+    assert_eq!(pods_seen.len(), 2, "{context}");
+    for pod in &pods_seen {
+        let spec = &pod["spec"];
+        let node = spec["nodeName"].as_str().unwrap_or_default();
+        assert!(names.iter().any(|n| n == node), "{pod:#}");
+        assert_eq!(spec["hostPID"], true, "{pod:#}");
+        assert_eq!(spec["hostNetwork"], true, "{pod:#}");
+        let c = &spec["containers"][0];
+        assert_eq!(c["image"], "registry.invalid/k3s-upgrade:v2", "{pod:#}");
+        assert_eq!(c["args"], json!(["upgrade", "--node", node]), "{pod:#}");
+        assert_eq!(c["securityContext"]["privileged"], true, "{pod:#}");
+        assert!(
+            spec["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v["hostPath"]["path"] == "/"),
+            "{pod:#}"
+        );
+        let env_of = |k: &str| {
+            c["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == k)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(env_of("SYSTEM_UPGRADE_NODE_NAME"), Some(json!(node)));
+        assert_eq!(
+            env_of("SYSTEM_UPGRADE_PLAN_LATEST_VERSION"),
+            Some(json!("v2"))
+        );
+        assert_eq!(env_of("UPGRADE_CHANNEL"), Some(json!("stable")));
+    }
+}

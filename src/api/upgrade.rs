@@ -223,14 +223,21 @@ fn kubelet_version() -> String {
 #[x_kube(validation = Rule::new("self.type != 'InPlace' || size(self.command) > 0").message("strategy.command needs at least the program").field_path(".command"))]
 #[x_kube(validation = Rule::new("self.type != 'Talos' || has(self.image)").message("strategy.image is required for type Talos").field_path(".image"))]
 #[x_kube(validation = Rule::new("self.type == 'Talos' || !has(self.image)").message("strategy.image is for type Talos only").field_path(".image"))]
+#[x_kube(validation = Rule::new("(self.type == 'Job') == has(self.job)").message("strategy.job is required for type Job, and only for it").field_path(".job"))]
+#[x_kube(validation = Rule::new("self.type != 'Job' || !has(self.command) || size(self.command) == 0").message("strategy.command is for type InPlace; a Job's command is strategy.job.command").field_path(".command"))]
+#[x_kube(validation = Rule::new("self.type != 'Job' || !self.reboot").message("strategy.reboot is not for type Job: an upgrade image that must reboot the node does so itself, and the new version is what is verified").field_path(".reboot"))]
 pub struct Strategy {
     /// `InPlace`: the node agent runs `command` on the host. `Talos`: the
     /// node agent asks machined (Talos's machine API, on the socket the
     /// Talos extension mounts) to install `image`
     /// (`LifecycleService/Upgrade`, or the staged `MachineService/Upgrade`
     /// on Talos before 1.13), then reboots it through the API.
+    /// `Job`: the cluster role runs `job`'s image as a Job pinned to the
+    /// drained node, privileged, with the host's root at `/host` and the
+    /// host's PID, network and IPC namespaces (system-upgrade-controller's
+    /// `upgrade` container), once per node and version.
     #[serde(rename = "type", default = "in_place")]
-    #[x_kube(validation = Rule::new("self in ['InPlace', 'Talos']").message("strategy.type must be InPlace or Talos (Replace is not available yet)"))]
+    #[x_kube(validation = Rule::new("self in ['InPlace', 'Talos', 'Job']").message("strategy.type must be InPlace, Talos or Job (Replace is not available yet)"))]
     pub type_: String,
     /// The upgrade command (argv, no shell), run on the drained node's
     /// host by its node agent, at most once per version and boot. `{version}`
@@ -244,6 +251,9 @@ pub struct Strategy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
+    /// Type `Job`: the upgrade container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<UpgradeJob>,
     /// Reboot after a successful command (verified by a new boot ID).
     /// Type `Talos` always reboots.
     #[serde(default)]
@@ -261,6 +271,78 @@ impl Strategy {
     pub fn reboots(&self) -> bool {
         self.reboot || self.type_ == "Talos"
     }
+
+    /// The upgrade runs as a Job (type `Job`), not by the node agent.
+    pub fn job(&self) -> Option<&UpgradeJob> {
+        self.job.as_ref().filter(|_| self.type_ == "Job")
+    }
+}
+
+/// The upgrade container of type `Job` (SUC's `upgrade`): how k3s and RKE2
+/// nodes are upgraded, by an image that replaces the binaries on the host.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeJob {
+    /// Namespace the Job runs in; its Pod Security level must admit
+    /// privileged pods. It becomes part of a request's path.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("strategy.job.namespace must be a lowercase RFC 1123 label (a-z, 0-9 and '-')"))]
+    pub namespace: String,
+    /// The image, `{version}` replaced (e.g. `rancher/k3s-upgrade:{version}`
+    /// with `+` in the version as SUC writes it, `-`).
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// The container's command (default: the image's entrypoint);
+    /// `{version}` and `{node}` replaced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub command: Vec<String>,
+    /// Its arguments, `{version}` and `{node}` replaced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub args: Vec<String>,
+    /// More environment; `NODE_NAME`, `NODEKEEPER_PLAN`,
+    /// `NODEKEEPER_VERSION` and SUC's `SYSTEM_UPGRADE_NODE_NAME`,
+    /// `SYSTEM_UPGRADE_PLAN_NAME`, `SYSTEM_UPGRADE_PLAN_LATEST_VERSION` are
+    /// always set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub env: Vec<JobEnv>,
+    /// Secrets of the Job's namespace mounted read-only (SUC's `secrets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub secrets: Vec<JobSecret>,
+    /// The ServiceAccount the pod runs as (default: the namespace's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+}
+
+/// One environment variable of the upgrade container.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobEnv {
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    )]
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+/// A Secret mounted into the upgrade container.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSecret {
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// Where it is mounted (absolute).
+    #[schemars(length(min = 2, max = 512), regex(pattern = r"^/"))]
+    pub path: String,
 }
 
 fn in_place() -> String {

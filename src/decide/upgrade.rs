@@ -21,6 +21,7 @@
 mod hooks;
 pub mod node;
 mod stages;
+pub mod upgrade_job;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -214,6 +215,7 @@ fn problems(p: &UpgradePlan) -> Vec<String> {
     problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
     problems.extend(marking::check(&p.spec.node_labels));
     problems.extend(hooks::check(p));
+    problems.extend(upgrade_job::check(p));
     problems
 }
 
@@ -539,6 +541,10 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
 /// it in maintenance). A command that cannot run is reported on the node
 /// and the plan once, when it is found.
 fn agent_check(d: &mut Decision, node: &Node, p: &UpgradePlan) -> Option<(&'static str, String)> {
+    // Type Job: the cluster role runs the upgrade; the agent runs nothing.
+    if p.spec.strategy.job().is_some() {
+        return None;
+    }
     let n = node.name_any();
     match node::check_of(node, p) {
         node::Check::Runnable => None,

@@ -163,7 +163,7 @@ pub const GRANTS: [Grant; 27] = [
         group: "batch",
         resource: "jobs",
         verbs: &["create", "list", "watch"],
-        why: "run hook Jobs (labelled and owned by their plan) and watch them by that label; none is ever deleted",
+        why: "run hook Jobs and type Job upgrade Jobs (labelled and owned by their plan) and watch them by that label; none is ever deleted",
     },
     Grant {
         feature: MUTEX,

@@ -50,6 +50,10 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         else {
             continue;
         };
+        // Type Job: the cluster role's Job upgrades the node, not its agent.
+        if plan.spec.strategy.job().is_some() {
+            continue;
+        }
         // Only what the plan recorded: this node upgrading, admitted in
         // this boot (after a reboot the boot differs and nothing runs).
         let Some(e) = plan.entry(&n).filter(|e| {
@@ -154,7 +158,7 @@ pub fn check_of(node: &Node, plan: &UpgradePlan) -> Check {
 pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<HostAction>)> {
     let plan = super::governing(node, plans)?;
     let spec = &plan.spec;
-    if at_version(node, &spec.version_from, &spec.version) {
+    if at_version(node, &spec.version_from, &spec.version) || spec.strategy.job().is_some() {
         return None;
     }
     if check_of(node, plan) == Check::Runnable {

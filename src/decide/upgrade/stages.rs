@@ -11,6 +11,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Resource, ResourceExt};
 
 use super::hooks::{self, Attempt, JobState, Stage};
+use super::upgrade_job;
 use super::*;
 use crate::api::nodemaintenance::Phase;
 use crate::decide::disrupt::{node_ref, owner_ref, take};
@@ -474,17 +475,27 @@ impl<'a> Decision<'a> {
         }
         match m.phase() {
             Some(Phase::Succeeded) => {
-                let message = upgrading_message(node, e, self.s.plan);
+                let p = self.s.plan;
+                let message = upgrading_message(node, e, p);
+                // Type Job: the Job is recorded before it is created (the
+                // status write comes first in the plan).
+                let a = attempt(e);
+                let job = upgrade_job::key(p, &a);
                 self.step(
                     e,
                     Next {
                         phase: UpgradePhase::Upgrading,
                         hook: None,
-                        job: None,
+                        job: job.clone(),
                         reason: None,
                         message,
                     },
                 );
+                if job.is_some()
+                    && let Some(j) = upgrade_job::job_for(p, &a)
+                {
+                    self.effects.push(Effect::CreateJob { job: Box::new(j) });
+                }
                 self.upgrade_deadline(e);
             }
             Some(Phase::Failed) => {
@@ -568,6 +579,19 @@ impl<'a> Decision<'a> {
                 format!("the upgrade command failed: {why}; the node stays in maintenance"),
             );
         }
+        if let Some(key) = upgrade_job::key(p, &attempt(e)) {
+            match self.upgrade_job(e, &key) {
+                Some(JobState::Failed(why)) => {
+                    let msg = format!(
+                        "the upgrade Job {key} failed: {why}; the node stays in maintenance"
+                    );
+                    return self.fail(e, FAILED_COMMAND, msg);
+                }
+                // Complete (the version is awaited below) or running.
+                Some(_) => {}
+                None => return,
+            }
+        }
         if !rebooted && let Some(why) = failure_in(node, before) {
             let msg = format!(
                 "the reboot after the upgrade failed: {why}; the node stays in maintenance"
@@ -594,6 +618,28 @@ impl<'a> Decision<'a> {
             },
         );
         self.upgrade_deadline(e);
+    }
+
+    /// The upgrade Job's state. `None`: recorded and not in the store yet
+    /// (created again under its name: a 409 if it exists, never a second
+    /// run); the entry is kept and the caller waits.
+    fn upgrade_job(&mut self, e: &NodeUpgrade, key: &str) -> Option<JobState> {
+        if let Some(state) = self.s.jobs.get(key) {
+            return Some(state.clone());
+        }
+        if let Some(err) = self.s.job_errors.get(key) {
+            return Some(JobState::Failed(format!("could not be created: {err}")));
+        }
+        if self.s.now >= after(e.since.0, upgrade_job::TTL_SECONDS) {
+            let why = "the Job disappeared before its result was seen";
+            return Some(JobState::Failed(why.into()));
+        }
+        if let Some(job) = upgrade_job::job_for(self.s.plan, &attempt(e)) {
+            self.effects.push(Effect::CreateJob { job: Box::new(job) });
+        }
+        self.entries.insert(e.name.clone(), e.clone());
+        self.upgrade_deadline(e);
+        None
     }
 
     fn upgrade_deadline(&mut self, e: &NodeUpgrade) {
@@ -633,6 +679,11 @@ fn upgrading_message(node: &Node, e: &NodeUpgrade, p: &UpgradePlan) -> String {
     let before = e.boot_id_before.as_deref().unwrap_or_default();
     let issued =
         annotation(node, ISSUED_ANNOTATION) == Some(token(&p.name_any(), v, before).as_str());
+    if let Some(key) = upgrade_job::key(p, &attempt(e)) {
+        return format!(
+            "drained; the upgrade Job {key} upgrades it to {v}; waiting for the node to report it"
+        );
+    }
     let how = if p.spec.strategy.type_ == "Talos" {
         match talos_release(node) {
             Some(r) if r < (1, 13) => "Talos's MachineService/Upgrade",

@@ -529,3 +529,83 @@ fn a_talos_plan_upgrades_and_reboots_through_the_api_by_the_nodes_release() {
         assert_eq!(w.phase("a"), UpgradePhase::Upgrading, "{os}");
     }
 }
+
+/// Type Job: the Job is recorded, then created once after the drain; the
+/// agent runs nothing and is asked to check nothing; a lost Job is created
+/// again under its name; a failed one fails the node in maintenance; a
+/// completed one waits for the version, then the node is verified.
+#[test]
+fn a_job_upgrade_runs_after_the_drain_and_its_result_decides() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    p.spec.strategy = serde_json::from_value(json!({"type": "Job", "job": {
+        "namespace": "system-upgrade", "image": "upgrader:{version}"}}))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let fresh = || {
+        let mut w = World::new(p.clone(), vec![node("a", "v1", false)]);
+        // No check annotation: type Job needs none from the agent.
+        w.nodes = vec![Arc::new(node("a", "v1", false))];
+        w
+    };
+    let mut w = fresh();
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Draining);
+    assert!(w.created.is_empty(), "no Job before the drain");
+    w.drained("a");
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(e.phase, UpgradePhase::Upgrading);
+    let key = e.job.clone().unwrap_or_default();
+    assert!(key.starts_with("system-upgrade/os-upgrade-"), "{key}");
+    assert_eq!(w.created.len(), 1);
+    assert!(w.agent("a").is_empty(), "the agent runs nothing");
+    assert!(node::to_check(&w.node("a"), &[Arc::new(w.plan.clone())]).is_none());
+    // Lost from the store: created again under the same name.
+    w.jobs.clear();
+    let fx = w.step();
+    let again: Vec<_> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CreateJob { job } => job.metadata.name.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(again.len(), 1);
+    assert!(key.ends_with(&again[0]));
+    // Complete: the version is awaited, then verified.
+    w.finish_job("a", true);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Upgrading);
+    w.edit_node("a", |n| {
+        n.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(VERSION_LABEL.into(), "v2".into());
+    });
+    w.step();
+    assert!(matches!(
+        w.phase("a"),
+        UpgradePhase::Verifying | UpgradePhase::Done | UpgradePhase::Settling
+    ));
+    // The World counts the create after the store lost it; both under one
+    // name (a 409 on the API server, never a second run).
+    let names: std::collections::BTreeSet<_> =
+        w.created.iter().map(|j| j.metadata.name.clone()).collect();
+    assert_eq!(names.len(), 1, "one Job per node and version");
+
+    // Failed: the node fails and stays in maintenance.
+    let mut w = fresh();
+    w.step();
+    w.drained("a");
+    w.step();
+    w.finish_job("a", false);
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Failed, Some(FAILED_COMMAND))
+    );
+    assert!(e.message.unwrap_or_default().contains("backoff limit"));
+    assert_eq!(w.nms.len(), 1);
+}
