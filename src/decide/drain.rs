@@ -135,6 +135,17 @@ pub fn fate(pod: &Pod) -> Fate {
     if controller.is_some_and(|c| c.kind == "DaemonSet") {
         return Fate::Skip("DaemonSet-managed (ignored, as --ignore-daemonsets)");
     }
+    // The upgrade Job of an UpgradePlan (`strategy.type: Job`) runs on the
+    // node its maintenance drained: evicting it would fail the upgrade.
+    if controller.is_some_and(|c| c.kind == "Job")
+        && meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::api::upgrade::STAGE_LABEL))
+            .is_some_and(|v| v == crate::decide::upgrade::upgrade_job::STAGE)
+    {
+        return Fate::Skip("an UpgradePlan's upgrade Job for this node");
+    }
     if meta.deletion_timestamp.is_some() {
         return Fate::Terminating;
     }
@@ -289,6 +300,25 @@ mod tests {
     #[test]
     fn daemonset_pods_are_skipped() {
         assert!(matches!(fate(&pod(Some("DaemonSet"))), Fate::Skip(_)));
+    }
+
+    /// An upgrade Job's pod runs on the node its maintenance drained; a
+    /// label alone (on a pod no Job controls) does not spare a pod.
+    #[test]
+    fn an_upgrade_jobs_pod_stays_and_the_label_alone_spares_nothing() {
+        let label = |p: &mut Pod| {
+            p.metadata.labels.get_or_insert_default().insert(
+                crate::api::upgrade::STAGE_LABEL.into(),
+                crate::decide::upgrade::upgrade_job::STAGE.into(),
+            );
+        };
+        let mut upgrade = pod(Some("Job"));
+        label(&mut upgrade);
+        assert!(matches!(fate(&upgrade), Fate::Skip(_)));
+        let mut bare = pod(None);
+        label(&mut bare);
+        assert_eq!(fate(&bare), Fate::Evict);
+        assert_eq!(fate(&pod(Some("Job"))), Fate::Evict);
     }
 
     #[test]

@@ -154,7 +154,9 @@ pub fn job_for(plan: &UpgradePlan, a: &Attempt) -> Option<DynamicObject> {
             "backoffLimit": 0,
             "activeDeadlineSeconds": plan.spec.deadlines.upgrade_seconds,
             "ttlSecondsAfterFinished": TTL_SECONDS,
-            "template": {"metadata": {"labels": {PLAN_LABEL: plan_name, NODE_LABEL: a.node}}, "spec": pod},
+            // The stage label keeps the pod out of the node's drain
+            // (`drain::fate`): it runs on the node its maintenance holds.
+            "template": {"metadata": {"labels": {PLAN_LABEL: plan_name, NODE_LABEL: a.node, STAGE_LABEL: STAGE}}, "spec": pod},
         }}),
     })
 }
