@@ -183,6 +183,11 @@ impl Fleet {
         };
         let root = self.host_root(node).display().to_string();
         let talos = self.talos_socket(node).display().to_string();
+        // The host's command records outlive its agent, as /run does on a
+        // host: an agent restarted mid-command attaches to the run its
+        // predecessor started instead of starting another (per start, a
+        // restart that won the race against the result ran it again).
+        let records = self.file(&format!("{node}.records")).display().to_string();
         let mut args = vec![
             "run",
             "--node",
@@ -191,6 +196,8 @@ impl Fleet {
             &root,
             "--talos-socket",
             &talos,
+            "--command-records",
+            &records,
         ];
         let kubeconfig = if self.node_identity.load(std::sync::atomic::Ordering::SeqCst) {
             let mut cached = self.kubeconfigs.lock().unwrap();

@@ -354,14 +354,35 @@ impl Drop for TestEnv {
                 // A client of its own: the test's may be tied to a
                 // connection whose driver is gone by now.
                 let client = client().await;
-                // Feature objects are cluster-scoped: named after the test.
+                // Feature objects are cluster-scoped: named after the test
+                // (`ID`, or `ID-…` where a test has several; an exclusive
+                // plan left behind would hold every later test's).
                 let dp = DeleteParams::background();
-                let _ = Api::<nodekeeper::api::reboot::RebootPolicy>::all(client.clone())
-                    .delete(&id, &dp)
-                    .await;
-                let _ = Api::<nodekeeper::api::upgrade::UpgradePlan>::all(client.clone())
-                    .delete(&id, &dp)
-                    .await;
+                let ours = |name: &str| name == id || name.starts_with(&format!("{id}-"));
+                let policies = Api::<nodekeeper::api::reboot::RebootPolicy>::all(client.clone());
+                for p in policies
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                {
+                    let name = p.metadata.name.unwrap_or_default();
+                    if ours(&name) {
+                        let _ = policies.delete(&name, &dp).await;
+                    }
+                }
+                let plans = Api::<nodekeeper::api::upgrade::UpgradePlan>::all(client.clone());
+                for p in plans
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                {
+                    let name = p.metadata.name.unwrap_or_default();
+                    if ours(&name) {
+                        let _ = plans.delete(&name, &dp).await;
+                    }
+                }
                 for ns in namespaces {
                     let _ = Api::<Namespace>::all(client.clone())
                         .delete(&ns, &DeleteParams::background())
