@@ -249,6 +249,27 @@ fn reboot_methods_and_upgrade_strategies_are_refused_with_the_field_named() {
             "{version: v2, strategy: {type: Replace, command: [x]}}",
             Some("strategy.type must be InPlace, Talos or Job"),
         ),
+        // A fixed version or a channel, exactly one.
+        (
+            "UpgradePlan",
+            "{channel: 'https://update.example/v1-release/channels/stable', strategy: {command: [x]}}",
+            None,
+        ),
+        (
+            "UpgradePlan",
+            "{version: v2, channel: 'https://update.example/c', strategy: {command: [x]}}",
+            Some("exactly one of version and channel"),
+        ),
+        (
+            "UpgradePlan",
+            "{strategy: {command: [x]}}",
+            Some("exactly one of version and channel"),
+        ),
+        (
+            "UpgradePlan",
+            "{channel: 'ftp://update.example/c', strategy: {command: [x]}}",
+            Some("channel must be an http:// or https:// URL"),
+        ),
         // Type Job (SUC's upgrade container).
         (
             "UpgradePlan",

@@ -698,6 +698,16 @@ fn a_container_image_upgrade_runs_once_per_node_as_a_pinned_privileged_job() {
     let peak = history.iter().map(|h| h.0).max().unwrap_or(0);
     assert!(peak <= 1, "over budget: {history:?}\n{context}");
     let all_jobs: Vec<Job> = block_on(jobs(&env.client, &plan));
+    // Never evicted by the node's own maintenance (the node is drained and
+    // its pods are the drain's to move, but not this one).
+    for j in &all_jobs {
+        let st = j.status.clone().unwrap_or_default();
+        assert!(
+            st.succeeded == Some(1) && st.failed.unwrap_or(0) == 0,
+            "{}: {st:?}\n{context}",
+            j.name_any()
+        );
+    }
     for n in &names {
         // One Job, created while the node was drained (down), never a
         // command by the agent.
@@ -752,4 +762,94 @@ fn a_container_image_upgrade_runs_once_per_node_as_a_pinned_privileged_job() {
         );
         assert_eq!(env_of("UPGRADE_CHANNEL"), Some(json!("stable")));
     }
+}
+
+/// `channel`: a release server the test runs answers `302` with the
+/// version in its `Location`, as system-upgrade-controller's channels do.
+/// The plan's status shows the version it named, the node is upgraded to
+/// it (the command's own record says so); when the server names a newer
+/// one, the node is upgraded again, to that.
+#[test]
+fn a_channels_redirect_changes_the_version_the_plan_upgrades_to() {
+    use std::io::{Read, Write};
+    install_crds();
+    install_agent_identity();
+    let served = Arc::new(std::sync::Mutex::new("v2".to_string()));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    {
+        let served = served.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = [0u8; 2048];
+                let _ = conn.read(&mut buf);
+                let v = served.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 302 Found\r\nLocation: https://releases.example/os/releases/tag/{v}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            }
+        });
+    }
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-channel").await;
+        let names = nodes(&mut env, 1, 0).await;
+        (env, names)
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let cluster = cluster_role(&env, &["--node-agents", "--channel-interval", "1"]);
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({"version": "", "channel": format!("http://127.0.0.1:{port}/channels/stable")}),
+    ));
+    let node = names[0].clone();
+    let at = |v: &'static str| {
+        let (client, plan, node) = (env.client.clone(), plan.clone(), node.clone());
+        move || {
+            block_on(async {
+                let p = Api::<UpgradePlan>::all(client.clone())
+                    .get(&plan)
+                    .await
+                    .ok()?;
+                let e = p.entry(&node)?;
+                (e.phase == UpgradePhase::Done && e.version.as_deref() == Some(v)).then_some(())
+            })
+            .is_some()
+        }
+    };
+    serve(
+        &fleet,
+        &timeline,
+        &names,
+        Duration::from_secs(120),
+        at("v2"),
+    );
+    let p = block_on(support::upgrades::plan(&env.client, &plan));
+    let channel = p.status.and_then(|s| s.channel).unwrap_or_default();
+    assert_eq!(channel.version.as_deref(), Some("v2"), "{channel:?}");
+    assert!(
+        channel.resolved.is_some() && channel.error.is_none(),
+        "{channel:?}"
+    );
+    // The server names a newer version: rolled out like an edit of
+    // `version`, without one.
+    *served.lock().unwrap_or_else(|e| e.into_inner()) = "v3".into();
+    serve(
+        &fleet,
+        &timeline,
+        &names,
+        Duration::from_secs(120),
+        at("v3"),
+    );
+    timeline.stop();
+    assert_eq!(
+        runs(&fleet, &node),
+        vec!["v2".to_string(), "v3".to_string()],
+        "cluster role:\n{}",
+        cluster.log_text()
+    );
 }

@@ -101,6 +101,7 @@ pub const ENV_VERSION: &str = "NODEKEEPER_VERSION";
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.version) != has(self.channel)").message("exactly one of version and channel: a fixed version, or a channel whose answer names it"))]
 pub struct UpgradePlanSpec {
     /// Which nodes the plan covers (empty: every node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,9 +114,22 @@ pub struct UpgradePlanSpec {
     #[schemars(length(max = 16))]
     #[x_kube(validation = Rule::new("self.all(g, self.exists_one(h, h.name == g.name))").message("group names must be unique"))]
     pub groups: Vec<NodeGroup>,
-    /// The version every selected node is upgraded to.
+    /// The version every selected node is upgraded to (or `channel`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 128))]
     pub version: String,
+    /// Instead of `version`: a URL whose answer names the version, as
+    /// system-upgrade-controller resolves a channel. A `302` names it in
+    /// the last path element of its `Location` (a release page's
+    /// `…/releases/tag/v1.33.1+k3s1`); any other `2xx`/`3xx` in the last
+    /// path element of the URL itself. Asked again every
+    /// `run --channel-interval` (15 minutes), at once when the URL
+    /// changes; the answer is `status.channel`, and a new version is
+    /// rolled out like an edit of `version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    #[x_kube(validation = Rule::new(CHANNEL_RULE).message("channel must be an http:// or https:// URL with a host"))]
+    pub channel: Option<String>,
     /// Where a node reports its version.
     #[serde(default)]
     pub version_from: VersionFrom,
@@ -594,9 +608,49 @@ pub struct UpgradePlanStatus {
     /// How the notifications fared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notifications: Option<super::common::NotificationStatus>,
+    /// What `spec.channel` last answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<ChannelStatus>,
+}
+
+/// CEL: an http(s) URL with a host and no spaces.
+pub const CHANNEL_RULE: &str =
+    "self.matches('^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?([/?][!-~]*)?$')";
+
+/// What the plan's channel last answered.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChannelStatus {
+    /// The channel asked (the spec's, when it was asked).
+    pub url: String,
+    /// The version it named; kept when a later question fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// When it last answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<Time>,
+    /// Why the last question failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl UpgradePlan {
+    /// The version nodes are upgraded to: `spec.version`, or what the
+    /// channel named (empty while it has named nothing, or only for
+    /// another URL).
+    pub fn target_version(&self) -> &str {
+        match &self.spec.channel {
+            None => &self.spec.version,
+            Some(url) => self
+                .status
+                .as_ref()
+                .and_then(|s| s.channel.as_ref())
+                .filter(|c| &c.url == url)
+                .and_then(|c| c.version.as_deref())
+                .unwrap_or_default(),
+        }
+    }
+
     pub fn entry(&self, node: &str) -> Option<&NodeUpgrade> {
         self.status.as_ref()?.nodes.iter().find(|e| e.name == node)
     }

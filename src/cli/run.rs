@@ -91,6 +91,9 @@ pub struct RunArgs {
     /// with --all-nodes: the Secret (in the leader namespace) whose keys url and, optionally, format, events, template and ca.crt are the notifications of every RebootPolicy and UpgradePlan without its own; see README "Notifications"
     #[argh(option)]
     pub notify_default: Option<String>,
+    /// with --all-nodes: how often an UpgradePlan's channel is asked for its version: seconds or 90s, 2m, 1h (default 15m, as system-upgrade-controller)
+    #[argh(option, default = "900", from_str_fn(super::args::parse_seconds))]
+    pub channel_interval: u64,
 }
 
 /// The validated form of `run`'s flags.
@@ -126,6 +129,8 @@ pub struct RunConfig {
     pub admission: Option<crate::service::admission::Config>,
     /// Cluster role: the default notifications' Secret (`--notify-default`).
     pub notify_default: Option<String>,
+    /// Cluster role: how often a channel is asked (`--channel-interval`).
+    pub channel_interval: std::time::Duration,
 }
 
 impl RunConfig {
@@ -255,7 +260,13 @@ impl RunConfig {
                 command,
                 timeout: std::time::Duration::from_secs(args.provider_timeout),
             });
+        if args.channel_interval == 0 {
+            return Err(Error::Invalid(
+                "--channel-interval must be at least 1 second".into(),
+            ));
+        }
         Ok(RunConfig {
+            channel_interval: std::time::Duration::from_secs(args.channel_interval),
             notify_default: args.notify_default,
             admission,
             provider,

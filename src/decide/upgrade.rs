@@ -18,6 +18,7 @@
 //! admits nothing more until its spec changes (a new generation retries
 //! the failed nodes).
 
+pub mod channel;
 mod hooks;
 pub mod node;
 mod stages;
@@ -72,6 +73,22 @@ pub struct Snapshot<'a> {
     /// How this object's notifications fared (the notifier's count), for
     /// its status; `None`: it has none, the status keeps what it says.
     pub notified: Option<&'a crate::api::common::NotificationStatus>,
+    /// What the plan's channel answered last (the resolver's), if it has one.
+    pub channel: Option<&'a ChannelStatus>,
+}
+
+impl Snapshot<'_> {
+    /// The version this decision upgrades to: `spec.version`, or the
+    /// channel's newest answer for the spec's URL (empty: none yet).
+    pub fn target(&self) -> &str {
+        let p = self.plan;
+        match (&p.spec.channel, self.channel) {
+            (Some(url), Some(c)) if &c.url == url && c.version.is_some() => {
+                c.version.as_deref().unwrap_or_default()
+            }
+            _ => p.target_version(),
+        }
+    }
 }
 
 /// Machine-readable reasons of Waiting and Failed entries.
@@ -87,6 +104,8 @@ pub const WAIT_FAILURE: &str = "Failure";
 pub const WAIT_OTHER_PLAN: &str = "OtherPlan";
 /// Another exclusive plan has a node admitted.
 pub const WAIT_EXCLUSIVE: &str = "Exclusive";
+/// `spec.channel` has named no version yet.
+pub const WAIT_CHANNEL: &str = "Channel";
 /// The upgrade to this version already ran on the node in this boot,
 /// under another plan, and did not bring it there.
 pub const WAIT_ISSUED: &str = "IssuedThisBoot";
@@ -307,7 +326,10 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             continue;
         }
         if let Some(e) = prev.filter(|e| e.phase == UpgradePhase::Failed) {
-            if e.attempt == Some(generation) {
+            // The same spec and version: stays failed. A channel's new
+            // version is a new attempt, as an edit of `version` is.
+            if e.attempt == Some(generation) && e.version.as_deref().is_none_or(|v| v == s.target())
+            {
                 d.entries.insert(n.clone(), e.clone());
                 if !continue_on_failure {
                     failure_pause.get_or_insert(n.clone());
@@ -320,19 +342,34 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 d.give_back(m);
             }
         }
-        if at_version(node, &p.spec.version_from, &p.spec.version) {
+        if s.target().is_empty() {
+            let c = s.channel.or(old.channel.as_ref());
+            let why = c
+                .and_then(|c| c.error.clone())
+                .unwrap_or_else(|| "not asked yet".into());
+            let msg = format!("the channel has named no version yet: {why}");
+            d.set(
+                &n,
+                UpgradePhase::Waiting,
+                group_name(g),
+                Some(WAIT_CHANNEL),
+                msg,
+            );
+            continue;
+        }
+        if at_version(node, &p.spec.version_from, s.target()) {
             // Level-triggered give-back: `Done` was written before the
             // give-back ran, and a refused delete left the node cordoned
             // and the group unfinished. Every pass asks again.
             if let Some(m) = ours.filter(|m| !m.is_deleting()) {
                 d.give_back(m);
             }
-            let msg = format!("at version {}", p.spec.version);
+            let msg = format!("at version {}", s.target());
             d.set(&n, UpgradePhase::Done, group_name(g), None, msg);
             // The README lists `version` on every entry; a node found at
             // the version had none.
             if let Some(e) = d.entries.get_mut(&n) {
-                e.version = Some(p.spec.version.clone());
+                e.version = Some(s.target().to_string());
             }
             continue;
         }
@@ -438,7 +475,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 "the node reports no boot ID, so its upgrade could not be tracked".into(),
             ))
         } else if let Some(other) = boot_id(node)
-            .and_then(|b| node::issued_for(node, &p.spec.version, b))
+            .and_then(|b| node::issued_for(node, s.target(), b))
             .filter(|o| *o != name)
         {
             // Another plan's attempt in this boot is not repeated: a
@@ -448,7 +485,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 WAIT_ISSUED,
                 format!(
                     "the upgrade to {} already ran on it in this boot (UpgradePlan {other}) and it does not report that version; not run again until the node reboots",
-                    p.spec.version
+                    s.target()
                 ),
             ))
         } else if let Some(w) = agent_check(&mut d, node, p) {
@@ -488,7 +525,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         labels: &p.spec.node_labels,
         soft_taint: p.spec.prefer_no_schedule_while_waiting,
         feature: "upgrade",
-        version: &p.spec.version,
+        version: s.target(),
     };
     if valid {
         for &(_, node) in &selected {
@@ -621,13 +658,13 @@ fn status(
     }
     let done = count(&|ph| ph == UpgradePhase::Done);
     if !nodes.is_empty() && done as usize == nodes.len() {
-        let msg = format!("every selected node is at version {}", p.spec.version);
+        let msg = format!("every selected node is at version {}", s.target());
         set(&mut conds, "Complete", "True", "Complete", &msg);
     } else {
         let msg = format!(
             "{done} of {} selected nodes at version {}",
             nodes.len(),
-            p.spec.version
+            s.target()
         );
         set(&mut conds, "Complete", "False", "InProgress", &msg);
     }
@@ -644,6 +681,11 @@ fn status(
         observed_generation: p.metadata.generation,
         conditions: Some(conds),
         notifications: s.notified.cloned().or_else(|| old.notifications.clone()),
+        channel: p
+            .spec
+            .channel
+            .as_ref()
+            .and_then(|_| s.channel.cloned().or_else(|| old.channel.clone())),
     }
 }
 

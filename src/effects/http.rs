@@ -1,8 +1,9 @@
-//! Delivering one notification: a JSON `POST` over HTTP/1.1, plain or
-//! through rustls (`https://`: the system's CA bundle, `SSL_CERT_FILE` in
-//! our image, or the Secret's own `ca.crt`), bounded by a deadline, every
-//! failure one line. The URL carries a token, so no message names more of
-//! it than its host.
+//! The little HTTP nodekeeper speaks to things that are not the API
+//! server: a notification's JSON `POST` ([`post`]) and a channel's `GET`
+//! ([`head_of`]), HTTP/1.1 over plain TCP or through rustls (`https://`:
+//! the system's CA bundle, `SSL_CERT_FILE` in our image, or a Secret's own
+//! `ca.crt`), bounded by a deadline, every failure one line. A URL may
+//! carry a token, so no message names more of it than its host.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,6 +95,46 @@ pub async fn post(
     ca: Option<&[u8]>,
     deadline: Duration,
 ) -> Result<(), Failure> {
+    let raw = send(url, Some(body), ca, deadline).await?;
+    let host = parse_url(url).map(|u| u.host).unwrap_or_default();
+    judge(&raw, &host)
+}
+
+/// GET `url` (no redirect followed) and give its status code and
+/// `Location` header.
+pub async fn head_of(url: &str, deadline: Duration) -> Result<(u16, Option<String>), Failure> {
+    let raw = send(url, None, None, deadline).await?;
+    let host = parse_url(url).map(|u| u.host).unwrap_or_default();
+    let text = String::from_utf8_lossy(&raw);
+    let code =
+        status_code(&text).ok_or_else(|| transient(format!("{host} did not answer HTTP")))?;
+    let head = text.split("\r\n\r\n").next().unwrap_or_default();
+    let location = head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("location")
+            .then(|| v.trim().to_string())
+    });
+    Ok((code, location))
+}
+
+fn status_code(text: &str) -> Option<u16> {
+    text.lines()
+        .next()?
+        .trim()
+        .strip_prefix("HTTP/1.")
+        .and_then(|s| s.get(2..5))
+        .and_then(|c| c.parse::<u16>().ok())
+}
+
+/// One request (a POST with `body`, else a GET); the answer's head and the
+/// start of its body.
+async fn send(
+    url: &str,
+    body: Option<&[u8]>,
+    ca: Option<&[u8]>,
+    deadline: Duration,
+) -> Result<Vec<u8>, Failure> {
     let u = parse_url(url).map_err(|why| Failure {
         why,
         permanent: true,
@@ -161,21 +202,27 @@ fn tls_config(ca: Option<&[u8]>) -> Result<rustls::ClientConfig, String> {
         .with_no_client_auth())
 }
 
-/// Write the request, read the answer's status line.
+/// Write the request, read the answer's head (and a little body).
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     mut conn: S,
     u: &Url,
-    body: &[u8],
-) -> Result<(), Failure> {
+    body: Option<&[u8]>,
+) -> Result<Vec<u8>, Failure> {
     let host = &u.host;
-    let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: nodekeeper\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        u.path,
-        body.len()
-    );
+    let head = match body {
+        Some(b) => format!(
+            "POST {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: nodekeeper\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            u.path,
+            b.len()
+        ),
+        None => format!(
+            "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: nodekeeper\r\nConnection: close\r\n\r\n",
+            u.path
+        ),
+    };
     let write = async {
         conn.write_all(head.as_bytes()).await?;
-        conn.write_all(body).await?;
+        conn.write_all(body.unwrap_or_default()).await?;
         conn.flush().await
     };
     write
@@ -200,17 +247,14 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             break;
         }
     }
-    judge(&raw, host)
+    Ok(raw)
 }
 
 /// A 2xx answer is a delivery; anything else says why.
 fn judge(raw: &[u8], host: &str) -> Result<(), Failure> {
     let text = String::from_utf8_lossy(raw);
     let status = text.lines().next().unwrap_or_default().trim();
-    let code = status
-        .strip_prefix("HTTP/1.")
-        .and_then(|s| s.get(2..5))
-        .and_then(|c| c.parse::<u16>().ok())
+    let code = status_code(&text)
         .ok_or_else(|| transient(format!("{host} did not answer HTTP ({status:?})")))?;
     if (200..300).contains(&code) {
         return Ok(());

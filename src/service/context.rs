@@ -91,6 +91,8 @@ pub struct Context {
     /// Cluster role: the objects' notifications, delivered in the
     /// background.
     pub notify: super::notifier::Notifier,
+    /// Cluster role: the UpgradePlans' channels, asked in the background.
+    pub channels: super::channels::Channels,
     /// Cluster role: nodes whose `MaintenancePlanned` write was refused,
     /// and until when none is tried again (see `planned.rs`).
     pub planned_refused: Mutex<HashMap<String, Instant>>,
@@ -152,6 +154,7 @@ impl Context {
             alerts: Default::default(),
             health: Default::default(),
             notify: Default::default(),
+            channels: Default::default(),
             planned_refused: Default::default(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,

@@ -16,6 +16,7 @@
 
 pub mod admission;
 pub mod alerts;
+pub mod channels;
 pub mod cluster;
 pub mod connect;
 pub mod context;
@@ -423,6 +424,8 @@ pub async fn run(
             config.notify_default.clone(),
             planned_kick.clone(),
         );
+        ctx.channels
+            .configure(config.channel_interval, planned_kick.clone());
         let versions = replace_stores.as_ref().map(|r| r.stores.versions.clone());
         cluster::start(ctx.clone(), mutex_stores, versions, kicks);
         replace::start_task(

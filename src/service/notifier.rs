@@ -326,7 +326,7 @@ async fn deliver(
         };
         let body = message.body(&format, template.as_deref()).to_string();
         let ca = secret.get("ca.crt").map(|c| c.as_bytes());
-        match crate::effects::notify::post(url, body.as_bytes(), ca, DEADLINE).await {
+        match crate::effects::http::post(url, body.as_bytes(), ca, DEADLINE).await {
             Ok(()) => return Ok(Delivered::Sent),
             Err(f) => {
                 last = format!("{what}: {}", f.why);

@@ -39,6 +39,11 @@ pub async fn pass(ctx: &Context) -> Option<Duration> {
         .await;
         wake = earliest(wake, w);
     }
+    let urls: Vec<&str> = plans
+        .iter()
+        .filter_map(|p| p.spec.channel.as_deref())
+        .collect();
+    ctx.channels.retain(&urls);
     let maintenances = ctx.all_maintenances();
     let effects = upgrade::orphans(&maintenances, &plans);
     earliest(
@@ -65,6 +70,15 @@ async fn reconcile_plan(
     let gate = plan.spec.gates.health.as_ref();
     let (health, again_health) = ctx.health.when_holding(&ctx.effects.client, gate, holding);
     let again = earliest(again, again_health);
+    // The channel's last answer (asked in the background), if it has one.
+    let (channel, again_channel) = plan
+        .spec
+        .channel
+        .as_deref()
+        .map(|url| ctx.channels.get(url))
+        .unzip();
+    let channel = channel.flatten();
+    let again = earliest(again, again_channel);
     ctx.notify.observe_plan(plan, None);
     let notified = ctx.notify.status(plan.uid().as_deref());
     let plan_fx = {
@@ -89,6 +103,7 @@ async fn reconcile_plan(
             health: health.as_ref(),
             gates_unlisted: unlisted.as_deref(),
             notified: notified.as_ref(),
+            channel: channel.as_ref(),
         })
     };
     let name = plan.name_any();

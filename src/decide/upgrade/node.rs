@@ -61,7 +61,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         }) else {
             continue;
         };
-        let version = e.version.as_deref().unwrap_or(&plan.spec.version);
+        let version = e.version.as_deref().unwrap_or(plan.target_version());
         let t = token(&plan.name_any(), version, boot);
         let strategy = &plan.spec.strategy;
         if annotation(node, ISSUED_ANNOTATION) == Some(t.as_str()) {
@@ -158,16 +158,21 @@ pub fn check_of(node: &Node, plan: &UpgradePlan) -> Check {
 pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<HostAction>)> {
     let plan = super::governing(node, plans)?;
     let spec = &plan.spec;
-    if at_version(node, &spec.version_from, &spec.version) || spec.strategy.job().is_some() {
+    let version = plan.target_version();
+    // Nothing to check while a channel has named no version yet.
+    if version.is_empty()
+        || at_version(node, &spec.version_from, version)
+        || spec.strategy.job().is_some()
+    {
         return None;
     }
     if check_of(node, plan) == Check::Runnable {
         return None;
     }
     let n = node.name_any();
-    let mut actions = vec![upgrade_action(&spec.strategy, &spec.version, node)];
+    let mut actions = vec![upgrade_action(&spec.strategy, version, node)];
     if spec.strategy.reboots() {
-        actions.push(reboot_action(&spec.strategy, &spec.version, &n));
+        actions.push(reboot_action(&spec.strategy, version, &n));
     }
     Some((check_key(plan), actions))
 }

@@ -139,13 +139,12 @@ impl<'a> Decision<'a> {
     /// effect, a hook Job or the NodeMaintenance.
     pub(super) fn admit(&mut self, node: &Node, group: Option<String>) {
         let n = node.name_any();
-        let p = self.s.plan;
         let e = NodeUpgrade {
             name: n.clone(),
             phase: UpgradePhase::Pending,
             since: Time(self.s.now),
             group,
-            version: Some(p.spec.version.clone()),
+            version: Some(self.s.target().to_string()),
             attempt: Some(self.generation),
             boot_id_before: boot_id(node).map(str::to_string),
             hook: None,
@@ -153,7 +152,7 @@ impl<'a> Decision<'a> {
             message: None,
             reason: None,
         };
-        let what = format!("admitted for version {}", p.spec.version);
+        let what = format!("admitted for version {}", self.s.target());
         self.event(&n, false, "UpgradeAdmitted", &what);
         self.hooks_from(&e, Stage::Before, 0);
     }
@@ -701,7 +700,7 @@ fn upgrading_message(node: &Node, e: &NodeUpgrade, p: &UpgradePlan) -> String {
 
 /// The version an admission upgrades to (recorded at admission).
 fn version<'p>(e: &'p NodeUpgrade, p: &'p UpgradePlan) -> &'p str {
-    e.version.as_deref().unwrap_or(&p.spec.version)
+    e.version.as_deref().unwrap_or(p.target_version())
 }
 
 fn attempt(e: &NodeUpgrade) -> Attempt<'_> {

@@ -161,6 +161,7 @@ impl World {
             health: self.health.as_ref(),
             gates_unlisted: None,
             notified: None,
+            channel: None,
         })
     }
 
@@ -560,6 +561,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
             health: None,
             gates_unlisted: None,
             notified: None,
+            channel: None,
         })
     };
     let status_of = |plan: Plan| match &plan.effects[0] {

@@ -609,3 +609,64 @@ fn a_job_upgrade_runs_after_the_drain_and_its_result_decides() {
     assert!(e.message.unwrap_or_default().contains("backoff limit"));
     assert_eq!(w.nms.len(), 1);
 }
+
+/// `channel`: nothing is admitted until it names a version; its answer is
+/// the version admitted and recorded; a node that failed is tried again
+/// when the channel names a newer one.
+#[test]
+fn a_channel_names_the_version_and_a_new_one_retries_a_failed_node() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks = Hooks::default();
+    p.spec.version = String::new();
+    p.spec.channel = Some("https://update.example/channels/stable".into());
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Waiting, Some(WAIT_CHANNEL))
+    );
+    // The resolver's answer (as the service puts it in the snapshot) is
+    // written to the status; the next pass admits for it.
+    let answer = ChannelStatus {
+        url: "https://update.example/channels/stable".into(),
+        version: Some("v2".into()),
+        ..Default::default()
+    };
+    let status = w.plan.status.clone().unwrap_or_default();
+    w.plan.status = Some(UpgradePlanStatus {
+        channel: Some(answer.clone()),
+        ..status
+    });
+    assert_eq!(w.plan.target_version(), "v2");
+    w.step();
+    let e = w.entry("a");
+    assert_eq!(e.phase, UpgradePhase::Draining);
+    assert_eq!(e.version.as_deref(), Some("v2"));
+    w.drained("a");
+    w.step();
+    w.upgrade_host("a", false);
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    // Same spec, same version: it stays failed.
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Failed);
+    // The channel names v3: a new attempt (given back, then admitted).
+    let status = w.plan.status.clone().unwrap_or_default();
+    w.plan.status = Some(UpgradePlanStatus {
+        channel: Some(ChannelStatus {
+            version: Some("v3".into()),
+            ..answer
+        }),
+        ..status
+    });
+    w.step();
+    w.step();
+    let e = w.entry("a");
+    assert_ne!(e.phase, UpgradePhase::Failed, "{e:?}");
+    assert_eq!(e.version.as_deref(), Some("v3"));
+    // Another URL: its answer is not this one's.
+    w.plan.spec.channel = Some("https://update.example/channels/latest".into());
+    assert_eq!(w.plan.target_version(), "");
+}

@@ -79,6 +79,7 @@ impl World {
             health: None,
             gates_unlisted: None,
             notified: None,
+            channel: None,
         });
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();
