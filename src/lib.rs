@@ -82,11 +82,15 @@
 //!   (IANA zones, wrapping, DST, the next boundary) serve every feature,
 //!   as do [`decide::health`] (the health gate's verdict on a node that
 //!   came back: its readiness, the named workloads' rollout state, the
-//!   alert gate) and [`decide::marking`] (labels during and after, the
+//!   alert gate), [`decide::notify`] (which status entry is news to the
+//!   notifier, and each target's message) and [`decide::marking`] (labels during and after, the
 //!   soft taint while a node waits; level-triggered, written only where a
 //!   node differs).
 //!   [`decide::upgrade`]: the cluster role's admission and per-node stages
-//!   of an UpgradePlan (`stages.rs`), its hook Jobs (`hooks.rs`) and the
+//!   of an UpgradePlan (`stages.rs`), its hook Jobs (`hooks.rs`), the
+//!   upgrade Job of `strategy.type: Job` (`upgrade_job.rs`: pinned to the
+//!   drained node, which its drain leaves alone), the channel's answer
+//!   (`channel.rs`) and the
 //!   node role's half (`node.rs`: the upgrade command once per plan,
 //!   version and boot, then the reboot). [`decide::mutex`]: the mutex
 //!   operator's validation, node lists and run. What features share:
@@ -134,6 +138,8 @@
 //!   framing, status) in [`effects::talos_wire`]; which path a node takes
 //!   is the decision's ([`decide::HostAction`], from `reboot.method`,
 //!   `strategy.type` and the node's osImage), never a run-time fallback;
+//!   [`effects::http`] is the small HTTP/1.1 client (plain or rustls) for
+//!   what is not the API server: a notification's POST, a channel's GET;
 //!   [`effects::prometheus`] asks a gate's Prometheus for its active alerts
 //!   (plain HTTP, a deadline, every failure one line); `objects.rs`
 //!   writes Constellation's kinds and the autoscaler Deployment untyped.
@@ -157,7 +163,12 @@
 //!   [`service::alerts`] (Prometheus's answers for alert gates, asked in the
 //!   background so no pass waits on Prometheus) and [`service::health`]
 //!   (the health gates' workloads, listed untyped in the background only
-//!   while a node of the object holds a slot), one module per
+//!   while a node of the object holds a slot), [`service::notifier`] (the
+//!   objects' notifications: the events their status entries say, one
+//!   queue and task per target so a dead webhook delays only its own, a
+//!   Secret read per delivery, the outcome handed to the next decision for
+//!   `status.notifications`) and [`service::channels`] (UpgradePlan
+//!   channels, asked in the background at an interval), one module per
 //!   feature's half in the loop ([`service::reboots`], [`service::upgrades`],
 //!   [`service::mutex`], [`service::replace`]: each the cluster role's pass
 //!   over its objects and, for reboots and upgrades, the node role's own
