@@ -4,7 +4,7 @@
 //! into one queue per target, each drained by its own task, so a slow or
 //! dead webhook delays only its own messages and never a pass. Each
 //! delivery reads the target's Secret (a `get` of that one name: the
-//! cluster role may read no other), posts with [`crate::effects::notify`],
+//! cluster role may read no other), posts with [`crate::effects::http`],
 //! and tries [`ATTEMPTS`] times. The outcome — counts, the last failure,
 //! and up to when every entry was handled — is what the next decision
 //! writes into the object's `status.notifications`; the notifier kicks
