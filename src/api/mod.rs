@@ -119,6 +119,68 @@ fn harden_selectors(v: &mut serde_json::Value) {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
+    /// Every field nodekeeper's own CRDs define carries a description, so
+    /// `kubectl explain rebootpolicy.spec.budget` answers: the field-by-field
+    /// reference lives in the schemas. (NodeMaintenance keeps medik8s's
+    /// shape; the foreign kinds are theirs.) Types Kubernetes defines
+    /// (label selectors, conditions) are described where they are used.
+    #[test]
+    fn every_field_of_every_crd_has_a_description() {
+        fn walk(path: &str, schema: &Value, missing: &mut Vec<String>) {
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                if let Some(items) = schema.get("items") {
+                    walk(&format!("{path}[]"), items, missing);
+                }
+                return;
+            };
+            for (name, child) in props {
+                let at = format!("{path}.{name}");
+                let described = child
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .is_some_and(|d| !d.trim().is_empty());
+                // Inside Kubernetes' own types (a selector's
+                // matchExpressions, a condition's fields) k8s-openapi
+                // describes what it describes.
+                let kubernetes = path.contains(".matchExpressions")
+                    || path.contains(".matchLabels")
+                    || path.ends_with(".conditions[]")
+                    || path.contains("Selector.")
+                    || path.contains("selector.");
+                if !described && !kubernetes {
+                    missing.push(at.clone());
+                }
+                walk(&at, child, missing);
+            }
+        }
+        let crds: Vec<Value> = serde_json::from_str(super::CRDS_JSON).unwrap_or_default();
+        let mut missing = Vec::new();
+        for crd in &crds {
+            let kind = crd["spec"]["names"]["kind"].as_str().unwrap_or_default();
+            if kind == "NodeMaintenance" {
+                continue;
+            }
+            for v in crd["spec"]["versions"].as_array().into_iter().flatten() {
+                let schema = &v["schema"]["openAPIV3Schema"];
+                for part in ["spec", "status"] {
+                    walk(
+                        &format!("{kind}.{part}"),
+                        &schema["properties"][part],
+                        &mut missing,
+                    );
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{} fields without a description:\n{}",
+            missing.len(),
+            missing.join("\n")
+        );
+    }
+
     #[test]
     fn checked_in_crds_match_the_types() {
         super::check_generated(super::crds(), "src/api/crds.json", super::CRDS_JSON);

@@ -304,6 +304,7 @@ impl RebootPhase {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeReboot {
+    /// The node.
     pub name: String,
     pub phase: RebootPhase,
     /// When the node entered this phase.

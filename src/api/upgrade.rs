@@ -195,8 +195,10 @@ fn pause() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeGroup {
+    /// Names the group in status (`status.group`, each node's `group`).
     #[schemars(length(min = 1, max = 63))]
     pub name: String,
+    /// Its nodes (a node is in the first group whose selector matches).
     pub node_selector: LabelSelector,
 }
 
@@ -212,6 +214,7 @@ pub struct VersionFrom {
     #[serde(default = "kubelet_version")]
     #[x_kube(validation = Rule::new("self in ['KubeletVersion', 'OSImage', 'KernelVersion', 'Label', 'Annotation']").message("source must be KubeletVersion, OSImage, KernelVersion, Label or Annotation"))]
     pub source: String,
+    /// The label's or annotation's key (source `Label` or `Annotation`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 317))]
     pub key: Option<String>,
@@ -336,11 +339,13 @@ pub struct UpgradeJob {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct JobEnv {
+    /// The variable's name.
     #[schemars(
         length(min = 1, max = 253),
         regex(pattern = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     )]
     pub name: String,
+    /// Its value; `{version}` and `{node}` are replaced.
     #[serde(default)]
     pub value: String,
 }
@@ -349,6 +354,7 @@ pub struct JobEnv {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSecret {
+    /// The Secret, in the Job's namespace.
     #[schemars(
         length(min = 1, max = 253),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -540,6 +546,7 @@ impl UpgradePhase {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeUpgrade {
+    /// The node.
     pub name: String,
     pub phase: UpgradePhase,
     /// When the node entered this phase (or this hook).
@@ -566,6 +573,7 @@ pub struct NodeUpgrade {
     /// Its Job, `namespace/name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// What is happening, or why it waits or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// Machine-readable: why Waiting (`Budget`, `Window`, `Paused`, `Group`,
@@ -597,6 +605,7 @@ pub struct UpgradePlanStatus {
     /// Nodes whose upgrade failed.
     #[serde(default)]
     pub failed: i32,
+    /// The generation of the spec this status was decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Valid` (the spec can be used), `Paused` (no admissions: the spec
