@@ -527,3 +527,6 @@ pub mod logging;
 pub mod runtime;
 pub mod service;
 pub mod yaml;
+
+#[cfg(test)]
+mod architecture_tests;

@@ -27,6 +27,21 @@ where
     smol::spawn(Compat::new(fut))
 }
 
+/// Runs hyper's connection tasks (an HTTP/2 connection is a task of its
+/// own) on smol, inside `Compat`, like every other future of ours.
+#[derive(Clone, Copy)]
+pub(crate) struct SmolExecutor;
+
+impl<F> hyper::rt::Executor<F> for SmolExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        spawn(fut).detach();
+    }
+}
+
 /// Await every future at once, their outputs in order (smol has `zip`
 /// for two; the futures crate's `join_all` is not a dependency).
 pub async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {

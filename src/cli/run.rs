@@ -8,6 +8,7 @@ use argh::FromArgs;
 
 use super::validate_node_name;
 use crate::error::{Error, Result};
+pub use crate::service::config::RunConfig;
 
 /// Run the service: own this machine's node (or, with --all-nodes, every node) and reconcile it.
 #[derive(FromArgs, Debug)]
@@ -96,41 +97,43 @@ pub struct RunArgs {
     pub channel_interval: u64,
 }
 
-/// The validated form of `run`'s flags.
-#[derive(Debug, Clone)]
-pub struct RunConfig {
-    /// `Some` in node mode; `None` with --all-nodes.
-    pub node: Option<String>,
-    /// Label selector narrowing --all-nodes.
-    pub node_selector: Option<String>,
-    pub kubeconfig: Option<PathBuf>,
-    pub drain_timeout: std::time::Duration,
-    /// Who we are in events and the leader lease.
-    pub identity: String,
-    pub leader_namespace: String,
-    /// The leader lease's name ([`leader_lease_name`]).
-    pub leader_lease: String,
-    /// `None` with `--metrics-address off`.
-    pub metrics_address: Option<std::net::SocketAddr>,
-    pub transport: crate::service::connect::Transport,
-    /// `None`: chosen by the protocol the API server negotiates.
-    pub evictions_in_flight: Option<usize>,
-    /// Cluster role: node agents drain and reboot; this process admits.
-    pub node_agents: bool,
-    pub host_root: PathBuf,
-    pub host_exec: crate::effects::host::Exec,
-    /// `--command-records`, a path on the host.
-    pub command_records: PathBuf,
-    /// `--talos-socket`.
-    pub talos_socket: PathBuf,
-    /// Cluster role: the provider plugin (`--provider-command`).
-    pub provider: Option<crate::effects::provider::Provider>,
-    /// The validating webhook (`--admission-address`), if served.
-    pub admission: Option<crate::service::admission::Config>,
-    /// Cluster role: the default notifications' Secret (`--notify-default`).
-    pub notify_default: Option<String>,
-    /// Cluster role: how often a channel is asked (`--channel-interval`).
-    pub channel_interval: std::time::Duration,
+/// The README's table of `run`'s flags: each flag of `run --help` with its
+/// text, so the README can say nothing the binary does not (a test keeps
+/// the README's copy equal to this).
+pub fn readme_flags_table() -> String {
+    use argh::FromArgs;
+    let help = match RunArgs::from_args(&["run"], &["--help"]) {
+        Err(argh::EarlyExit { output, .. }) => output,
+        Ok(_) => String::new(),
+    };
+    let mut rows: Vec<(String, String)> = Vec::new();
+    for line in help
+        .lines()
+        .skip_while(|l| !l.starts_with("Options:"))
+        .skip(1)
+    {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if trimmed.is_empty() {
+            break;
+        }
+        if indent <= 2 && trimmed.starts_with("--") {
+            let (flag, text) = trimmed
+                .split_once(char::is_whitespace)
+                .unwrap_or((trimmed, ""));
+            rows.push((flag.to_string(), text.trim().to_string()));
+        } else if let Some(last) = rows.last_mut() {
+            if !last.1.is_empty() {
+                last.1.push(' ');
+            }
+            last.1.push_str(trimmed);
+        }
+    }
+    let mut out = String::from("| flag | meaning |\n|---|---|\n");
+    for (flag, text) in rows.iter().filter(|(f, _)| !f.starts_with("--help")) {
+        out.push_str(&format!("| `{flag}` | {} |\n", text.replace('|', "\\|")));
+    }
+    out
 }
 
 impl RunConfig {

@@ -24,7 +24,7 @@ mod workloads;
 
 use host::*;
 use rbac::*;
-pub use rbac::{GRANTS, Grant, Identity, admission, rbac};
+pub use rbac::{GRANTS, Grant, Identity, admission, rbac, readme_table as rbac_readme_table};
 pub use webhook::webhook;
 use workloads::*;
 pub use workloads::{NOTIFY_ROLE, daemonset, deployment, notify_rbac};
@@ -40,9 +40,8 @@ pub const AGENT_ACCOUNT: &str = "nodekeeper-agent";
 pub const CLUSTER_ACCOUNT: &str = "nodekeeper-cluster";
 /// The admission policy (and its binding) confining node agents.
 pub const OWN_NODE_POLICY: &str = "nodekeeper-own-node";
-/// The image's user and group (the distroless `nonroot` numbers): every
-/// pod runs as it, and a static pod's host kubeconfig is readable by it.
-pub const IMAGE_USER: u32 = 65532;
+/// The image's user and group (defined where the service names it).
+pub use crate::service::connect::IMAGE_USER;
 /// The port `/metrics`, `/healthz` and `/readyz` are served on.
 pub const METRICS_PORT: u16 = 9477;
 /// The user-info extra key the API server fills from a token bound to a pod
@@ -195,6 +194,16 @@ impl Options {
             Some(Ok(None))
         )
     }
+}
+
+/// The README's table of `manifests --for` targets, from [`TARGETS`].
+pub fn targets_readme_table() -> String {
+    let mut out = String::from("| `--for` | what | checked in at |\n|---|---|---|\n");
+    for (t, what, at) in TARGETS {
+        let at = at.map(|a| format!("`{a}/`")).unwrap_or_else(|| "–".into());
+        out.push_str(&format!("| `{t}` | {what} | {at} |\n"));
+    }
+    out
 }
 
 /// One generated file: its path relative to the output folder, and content.

@@ -185,12 +185,10 @@ async fn call(socket: &Path, path: &str, request: Vec<u8>) -> Answer {
     let stream = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|e| format!("UNAVAILABLE: {}: {e}", socket.display()))?;
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        crate::service::connect::SmolExecutor,
-        TokioIo::new(stream),
-    )
-    .await
-    .map_err(|e| format!("UNAVAILABLE: HTTP/2 with machined: {e}"))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(crate::runtime::SmolExecutor, TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("UNAVAILABLE: HTTP/2 with machined: {e}"))?;
     let driver = crate::runtime::spawn(async move {
         if let Err(e) = connection.await {
             log::debug!("HTTP/2 connection to machined: {e}");

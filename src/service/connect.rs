@@ -13,6 +13,11 @@ use kube::{Api, Client, Config};
 use crate::error::{Error, Result, first_line, kube_cause};
 use crate::runtime::timeout;
 
+/// The image's user and group (the distroless `nonroot` numbers): every
+/// pod runs as it, and a static pod's host kubeconfig must be readable by
+/// it (the manifests set it; the hint for an unreadable kubeconfig names it).
+pub const IMAGE_USER: u32 = 65532;
+
 /// How long to wait for the first answer before calling the server unreachable.
 const REACH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,7 +64,7 @@ fn access_hint(path: &Path) -> String {
         meta.uid(),
         meta.gid(),
         meta.mode() & 0o7777,
-        crate::deploy::IMAGE_USER
+        IMAGE_USER
     )
 }
 
@@ -137,21 +142,6 @@ pub async fn speaks_http2(client: &Client) -> bool {
     }
 }
 
-/// Runs hyper's connection tasks (an HTTP/2 connection is a task of its
-/// own) on smol, inside `Compat`, like every other future of ours.
-#[derive(Clone, Copy)]
-pub(crate) struct SmolExecutor;
-
-impl<F> hyper::rt::Executor<F> for SmolExecutor
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        crate::runtime::spawn(fut).detach();
-    }
-}
-
 /// hyper's timer on smol's: HTTP/2 keep-alive pings need one.
 #[derive(Clone, Copy)]
 struct SmolTimer;
@@ -223,7 +213,7 @@ pub fn client(config: Config, transport: Transport) -> Result<Client> {
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     let transport: hyper_util::client::legacy::Client<_, kube::client::Body> =
-        hyper_util::client::legacy::Builder::new(SmolExecutor)
+        hyper_util::client::legacy::Builder::new(crate::runtime::SmolExecutor)
             .timer(SmolTimer)
             .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
             .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)

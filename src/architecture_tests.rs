@@ -1,0 +1,178 @@
+//! The architecture map's invariants that a reading of the source can
+//! check (see the crate documentation): which layer may import which, the
+//! pure decisions' lack of I/O and clocks, the one module that starts
+//! futures. Each test names the invariant it enforces; a file's unit tests
+//! (its `mod tests` and the files under `tests/`) are not held to them.
+
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `src/<dir>`, but test files.
+fn sources(dir: &str) -> Vec<PathBuf> {
+    fn walk(at: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(at) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if p.is_dir() {
+                if name != "tests" {
+                    walk(&p, out);
+                }
+            } else if name.ends_with(".rs") && name != "tests.rs" && !name.ends_with("_tests.rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = Vec::new();
+    let at = root.join(dir);
+    if at.is_dir() {
+        walk(&at, &mut out);
+    } else {
+        out.push(root.join(format!("{dir}.rs")));
+    }
+    out.sort();
+    out
+}
+
+/// The code lines of a file (comments and the unit tests at its end left
+/// out), with their numbers.
+fn code(path: &Path) -> Vec<(usize, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("mod tests") {
+            break;
+        }
+        if t.starts_with("//") {
+            continue;
+        }
+        out.push((i + 1, line.to_string()));
+    }
+    out
+}
+
+/// Where any of `dirs` names any of `forbidden`, as `file:line: text`.
+fn offences(dirs: &[&str], forbidden: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for dir in dirs {
+        for file in sources(dir) {
+            for (n, line) in code(&file) {
+                if forbidden.iter().any(|f| line.contains(f)) {
+                    let shown = file
+                        .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                        .unwrap_or(&file)
+                        .display()
+                        .to_string();
+                    found.push(format!("{shown}:{n}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_source_directory_is_read() {
+    for dir in ["api", "decide", "effects", "service", "cli", "deploy"] {
+        assert!(sources(dir).len() > 3, "{dir}: {:?}", sources(dir));
+    }
+}
+
+/// Invariant: nothing under `decide/` performs I/O or reads a clock; time
+/// comes in through the snapshot.
+#[test]
+fn decide_performs_no_io_and_reads_no_clock() {
+    let found = offences(
+        &["decide"],
+        &[
+            "kube::Client",
+            "kube::Api",
+            "std::fs",
+            "std::process",
+            "std::net",
+            "std::thread",
+            "smol::",
+            "tokio::",
+            "Timestamp::now",
+            "SystemTime::now",
+            "Instant::now",
+            "crate::effects",
+            "crate::service",
+        ],
+    );
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// Invariant: layers import downwards only: `api` < `decide` < `effects` <
+/// `service` < `deploy` < `cli`.
+#[test]
+fn layers_import_downwards_only() {
+    let rules: [(&[&str], &[&str]); 4] = [
+        (
+            &["api"],
+            &[
+                "crate::decide",
+                "crate::effects",
+                "crate::service",
+                "crate::deploy",
+                "crate::cli",
+            ],
+        ),
+        (
+            &["effects"],
+            &["crate::service", "crate::deploy", "crate::cli"],
+        ),
+        (&["service"], &["crate::deploy", "crate::cli"]),
+        (&["deploy"], &["crate::cli"]),
+    ];
+    let mut found = Vec::new();
+    for (dirs, forbidden) in rules {
+        found.extend(offences(dirs, forbidden));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// Invariant: `runtime` is the only module that starts futures (inside
+/// `Compat`, where kube's client finds its reactor).
+#[test]
+fn only_runtime_starts_futures() {
+    let found = offences(
+        &[
+            "api", "decide", "effects", "service", "cli", "deploy", "logging", "main",
+        ],
+        &[
+            "smol::spawn(",
+            "smol::block_on(",
+            "async_io::block_on(",
+            "std::thread::spawn(",
+        ],
+    );
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// Invariant: only `effects` writes to the API server on the loop's behalf:
+/// no decision or service module calls a write verb of kube's `Api`.
+#[test]
+fn only_effects_write_to_the_api_server() {
+    let found = offences(
+        &["decide", "service"],
+        &[
+            ".create(&PostParams",
+            ".patch(",
+            ".replace(&",
+            ".delete(&",
+            ".patch_status(",
+            ".replace_status(",
+        ],
+    );
+    // The exceptions the map names: the webhook's own caBundle (guarded)
+    // and the metrics/admission servers are beside the loop.
+    let found: Vec<String> = found
+        .into_iter()
+        .filter(|l| !l.starts_with("src/service/admission"))
+        .collect();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
