@@ -234,6 +234,64 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
 mod tests {
     use super::*;
 
+    /// The README's lists that the code also has (the `run` flags, the
+    /// `manifests --for` targets, the RBAC grants) are generated from the
+    /// code and spliced between `<!-- generated: NAME -->` and
+    /// `<!-- end: NAME -->`; this fails when they differ, and
+    /// `NODEKEEPER_REGENERATE=1` rewrites them.
+    #[test]
+    fn checked_in_readme_tables_match_the_code() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+        let readme = std::fs::read_to_string(&path).unwrap_or_default();
+        let tables = [
+            ("run-flags", run::readme_flags_table()),
+            ("manifests-targets", crate::deploy::targets_readme_table()),
+            ("rbac", crate::deploy::rbac_readme_table()),
+        ];
+        let mut fresh = readme.clone();
+        let mut stale = Vec::new();
+        for (name, table) in &tables {
+            let (begin, end) = (
+                format!("<!-- generated: {name} -->\n"),
+                format!("<!-- end: {name} -->"),
+            );
+            let (Some(b), Some(e)) = (fresh.find(&begin), fresh.find(&end)) else {
+                stale.push(format!("{name}: markers missing"));
+                continue;
+            };
+            let at = b + begin.len();
+            if fresh[at..e] != **table {
+                stale.push(name.to_string());
+                fresh.replace_range(at..e, table);
+            }
+        }
+        if std::env::var_os("NODEKEEPER_REGENERATE").is_some() {
+            let _ = std::fs::write(&path, &fresh);
+            return;
+        }
+        assert!(
+            stale.is_empty(),
+            "README tables out of date: {stale:?} (NODEKEEPER_REGENERATE=1 cargo test --lib checked_in)"
+        );
+    }
+
+    /// `manifests --help` names every target there is.
+    #[test]
+    fn the_manifests_help_names_every_target() {
+        use argh::FromArgs;
+        let help = match deploy::ManifestsArgs::from_args(&["manifests"], &["--help"]) {
+            Err(argh::EarlyExit { output, .. }) => output,
+            Ok(_) => String::new(),
+        };
+        let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (t, _, _) in crate::deploy::TARGETS {
+            assert!(
+                flat.contains(&format!(" {t},")) || flat.contains(&format!(" {t} ")),
+                "{t} missing from: {flat}"
+            );
+        }
+    }
+
     #[test]
     fn a_bad_node_name_is_refused_in_one_line_naming_it() {
         assert!(validate_node_name("worker-1").is_ok());

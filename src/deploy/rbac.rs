@@ -271,6 +271,35 @@ pub const GRANTS: [Grant; 27] = [
     },
 ];
 
+/// The README's RBAC table: every grant of [`GRANTS`], who holds it and
+/// why, then the two Roles by name (the leader Lease; the notifications'
+/// Secrets). A test keeps the README's copy equal to this.
+pub fn readme_table() -> String {
+    let mut out =
+        String::from("| resource | verbs | held by | feature | why |\n|---|---|---|---|---|\n");
+    for g in GRANTS.iter() {
+        let res = if g.group.is_empty() {
+            g.resource.replace(',', ", ")
+        } else {
+            format!("{} ({})", g.resource.replace(',', ", "), g.group)
+        };
+        let who = if g.identities.contains(&Identity::Agent) {
+            "node agent, cluster role"
+        } else {
+            "cluster role"
+        };
+        out.push_str(&format!(
+            "| {res} | {} | {who} | {} | {} |\n",
+            g.verbs.join(", "),
+            g.feature,
+            g.why
+        ));
+    }
+    out.push_str("| leases (coordination.k8s.io) in nodekeeper's namespace | get, list, watch, create, update | cluster role | leader election | the leader Lease (a Role); a standby watches it, a stopping leader hands it over by clearing its holder |\n");
+    out.push_str("| secrets, by name, in nodekeeper's namespace | get | cluster role | notifications | only the Secrets `manifests --notify-secret`/`--notify-default` (Helm `notifications`) name, read when a notification is delivered; none without them (a Role) |\n");
+    out
+}
+
 pub(super) fn rules_comment(identity: Identity) -> String {
     let lines: Vec<String> = GRANTS
         .iter()
