@@ -176,3 +176,16 @@ fn only_effects_write_to_the_api_server() {
         .collect();
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// Invariant: nothing waits on kube-runtime's `Store::wait_until_ready`
+/// (it wakes one waiter only); readiness is a `runtime::Latch` per kind.
+#[test]
+fn no_store_waits_until_ready() {
+    let found = offences(
+        &[
+            "api", "decide", "effects", "service", "cli", "deploy", "runtime",
+        ],
+        &["wait_until_ready"],
+    );
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
