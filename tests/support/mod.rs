@@ -546,7 +546,15 @@ impl Agent {
             return;
         }
         let log = self.log_text();
-        let refused: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+        // A namespace being deleted answers 403 to every create in it
+        // (another test's, ending while an unscoped cluster role still
+        // reports on its objects): the NamespaceLifecycle plugin, not RBAC
+        // or our admission policy.
+        let refused: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("forbidden"))
+            .filter(|l| !l.contains("because it is being terminated"))
+            .collect();
         assert!(
             refused.is_empty(),
             "nodekeeper was refused under its shipped identity ({} lines; log {}):\n{}",
