@@ -476,6 +476,20 @@ impl Context {
     pub fn prune_cluster(&self, live: &HashSet<String>) {
         self.failing.retain(|k| live.contains(k));
         lock(&self.job_errors).retain(|_, (owner, _)| live.contains(owner));
+        // The notifier's memory is by object UID: policies and plans only.
+        let uids: Vec<String> = self
+            .policies
+            .state()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .chain(
+                self.plans
+                    .state()
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.clone()),
+            )
+            .collect();
+        self.notify.retain(&uids);
     }
 }
 
