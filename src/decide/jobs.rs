@@ -14,6 +14,18 @@ use serde_json::{Value, json};
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "nodekeeper";
 
+/// A Job's deterministic name: `prefix` cut to 46 characters (no trailing
+/// `-` or `.`), then a hash of `key`, everything that makes the run unique:
+/// at most 63 characters, the limit of the `job-name` label the Job
+/// controller puts on its pods. A repeated create is a 409, never a second run.
+pub fn name(prefix: &str, key: &str) -> String {
+    let mut prefix: String = prefix.chars().take(46).collect();
+    while prefix.ends_with(['-', '.']) {
+        prefix.pop();
+    }
+    format!("{prefix}-{:016x}", super::disrupt::fnv(key.as_bytes()))
+}
+
 /// Is `spec` shaped like a batch/v1 JobSpec? The shape a Job needs and
 /// people get wrong: a pod template with named containers, the fields a
 /// Job reads of the right kinds, and every level `build` writes into (env

@@ -357,32 +357,17 @@ impl Drop for TestEnv {
                 // Feature objects are cluster-scoped: named after the test
                 // (`ID`, or `ID-…` where a test has several; an exclusive
                 // plan left behind would hold every later test's).
-                let dp = DeleteParams::background();
                 let ours = |name: &str| name == id || name.starts_with(&format!("{id}-"));
-                let policies = Api::<nodekeeper::api::reboot::RebootPolicy>::all(client.clone());
-                for p in policies
-                    .list(&ListParams::default())
-                    .await
-                    .map(|l| l.items)
-                    .unwrap_or_default()
-                {
-                    let name = p.metadata.name.unwrap_or_default();
-                    if ours(&name) {
-                        let _ = policies.delete(&name, &dp).await;
-                    }
-                }
-                let plans = Api::<nodekeeper::api::upgrade::UpgradePlan>::all(client.clone());
-                for p in plans
-                    .list(&ListParams::default())
-                    .await
-                    .map(|l| l.items)
-                    .unwrap_or_default()
-                {
-                    let name = p.metadata.name.unwrap_or_default();
-                    if ours(&name) {
-                        let _ = plans.delete(&name, &dp).await;
-                    }
-                }
+                delete_named(
+                    &Api::<nodekeeper::api::reboot::RebootPolicy>::all(client.clone()),
+                    &ours,
+                )
+                .await;
+                delete_named(
+                    &Api::<nodekeeper::api::upgrade::UpgradePlan>::all(client.clone()),
+                    &ours,
+                )
+                .await;
                 for ns in namespaces {
                     let _ = Api::<Namespace>::all(client.clone())
                         .delete(&ns, &DeleteParams::background())
@@ -396,6 +381,25 @@ impl Drop for TestEnv {
             })
         })
         .join();
+    }
+}
+
+/// Delete every object of `api` whose name `ours` accepts (errors ignored:
+/// the cluster is thrown away anyway).
+async fn delete_named<K>(api: &Api<K>, ours: &dyn Fn(&str) -> bool)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let items = api
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for o in items {
+        let name = o.meta().name.clone().unwrap_or_default();
+        if ours(&name) {
+            let _ = api.delete(&name, &DeleteParams::background()).await;
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 
 use crate::api::upgrade::*;
-use crate::decide::disrupt::{fnv, owner_ref};
+use crate::decide::disrupt::owner_ref;
 pub use crate::decide::jobs::JobState;
 use crate::decide::jobs::{self, MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -52,13 +52,6 @@ pub fn job_name(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> 
         .get(index)
         .map(|h| h.name.as_str())
         .unwrap_or("hook");
-    let mut prefix: String = format!("{}-{hook}", plan.name_any())
-        .chars()
-        .take(46)
-        .collect();
-    while prefix.ends_with(['-', '.']) {
-        prefix.pop();
-    }
     let key = format!(
         "{}|{}|{}|{index}|{}|{}",
         plan.metadata.uid.as_deref().unwrap_or_default(),
@@ -67,7 +60,7 @@ pub fn job_name(plan: &UpgradePlan, stage: Stage, index: usize, a: &Attempt) -> 
         a.version,
         a.attempt
     );
-    format!("{prefix}-{:016x}", fnv(key.as_bytes()))
+    jobs::name(&format!("{}-{hook}", plan.name_any()), &key)
 }
 
 /// The template of every hook, as the Job spec it must be (what the schema

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::hooks::Attempt;
 use crate::api::upgrade::*;
-use crate::decide::disrupt::{fnv, owner_ref};
+use crate::decide::disrupt::owner_ref;
 use crate::decide::jobs::{MANAGED_BY, MANAGED_BY_LABEL};
 
 /// The stage label's value on upgrade Jobs (hooks have `before`/`after`).
@@ -28,13 +28,6 @@ pub const HOST_MOUNT: &str = "/host";
 /// `<plan>-upgrade` cut to 46 characters, then a hash of the plan's UID,
 /// the node, the version and the attempt (at most 63 characters).
 pub fn name(plan: &UpgradePlan, a: &Attempt) -> String {
-    let mut prefix: String = format!("{}-upgrade", plan.name_any())
-        .chars()
-        .take(46)
-        .collect();
-    while prefix.ends_with(['-', '.']) {
-        prefix.pop();
-    }
     let key = format!(
         "{}|{}|{STAGE}|{}|{}",
         plan.metadata.uid.as_deref().unwrap_or_default(),
@@ -42,7 +35,7 @@ pub fn name(plan: &UpgradePlan, a: &Attempt) -> String {
         a.version,
         a.attempt
     );
-    format!("{prefix}-{:016x}", fnv(key.as_bytes()))
+    crate::decide::jobs::name(&format!("{}-upgrade", plan.name_any()), &key)
 }
 
 /// `namespace/name` of the upgrade Job, as the Job store keys it.
