@@ -103,7 +103,7 @@ bench-replace: build-static cluster-up
 bench-scale: build-static cluster-up
     NODEKEEPER_BIN={{static_bin}} cargo bench --bench scale
 
-# Live demo of node maintenance on the local control plane (leaves it running).
+# Live demo on the local control plane: maintenance, a rolling reboot, an upgrade (leaves it running).
 demo:
     tests/demo.sh
 
