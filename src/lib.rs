@@ -44,24 +44,27 @@
 //!   NodeMaintenance life; [`decide::drain`] which pods go and how (kubectl
 //!   drain's rules, PDB blockers, retries); [`decide::reboot`] and
 //!   [`decide::upgrade`] the cluster role's admissions and per-node stages
-//!   and the node role's half (`node.rs`); [`decide::replace`] rolling
+//!   and the node role's half (`node.rs`), with the once-per-boot record of
+//!   a host command ([`decide::reboot::once_per_boot`]); [`decide::replace`] rolling
 //!   replacement; [`decide::mutex`] the mutex operator's runs. Shared:
 //!   [`decide::budget`], [`decide::window`], [`decide::health`],
 //!   [`decide::marking`], [`decide::notify`], [`decide::disrupt`] (node facts,
-//!   the NodeMaintenance a feature takes a node with), [`decide::jobs`],
+//!   why a node waits, the NodeMaintenance a feature takes a node with),
+//!   [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
 //!   [`decide::claim`], [`decide::foreign`], [`decide::node_conditions`]
 //!   (KEP-5683), [`decide::admission`] (the webhook's refusals).
 //!   `decide/mod.rs` holds the closed set of effects and outcomes.
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`], [`effects::lease`],
-//!   [`effects::leader`] (election, gate, hand-over), [`effects::events`];
+//!   [`effects::gate`] (whether a leader may still act), [`effects::events`];
 //!   what touches a host: [`effects::host`] and [`effects::host_run`]
 //!   (commands as the host's own processes with a record per command id),
 //!   [`effects::talos`] (machined's API on its socket); and the outside:
 //!   [`effects::provider`] (the cloud plugin), [`effects::prometheus`],
 //!   [`effects::http`] (notifications, channels).
-//! - `service/`: the loop's wiring. [`service::watch`] (watch machinery, the
-//!   pass loop), [`service::requests`], [`service::fresh`] and
+//! - `service/`: the loop's wiring. [`service::watch`] (watch machinery),
+//!   [`service::passes`] (the scheduler loop: kicks, one pass at a time, wake
+//!   floors), [`service::leader`] (election and hand-over), [`service::requests`], [`service::fresh`] and
 //!   [`service::stores`] (the mutation cache), [`service::roles`],
 //!   [`service::context`], [`service::executor`], [`service::cluster`] (the
 //!   cluster role's one scheduler; [`service::planned`] last), background

@@ -31,7 +31,7 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
                 socket: support::scratch().join("no-machined.sock"),
             },
             provider: None,
-            gate: nodekeeper::effects::leader::LeaderGate::always(),
+            gate: nodekeeper::effects::gate::LeaderGate::always(),
         };
         let name = format!("{}-owned", env.id);
         let mut nm = NodeMaintenance::new(

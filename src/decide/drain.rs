@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use crate::api::pod::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::selector::selector_matches;
 
 /// What draining does with one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,27 +169,6 @@ pub fn pod_key(pod: &Pod) -> String {
     )
 }
 
-/// Does a label selector match these labels? (A PDB's nil selector matches
-/// nothing, an empty one everything, as the disruption controller does.)
-pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    if let Some(ml) = &sel.match_labels
-        && !ml.iter().all(|(k, v)| labels.get(k) == Some(v))
-    {
-        return false;
-    }
-    sel.match_expressions.iter().flatten().all(|e| {
-        let val = labels.get(&e.key);
-        let vals = e.values.as_deref().unwrap_or_default();
-        match e.operator.as_str() {
-            "In" => val.is_some_and(|v| vals.contains(v)),
-            "NotIn" => val.is_none_or(|v| !vals.contains(v)),
-            "Exists" => val.is_some(),
-            "DoesNotExist" => val.is_none(),
-            _ => false,
-        }
-    })
-}
-
 /// The PDBs in the pod's namespace that select it.
 pub fn pdbs_for<'a>(pod: &Pod, pdbs: &'a [PodDisruptionBudget]) -> Vec<&'a PodDisruptionBudget> {
     let empty = BTreeMap::new();
@@ -237,6 +217,7 @@ pub fn pdb_blocker(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     #[test]
     fn refusals_back_off_and_accepted_pods_are_waited_for() {

@@ -405,7 +405,7 @@ pub fn decide(s: &Snapshot) -> Step {
             let selected = opts
                 .pod_selector
                 .as_ref()
-                .is_none_or(|sel| drain::selector_matches(sel, pod.labels()));
+                .is_none_or(|sel| super::selector::selector_matches(sel, pod.labels()));
             let fate = match drain::fate(pod) {
                 _ if !selected => Fate::Skip("not selected by the drain's pod selector"),
                 // Past the deadline, Force deletes what eviction could not

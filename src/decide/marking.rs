@@ -47,8 +47,8 @@ pub fn check(marks: &NodeLabels) -> Vec<String> {
     ] {
         for (k, v) in map {
             let filled = v.replace("{version}", "v1.0.0");
-            if let Err(e) = super::disrupt::check_label_key(field, k)
-                .and_then(|()| super::disrupt::check_label_value(field, k, &filled))
+            if let Err(e) = super::selector::check_label_key(field, k)
+                .and_then(|()| super::selector::check_label_value(field, k, &filled))
             {
                 problems.push(e);
             }

@@ -29,6 +29,7 @@ pub mod node_conditions;
 pub mod notify;
 pub mod reboot;
 pub mod replace;
+pub mod selector;
 pub mod upgrade;
 pub mod window;
 

@@ -19,6 +19,7 @@
 
 pub mod facts;
 pub mod node;
+pub mod once_per_boot;
 mod stages;
 
 use std::collections::BTreeMap;
@@ -32,12 +33,13 @@ use kube::ResourceExt;
 use super::budget::Member;
 use super::command_check::Check;
 use super::disrupt;
-use super::drain::selector_matches;
 use super::maintenance::annotation;
+use super::selector::{check_selector, selector_matches};
 use super::{Effect, Plan, Then, marking, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
 pub use facts::*;
+pub use once_per_boot::{failure_in, issued_in};
 use stages::Decision;
 
 /// Everything one policy's decision reads.

@@ -33,9 +33,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::budget::Member;
-use super::disrupt::{self, boot_id, check_selector, owned_by, ready, unschedulable};
-use super::drain::selector_matches;
+use super::disrupt::{self, boot_id, owned_by, ready, unschedulable};
 use super::maintenance::annotation;
+use super::selector::{check_selector, selector_matches};
 use super::{Effect, Plan, Then, marking, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::upgrade::*;

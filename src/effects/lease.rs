@@ -1,7 +1,7 @@
 //! Leases: the medik8s node lease (`medik8s-leases/node-<node>`, holder
 //! `node-maintenance`) that NodeMaintenance holds so medik8s remediators
 //! leave the node alone, and the taking of cluster mode's leader lease
-//! (its election, gate and hand-over are [`super::leader`]'s). Writes use
+//! (its election and hand-over are `service::leader`'s, the gate [`super::gate`]'s). Writes use
 //! the lease's resourceVersion, so two writers never both win.
 
 use std::sync::Mutex;
@@ -254,6 +254,42 @@ pub async fn acquire_node_lease(
 /// Release the medik8s lease of `node` if NodeMaintenance holds it.
 pub async fn release_node_lease(client: &Client, node: &str) -> Result<()> {
     release(client, LEASE_NAMESPACE, &lease_name(node), LEASE_HOLDER).await
+}
+
+/// Hand the leader lease over as client-go's `ReleaseOnCancel` does: if
+/// `holder` still holds it, write it back with no holder and a duration of
+/// 1 s. An update, which the leader needs anyway: a delete needed a verb
+/// the shipped Role did not grant (the hand-over was refused with 403 and
+/// the standby waited out the 15 s), and a lease without a holder is taken
+/// at once by whoever reads it next ([`acquire`]), a standby first: it
+/// watches the lease (`service::leader::lead`).
+pub async fn release_leader(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    holder: &str,
+) -> Result<()> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let ctx = || format!("releasing lease {namespace}/{name}");
+    let Some(mut lease) = api.get_opt(name).await.map_err(Error::kube(ctx()))? else {
+        return Ok(());
+    };
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    if spec.holder_identity.as_deref() != Some(holder) {
+        return Ok(());
+    }
+    let now = MicroTime(Timestamp::now());
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.acquire_time = Some(now.clone());
+    spec.renew_time = Some(now);
+    // replace() carries resourceVersion: a lease taken meanwhile stays
+    // its new holder's.
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(ctx())(e)),
+    }
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@
 
 pub mod events;
 pub mod evict;
+pub mod gate;
 pub mod host;
 pub mod host_run;
 pub mod http;
-pub mod leader;
 pub mod lease;
 mod objects;
 pub mod prometheus;
@@ -50,7 +50,7 @@ pub struct Interpreter {
     pub provider: Option<provider::Provider>,
     /// The cluster role's leadership: no effect starts once its lease is in
     /// doubt (always open in the node role).
-    pub gate: leader::LeaderGate,
+    pub gate: gate::LeaderGate,
 }
 
 impl Interpreter {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::watch::Kick;
+use super::passes::Kick;
 use crate::api::upgrade::ChannelStatus;
 use crate::decide::upgrade::channel::version_of;
 

@@ -5,7 +5,7 @@
 //!
 //! - **Triggers**: the kinds the passes read (nodes, NodeMaintenances,
 //!   policies, plans, Jobs, the mutex kinds; the pods of blocking-pod gates,
-//!   watched by selector for as long as a gate names them) each [`Kick`]
+//!   watched by selector for as long as a gate names them) each [`Kick`](super::passes::Kick)
 //!   the scheduler. Kicks coalesce: any number of them
 //!   during a pass make one more pass, never one each.
 //! - **One pass at a time**, each feature in turn; a feature's pass never
@@ -35,8 +35,8 @@ use super::context::Context;
 use super::failing::Subject;
 use super::metrics;
 use super::mutex::MutexStores;
+use super::passes::run_passes;
 use super::pod_watches::GateKey;
-use super::watch::run_passes;
 use crate::decide::earliest;
 
 /// How long a pass waits for a new gate's pods to be listed before it

@@ -14,9 +14,9 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::failing::{Failing, Subject};
+use super::passes::Kick;
 use super::roles::Scope;
 use super::stores::{Fresh, Stores, Synced};
-use super::watch::Kick;
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;

@@ -25,9 +25,11 @@ pub mod executor;
 pub mod failing;
 pub mod fresh;
 pub mod health;
+pub mod leader;
 pub mod metrics;
 pub mod mutex;
 pub mod notifier;
+pub mod passes;
 pub mod planned;
 pub mod pod_watches;
 pub mod reboots;
@@ -159,10 +161,10 @@ pub async fn run(
         Scope::AllNodes { .. } => metrics::Role::Cluster,
     });
     let lost_leadership: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let mut gate = crate::effects::leader::LeaderGate::always();
+    let mut gate = crate::effects::gate::LeaderGate::always();
     let mut leadership = None;
     if matches!(scope, Scope::AllNodes { .. }) {
-        let lead = crate::effects::leader::lead(
+        let lead = leader::lead(
             client.clone(),
             config.leader_namespace.clone(),
             config.leader_lease.clone(),
@@ -211,10 +213,10 @@ pub async fn run(
     // (`cluster.rs`) and replacement on its own task; each watch of a kind
     // they read kicks them. The node role has neither.
     let cluster_role = matches!(scope, Scope::AllNodes { .. });
-    let (kick, kicks) = watch::Kick::new();
+    let (kick, kicks) = passes::Kick::new();
     let planned_kick = kick.clone();
-    let (replace_kick, replace_kicks) = watch::Kick::new();
-    let (anchor_kick, anchor_kicks) = watch::Kick::new();
+    let (replace_kick, replace_kicks) = passes::Kick::new();
+    let (anchor_kick, anchor_kicks) = passes::Kick::new();
     let (plans, plan_writer) = reflector::store::<UpgradePlan>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let fresh = Arc::new(Fresh::default());
@@ -229,7 +231,7 @@ pub async fn run(
             .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
             // Heartbeats update the store but trigger nothing.
             .filter(move |ev| !cluster_role || changes.matters(ev))
-            .inspect(watch::on_event(
+            .inspect(passes::on_event(
                 cluster_role,
                 vec![kick.clone(), replace_kick.clone()],
             ))
@@ -270,7 +272,7 @@ pub async fn run(
             .inspect(move |ev| order.note(ev))
             .reflect(nm_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
-            .inspect(watch::on_event(
+            .inspect(passes::on_event(
                 cluster_role,
                 vec![kick.clone(), replace_kick.clone()],
             ))
@@ -284,7 +286,7 @@ pub async fn run(
             .backoff(WatchBackoff::default())
             .reflect(policy_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
-            .inspect(watch::on_event(cluster_role, vec![kick.clone()]))
+            .inspect(passes::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "RebootPolicies"))
     };
@@ -295,7 +297,7 @@ pub async fn run(
             .backoff(WatchBackoff::default())
             .reflect(plan_writer)
             .inspect(move |ev| observe(ev, &latch, |name| fresh.plans.forget(name)))
-            .inspect(watch::on_event(cluster_role, vec![kick.clone()]))
+            .inspect(passes::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "UpgradePlans"))
     };
@@ -327,7 +329,7 @@ pub async fn run(
             .modify(slim_job)
             .reflect(job_writer)
             .inspect(move |ev| observe(ev, &latch, |_| {}))
-            .inspect(watch::on_event(cluster_role, vec![kick.clone()]))
+            .inspect(passes::on_event(cluster_role, vec![kick.clone()]))
             .touched_objects()
             .filter(|r| watch_ok(r, "Jobs")),
         )

@@ -21,7 +21,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::{Client, ResourceExt};
 
 use super::metrics;
-use super::watch::Kick;
+use super::passes::Kick;
 use crate::api::common::{Notification, NotificationStatus, is_node_name};
 use crate::api::reboot::{RebootPolicy, RebootPolicyStatus};
 use crate::api::upgrade::{UpgradePlan, UpgradePlanStatus};

@@ -32,7 +32,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use smol::stream::StreamExt;
 
-use super::watch::{Kick, WatchBackoff, watch_config};
+use super::passes::Kick;
+use super::watch::{WatchBackoff, watch_config};
 use crate::api::common::BlockingPods;
 use crate::api::pod::Pod;
 use crate::runtime::Latch;
@@ -76,7 +77,7 @@ impl GateKey {
         // Label syntax and the namespace are checked first: a value the
         // API server refuses ("my app") left a watch retrying for ever, and
         // a namespace reaches the URL path.
-        if crate::decide::disrupt::check_gate(gate).is_err() {
+        if crate::decide::selector::check_gate(gate).is_err() {
             return None;
         }
         let selector = kube::core::Selector::try_from(gate.selector.clone()).ok()?;

@@ -17,7 +17,7 @@ use super::executor;
 use super::failing::Subject;
 use super::metrics;
 use crate::api::reboot::RebootPolicy;
-use crate::decide::reboot::{self, node};
+use crate::decide::reboot::{self, node, once_per_boot};
 use crate::decide::{Effect, Outcome, earliest};
 use crate::effects::host;
 use crate::error::Result;
@@ -102,7 +102,7 @@ async fn reconcile_policy(
 /// A host command's result, recorded on its node next (a failed reboot:
 /// the policy reports it).
 fn record_command(effect: &Effect, outcome: &Outcome) -> executor::After {
-    match node::after_command(effect, outcome) {
+    match once_per_boot::after_command(effect, outcome) {
         Some(follow) => {
             log_command_failure(effect, outcome);
             executor::After::First(vec![follow])

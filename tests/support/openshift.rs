@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use nodekeeper::api::mutex::{VERSION_LABEL, cluster_version_resource, pool_resource};
-use nodekeeper::decide::drain::selector_matches;
+use nodekeeper::decide::selector::selector_matches;
 use nodekeeper::runtime::Latch;
 use serde_json::json;
 

@@ -3,7 +3,16 @@
 
 use super::*;
 use crate::api::common::PrometheusGate;
+#[allow(unused_imports)]
+use crate::api::common::{Budget, DrainSpec, Gates};
+use crate::decide::selector::*;
+#[allow(unused_imports)]
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+#[allow(unused_imports)]
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+#[allow(unused_imports)]
+use std::sync::Arc;
 
 fn gate(alerts: Option<&str>, ignore: Option<&str>, firing_only: bool) -> PrometheusGate {
     PrometheusGate {

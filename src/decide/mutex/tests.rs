@@ -314,7 +314,7 @@ impl World {
                 !p.paused
                     && p.node_selector
                         .as_ref()
-                        .is_some_and(|s| crate::decide::drain::selector_matches(s, n.labels()))
+                        .is_some_and(|s| crate::decide::selector::selector_matches(s, n.labels()))
             });
             if in_unpaused {
                 let d = desired.clone();

@@ -13,9 +13,7 @@ use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
 use crate::decide::HostAction;
 use crate::decide::disrupt;
-pub use crate::decide::disrupt::{
-    blocking_pod, boot_id, check_selector, node_ref, ready, unschedulable,
-};
+pub use crate::decide::disrupt::{blocking_pod, boot_id, node_ref, ready, unschedulable};
 use crate::decide::maintenance::annotation;
 
 /// Does any of the supported signals say the node needs a reboot?
@@ -96,18 +94,6 @@ pub fn paused(node: &Node) -> bool {
         || [FLUO_PREFIX, CLUO_PREFIX]
             .iter()
             .any(|p| annotation(node, &format!("{p}reboot-paused")) == Some("true"))
-}
-
-/// Was a reboot issued in `boot`?
-pub fn issued_in(node: &Node, boot: &str) -> bool {
-    annotation(node, ISSUED_ANNOTATION) == Some(boot)
-}
-
-/// The failure of a reboot command in `boot`, if one was recorded.
-pub fn failure_in<'a>(node: &'a Node, boot: &str) -> Option<&'a str> {
-    annotation(node, FAILED_ANNOTATION)?
-        .strip_prefix(boot)?
-        .strip_prefix(": ")
 }
 
 /// The patch that clears every need marker we honour (FLUO's and CLUO's

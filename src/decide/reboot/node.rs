@@ -10,18 +10,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::facts::{boot_id, failure_in, issued_in, needs_reboot, paused, reboot_action};
+use super::facts::{boot_id, needs_reboot, paused, reboot_action};
+use super::once_per_boot::{failure_in, issue, issued_in};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::command_check::{self, Check};
-use crate::decide::disrupt::check_selector;
-use crate::decide::drain::selector_matches;
 use crate::decide::maintenance::owner_of;
-use crate::decide::{Effect, HostAction, HostRecord, Outcome};
-
-/// How long a reboot command may run: `systemctl reboot` returns once the
-/// shutdown is queued.
-pub const REBOOT_COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+use crate::decide::selector::{check_selector, selector_matches};
+use crate::decide::{Effect, HostAction};
 
 /// What the node role knows about its node's reboot.
 pub struct Snapshot<'a> {
@@ -147,54 +143,5 @@ pub fn sentinel_record(node: &Node, error: Option<&str>) -> Option<Effect> {
         // One key of our own; nothing to lose in a concurrent change.
         resource_version: None,
         patch: json!({"metadata": {"annotations": {SENTINEL_FAILED_ANNOTATION: error}}}),
-    })
-}
-
-/// Issue a reboot in `boot`: first record it on the node, guarded by the
-/// resourceVersion (of two writers only one succeeds, and a failed write
-/// stops the plan before the command), then run the action: on this host
-/// (a command or Talos's API), or from here (the cluster role's
-/// `reboot.remoteCommand`).
-pub fn issue(node: &Node, boot: &str, action: HostAction) -> Vec<Effect> {
-    let n = node.name_any();
-    vec![
-        Effect::PatchNode {
-            node: n.clone(),
-            resource_version: node.resource_version(),
-            patch: json!({"metadata": {"annotations": {ISSUED_ANNOTATION: boot}}}),
-        },
-        Effect::RunHost {
-            id: format!("reboot/{n}/{boot}"),
-            node: n,
-            action,
-            record: HostRecord {
-                annotation: FAILED_ANNOTATION,
-                failed: format!("{boot}: "),
-                succeeded: None,
-            },
-            timeout: REBOOT_COMMAND_TIMEOUT,
-        },
-    ]
-}
-
-/// After a host command: its result is recorded on the node as the effect
-/// says (a failed reboot: the policy gives the node back and reports it;
-/// a reboot that succeeded needs nothing — the node goes down and comes
-/// back with a new boot ID).
-pub fn after_command(effect: &Effect, outcome: &Outcome) -> Option<Effect> {
-    let (Effect::RunHost { node, record, .. }, Outcome::HostRan { ok, output }) = (effect, outcome)
-    else {
-        return None;
-    };
-    let value = match (ok, &record.succeeded) {
-        (false, _) => format!("{}{output}", record.failed),
-        (true, Some(v)) => v.clone(),
-        (true, None) => return None,
-    };
-    Some(Effect::PatchNode {
-        node: node.clone(),
-        // One key of our own; nothing to lose in a concurrent change.
-        resource_version: None,
-        patch: json!({"metadata": {"annotations": {record.annotation: value}}}),
     })
 }

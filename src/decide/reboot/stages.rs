@@ -12,7 +12,8 @@ use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 
 use super::facts::*;
-use super::{NOT_RETURNED, Snapshot, WAIT_IN_MAINTENANCE, node};
+use super::once_per_boot::{failure_in, issued_in};
+use super::{NOT_RETURNED, Snapshot, WAIT_IN_MAINTENANCE};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::maintenance::owner_of;
@@ -442,7 +443,8 @@ impl<'a> Decision<'a> {
         self.set(&n, RebootPhase::Rebooting, Some(before), None, msg);
         if !issued && remote && held {
             let remote = HostAction::Remote(argv(&spec.remote_command, &n));
-            self.effects.extend(node::issue(node, before, remote));
+            self.effects
+                .extend(super::once_per_boot::issue(node, before, remote));
         }
         self.deadline(node);
     }

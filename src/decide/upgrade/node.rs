@@ -19,7 +19,7 @@ use crate::api::upgrade::*;
 use crate::decide::disrupt::boot_id;
 use crate::decide::maintenance::{annotation, owner_of};
 use crate::decide::reboot::facts::talos_release;
-use crate::decide::reboot::{failure_in, issued_in, node::issue};
+use crate::decide::reboot::once_per_boot::{failure_in, issue, issued_in};
 use crate::decide::{Effect, HostAction, HostRecord};
 
 /// What the node role knows about its node's upgrade.

@@ -27,7 +27,8 @@ use kube::{Client, ResourceExt};
 
 use super::context::Context;
 use super::failing::{Failing, Subject};
-use super::watch::{Kick, Trigger, typed, watch_dynamic};
+use super::passes::Kick;
+use super::watch::{Trigger, typed, watch_dynamic};
 use crate::api::constellation::*;
 use crate::decide::earliest;
 use crate::decide::replace::{self, Failure, Read};
@@ -189,7 +190,7 @@ pub fn start_task(
     crate::runtime::spawn(async move {
         ctx.synced.wait().await;
         let (ctx, r, k) = (&*ctx, &r, &kicks);
-        crate::service::watch::run_passes(&ctx.effects.gate, &kicks, move || async move {
+        crate::service::passes::run_passes(&ctx.effects.gate, &kicks, move || async move {
             let started = Instant::now();
             // A round may wait on the provider for its whole timeout.
             let limit = crate::service::metrics::WEDGED_AFTER

@@ -50,7 +50,7 @@ pub(super) async fn versions(
         let (nodes, elsewhere): (Vec<Arc<Node>>, Vec<Arc<Node>>) = all_nodes
             .iter()
             .filter(|n| {
-                selector.is_none_or(|s| crate::decide::drain::selector_matches(s, n.labels()))
+                selector.is_none_or(|s| crate::decide::selector::selector_matches(s, n.labels()))
             })
             .cloned()
             .partition(|n| !taken.contains(&n.name_any()));

@@ -1,5 +1,6 @@
 //! The node role's half: issuing the reboot, marking need, recording failure.
-use super::super::node::{Snapshot, after_command, decide, issue};
+use super::super::node::{Snapshot, decide};
+use super::super::once_per_boot::{after_command, issue};
 use super::*;
 use crate::decide::{HostAction, Outcome};
 

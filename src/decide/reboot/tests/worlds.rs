@@ -394,7 +394,7 @@ impl World {
                     self.down.insert(node.clone(), 1 + self.rng.below(3) as u32);
                 }
                 if !ok
-                    && let Some(follow) = node::after_command(
+                    && let Some(follow) = super::once_per_boot::after_command(
                         e,
                         &Outcome::HostRan {
                             ok: false,

@@ -1,128 +1,18 @@
 //! Leader election of the cluster role: the leader lease taken and renewed
-//! ([`lead`]), the gate every effect passes while it leads
-//! ([`LeaderGate`]), and the hand-over when it stops
-//! ([`Leadership::step_down`], [`release_leader`]). The lease itself is
-//! taken by [`super::lease::acquire`], which judges a leader lease's expiry
-//! by local time ([`super::lease::Observed`]).
+//! ([`lead`]), the gate it opens for effects while it leads
+//! ([`crate::effects::gate::LeaderGate`]), and the hand-over when it stops
+//! ([`Leadership::step_down`]). The lease's reads and writes are effects
+//! ([`crate::effects::lease::acquire`], which judges a leader lease's expiry
+//! by local time, and [`crate::effects::lease::release_leader`]).
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
 use kube::{Api, Client};
 
-use super::lease::{Acquired, LeaseKind, Observed, acquire};
-use crate::error::{Error, Result};
-
-/// Whether this process may still start effects as the cluster role's
-/// leader. A replica that is not leader-elected (the node role) always may.
-/// A leader may only until its renew deadline: 10 s after the start of its
-/// last successful renewal, 5 s before the 15 s lease could pass to another
-/// replica. So no effect of an old leader starts after a new one could
-/// have begun, and only resourceVersion-guarded writes already in flight
-/// can meet a new leader's.
-///
-/// It also counts the effects running, so a leader that steps down
-/// ([`Leadership::step_down`]) hands its lease over only once none is.
-#[derive(Clone, Default)]
-pub struct LeaderGate(Option<Arc<GateState>>);
-
-#[derive(Default)]
-struct GateState {
-    until: Mutex<Option<Instant>>,
-    in_flight: std::sync::atomic::AtomicUsize,
-}
-
-/// An effect running under the gate (counted until dropped).
-pub struct InFlight(Option<Arc<GateState>>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Some(state) = &self.0 {
-            state
-                .in_flight
-                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-}
-
-impl LeaderGate {
-    /// A gate that never closes (no leader election).
-    pub fn always() -> LeaderGate {
-        LeaderGate(None)
-    }
-
-    fn elected() -> LeaderGate {
-        LeaderGate(Some(Arc::default()))
-    }
-
-    fn slot(&self) -> Option<std::sync::MutexGuard<'_, Option<Instant>>> {
-        self.0
-            .as_ref()
-            .map(|s| s.until.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// [`LeaderGate::may_act`], and count the effect until the guard drops.
-    pub fn enter(&self) -> Result<InFlight> {
-        // Counted before the check, released if it fails: checked first, a
-        // step-down could revoke, read no effect in flight and hand the
-        // lease over between the check and the count.
-        if let Some(state) = &self.0 {
-            state
-                .in_flight
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        let guard = InFlight(self.0.clone());
-        self.may_act()?;
-        Ok(guard)
-    }
-
-    fn in_flight(&self) -> usize {
-        self.0
-            .as_ref()
-            .map_or(0, |s| s.in_flight.load(std::sync::atomic::Ordering::SeqCst))
-    }
-
-    /// `Ok` while effects may start; [`Error::LostLease`] once the lease is
-    /// in doubt.
-    pub fn may_act(&self) -> Result<()> {
-        match self.slot() {
-            None => Ok(()),
-            Some(until) => match *until {
-                Some(t) if Instant::now() < t => Ok(()),
-                _ => Err(Error::LostLease(
-                    "the leader lease was not renewed in time; starting nothing more".into(),
-                )),
-            },
-        }
-    }
-
-    /// A leader's gate, closed until [`LeaderGate::open_for_test`].
-    #[cfg(test)]
-    pub fn closed_for_test() -> LeaderGate {
-        LeaderGate::elected()
-    }
-
-    #[cfg(test)]
-    pub fn open_for_test(&self, d: Duration) {
-        self.extend(Instant::now() + d)
-    }
-
-    fn extend(&self, until: Instant) {
-        if let Some(mut slot) = self.slot() {
-            *slot = Some(until);
-        }
-    }
-
-    fn revoke(&self) {
-        if let Some(mut slot) = self.slot() {
-            *slot = None;
-        }
-    }
-}
+use crate::effects::gate::LeaderGate;
+use crate::effects::lease::{Acquired, LeaseKind, Observed, acquire, release_leader};
+use crate::error::Result;
 
 /// The leader lease's timing (client-go's defaults for the first two).
 const LEADER_LEASE_SECONDS: i32 = 15;
@@ -360,40 +250,4 @@ fn released(api: Api<Lease>, name: &str) -> impl smol::stream::Stream<Item = ()>
                 None
             }
         })
-}
-
-/// Hand the leader lease over as client-go's `ReleaseOnCancel` does: if
-/// `holder` still holds it, write it back with no holder and a duration of
-/// 1 s. An update, which the leader needs anyway: a delete needed a verb
-/// the shipped Role did not grant (the hand-over was refused with 403 and
-/// the standby waited out the 15 s), and a lease without a holder is taken
-/// at once by whoever reads it next ([`acquire`]), a standby first: it
-/// watches the lease ([`lead`]).
-pub async fn release_leader(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    holder: &str,
-) -> Result<()> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let ctx = || format!("releasing lease {namespace}/{name}");
-    let Some(mut lease) = api.get_opt(name).await.map_err(Error::kube(ctx()))? else {
-        return Ok(());
-    };
-    let spec = lease.spec.get_or_insert_with(Default::default);
-    if spec.holder_identity.as_deref() != Some(holder) {
-        return Ok(());
-    }
-    let now = MicroTime(Timestamp::now());
-    spec.holder_identity = None;
-    spec.lease_duration_seconds = Some(1);
-    spec.acquire_time = Some(now.clone());
-    spec.renew_time = Some(now);
-    // replace() carries resourceVersion: a lease taken meanwhile stays
-    // its new holder's.
-    match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(Error::kube(ctx())(e)),
-    }
 }
