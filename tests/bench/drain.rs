@@ -15,12 +15,25 @@
 //!   server's audit log, which records only the agents' identity;
 //! - pod watches reopened meanwhile (audit log): the server closes a
 //!   node-scoped pod watch whose reader falls behind, and each reopening
-//!   is a pause in what the agent sees of its drain.
+//!   is a pause in what the agent sees of its drain (the cluster role
+//!   opens one per drained node: one per drain is its normal);
+//! - CPU: the nodekeeper processes' user and system time meanwhile.
 //!
 //! The maintenance is then deleted, the node uncordoned, and the next run
-//! drains the other node, where the pods were recreated. Each setting in
-//! [`CONFIGS`] (HTTP/1.1 or HTTP/2, evictions in flight) gets its own pair of
-//! agents and its own row.
+//! drains the other node, where the pods were recreated. The settings run
+//! in rounds, each once per round with processes started for it
+//! (`NODEKEEPER_DRAIN_RUNS` rounds, default 5; `NODEKEEPER_DRAIN_ONLY`
+//! picks settings by the start of their label), so a slow spell of the
+//! shared machine falls on all alike. Each setting in [`SETTINGS`] has its
+//! own row: node agents
+//! (HTTP/1.1 or HTTP/2, evictions in flight), the cluster role alone (one
+//! `run --all-nodes` process scoped to the two nodes, which drains them
+//! itself), and first **the floor**: no nodekeeper at all, the benchmark
+//! itself cordons the node (before the clock) and sends the 110 evictions
+//! at once over one HTTP/2 connection, with no list, no decision and no
+//! status, and times the last pod gone. What the API server, the
+//! controllers and kwok need for that is the limit; every row is also
+//! shown divided by it.
 //!
 //! `NODEKEEPER_DRAIN_SOAK=N` (`just bench-drain-soak`: 100) instead runs N
 //! drains with one pair of agents (HTTP/2, 110 in flight) and prints each
@@ -47,18 +60,41 @@ const NAMESPACES: usize = 5;
 const DEPLOYMENTS_PER_NS: usize = 2;
 const REPLICAS: i32 = 11; // 5 × 2 × 11 = 110 pods
 
-/// The agent settings compared, each with its own pair of agents.
-const CONFIGS: [(&str, &[&str]); 4] = [
+/// Who drains in a setting.
+#[derive(Clone, Copy, PartialEq)]
+enum Who {
+    /// The benchmark itself: cordon, then every eviction at once.
+    Floor,
+    /// A node agent per node (`run --node N`).
+    NodeAgents,
+    /// One cluster role (`run --all-nodes`) and no agents.
+    ClusterRole,
+}
+
+/// The settings compared, each with its own processes.
+const SETTINGS: [(&str, Who, &[&str]); 6] = [
+    ("floor: 110 evictions at once", Who::Floor, &[]),
     (
         "HTTP/1.1, 32 in flight",
+        Who::NodeAgents,
         &["--http1-only", "--evictions-in-flight", "32"],
     ),
     (
         "HTTP/1.1, 110 in flight",
+        Who::NodeAgents,
         &["--http1-only", "--evictions-in-flight", "110"],
     ),
-    ("HTTP/2, 32 in flight", &["--evictions-in-flight", "32"]),
-    ("HTTP/2, 110 in flight", &["--evictions-in-flight", "110"]),
+    (
+        "HTTP/2, 32 in flight",
+        Who::NodeAgents,
+        &["--evictions-in-flight", "32"],
+    ),
+    (
+        "node role (default)",
+        Who::NodeAgents,
+        &["--evictions-in-flight", "110"],
+    ),
+    ("cluster role (default)", Who::ClusterRole, &[]),
 ];
 
 /// One run's figures.
@@ -68,12 +104,15 @@ struct Run {
     drained: Duration,
     requests: usize,
     pod_watches: usize,
+    /// CPU time the nodekeeper processes used meanwhile (0 for the floor).
+    cpu_ms: u64,
 }
 
 /// One configuration's figures: per-run figures, idle RSS and the agents'
 /// peak RSS (KiB).
 struct Measured {
     label: &'static str,
+    who: Who,
     rows: Vec<Run>,
     idle_rss: u64,
     peak_rss: u64,
@@ -99,38 +138,99 @@ fn main() {
         let soak: Option<usize> = std::env::var("NODEKEEPER_DRAIN_SOAK")
             .ok()
             .and_then(|v| v.parse().ok());
-        let configs: Vec<(&str, &[&str])> = match soak {
-            Some(_) => vec![CONFIGS[3]],
-            None => CONFIGS.to_vec(),
+        let configs: Vec<(&str, Who, &[&str])> = match soak {
+            Some(_) => vec![SETTINGS[4]],
+            None => match std::env::var("NODEKEEPER_DRAIN_ONLY") {
+                // A subset by label prefix, e.g. "floor,node role,cluster".
+                Ok(only) => SETTINGS
+                    .iter()
+                    .copied()
+                    .filter(|(l, _, _)| only.split(',').any(|o| l.starts_with(o.trim())))
+                    .collect(),
+                Err(_) => SETTINGS.to_vec(),
+            },
         };
-        let runs = soak.unwrap_or(RUNS);
+        let runs = soak.unwrap_or_else(|| {
+            std::env::var("NODEKEEPER_DRAIN_RUNS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(RUNS)
+        });
         // Per agent, its RSS before each of its drains (KiB).
         let mut curve: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
-        let mut results = Vec::new();
+        let mut results: Vec<Measured> = configs
+            .iter()
+            .map(|(label, who, _)| Measured {
+                label,
+                who: *who,
+                rows: Vec::new(),
+                idle_rss: 0,
+                peak_rss: 0,
+            })
+            .collect();
+        // Rotated: each round runs every setting once (its own processes,
+        // started for it), so a slow spell of the shared machine falls on
+        // all settings alike; the soak runs all its drains in one pair.
+        let schedule: Vec<(usize, usize)> = match soak {
+            Some(n) => vec![(0, n)],
+            None => (0..runs)
+                .flat_map(|_| (0..configs.len()).map(|i| (i, 1)))
+                .collect(),
+        };
         let mut run = 0;
-        for (label, extra) in configs {
-            println!("{label}:");
-            let mut agents: Vec<Child> = nodes
-                .iter()
-                .map(|n| {
-                    Command::new(&bin)
-                        .args(["run", "--node", n, "--metrics-address", "127.0.0.1:0"])
-                        .args(extra)
-                        .env("KUBECONFIG", &bench_kubeconfig)
-                        .env("RUST_LOG", "nodekeeper=warn")
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::inherit())
-                        .spawn()
-                        .expect("starting the agent")
-                })
-                .collect();
-            // Let the agents list and settle before the first measurement.
-            nodekeeper::runtime::sleep(Duration::from_secs(3)).await;
-            let idle_rss = rss_kib(agents[0].id(), "VmRSS");
-            let mut rows = Vec::new();
-            for _ in 0..runs {
+        // The floor's own client: the agents' HTTP/2 transport and the
+        // benchmark identity, so the audit log counts its requests too.
+        let floor_client = nodekeeper::service::connect::connect(Some(&bench_kubeconfig))
+            .await
+            .expect("a client for the floor");
+        for (i, drains) in schedule {
+            let (label, who, extra) = configs[i];
+            let start = |args: Vec<String>| {
+                Command::new(&bin)
+                    .args(args)
+                    .args(extra)
+                    .env("KUBECONFIG", &bench_kubeconfig)
+                    .env(
+                        "RUST_LOG",
+                        std::env::var("NODEKEEPER_BENCH_LOG").unwrap_or("nodekeeper=warn".into()),
+                    )
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .expect("starting nodekeeper")
+            };
+            let run_args = |more: &[&str]| {
+                ["run", "--metrics-address", "127.0.0.1:0"]
+                    .iter()
+                    .chain(more)
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+            };
+            let selector = format!("{}={}", support::GROUP_LABEL, env.id);
+            let mut agents: Vec<Child> = match who {
+                Who::Floor => Vec::new(),
+                Who::NodeAgents => nodes
+                    .iter()
+                    .map(|n| start(run_args(&["--node", n])))
+                    .collect(),
+                Who::ClusterRole => vec![start(run_args(&[
+                    "--all-nodes",
+                    "--node-selector",
+                    &selector,
+                    "--leader-namespace",
+                    &env.ns,
+                ]))],
+            };
+            // Let them list, settle (and lead) before the first measurement.
+            if who != Who::Floor {
+                nodekeeper::runtime::sleep(Duration::from_secs(3)).await;
+            }
+            let idle_rss = agents.first().map_or(0, |a| rss_kib(a.id(), "VmRSS"));
+            for _ in 0..drains {
                 let node = nodes[run % 2].clone();
-                curve[run % 2].push(rss_kib(agents[run % 2].id(), "VmRSS"));
+                if let Some(a) = agents.get(run % 2) {
+                    curve[run % 2].push(rss_kib(a.id(), "VmRSS"));
+                }
                 let other = nodes[(run + 1) % 2].clone();
                 wait_for(
                     "110 running pods on the node to drain",
@@ -140,7 +240,12 @@ fn main() {
                     },
                 )
                 .await;
-                let row = measure(&client, &env.id, run, &node, &audit_log).await;
+                let cpu_before: u64 = agents.iter().map(|a| cpu_ms(a.id())).sum();
+                let mut row = match who {
+                    Who::Floor => floor(&client, &floor_client, &node, &audit_log).await,
+                    _ => measure(&client, &env.id, run, &node, &audit_log).await,
+                };
+                row.cpu_ms = agents.iter().map(|a| cpu_ms(a.id())).sum::<u64>() - cpu_before;
                 // The node stays cordoned until the replacements all run on
                 // the other node, which the next run then drains.
                 wait_for(
@@ -151,17 +256,21 @@ fn main() {
                     },
                 )
                 .await;
-                undo(&client, &env.id, run, &node).await;
+                match who {
+                    Who::Floor => cordon(&Api::all(client.clone()), &node, false).await,
+                    _ => undo(&client, &env.id, run, &node).await,
+                }
                 println!(
-                    "  run {}: cordon {:>6.1} ms, last pod gone {:>7.1} ms, drained {:>7.1} ms, {} API requests, {} pod watches reopened",
+                    "  run {} ({label}): cordon {:>6.1} ms, last pod gone {:>7.1} ms, drained {:>7.1} ms, {} API requests, {} pod watches reopened, {} ms CPU",
                     run + 1,
                     row.cordon.as_secs_f64() * 1e3,
                     row.last_pod_gone.as_secs_f64() * 1e3,
                     row.drained.as_secs_f64() * 1e3,
                     row.requests,
                     row.pod_watches,
+                    row.cpu_ms,
                 );
-                rows.push(row);
+                results[i].rows.push(row);
                 run += 1;
             }
             let peak_rss = agents
@@ -169,16 +278,18 @@ fn main() {
                 .map(|a| rss_kib(a.id(), "VmHWM"))
                 .max()
                 .unwrap_or(0);
+            // Stopped as an operator's restart stops them (SIGTERM): a
+            // cluster role hands its Lease over, so the next setting's
+            // leads at once instead of after the Lease's 15 s.
             for a in agents.iter_mut() {
-                let _ = a.kill();
+                let _ = Command::new("kill")
+                    .args(["-TERM", &a.id().to_string()])
+                    .status();
                 let _ = a.wait();
             }
-            results.push(Measured {
-                label,
-                rows,
-                idle_rss,
-                peak_rss,
-            });
+            let m = &mut results[i];
+            m.idle_rss = m.idle_rss.max(idle_rss);
+            m.peak_rss = m.peak_rss.max(peak_rss);
         }
         print_table(&results, &bin, runs);
         if soak.is_some() {
@@ -342,6 +453,68 @@ async fn measure(
         drained: t_drained,
         requests: audit_ids_since(audit, audit_start),
         pod_watches: support::audit_count_since(audit, audit_start, "watch", "pods"),
+        cpu_ms: 0,
+    }
+}
+
+/// The floor: cordon `node` (before the clock, so the replacements land on
+/// the other node), then send an eviction for every pod on it at once over
+/// `evictor` (one HTTP/2 connection), each sent again after 50 ms until the
+/// server accepts it, and time the last pod gone as [`measure`] does. No
+/// list of our own (the watch's list gives the names before the clock), no
+/// decision, no status.
+async fn floor(client: &Client, evictor: &Client, node: &str, audit: &std::path::Path) -> Run {
+    let nodes: Api<Node> = Api::all(client.clone());
+    cordon(&nodes, node, true).await;
+    let pod_wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut pod_events = Box::pin(watcher::watcher(Api::<Pod>::all(client.clone()), pod_wc));
+    let mut on_node = std::collections::HashMap::new();
+    while let Some(ev) = pod_events.next().await {
+        match ev {
+            Ok(Event::InitApply(p)) if p.metadata.deletion_timestamp.is_none() => {
+                on_node.insert(p.name_any(), p.namespace().unwrap_or_default());
+            }
+            Ok(Event::InitDone) => break,
+            _ => {}
+        }
+    }
+    let audit_start = std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0);
+    let start = Instant::now();
+    let evictions: Vec<smol::Task<()>> = on_node
+        .iter()
+        .map(|(name, ns)| {
+            let api: Api<Pod> = Api::namespaced(evictor.clone(), ns);
+            let name = name.clone();
+            nodekeeper::runtime::spawn(async move {
+                loop {
+                    match api.evict(&name, &kube::api::EvictParams::default()).await {
+                        Ok(_) => return,
+                        Err(kube::Error::Api(s)) if s.code == 404 => return,
+                        Err(_) => nodekeeper::runtime::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    while let Some(ev) = pod_events.next().await {
+        if let Ok(Event::Delete(p)) = ev {
+            on_node.remove(&p.name_any());
+            if on_node.is_empty() {
+                break;
+            }
+        }
+    }
+    let gone = start.elapsed();
+    for e in evictions {
+        e.await;
+    }
+    Run {
+        cordon: Duration::ZERO,
+        last_pod_gone: gone,
+        drained: gone,
+        requests: audit_ids_since(audit, audit_start),
+        pod_watches: 0,
+        cpu_ms: 0,
     }
 }
 
@@ -427,6 +600,25 @@ fn print_curve(curve: &[Vec<u64>; 2]) {
     }
 }
 
+/// User and system CPU time of a process so far, in ms (/proc's clock
+/// ticks, 100 a second).
+fn cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime, fields 14 and 15 of proc_pid_stat(5): 11 and 12 here.
+    (ticks(11) + ticks(12)) * 10
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -438,26 +630,62 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         "drain benchmark: 110 evictable pods (10 Deployments, {NAMESPACES} namespaces), median of {runs} runs per setting"
     );
     println!("binary: {}", bin.display());
-    println!("targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms, RSS ≤ 10 MiB");
     println!(
-        "| setting                | cordon    | last pod gone | Succeeded | idle RSS  | peak RSS  | requests | pod watches reopened |"
+        "targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms and ≤ 1.15 × the floor's last pod gone, RSS ≤ 10 MiB"
     );
     println!(
-        "|------------------------|-----------|---------------|-----------|-----------|-----------|----------|----------------------|"
+        "| setting                      | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
     );
+    println!(
+        "|------------------------------|-----------|---------------|---------|-----------|---------|-----------|-----------|----------|---------------|----------------------|"
+    );
+    let ms = |m: &Measured, f: fn(&Run) -> Duration| {
+        median(m.rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
+    };
+    let floor = results
+        .iter()
+        .find(|m| m.who == Who::Floor)
+        .map(|m| ms(m, |r| r.last_pod_gone));
+    let ratio = |v: f64| floor.map_or("–".to_string(), |f| format!("{:.2}", v / f));
     for m in results {
-        let ms = |f: fn(&Run) -> Duration| {
-            median(m.rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
-        };
-        let (cordon, gone, drained) =
-            (ms(|r| r.cordon), ms(|r| r.last_pod_gone), ms(|r| r.drained));
+        let (cordon, gone, drained) = (
+            ms(m, |r| r.cordon),
+            ms(m, |r| r.last_pod_gone),
+            ms(m, |r| r.drained),
+        );
         let requests = median(m.rows.iter().map(|r| r.requests as f64).collect());
         let reopened: usize = m.rows.iter().map(|r| r.pod_watches).sum();
+        let cpu = if m.who == Who::Floor {
+            "–".to_string()
+        } else {
+            format!(
+                "{:.0} ms",
+                median(m.rows.iter().map(|r| r.cpu_ms as f64).collect())
+            )
+        };
+        let mib = |k: u64| {
+            if m.who == Who::Floor {
+                "–".to_string()
+            } else {
+                format!("{:.1} MiB", k as f64 / 1024.0)
+            }
+        };
+        let (cordon, drained_s) = if m.who == Who::Floor {
+            ("–".to_string(), "–".to_string())
+        } else {
+            (format!("{cordon:.1} ms"), format!("{drained:.0} ms"))
+        };
         println!(
-            "| {:<23} | {cordon:>6.1} ms | {gone:>10.0} ms | {drained:>6.0} ms | {:>5.1} MiB | {:>5.1} MiB | {requests:>8.0} | {reopened:>3} in {} runs |",
+            "| {:<28} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
             m.label,
-            m.idle_rss as f64 / 1024.0,
-            m.peak_rss as f64 / 1024.0,
+            ratio(gone),
+            if m.who == Who::Floor {
+                "–".to_string()
+            } else {
+                ratio(drained)
+            },
+            mib(m.idle_rss),
+            mib(m.peak_rss),
             m.rows.len(),
         );
     }
