@@ -154,11 +154,14 @@ fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
     written.last_update = Some(Time(at(0)));
     w.nms[0].status = Some(written);
 
-    // One pod gone 100 ms after that write: held until 500 ms after it.
+    // One pod gone 100 ms after that write: held until a second after it
+    // (`lastUpdate` is stored in whole seconds).
     w.pods.pop();
     w.now = at(100);
+    assert_eq!(w.decide(), Step::Wait(Some(Duration::from_millis(900))));
+    w.now = at(600);
     assert_eq!(w.decide(), Step::Wait(Some(Duration::from_millis(400))));
-    w.now = at(500);
+    w.now = at(1000);
     let Step::WriteStatus { status, .. } = w.decide() else {
         panic!("got {:?}", w.decide())
     };
@@ -166,10 +169,10 @@ fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
 
     // The rest gone right after: Succeeded is written at once.
     let mut written = *status;
-    written.last_update = Some(Time(at(500)));
+    written.last_update = Some(Time(at(1000)));
     w.nms[0].status = Some(written);
     w.pods.clear();
-    w.now = at(510);
+    w.now = at(1010);
     let Step::WriteStatus {
         status, announce, ..
     } = w.decide()
