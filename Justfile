@@ -26,6 +26,11 @@ build-static:
 build-static-arm64:
     @tests/build-static arm64 >/dev/null
 
+# Both, in one cargo run: their single-threaded LTO stages share the two cores.
+[doc('Static amd64 and arm64 binaries in one cargo run (each reused if built from the same source).')]
+build-static-all:
+    @tests/build-static amd64 arm64 >/dev/null
+
 # fmt and clippy, warnings are errors.
 lint:
     cargo fmt --check
@@ -40,7 +45,7 @@ lint:
 # binaries may share one: its header); `just test --serial` runs them one
 # after another on one cluster, as `cargo test` would.
 [doc('All tests: unit, integration on the local control plane, real nodes and rebooting machines.')]
-test *args: build-static build-static-arm64 cluster-up
+test *args: build-static-all cluster-up
     #!/usr/bin/env bash
     set -euo pipefail
     trap 'tests/realnode/node.sh down; tests/osimage/machine.sh down; tests/controlplane/cluster.sh down' EXIT
@@ -52,7 +57,7 @@ test *args: build-static build-static-arm64 cluster-up
 # extension, each for linux/amd64 and linux/arm64) into target/image, plus
 # the Containerfile's build context.
 [doc('OCI image archives (agent image, Talos extension) into target/image, no daemon needed.')]
-image: build-static build-static-arm64
+image: build-static-all
     image/oci-archive.sh {{static_bin}} target/image {{static_bin_arm64}}
 
 # Every benchmark: start-up and sizes, then the drain, a reboot wave, an upgrade plan and a node replacement on the local control plane.
