@@ -81,18 +81,11 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
             }
             Plan::together(effects)
         }
-        Step::Begin {
-            nm,
-            status,
-            conditions,
-            drain,
-        } => {
+        Step::Begin { nm, status } => {
             let Some(m) = find(&nm) else {
                 return Plan::wait(None);
             };
-            // Independent, at once: the status, the event, the node's
-            // conditions and the first round of evictions.
-            let mut effects = vec![
+            Plan::steps(vec![
                 write_status(m, *status, s.now),
                 event(
                     m,
@@ -100,20 +93,9 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
                     "BeginMaintenance",
                     format!("Begin a node maintenance of {node}"),
                 ),
-            ];
-            let mut said = String::new();
-            if let Some(patch) = conditions {
-                said = format!(" ({})", conditions_said(&patch));
-                effects.push(Effect::PatchNodeStatus {
-                    node: node.into(),
-                    patch,
-                });
-            }
-            if let Some((pods, grace_period)) = drain {
-                effects.push(Effect::Drain { pods, grace_period });
-            }
-            Plan::together(effects).info(format!(
-                "NodeMaintenance {nm}: maintenance of node {node} begins{said}"
+            ])
+            .info(format!(
+                "NodeMaintenance {nm}: maintenance of node {node} begins"
             ))
         }
         Step::AcquireLease { .. } => Plan::steps(vec![take_lease(s)]),
@@ -166,12 +148,23 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
             ))
         }
         Step::SetConditions { patch } => {
-            let said = conditions_said(&patch);
+            let said: Vec<String> = patch["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    format!(
+                        "{}={}",
+                        c["type"].as_str().unwrap_or_default(),
+                        c["status"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect();
             Plan::steps(vec![Effect::PatchNodeStatus {
                 node: node.into(),
                 patch,
             }])
-            .info(format!("node {node}: {said}"))
+            .info(format!("node {node}: {}", said.join(" ")))
         }
         Step::Drain {
             pods, grace_period, ..
@@ -317,23 +310,6 @@ pub fn after(s: &Snapshot, step: &Step, outcome: &Outcome) -> Option<Plan> {
     };
     plan.then = Then::Wait(Some(LEASE_RETRY));
     Some(plan)
-}
-
-/// `Type=Status …` of a conditions patch, for the log.
-fn conditions_said(patch: &Value) -> String {
-    patch["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            format!(
-                "{}={}",
-                c["type"].as_str().unwrap_or_default(),
-                c["status"].as_str().unwrap_or_default()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn take_lease(s: &Snapshot) -> Effect {
