@@ -259,6 +259,16 @@ most_unavailable() {
        END { print max + 0 }' "$1"
 }
 
+# A wave's observers: kubectl's node watch into the file $1 and the live
+# view (its PID in $view, stopped when the wave is done).
+watch_wave() {
+  watch_nodes "$1" &
+  others+=($!)
+  live_view &
+  view=$!
+  others+=($view)
+}
+
 # Print a manifest and apply it.
 show_and_apply() {
   local yaml
@@ -287,12 +297,8 @@ spec:
     command: [/bin/sh, -c, 'echo reboot >> "\$0"', "$work/{node}.reboots"]
     returnTimeoutSeconds: 120
 YAML
-watch_nodes "$work/reboot-watch" &
-others+=($!)
 say "nodekeeper reboot-required demo-N (on a host: its /var/run/reboot-required); live: nodekeeper status, a line per change"
-live_view &
-view=$!
-others+=($view)
+watch_wave "$work/reboot-watch"
 for n in "${nodes[@]}"; do $nk reboot-required "$n" >/dev/null; done
 # Done, and given back: no demo node cordoned.
 all_schedulable() { test -z "$(k get nodes -l demo=true -o jsonpath='{.items[*].spec.unschedulable}')"; }
@@ -345,12 +351,8 @@ spec:
               tolerations: [{operator: Exists}]
               containers: [{name: backup, image: registry.invalid/backup:1}]
 YAML
-watch_nodes "$work/upgrade-watch" &
-others+=($!)
 say "live: nodekeeper status, a line per change"
-live_view &
-view=$!
-others+=($view)
+watch_wave "$work/upgrade-watch"
 upgraded() { test "$(k get upgradeplan demo -o jsonpath='{.status.done}')" = 3 && all_schedulable; }
 wait_for "the three upgrades" 240 upgraded
 kill "$view" 2>/dev/null; wait "$view" 2>/dev/null || true
