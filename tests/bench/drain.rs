@@ -380,7 +380,7 @@ async fn measure(
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let name = format!("{id}-run{run}");
-    let audit_start = std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0);
+    let audit_start = support::audit_offset_of(audit);
 
     // Watches first, so no transition can slip past unobserved.
     let node_wc = watcher::Config::default().fields(&format!("metadata.name={node}"));
@@ -478,7 +478,7 @@ async fn floor(client: &Client, evictor: &Client, node: &str, audit: &std::path:
             _ => {}
         }
     }
-    let audit_start = std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0);
+    let audit_start = support::audit_offset_of(audit);
     let start = Instant::now();
     let evictions: Vec<smol::Task<()>> = on_node
         .iter()

@@ -239,7 +239,7 @@ fn main() {
                 annotate(&env.client, n, "nodekeeper.io/reboot-needed", Some("now")).await;
             }
         });
-        let audit_start = std::fs::metadata(&audit_log).map(|m| m.len()).unwrap_or(0);
+        let audit_start = support::audit_offset_of(&audit_log);
         let name = format!("{}-wave-{round}", env.id);
         let start = block_on(policy(&env, &fleet, &name, json!({GROUP_LABEL: env.id})));
         fleet.serve(&names, Duration::from_secs(900), || {

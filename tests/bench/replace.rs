@@ -160,7 +160,7 @@ fn main() {
     });
     let mut rows = Vec::new();
     for surge in [1usize, 3] {
-        let audit_start = std::fs::metadata(&audit_log).map(|m| m.len()).unwrap_or(0);
+        let audit_start = support::audit_offset_of(&audit_log);
         let took = block_on(roll(
             &client,
             &env.id,

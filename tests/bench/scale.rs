@@ -606,10 +606,6 @@ async fn wait_watched(port: u16, kind: &str, n: usize) {
     .await;
 }
 
-fn audit_len(audit: &Path) -> u64 {
-    std::fs::metadata(audit).map(|m| m.len()).unwrap_or(0)
-}
-
 /// A place in the audit log: its length and the time then.
 #[derive(Clone, Copy)]
 struct Mark {
@@ -619,7 +615,7 @@ struct Mark {
 
 fn mark(audit: &Path) -> Mark {
     Mark {
-        offset: audit_len(audit),
+        offset: support::audit_offset_of(audit),
         at: k8s_openapi::jiff::Timestamp::now(),
     }
 }
@@ -628,8 +624,7 @@ fn mark(audit: &Path) -> Mark {
 /// watch that started before (and ends within, at the server's 290 s
 /// timeout) is not counted; its successor is.
 fn audit_verbs_since(audit: &Path, from: Mark) -> BTreeMap<String, usize> {
-    let text = std::fs::read(audit).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[(from.offset as usize).min(text.len())..]).to_string();
+    let tail = support::audit_text_since(audit, from.offset);
     let mut seen: HashMap<String, String> = HashMap::new();
     for v in tail
         .lines()

@@ -231,7 +231,7 @@ fn main() {
     let cycle = cycles[cycles.len() / 2];
 
     // The plan over all ten.
-    let audit_start = std::fs::metadata(&audit_log).map(|m| m.len()).unwrap_or(0);
+    let audit_start = support::audit_offset_of(&audit_log);
     let name = format!("{}-all", env.id);
     let start = block_on(plan(
         &env,

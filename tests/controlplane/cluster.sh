@@ -386,6 +386,9 @@ cmd_up() {
   bins=$(cmd_build)
   cmd_down >/dev/null 2>&1 || true
   mkdir -p "$cluster_dir/logs"
+  # A new cluster starts a new audit log: the old one's entries (and its
+  # rotations at the API server's 100 MB limit) belong to the old cluster.
+  rm -f "$cluster_dir"/logs/audit.log "$cluster_dir"/logs/audit-*.log
   : >"$cluster_dir/logs/.started"
   detect_advertise_address
   gen_pki

@@ -950,13 +950,68 @@ pub fn host_kubeconfig(node: &str) -> PathBuf {
     path
 }
 
-/// The audit log's entries (one JSON object per line) from byte `from`.
+/// The audit log's files, oldest first: the API server rotates `audit.log`
+/// to `audit-<time>.log` at its size limit (100 MB by default) and keeps the
+/// rotated files, so an offset counts bytes across all of them and stays
+/// valid across a rotation (a test that took its offset before one still
+/// finds the entries written after).
+fn audit_files(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(stem)) = (path.parent(), path.file_stem().and_then(|s| s.to_str())) else {
+        return vec![path.to_path_buf()];
+    };
+    let prefix = format!("{stem}-");
+    let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".log"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // Their names hold the rotation time in a sortable form.
+    rotated.sort();
+    rotated.push(path.to_path_buf());
+    rotated
+}
+
+/// Where the audit log at `path` ends now, counted across its rotations:
+/// what to pass as `from` to read only what comes after.
+pub fn audit_offset_of(path: &Path) -> u64 {
+    audit_files(path)
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum()
+}
+
+/// The audit log's entries (one JSON object per line) from byte `from`
+/// (an [`audit_offset_of`]), across rotations.
 pub fn audit_entries(path: &Path, from: u64) -> Vec<serde_json::Value> {
-    let text = std::fs::read(path).unwrap_or_default();
-    String::from_utf8_lossy(&text[(from as usize).min(text.len())..])
+    audit_text_since(path, from)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
+}
+
+/// The audit log's text from byte `from` (an [`audit_offset_of`]) on,
+/// across rotations; files wholly before `from` are not read.
+pub fn audit_text_since(path: &Path, from: u64) -> String {
+    let mut skip = from;
+    let mut out = String::new();
+    for file in audit_files(path) {
+        let len = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let text = std::fs::read(&file).unwrap_or_default();
+        out.push_str(&String::from_utf8_lossy(&text[(skip as usize).min(text.len())..]));
+        skip = 0;
+    }
+    out
 }
 
 /// Distinct requests (audit IDs) in the API server's audit log since byte
@@ -1174,5 +1229,5 @@ pub fn requests_of(user: &str, from: u64) -> Vec<Request> {
 
 /// The audit log's size now (where to count from).
 pub fn audit_offset() -> u64 {
-    std::fs::metadata(audit_log()).map(|m| m.len()).unwrap_or(0)
+    audit_offset_of(&audit_log())
 }
