@@ -1008,7 +1008,9 @@ pub fn audit_text_since(path: &Path, from: u64) -> String {
             continue;
         }
         let text = std::fs::read(&file).unwrap_or_default();
-        out.push_str(&String::from_utf8_lossy(&text[(skip as usize).min(text.len())..]));
+        out.push_str(&String::from_utf8_lossy(
+            &text[(skip as usize).min(text.len())..],
+        ));
         skip = 0;
     }
     out
