@@ -124,7 +124,7 @@ fn drain_timeout_is_announced_once() {
 }
 
 #[test]
-fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
+fn progress_alone_is_written_every_two_seconds_at_most_but_success_at_once() {
     let at = |ms: i64| {
         ts(10)
             .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
@@ -154,14 +154,14 @@ fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
     written.last_update = Some(Time(at(0)));
     w.nms[0].status = Some(written);
 
-    // One pod gone 100 ms after that write: held until a second after it
-    // (`lastUpdate` is stored in whole seconds).
+    // One pod gone 100 ms after that write: held until two seconds after
+    // it (`lastUpdate` is stored in whole seconds).
     w.pods.pop();
     w.now = at(100);
-    assert_eq!(w.decide(), Step::Wait(Some(Duration::from_millis(900))));
-    w.now = at(600);
+    assert_eq!(w.decide(), Step::Wait(Some(Duration::from_millis(1900))));
+    w.now = at(1600);
     assert_eq!(w.decide(), Step::Wait(Some(Duration::from_millis(400))));
-    w.now = at(1000);
+    w.now = at(2000);
     let Step::WriteStatus { status, .. } = w.decide() else {
         panic!("got {:?}", w.decide())
     };
@@ -169,10 +169,10 @@ fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
 
     // The rest gone right after: Succeeded is written at once.
     let mut written = *status;
-    written.last_update = Some(Time(at(1000)));
+    written.last_update = Some(Time(at(2000)));
     w.nms[0].status = Some(written);
     w.pods.clear();
-    w.now = at(1010);
+    w.now = at(2010);
     let Step::WriteStatus {
         status, announce, ..
     } = w.decide()
@@ -181,6 +181,50 @@ fn progress_alone_is_written_at_most_twice_a_second_but_success_at_once() {
     };
     assert_eq!(status.phase, Some(Phase::Succeeded));
     assert_eq!(announce, Some(Announce::Succeeded));
+}
+
+/// The first status (Begin, after the cordon) already says what the
+/// progress after it says but for the counts, so the first pods gone are
+/// held like any progress: the next status written is Succeeded.
+#[test]
+fn the_first_progress_after_begin_is_held_too() {
+    let at = |ms: i64| {
+        ts(10)
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
+            .unwrap()
+    };
+    let mut m = nm("m", 0, None);
+    m.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let mut w = World::new(Some(maintained("m", false)), vec![m]);
+    w.pods = vec![pod("a", "ReplicaSet"), pod("b", "ReplicaSet")];
+    w.now = at(0);
+    let Step::Begin { status, .. } = w.decide() else {
+        panic!("expected Begin, got {:?}", w.decide())
+    };
+    let mut written = *status;
+    written.last_update = Some(Time(at(0)));
+    w.nms[0].status = Some(written);
+    w.node = Some(published(maintained("m", false), &w.nms));
+    for uid in ["uid-a", "uid-b"] {
+        let accepted = Attempt {
+            retry_at: Some(ts(60)),
+            ..Default::default()
+        };
+        w.attempts.insert(uid.into(), accepted);
+    }
+    w.pods.pop();
+    w.now = at(300);
+    assert_eq!(
+        w.decide(),
+        Step::Wait(Some(Duration::from_millis(1700))),
+        "one of two pods gone right after Begin: held"
+    );
+    w.pods.clear();
+    w.now = at(400);
+    let Step::WriteStatus { status, .. } = w.decide() else {
+        panic!("got {:?}", w.decide())
+    };
+    assert_eq!(status.phase, Some(Phase::Succeeded));
 }
 
 #[test]
