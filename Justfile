@@ -40,9 +40,9 @@ lint:
 # one real node, three machines that reboot for real (kubelet +
 # containerd, tests/realnode/node.sh) and two that boot a real Debian image
 # with systemd as PID 1 (tests/osimage), started for the run and stopped
-# after it. They run the static binary's image. tests/run-suite runs the binaries
-# in three lanes at once, each lane on a control plane of its own (which
-# binaries may share one: its header); `just test --serial` runs them one
+# after it. They run the static binary's image. tests/run-suite runs the test modules
+# in four lanes at once, each lane on a control plane of its own (which
+# modules may share one: its header); `just test --serial` runs them one
 # after another on one cluster, as `cargo test` would.
 [doc('All tests: unit, integration on the local control plane, real nodes and rebooting machines.')]
 test *args: build-static-all cluster-up

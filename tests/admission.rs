@@ -9,7 +9,7 @@
 //!
 //! One test: the configuration is cluster-wide, so its phases run in turn.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! sees its node, stops cleanly on SIGTERM, and turns bad configuration into
 //! one clear line and a non-zero exit.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

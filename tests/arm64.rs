@@ -11,8 +11,7 @@
 //! with `tests/build-static arm64` (reused when this machine built it from
 //! the same source).
 
-#[path = "support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! node's objects). No node is touched, and nothing polls for a bad
 //! object.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

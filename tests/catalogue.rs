@@ -12,7 +12,7 @@
 //! Its own test binary: an unscoped cluster role acts on every object in
 //! the cluster.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

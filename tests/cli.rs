@@ -3,7 +3,7 @@
 //! and a node name that does not exist answered with a hint about the name
 //! (not about `--node`, which these commands do not take).
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

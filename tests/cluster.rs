@@ -2,7 +2,7 @@
 //! that only a live kube-apiserver with its controller-manager, scheduler and
 //! kwok provides, and would fail against a mock.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

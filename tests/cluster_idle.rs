@@ -7,7 +7,7 @@
 //! cloud's own log. Its own test binary: an unscoped cluster role acts on
 //! every object in the cluster.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

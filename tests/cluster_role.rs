@@ -5,7 +5,7 @@
 //! that cannot renew stops. Each test is a regression test of a defect the
 //! cluster role had (named in its doc comment).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! to take and give back a node carry their guards, and a repeated effect
 //! (a crash between performing and recording) is harmless.
 
-mod support;
+use crate::support;
 
 use kube::{Api, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, OWNER_LABEL};

@@ -3,7 +3,7 @@
 //! control plane): lint, template, install, upgrade with changed values and
 //! uninstall against the test cluster, each checked through the API.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

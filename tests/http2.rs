@@ -2,7 +2,7 @@
 //! by ALPN, so watches and every eviction share one multiplexed connection;
 //! and HTTP/1.1 still works with a server that does not offer h2.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

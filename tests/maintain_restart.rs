@@ -4,7 +4,7 @@
 //! watch error while the maintenance carried on. Its own test binary: the
 //! restart would disturb tests running beside it.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! processes (node mode unless stated), and each test checks one behaviour
 //! through the API, as `kubectl` would show it.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! maintenance and for nothing else; and the admission policy confines a
 //! node-bound or pod-bound agent token to its own Node.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! drain passes its deadline and a rebooted machine stays away, and
 //! resolves each once the cause is gone.
 
-mod support;
+use crate::support;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! runs in an unscoped cluster role, which must not share the cluster with
 //! other tests' pool-scoped ones.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

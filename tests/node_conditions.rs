@@ -5,7 +5,7 @@
 //! back; the kubelet's Ready never touched. Once with a node agent, once
 //! with the cluster role.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -13,15 +13,11 @@
 //! (systemctl, dpkg, journalctl), the console, and the API server. Timings
 //! of each reboot are printed (`--nocapture`).
 
-#[path = "support/osmachine.rs"]
-mod osmachine;
+use crate::osmachine;
 #[allow(dead_code)] // the PID-namespace machines: only the node watch is used here
-#[path = "support/realmachine.rs"]
-mod realmachine;
-#[path = "support/realnode.rs"]
-mod realnode;
-#[path = "support/mod.rs"]
-mod support;
+use crate::realmachine;
+use crate::realnode;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -14,12 +14,9 @@
 //! processes and the containers' own marks. Timings of each reboot are
 //! printed (`--nocapture`).
 
-#[path = "support/realmachine.rs"]
-mod realmachine;
-#[path = "support/realnode.rs"]
-mod realnode;
-#[path = "support/mod.rs"]
-mod support;
+use crate::realmachine;
+use crate::realnode;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Command;

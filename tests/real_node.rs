@@ -9,10 +9,8 @@
 //! Every claim is checked on the host (processes, /proc) or in the API by
 //! the test itself, never from nodekeeper's status.
 
-#[path = "support/realnode.rs"]
-mod realnode;
-#[path = "support/mod.rs"]
-mod support;
+use crate::realnode;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! asks for, and an independent watcher records how many nodes were
 //! unavailable at every change.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! Its own test binary: it restarts the shared kube-apiserver, which tests
 //! running beside it would see as errors. Test binaries run one at a time.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! NodeVersion's status. The tests take turns: AutoscalingStrategies are
 //! cluster-wide, as in Constellation.
 
-mod support;
+use crate::support;
 
 use std::sync::Mutex;
 use std::time::Duration;

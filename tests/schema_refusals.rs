@@ -9,7 +9,7 @@
 //!   empty and upper-case names (before, `../../../../api/v1/nodes/x` as a
 //!   Deployment name was sent as a GET of that path).
 
-mod support;
+use crate::support;
 
 use support::{install_crds, kubectl, replace::install_constellation_crds};
 

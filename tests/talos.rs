@@ -9,7 +9,7 @@
 //! What is asserted comes from the stand-in's own record of the calls it
 //! was sent and from the API server, never from nodekeeper's status.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -5,7 +5,7 @@
 //! at once). Order, budget and "once" claims come from an independent
 //! timeline and watcher, never from the plan's status.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;
