@@ -400,6 +400,15 @@ fn surge_2_replaces_the_control_plane_first_and_survives_a_node_that_never_joins
     block_on(async {
         let mut r = rollout("rp-two", &[("cp", 1), ("workers", 4)], 2, false).await;
         r.cloud.set("neverJoin", json!(1));
+        // Seven nodes at once (two surge nodes beside the five) needs the
+        // second surge node requested before the first one's old node is
+        // drained and deleted. The second slot opens once the replaced
+        // control plane's instance is known gone at the cloud (0.9 s after
+        // the first worker's surge request in a run that failed); with a
+        // 1 s join, the first worker's old node was drained and deleted
+        // sooner there (1.9 s) and the peak was six. With a 3 s join that
+        // order is no longer a race.
+        r.cloud.set("joinDelay", json!(3.0));
         let client = r.env.client.clone();
         let watch = ReplaceWatcher::start(client.clone(), &r.env, "autoscaler");
         set_image(&client, &r.env.id, "img-2").await;
