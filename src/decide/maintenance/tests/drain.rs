@@ -123,13 +123,15 @@ fn drain_timeout_is_announced_once() {
     );
 }
 
+/// `ms` milliseconds after 10 s: times within one second of `lastUpdate`.
+fn at(ms: i64) -> Timestamp {
+    ts(10)
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
+        .unwrap()
+}
+
 #[test]
 fn progress_alone_is_written_every_two_seconds_at_most_but_success_at_once() {
-    let at = |ms: i64| {
-        ts(10)
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
-            .unwrap()
-    };
     let mut w = World::new(
         Some(maintained("m", false)),
         vec![nm("m", 0, Some(Phase::Running))],
@@ -188,11 +190,6 @@ fn progress_alone_is_written_every_two_seconds_at_most_but_success_at_once() {
 /// held like any progress: the next status written is Succeeded.
 #[test]
 fn the_first_progress_after_begin_is_held_too() {
-    let at = |ms: i64| {
-        ts(10)
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
-            .unwrap()
-    };
     let mut m = nm("m", 0, None);
     m.metadata.finalizers = Some(vec![FINALIZER.into()]);
     let mut w = World::new(Some(maintained("m", false)), vec![m]);
