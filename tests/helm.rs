@@ -1,6 +1,6 @@
 //! The Helm chart (image/helm, `nodekeeper manifests --for helm`) with a
-//! real helm built from its Go module (tests/helm/build.sh, cached like the
-//! control plane): lint, template, install, upgrade with changed values and
+//! real helm built with the control plane (tests/upstream/build.sh,
+//! cached): lint, template, install, upgrade with changed values and
 //! uninstall against the test cluster, each checked through the API.
 
 use crate::support;
@@ -22,8 +22,9 @@ fn helm_bin() -> PathBuf {
 }
 
 fn build_helm() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/helm/build.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream/build.sh");
     let out = Command::new(&script)
+        .arg("helm")
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
     assert!(

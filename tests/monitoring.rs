@@ -1,6 +1,6 @@
 //! The monitoring artifacts (image/monitoring, `nodekeeper manifests --for
-//! prometheus`) with a real Prometheus and promtool built from their Go
-//! module (tests/prometheus/build.sh, cached like the control plane):
+//! prometheus`) with a real Prometheus and promtool built with the control
+//! plane (tests/upstream/build.sh, cached):
 //! promtool accepts the rules and lints the live metrics of a node agent
 //! and a cluster role clean; a Prometheus scraping them with the shipped
 //! rules fires NodekeeperDrainStuck and NodekeeperNodeNotReturned when a
@@ -29,8 +29,9 @@ const LONG: Duration = Duration::from_secs(90);
 fn bin_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/prometheus/build.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream/build.sh");
         let out = Command::new(&script)
+            .arg("prometheus")
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
         assert!(

@@ -7,20 +7,20 @@
 # pods get service-account tokens as in any cluster.
 #
 #   cluster.sh build    build (or find in the cache) the binaries, print their folder
-#   cluster.sh build-kubelet  build (or find in the cache) a kubelet and a
-#                       kube-proxy of the same release for real nodes
-#                       (tests/realnode/node.sh), print their folder
+#   cluster.sh build-kubelet  the same for a kubelet and a kube-proxy of the
+#                       same release for real nodes (tests/realnode/node.sh)
 #   cluster.sh up       build if needed, start everything, wait until it serves
 #   cluster.sh down     stop everything and remove the cluster's state
 #   cluster.sh status   exit 0 when a cluster is up and answering
 #   cluster.sh logs     print the tail of every component's log
 #
-# Binaries come from upstream Go modules (wrapper modules beside this file, with
-# their go.sum committed) built with this machine's Go, cached outside the repo
-# under a key made of the versions, so only the first run on a machine builds.
+# The binaries come from tests/upstream/build.sh: one wrapper module for
+# every upstream Go program the tests run, built with this machine's Go and
+# cached outside the repo, so only the first run on a machine builds.
 # NODEKEEPER_CONTROLPLANE_BIN names a folder of ready binaries instead (for
 # example envtest assets plus a kwok build): it must hold kube-apiserver,
-# kube-controller-manager, kube-scheduler, kwok, etcd and kubectl.
+# kube-controller-manager, kube-scheduler, kwok, etcd and kubectl;
+# NODEKEEPER_KUBELET_BIN a folder holding kubelet and kube-proxy.
 #
 # The kubeconfig lands at $NODEKEEPER_CLUSTER_DIR/kubeconfig
 # (default ~/.cache/nodekeeper/cluster/kubeconfig); component logs beside it.
@@ -28,17 +28,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-K8S_VERSION=v1.37.1
-KWOK_VERSION=v0.8.0
-ETCD_VERSION=v3.7.0 # what k8s.io/kubernetes $K8S_VERSION requires
-
 cache_root=${NODEKEEPER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekeeper}
-# Bump the recipe suffix when the way binaries are built changes.
-bin_key="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_etcd-${ETCD_VERSION}_r2"
-# The real nodes' kubelet and kube-proxy have a cache folder of their own, so
-# adding them did not rebuild the control plane's; bump its suffix when what
-# it holds or the way it is built changes (r2: kube-proxy).
-kubelet_key="kubelet-${K8S_VERSION}_r2"
 cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
 # Test identities whose every request the audit log records (tests that
 # count a process's requests run it as one of these).
@@ -53,123 +43,13 @@ die() { echo "cluster: error: $*" >&2; exit 1; }
 
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-bin_dir() {
-  if [[ -n ${NODEKEEPER_CONTROLPLANE_BIN:-} ]]; then
-    echo "$NODEKEEPER_CONTROLPLANE_BIN"
-  else
-    echo "$cache_root/bin/$bin_key"
-  fi
-}
+upstream=$here/../upstream/build.sh
 
-go_env() {
-  # The checksum database is out of reach here; the committed go.sum files are
-  # the source of truth for these two modules only.
-  export GOTOOLCHAIN=local GOSUMDB=off GOFLAGS=-buildvcs=false CGO_ENABLED=0
-}
+# The control plane's folder (kwok.yaml beside the binaries).
+cmd_build() { "$upstream" controlplane; }
 
-cmd_build() {
-  local dir
-  dir=$(bin_dir)
-  if [[ -n ${NODEKEEPER_CONTROLPLANE_BIN:-} ]]; then
-    for c in "${components[@]}" kubectl; do
-      [[ -x $dir/$c ]] || die "NODEKEEPER_CONTROLPLANE_BIN=$dir has no executable '$c'"
-    done
-    [[ -f $dir/kwok.yaml ]] || write_kwok_config "$dir/kwok.yaml" ""
-    echo "$dir"
-    return
-  fi
-  if [[ -f $dir/.complete ]]; then
-    echo "$dir"
-    return
-  fi
-  command -v go >/dev/null || die "Go is needed to build the control plane (or set NODEKEEPER_CONTROLPLANE_BIN)"
-  go_env
-  mkdir -p "$dir"
-  local start=$SECONDS
-  log "building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION into $dir (first run on this machine; later runs reuse it)"
-  # Stamp the release as Kubernetes' own build does (hack/lib/version.sh), so
-  # /version and kubectl report v1.37.1 rather than v0.0.0-master.
-  local stamp
-  stamp=$(version_stamp)
-  (cd "$here/k8s" && go build -mod=readonly -trimpath -ldflags="$stamp" -o "$dir/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kubectl \
-    ./etcd) || die "building Kubernetes failed (see the go output above)"
-  log "building kwok $KWOK_VERSION"
-  (cd "$here/kwok" && go build -mod=readonly -trimpath -ldflags='-s -w' -o "$dir/" sigs.k8s.io/kwok/cmd/kwok) ||
-    die "building kwok failed (see the go output above)"
-  local kwok_src
-  kwok_src=$(cd "$here/kwok" && go list -mod=readonly -m -f '{{.Dir}}' sigs.k8s.io/kwok)
-  write_kwok_config "$dir/kwok.yaml" "$kwok_src"
-  touch "$dir/.complete"
-  log "built in $((SECONDS - start)) s"
-  echo "$dir"
-}
-
-version_stamp() {
-  local minor=${K8S_VERSION#v1.}
-  minor=${minor%%.*}
-  local stamp="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    stamp+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-  done
-  echo "$stamp"
-}
-
-# The kubelet and kube-proxy of the same release, for real nodes beside the
-# kwok ones. NODEKEEPER_KUBELET_BIN names a folder holding a ready `kubelet`
-# and `kube-proxy` instead.
-cmd_build_kubelet() {
-  local dir
-  if [[ -n ${NODEKEEPER_KUBELET_BIN:-} ]]; then
-    dir=$NODEKEEPER_KUBELET_BIN
-    for c in kubelet kube-proxy; do
-      [[ -x $dir/$c ]] || die "NODEKEEPER_KUBELET_BIN=$dir has no executable '$c'"
-    done
-    echo "$dir"
-    return
-  fi
-  dir=$cache_root/bin/$kubelet_key
-  if [[ -f $dir/.complete ]]; then
-    echo "$dir"
-    return
-  fi
-  command -v go >/dev/null || die "Go is needed to build the kubelet (or set NODEKEEPER_KUBELET_BIN)"
-  go_env
-  mkdir -p "$dir"
-  local start=$SECONDS stamp
-  stamp=$(version_stamp)
-  log "building the kubelet and kube-proxy $K8S_VERSION into $dir (first run on this machine; later runs reuse it)"
-  (cd "$here/k8s" && go build -mod=readonly -trimpath -ldflags="$stamp" -o "$dir/" \
-    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) ||
-    die "building the kubelet and kube-proxy failed (see the go output above)"
-  touch "$dir/.complete"
-  log "kubelet and kube-proxy built in $((SECONDS - start)) s"
-  echo "$dir"
-}
-
-# kwok runs no stages unless given some; kwokctl injects its defaults
-# (node-initialize, heartbeat with lease, pod ready/complete/delete). We take
-# the very same files from the kwok module we built.
-write_kwok_config() {
-  local out=$1 src=$2
-  if [[ -z $src ]]; then
-    go_env
-    src=$(cd "$here/kwok" && go mod download -json sigs.k8s.io/kwok 2>/dev/null | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-    [[ -n $src ]] || die "cannot find kwok's stage files; put a kwok.yaml beside the binaries"
-  fi
-  local s=$src/kustomize/stage
-  {
-    for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-      pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
-      echo "---"
-      cat "$s/$f"
-    done
-  } >"$out.tmp"
-  mv "$out.tmp" "$out"
-}
+# The real nodes' kubelet and kube-proxy, of the control plane's release.
+cmd_build_kubelet() { "$upstream" kubelet; }
 
 kubeconfig() { echo "$cluster_dir/kubeconfig"; }
 
