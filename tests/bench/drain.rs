@@ -634,10 +634,13 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         "targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms and ≤ 1.15 × the floor's last pod gone, RSS ≤ 10 MiB"
     );
     println!(
-        "| setting                      | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
+        "÷ floor: the setting's median over the floor's; paired: the median of each round's Succeeded over that round's floor"
     );
     println!(
-        "|------------------------------|-----------|---------------|---------|-----------|---------|-----------|-----------|----------|---------------|----------------------|"
+        "| setting                      | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | paired | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
+    );
+    println!(
+        "|------------------------------|-----------|---------------|---------|-----------|---------|--------|-----------|-----------|----------|---------------|----------------------|"
     );
     let ms = |m: &Measured, f: fn(&Run) -> Duration| {
         median(m.rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
@@ -647,6 +650,29 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         .find(|m| m.who == Who::Floor)
         .map(|m| ms(m, |r| r.last_pod_gone));
     let ratio = |v: f64| floor.map_or("–".to_string(), |f| format!("{:.2}", v / f));
+    // The floor moves with the shared machine from round to round (420–710
+    // ms in one batch); each round runs every setting once, so a setting's
+    // Succeeded over the same round's floor compares like with like.
+    let floor_rows = results
+        .iter()
+        .find(|m| m.who == Who::Floor)
+        .map(|m| &m.rows);
+    let paired = |m: &Measured| {
+        let ratios: Vec<f64> = floor_rows
+            .map(|f| {
+                m.rows
+                    .iter()
+                    .zip(f.iter())
+                    .map(|(r, f)| r.drained.as_secs_f64() / f.last_pod_gone.as_secs_f64())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if m.who == Who::Floor || ratios.is_empty() {
+            "–".to_string()
+        } else {
+            format!("{:.2}", median(ratios))
+        }
+    };
     for m in results {
         let (cordon, gone, drained) = (
             ms(m, |r| r.cordon),
@@ -676,7 +702,7 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
             (format!("{cordon:.1} ms"), format!("{drained:.0} ms"))
         };
         println!(
-            "| {:<28} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
+            "| {:<28} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>6} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
             m.label,
             ratio(gone),
             if m.who == Who::Floor {
@@ -684,6 +710,7 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
             } else {
                 ratio(drained)
             },
+            paired(m),
             mib(m.idle_rss),
             mib(m.peak_rss),
             m.rows.len(),
