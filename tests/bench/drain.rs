@@ -17,7 +17,13 @@
 //!   node-scoped pod watch whose reader falls behind, and each reopening
 //!   is a pause in what the agent sees of its drain (the cluster role
 //!   opens one per drained node: one per drain is its normal);
-//! - CPU: the nodekeeper processes' user and system time meanwhile.
+//! - CPU: the nodekeeper processes' user and system time meanwhile;
+//! - where the time that is ours goes: *to first eviction*, from the
+//!   drainer's first request on the NodeMaintenance (its finalizer) to its
+//!   first eviction, both as the API server received them (audit log): the
+//!   finalizer and lease, the cordon, the first status, the node's
+//!   conditions; and *Succeeded − last pod gone*: the status write after
+//!   the drain, as the benchmark's watches saw both.
 //!
 //! The maintenance is then deleted, the node uncordoned, and the next run
 //! drains the other node, where the pods were recreated. The settings run
@@ -106,6 +112,9 @@ struct Run {
     pod_watches: usize,
     /// CPU time the nodekeeper processes used meanwhile (0 for the floor).
     cpu_ms: u64,
+    /// From the drainer's first request on the NodeMaintenance to its first
+    /// eviction, as the API server received them (None for the floor).
+    to_first_eviction: Option<Duration>,
 }
 
 /// One configuration's figures: per-run figures, idle RSS and the agents'
@@ -261,9 +270,13 @@ fn main() {
                     _ => undo(&client, &env.id, run, &node).await,
                 }
                 println!(
-                    "  run {} ({label}): cordon {:>6.1} ms, last pod gone {:>7.1} ms, drained {:>7.1} ms, {} API requests, {} pod watches reopened, {} ms CPU",
+                    "  run {} ({label}): cordon {:>6.1} ms, to first eviction {}, last pod gone {:>7.1} ms, drained {:>7.1} ms, {} API requests, {} pod watches reopened, {} ms CPU",
                     run + 1,
                     row.cordon.as_secs_f64() * 1e3,
+                    row.to_first_eviction.map_or("–".to_string(), |d| format!(
+                        "{:.1} ms",
+                        d.as_secs_f64() * 1e3
+                    )),
                     row.last_pod_gone.as_secs_f64() * 1e3,
                     row.drained.as_secs_f64() * 1e3,
                     row.requests,
@@ -454,7 +467,36 @@ async fn measure(
         requests: audit_ids_since(audit, audit_start),
         pod_watches: support::audit_count_since(audit, audit_start, "watch", "pods"),
         cpu_ms: 0,
+        to_first_eviction: to_first_eviction(audit, audit_start, &name),
     }
+}
+
+/// From the drainer's first request on maintenance `nm` to its first
+/// eviction, by the API server's clock (when it received each: the audit
+/// log's `requestReceivedTimestamp`). The audit log records only the
+/// benchmark's identity, which the drainers use.
+fn to_first_eviction(audit: &std::path::Path, from: u64, nm: &str) -> Option<Duration> {
+    let mut first_nm: Option<k8s_openapi::jiff::Timestamp> = None;
+    let mut first_eviction: Option<k8s_openapi::jiff::Timestamp> = None;
+    for e in support::audit_entries(audit, from) {
+        let Some(at) = e["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        else {
+            continue;
+        };
+        let what = &e["objectRef"];
+        let slot = if what["resource"] == "nodemaintenances" && what["name"] == nm {
+            &mut first_nm
+        } else if what["subresource"] == "eviction" {
+            &mut first_eviction
+        } else {
+            continue;
+        };
+        *slot = Some(slot.map_or(at, |t| t.min(at)));
+    }
+    let span = first_eviction?.duration_since(first_nm?);
+    Duration::try_from(span).ok()
 }
 
 /// The floor: cordon `node` (before the clock, so the replacements land on
@@ -515,6 +557,7 @@ async fn floor(client: &Client, evictor: &Client, node: &str, audit: &std::path:
         requests: audit_ids_since(audit, audit_start),
         pod_watches: 0,
         cpu_ms: 0,
+        to_first_eviction: None,
     }
 }
 
@@ -637,10 +680,13 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         "÷ floor: the setting's median over the floor's; paired: the median of each round's Succeeded over that round's floor"
     );
     println!(
-        "| setting                      | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | paired | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
+        "ours: to first eviction (the drainer's first request on the maintenance to its first eviction, API server's clock) and Succeeded − last pod gone (the status write after the drain)"
     );
     println!(
-        "|------------------------------|-----------|---------------|---------|-----------|---------|--------|-----------|-----------|----------|---------------|----------------------|"
+        "| setting                      | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | paired | to first eviction | Succeeded − last pod gone | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
+    );
+    println!(
+        "|------------------------------|-----------|---------------|---------|-----------|---------|--------|-------------------|---------------------------|-----------|-----------|----------|---------------|----------------------|"
     );
     let ms = |m: &Measured, f: fn(&Run) -> Duration| {
         median(m.rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
@@ -701,8 +747,29 @@ fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         } else {
             (format!("{cordon:.1} ms"), format!("{drained:.0} ms"))
         };
+        let heads: Vec<f64> = m
+            .rows
+            .iter()
+            .filter_map(|r| r.to_first_eviction)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .collect();
+        let head = if heads.is_empty() {
+            "–".to_string()
+        } else {
+            format!("{:.1} ms", median(heads))
+        };
+        let tail = if m.who == Who::Floor {
+            "–".to_string()
+        } else {
+            let after: Vec<f64> = m
+                .rows
+                .iter()
+                .map(|r| (r.drained.as_secs_f64() - r.last_pod_gone.as_secs_f64()) * 1e3)
+                .collect();
+            format!("{:.1} ms", median(after))
+        };
         println!(
-            "| {:<28} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>6} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
+            "| {:<28} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>6} | {head:>17} | {tail:>25} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
             m.label,
             ratio(gone),
             if m.who == Who::Floor {
