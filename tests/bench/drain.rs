@@ -41,6 +41,10 @@
 //! controllers and kwok need for that is the limit; every row is also
 //! shown divided by it.
 //!
+//! `NODEKEEPER_DRAIN_NMO=PATH` adds medik8s NMO's manager binary (built
+//! from its sources, `go build -mod=vendor .`) as a row of its own, run
+//! with the benchmark's identity like the others.
+//!
 //! `NODEKEEPER_DRAIN_SOAK=N` (`just bench-drain-soak`: 100) instead runs N
 //! drains with one pair of agents (HTTP/2, 110 in flight) and prints each
 //! agent's RSS before its drains: whether memory stays bounded over many.
@@ -75,7 +79,13 @@ enum Who {
     NodeAgents,
     /// One cluster role (`run --all-nodes`) and no agents.
     ClusterRole,
+    /// medik8s NMO's manager binary (`NODEKEEPER_DRAIN_NMO`), alone.
+    Nmo,
 }
+
+/// The row of medik8s NMO when `NODEKEEPER_DRAIN_NMO` names its manager
+/// binary (built from its sources: `go build -mod=vendor .`).
+const NMO: (&str, Who, &[&str]) = ("medik8s NMO (NODEKEEPER_DRAIN_NMO)", Who::Nmo, &[]);
 
 /// The settings compared, each with its own processes.
 const SETTINGS: [(&str, Who, &[&str]); 6] = [
@@ -147,16 +157,21 @@ fn main() {
         let soak: Option<usize> = std::env::var("NODEKEEPER_DRAIN_SOAK")
             .ok()
             .and_then(|v| v.parse().ok());
+        let nmo = std::env::var_os("NODEKEEPER_DRAIN_NMO").map(PathBuf::from);
+        let all: Vec<(&str, Who, &[&str])> = SETTINGS
+            .iter()
+            .copied()
+            .chain(nmo.as_ref().map(|_| NMO))
+            .collect();
         let configs: Vec<(&str, Who, &[&str])> = match soak {
             Some(_) => vec![SETTINGS[4]],
             None => match std::env::var("NODEKEEPER_DRAIN_ONLY") {
                 // A subset by label prefix, e.g. "floor,node role,cluster".
-                Ok(only) => SETTINGS
-                    .iter()
-                    .copied()
+                Ok(only) => all
+                    .into_iter()
                     .filter(|(l, _, _)| only.split(',').any(|o| l.starts_with(o.trim())))
                     .collect(),
-                Err(_) => SETTINGS.to_vec(),
+                Err(_) => all,
             },
         };
         let runs = soak.unwrap_or_else(|| {
@@ -222,6 +237,28 @@ fn main() {
                     .iter()
                     .map(|n| start(run_args(&["--node", n])))
                     .collect(),
+                // Its own flags: no metrics or probe listeners (their fixed
+                // default ports), no leader election; the benchmark's
+                // identity like every other row, so its requests count too.
+                Who::Nmo => vec![
+                    Command::new(nmo.as_ref().expect("NODEKEEPER_DRAIN_NMO"))
+                        .env("TMPDIR", nmo_tmp(&env.id))
+                        .args([
+                            "--metrics-bind-address",
+                            "0",
+                            "--health-probe-bind-address",
+                            "0",
+                        ])
+                        .env("KUBECONFIG", &bench_kubeconfig)
+                        .stdout(Stdio::null())
+                        .stderr(if std::env::var_os("NODEKEEPER_BENCH_LOG").is_some() {
+                            Stdio::inherit()
+                        } else {
+                            Stdio::null()
+                        })
+                        .spawn()
+                        .expect("starting NMO's manager"),
+                ],
                 Who::ClusterRole => vec![start(run_args(&[
                     "--all-nodes",
                     "--node-selector",
@@ -304,12 +341,33 @@ fn main() {
             m.idle_rss = m.idle_rss.max(idle_rss);
             m.peak_rss = m.peak_rss.max(peak_rss);
         }
+        if nmo.is_some() {
+            let _ = std::fs::remove_dir_all(nmo_tmp_path(&env.id));
+        }
         print_table(&results, &bin, runs);
         if soak.is_some() {
             print_curve(&curve);
         }
         drop(env);
     });
+}
+
+/// A TMPDIR for NMO's manager, holding the self-signed serving certificate
+/// its webhook server will not start without (OLM injects one; the
+/// benchmark calls no webhook).
+fn nmo_tmp(id: &str) -> PathBuf {
+    let tmp = nmo_tmp_path(id);
+    let dir = tmp.join("k8s-webhook-server/serving-certs");
+    std::fs::create_dir_all(&dir).expect("NMO's certificate folder");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()])
+        .expect("a self-signed certificate for NMO");
+    std::fs::write(dir.join("tls.crt"), cert.cert.pem()).expect("writing tls.crt");
+    std::fs::write(dir.join("tls.key"), cert.signing_key.serialize_pem()).expect("writing tls.key");
+    tmp
+}
+
+fn nmo_tmp_path(id: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("nodekeeper-bench-nmo-{id}"))
 }
 
 /// 10 Deployments × 11 replicas in 5 namespaces, all scheduled onto `node`
