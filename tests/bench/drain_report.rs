@@ -1,0 +1,180 @@
+//! What `just bench-drain` prints: the table of every setting (medians,
+//! ratios to the floor, where our time goes) and the soak's RSS curve.
+
+use std::time::Duration;
+
+use super::{Measured, NAMESPACES, Run, Who};
+
+/// Each agent's RSS before its 1st, 2nd, … drain, at a few checkpoints,
+/// and the growth per drain after the first (least squares).
+pub fn print_curve(curve: &[Vec<u64>; 2]) {
+    println!();
+    println!("RSS of each agent before its n-th drain (MiB):");
+    println!("| drain n | agent A | agent B |");
+    println!("|---------|---------|---------|");
+    let len = curve[0].len().max(curve[1].len());
+    const CHECKPOINTS: [usize; 13] = [1, 2, 3, 5, 10, 15, 20, 30, 40, 50, 75, 100, 150];
+    for n in CHECKPOINTS {
+        if n <= len {
+            let at = |c: &Vec<u64>| {
+                c.get(n - 1)
+                    .map(|k| format!("{:>7.2}", *k as f64 / 1024.0))
+                    .unwrap_or_else(|| "      –".into())
+            };
+            println!("| {n:>7} | {} | {} |", at(&curve[0]), at(&curve[1]));
+        }
+    }
+    if len > 0 && !CHECKPOINTS.contains(&len) {
+        let last = |c: &Vec<u64>| {
+            c.last()
+                .map(|k| format!("{:>7.2}", *k as f64 / 1024.0))
+                .unwrap_or_default()
+        };
+        println!("| {len:>7} | {} | {} |", last(&curve[0]), last(&curve[1]));
+    }
+    for (i, c) in curve.iter().enumerate() {
+        // From the second drain on: the first one warms caches and pools.
+        let pts: Vec<(f64, f64)> = c
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(x, y)| (x as f64, *y as f64))
+            .collect();
+        if pts.len() >= 3 {
+            let n = pts.len() as f64;
+            let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+            let (mx, my) = (sx / n, sy / n);
+            let cov: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+            let var: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+            println!(
+                "agent {}: {:+.1} KiB per drain after the first ({} drains)",
+                ["A", "B"][i],
+                cov / var,
+                c.len()
+            );
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
+    println!();
+    println!(
+        "drain benchmark: 110 evictable pods (10 Deployments, {NAMESPACES} namespaces), median of {runs} runs per setting"
+    );
+    println!("binary: {}", bin.display());
+    println!(
+        "targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms and ≤ 1.15 × the floor's last pod gone, RSS ≤ 10 MiB"
+    );
+    println!(
+        "÷ floor: the setting's median over the floor's; paired: the median of each round's Succeeded over that round's floor"
+    );
+    println!(
+        "ours: to first eviction (the drainer's first request on the maintenance to its first eviction, API server's clock) and Succeeded − last pod gone (the status write after the drain)"
+    );
+    println!(
+        "| setting                      | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | paired | to first eviction | Succeeded − last pod gone | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
+    );
+    println!(
+        "|------------------------------|-----------|---------------|---------|-----------|---------|--------|-------------------|---------------------------|-----------|-----------|----------|---------------|----------------------|"
+    );
+    let ms = |m: &Measured, f: fn(&Run) -> Duration| {
+        median(m.rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
+    };
+    let floor = results
+        .iter()
+        .find(|m| m.who == Who::Floor)
+        .map(|m| ms(m, |r| r.last_pod_gone));
+    let ratio = |v: f64| floor.map_or("–".to_string(), |f| format!("{:.2}", v / f));
+    // The floor moves with the shared machine from round to round (420–710
+    // ms in one batch); each round runs every setting once, so a setting's
+    // Succeeded over the same round's floor compares like with like.
+    let floor_rows = results
+        .iter()
+        .find(|m| m.who == Who::Floor)
+        .map(|m| &m.rows);
+    let paired = |m: &Measured| {
+        let ratios: Vec<f64> = floor_rows
+            .map(|f| {
+                m.rows
+                    .iter()
+                    .zip(f.iter())
+                    .map(|(r, f)| r.drained.as_secs_f64() / f.last_pod_gone.as_secs_f64())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if m.who == Who::Floor || ratios.is_empty() {
+            "–".to_string()
+        } else {
+            format!("{:.2}", median(ratios))
+        }
+    };
+    for m in results {
+        let (cordon, gone, drained) = (
+            ms(m, |r| r.cordon),
+            ms(m, |r| r.last_pod_gone),
+            ms(m, |r| r.drained),
+        );
+        let requests = median(m.rows.iter().map(|r| r.requests as f64).collect());
+        let reopened: usize = m.rows.iter().map(|r| r.pod_watches).sum();
+        let cpu = if m.who == Who::Floor {
+            "–".to_string()
+        } else {
+            format!(
+                "{:.0} ms",
+                median(m.rows.iter().map(|r| r.cpu_ms as f64).collect())
+            )
+        };
+        let mib = |k: u64| {
+            if m.who == Who::Floor {
+                "–".to_string()
+            } else {
+                format!("{:.1} MiB", k as f64 / 1024.0)
+            }
+        };
+        let (cordon, drained_s) = if m.who == Who::Floor {
+            ("–".to_string(), "–".to_string())
+        } else {
+            (format!("{cordon:.1} ms"), format!("{drained:.0} ms"))
+        };
+        let heads: Vec<f64> = m
+            .rows
+            .iter()
+            .filter_map(|r| r.to_first_eviction)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .collect();
+        let head = if heads.is_empty() {
+            "–".to_string()
+        } else {
+            format!("{:.1} ms", median(heads))
+        };
+        let tail = if m.who == Who::Floor {
+            "–".to_string()
+        } else {
+            let after: Vec<f64> = m
+                .rows
+                .iter()
+                .map(|r| (r.drained.as_secs_f64() - r.last_pod_gone.as_secs_f64()) * 1e3)
+                .collect();
+            format!("{:.1} ms", median(after))
+        };
+        println!(
+            "| {:<28} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>6} | {head:>17} | {tail:>25} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
+            m.label,
+            ratio(gone),
+            if m.who == Who::Floor {
+                "–".to_string()
+            } else {
+                ratio(drained)
+            },
+            paired(m),
+            mib(m.idle_rss),
+            mib(m.peak_rss),
+            m.rows.len(),
+        );
+    }
+}
