@@ -117,10 +117,15 @@ pub struct Snapshot<'a> {
     /// The API server's version (`v1.37.1`), if known.
     pub server_version: Option<&'a str>,
     /// Another NodeVersion this role governs is not done (its status says
-    /// outdated, or it has none yet). The autoscaler runs only when every
-    /// NodeVersion is done: each decides the same value, so none writes
-    /// back what another wrote.
+    /// outdated). The autoscaler runs only when every NodeVersion is done:
+    /// each decides the same value, so none writes back what another wrote.
     pub others_busy: bool,
+    /// Another NodeVersion this role governs has no status yet: whether it
+    /// is done is not known, so a NodeVersion that is done leaves the
+    /// autoscaler as it is (a new one turns it off itself, in its own pass,
+    /// before it replaces anything). Counted as busy, a new NodeVersion
+    /// that needed nothing turned the autoscaler off and on again.
+    pub others_unknown: bool,
     /// Nodes the selector matches that an older NodeVersion governs (with
     /// `nodes` empty: why this one has none).
     pub governed_elsewhere: usize,
@@ -294,12 +299,18 @@ pub fn decide(s: &Snapshot) -> Plan {
     // 4. The autoscaler is off while anything is being replaced, by this
     // NodeVersion or another: it is on only when all are done.
     let done = c.all_up_to_date(s.pending.len()) && surge_requests(s.nv).is_empty();
-    let enabled = done && !s.others_busy;
+    let wanted = if !done || s.others_busy {
+        Some(false)
+    } else if s.others_unknown {
+        None
+    } else {
+        Some(true)
+    };
     let toggles: Vec<Effect> = s
         .strategies
         .iter()
-        .filter(|st| st.spec.enabled != enabled)
-        .map(|st| Effect::PatchObject {
+        .filter_map(|st| wanted.filter(|w| st.spec.enabled != *w).map(|w| (st, w)))
+        .map(|(st, enabled)| Effect::PatchObject {
             kind: Kind::AutoscalingStrategy,
             namespace: None,
             name: st.name_any(),

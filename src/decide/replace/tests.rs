@@ -123,6 +123,7 @@ struct World {
     in_flight: BTreeSet<String>,
     strategies: Vec<Arc<AutoscalingStrategy>>,
     others_busy: bool,
+    others_unknown: bool,
     governed_elsewhere: usize,
 }
 
@@ -139,6 +140,7 @@ impl World {
             in_flight: BTreeSet::new(),
             strategies: vec![],
             others_busy: false,
+            others_unknown: false,
             governed_elsewhere: 0,
         }
     }
@@ -156,6 +158,7 @@ impl World {
             in_flight: &self.in_flight,
             server_version: None,
             others_busy: self.others_busy,
+            others_unknown: self.others_unknown,
             governed_elsewhere: self.governed_elsewhere,
             now: now(),
         }

@@ -68,21 +68,27 @@ pub(super) async fn versions(
             .get(&nv.uid().unwrap_or_default())
             .cloned()
             .unwrap_or_default();
-        let others_busy = nvs.iter().any(|o| {
-            o.uid() != nv.uid()
-                && crate::service::roles::handles_node_version(
-                    &ctx.scope,
-                    o.spec.node_selector.as_ref(),
-                )
-                && o.status.as_ref().is_none_or(|st| {
-                    !st.outdated.is_empty()
-                        || !st.pending.is_empty()
-                        || !st.heirs.is_empty()
-                        || !st.donors.is_empty()
-                        || !st.obsolete.is_empty()
-                        || !st.awaiting_annotation.is_empty()
-                })
+        let others: Vec<&Arc<NodeVersion>> = nvs
+            .iter()
+            .filter(|o| {
+                o.uid() != nv.uid()
+                    && crate::service::roles::handles_node_version(
+                        &ctx.scope,
+                        o.spec.node_selector.as_ref(),
+                    )
+            })
+            .collect();
+        let others_busy = others.iter().any(|o| {
+            o.status.as_ref().is_some_and(|st| {
+                !st.outdated.is_empty()
+                    || !st.pending.is_empty()
+                    || !st.heirs.is_empty()
+                    || !st.donors.is_empty()
+                    || !st.obsolete.is_empty()
+                    || !st.awaiting_annotation.is_empty()
+            })
         });
+        let others_unknown = others.iter().any(|o| o.status.is_none());
         let in_flight = lock(&r.in_flight).clone();
         let mut snap = replace::Snapshot {
             nv,
@@ -96,6 +102,7 @@ pub(super) async fn versions(
             in_flight: &in_flight,
             server_version: r.server_version.as_deref(),
             others_busy,
+            others_unknown,
             governed_elsewhere: elsewhere.len(),
             now,
         };

@@ -312,4 +312,16 @@ fn two_node_versions_agree_on_the_autoscaler_and_it_runs_only_when_both_are_done
     // Once the other is done too, it turns the autoscaler on.
     done.others_busy = false;
     assert_eq!(enabled_by(&mut done), Some(true));
+    // Another without a status yet (just created): not known to be busy or
+    // done, so a NodeVersion that is done turns the autoscaler neither off
+    // nor on; one that is outdated still turns it off.
+    let mut beside_new = World::new("img-2", 1);
+    beside_new.strategies = vec![strategy(true)];
+    beside_new.others_unknown = true;
+    assert_eq!(enabled_by(&mut beside_new), None, "left on");
+    beside_new.strategies = vec![strategy(false)];
+    assert_eq!(enabled_by(&mut beside_new), None, "left off");
+    outdated.strategies = vec![strategy(true)];
+    outdated.others_unknown = true;
+    assert_eq!(enabled_by(&mut outdated), Some(false));
 }
