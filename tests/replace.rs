@@ -782,11 +782,22 @@ fn two_node_versions_agree_on_the_autoscaler_and_a_bad_strategy_stalls_nothing()
             })
         };
         // The poller must have seen the starting state before the rollout
-        // starts: once it began late and recorded [false, true].
+        // starts: once it began late and recorded [false, true]. That state
+        // is on: a NodeVersion that is done beside one that just wrote its
+        // first status has no reason to turn the autoscaler off (counting
+        // the new one busy before its status once did, and this wait
+        // timed out on the [false, true] it saw).
         wait_for("the poller's first look", LIMIT, || async {
-            (flips.lock().unwrap().first() == Some(&true)).then_some(())
+            (!flips.lock().unwrap().is_empty()).then_some(())
         })
         .await;
+        let first = flips.lock().unwrap().first().copied();
+        assert_eq!(
+            first,
+            Some(true),
+            "the autoscaler was off before the rollout began\n{}",
+            r.agent.as_ref().map(|a| a.log_text()).unwrap_or_default()
+        );
         set_image(&client, &r.env.id, "img-2").await;
         wait_replaced(&r, "img-2", 2).await;
         wait_for("the autoscaler enabled again", LIMIT, || async {
