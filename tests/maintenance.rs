@@ -810,9 +810,15 @@ fn agent_killed_mid_drain_converges_after_restart() {
         let idx = w.nodes.iter().position(|n| *n == a).expect("one of ours");
         let name = w.nm_name("m");
         w.maintain(&name, &a).await;
+        // Killed mid-drain, not mid-Begin: its event follows the Running
+        // status in one plan, and a kill between the two left the event
+        // unsent (the restarted agent, seeing Running, rightly does not
+        // begin again; CI once counted 0 events here).
         wait_for("drain underway", LONG, || async {
             let st = w.nms().get(&name).await.ok()?.status?;
-            (st.phase == Some(Phase::Running) && w.node(&a).await.spec?.unschedulable == Some(true))
+            (st.phase == Some(Phase::Running)
+                && w.node(&a).await.spec?.unschedulable == Some(true)
+                && events_for(&w.env, &name, "BeginMaintenance").await >= 1)
                 .then_some(())
         })
         .await;
