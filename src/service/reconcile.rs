@@ -54,8 +54,13 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action> {
     result
 }
 
-async fn reconcile_inner(node: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> {
-    let name = node.name_any();
+async fn reconcile_inner(queued: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> {
+    let name = queued.name_any();
+    // The freshest view: `queued` is what the watch had when this
+    // reconcile was queued, which can predate our own writes (a restarted
+    // agent read its predecessor's claim there, 4 ms after writing its
+    // own, and warned on the node of another agent).
+    let node = ctx.node(&name).unwrap_or(queued);
     let summary = summarize(&node);
     if ctx.log_if_changed(&name, summary.clone()) {
         log::info!("node {name}: {summary}");
@@ -80,12 +85,7 @@ async fn reconcile_inner(node: Arc<Node>, ctx: &Arc<Context>) -> Result<Action> 
     // The node role's own reboot and upgrade; the cluster role's
     // cluster-wide work has its own scheduler (`cluster.rs`).
     if let Scope::Node(_) = ctx.scope {
-        // The freshest view: `node` is what the watch had when this
-        // reconcile was queued, which can predate our own claim. A
-        // restarted agent read its predecessor's claim there, 4 ms after
-        // writing its own, and warned on the node of another agent.
-        let fresh = ctx.node(&name).unwrap_or_else(|| node.clone());
-        claim_node(ctx, &fresh).await;
+        claim_node(ctx, &node).await;
         super::upgrades::reconcile_own_node(ctx, &name).await?;
         wake = earliest(wake, super::reboots::reconcile_own_node(ctx, &name).await?);
     }
