@@ -39,7 +39,12 @@
 //! at once over one HTTP/2 connection, with no list, no decision and no
 //! status, and times the last pod gone. What the API server, the
 //! controllers and kwok need for that is the limit; every row is also
-//! shown divided by it.
+//! shown divided by it. Then **the protocol**: the benchmark drains as an
+//! NMO-compatible drainer with no decisions would, on the maintenance the
+//! other rows get: finalizer and lease, cordon and taint, the first status
+//! with the pending pods, every eviction at once, Succeeded once its watch
+//! sees the last pod gone (`drain_floors.rs`). What separates a row from
+//! the floor and not from the protocol is the protocol's, not the row's.
 //!
 //! `NODEKEEPER_DRAIN_NMO=PATH` adds medik8s NMO's manager binary (built
 //! from its sources, `go build -mod=vendor .`) as a row of its own, run
@@ -54,6 +59,9 @@ mod support;
 
 #[path = "drain_report.rs"]
 mod report;
+
+#[path = "drain_floors.rs"]
+mod floors;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -78,6 +86,12 @@ const REPLICAS: i32 = 11; // 5 × 2 × 11 = 110 pods
 enum Who {
     /// The benchmark itself: cordon, then every eviction at once.
     Floor,
+    /// The benchmark itself, as a drainer with no decisions that makes the
+    /// writes every NMO-compatible drain makes, one after the other:
+    /// finalizer and lease, cordon and taint, the first status with the
+    /// pending pods, every eviction at once, Succeeded once its watch sees
+    /// the last pod gone.
+    Protocol,
     /// A node agent per node (`run --node N`).
     NodeAgents,
     /// One cluster role (`run --all-nodes`) and no agents.
@@ -86,13 +100,21 @@ enum Who {
     Nmo,
 }
 
+impl Who {
+    /// The benchmark drains itself: no nodekeeper or NMO process runs.
+    fn bench_drains(self) -> bool {
+        matches!(self, Who::Floor | Who::Protocol)
+    }
+}
+
 /// The row of medik8s NMO when `NODEKEEPER_DRAIN_NMO` names its manager
 /// binary (built from its sources: `go build -mod=vendor .`).
-const NMO: (&str, Who, &[&str]) = ("medik8s NMO (NODEKEEPER_DRAIN_NMO)", Who::Nmo, &[]);
+const NMO: (&str, Who, &[&str]) = ("medik8s NMO (its manager)", Who::Nmo, &[]);
 
 /// The settings compared, each with its own processes.
-const SETTINGS: [(&str, Who, &[&str]); 6] = [
+const SETTINGS: [(&str, Who, &[&str]); 7] = [
     ("floor: 110 evictions at once", Who::Floor, &[]),
+    ("floor + the protocol's writes", Who::Protocol, &[]),
     (
         "HTTP/1.1, 32 in flight",
         Who::NodeAgents,
@@ -167,7 +189,11 @@ fn main() {
             .chain(nmo.as_ref().map(|_| NMO))
             .collect();
         let configs: Vec<(&str, Who, &[&str])> = match soak {
-            Some(_) => vec![SETTINGS[4]],
+            Some(_) => SETTINGS
+                .iter()
+                .copied()
+                .filter(|(l, _, _)| *l == "node role (default)")
+                .collect(),
             None => match std::env::var("NODEKEEPER_DRAIN_ONLY") {
                 // A subset by label prefix, e.g. "floor,node role,cluster".
                 Ok(only) => all
@@ -235,7 +261,7 @@ fn main() {
             };
             let selector = format!("{}={}", support::GROUP_LABEL, env.id);
             let mut agents: Vec<Child> = match who {
-                Who::Floor => Vec::new(),
+                Who::Floor | Who::Protocol => Vec::new(),
                 Who::NodeAgents => nodes
                     .iter()
                     .map(|n| start(run_args(&["--node", n])))
@@ -271,7 +297,7 @@ fn main() {
                 ]))],
             };
             // Let them list, settle (and lead) before the first measurement.
-            if who != Who::Floor {
+            if !who.bench_drains() {
                 nodekeeper::runtime::sleep(Duration::from_secs(3)).await;
             }
             let idle_rss = agents.first().map_or(0, |a| rss_kib(a.id(), "VmRSS"));
@@ -291,8 +317,15 @@ fn main() {
                 .await;
                 let cpu_before: u64 = agents.iter().map(|a| cpu_ms(a.id())).sum();
                 let mut row = match who {
-                    Who::Floor => floor(&client, &floor_client, &node, &audit_log).await,
-                    _ => measure(&client, &env.id, run, &node, &audit_log).await,
+                    Who::Floor => floors::floor(&client, &floor_client, &node, &audit_log).await,
+                    Who::Protocol => {
+                        let drainer = floors::Drainer {
+                            client: &floor_client,
+                            lease_namespace: &env.ns,
+                        };
+                        measure(&client, &env.id, run, &node, &audit_log, Some(drainer)).await
+                    }
+                    _ => measure(&client, &env.id, run, &node, &audit_log, None).await,
                 };
                 row.cpu_ms = agents.iter().map(|a| cpu_ms(a.id())).sum::<u64>() - cpu_before;
                 // The node stays cordoned until the replacements all run on
@@ -307,6 +340,9 @@ fn main() {
                 .await;
                 match who {
                     Who::Floor => cordon(&Api::all(client.clone()), &node, false).await,
+                    Who::Protocol => {
+                        floors::protocol_undo(&client, &env.id, run, &node, &env.ns).await
+                    }
                     _ => undo(&client, &env.id, run, &node).await,
                 }
                 println!(
@@ -444,12 +480,14 @@ async fn running_on(client: &Client, namespaces: &[String], node: &str) -> usize
 }
 
 /// One maintenance of `node`: (time to cordon, time to Succeeded, requests).
+/// With a `drainer`, the benchmark drains it itself ([`protocol`]).
 async fn measure(
     client: &Client,
     id: &str,
     run: usize,
     node: &str,
     audit: &std::path::Path,
+    drainer: Option<floors::Drainer<'_>>,
 ) -> Run {
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
@@ -467,15 +505,20 @@ async fn measure(
     for_init_done(&mut node_events).await;
     for_init_done(&mut nm_events).await;
     let mut on_node = std::collections::HashSet::new();
+    let mut pods: Vec<(String, String)> = Vec::new();
     while let Some(ev) = pod_events.next().await {
         match ev {
             Ok(Event::InitApply(p)) => {
                 on_node.insert(p.name_any());
+                pods.push((p.name_any(), p.namespace().unwrap_or_default()));
             }
             Ok(Event::InitDone) => break,
             _ => {}
         }
     }
+    // The protocol's drainer learns that the last pod is gone from the
+    // benchmark's pod watch: the same delivery its own watch would have.
+    let (all_gone, on_all_gone) = smol::channel::bounded::<()>(1);
 
     let nm = NodeMaintenance::new(
         &name,
@@ -513,14 +556,23 @@ async fn measure(
             if let Ok(Event::Delete(p)) = ev {
                 on_node.remove(&p.name_any());
                 if on_node.is_empty() {
+                    let _ = all_gone.try_send(());
                     return start.elapsed();
                 }
             }
         }
         start.elapsed()
     };
-    let ((t_cordon, t_drained), t_gone) =
-        smol::future::zip(smol::future::zip(cordon, drained), gone).await;
+    let drain = async {
+        if let Some(d) = drainer {
+            floors::protocol(d, &name, node, &pods, on_all_gone).await;
+        }
+    };
+    let (((t_cordon, t_drained), t_gone), ()) = smol::future::zip(
+        smol::future::zip(smol::future::zip(cordon, drained), gone),
+        drain,
+    )
+    .await;
     Run {
         cordon: t_cordon,
         last_pod_gone: t_gone,
@@ -558,68 +610,6 @@ fn to_first_eviction(audit: &std::path::Path, from: u64, nm: &str) -> Option<Dur
     }
     let span = first_eviction?.duration_since(first_nm?);
     Duration::try_from(span).ok()
-}
-
-/// The floor: cordon `node` (before the clock, so the replacements land on
-/// the other node), then send an eviction for every pod on it at once over
-/// `evictor` (one HTTP/2 connection), each sent again after 50 ms until the
-/// server accepts it, and time the last pod gone as [`measure`] does. No
-/// list of our own (the watch's list gives the names before the clock), no
-/// decision, no status.
-async fn floor(client: &Client, evictor: &Client, node: &str, audit: &std::path::Path) -> Run {
-    let nodes: Api<Node> = Api::all(client.clone());
-    cordon(&nodes, node, true).await;
-    let pod_wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut pod_events = Box::pin(watcher::watcher(Api::<Pod>::all(client.clone()), pod_wc));
-    let mut on_node = std::collections::HashMap::new();
-    while let Some(ev) = pod_events.next().await {
-        match ev {
-            Ok(Event::InitApply(p)) if p.metadata.deletion_timestamp.is_none() => {
-                on_node.insert(p.name_any(), p.namespace().unwrap_or_default());
-            }
-            Ok(Event::InitDone) => break,
-            _ => {}
-        }
-    }
-    let audit_start = support::audit_offset_of(audit);
-    let start = Instant::now();
-    let evictions: Vec<smol::Task<()>> = on_node
-        .iter()
-        .map(|(name, ns)| {
-            let api: Api<Pod> = Api::namespaced(evictor.clone(), ns);
-            let name = name.clone();
-            nodekeeper::runtime::spawn(async move {
-                loop {
-                    match api.evict(&name, &kube::api::EvictParams::default()).await {
-                        Ok(_) => return,
-                        Err(kube::Error::Api(s)) if s.code == 404 => return,
-                        Err(_) => nodekeeper::runtime::sleep(Duration::from_millis(50)).await,
-                    }
-                }
-            })
-        })
-        .collect();
-    while let Some(ev) = pod_events.next().await {
-        if let Ok(Event::Delete(p)) = ev {
-            on_node.remove(&p.name_any());
-            if on_node.is_empty() {
-                break;
-            }
-        }
-    }
-    let gone = start.elapsed();
-    for e in evictions {
-        e.await;
-    }
-    Run {
-        cordon: Duration::ZERO,
-        last_pod_gone: gone,
-        drained: gone,
-        requests: audit_ids_since(audit, audit_start),
-        pod_watches: 0,
-        cpu_ms: 0,
-        to_first_eviction: None,
-    }
 }
 
 /// Delete the maintenance and wait until the node is uncordoned.

@@ -71,16 +71,16 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         "targets: cordon ≤ 100 ms, Succeeded ≤ 2000 ms and ≤ 1.15 × the floor's last pod gone, RSS ≤ 10 MiB"
     );
     println!(
-        "÷ floor: the setting's median over the floor's; paired: the median of each round's Succeeded over that round's floor"
+        "÷ floor: the setting's median over the floor's; paired: the median of each round's Succeeded over that round's floor; ÷ protocol: Succeeded's median over the protocol's (the writes every NMO-compatible drain makes, nothing decided)"
     );
     println!(
         "ours: to first eviction (the drainer's first request on the maintenance to its first eviction, API server's clock) and Succeeded − last pod gone (the status write after the drain)"
     );
     println!(
-        "| setting                      | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | paired | to first eviction | Succeeded − last pod gone | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
+        "| setting                       | cordon    | last pod gone | ÷ floor | Succeeded | ÷ floor | paired | ÷ protocol | to first eviction | Succeeded − last pod gone | idle RSS  | peak RSS  | requests | CPU per drain | pod watches reopened |"
     );
     println!(
-        "|------------------------------|-----------|---------------|---------|-----------|---------|--------|-------------------|---------------------------|-----------|-----------|----------|---------------|----------------------|"
+        "|-------------------------------|-----------|---------------|---------|-----------|---------|--------|------------|-------------------|---------------------------|-----------|-----------|----------|---------------|----------------------|"
     );
     let ms = |m: &Measured, f: fn(&Run) -> Duration| {
         median(m.rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
@@ -90,6 +90,10 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         .find(|m| m.who == Who::Floor)
         .map(|m| ms(m, |r| r.last_pod_gone));
     let ratio = |v: f64| floor.map_or("–".to_string(), |f| format!("{:.2}", v / f));
+    let protocol = results
+        .iter()
+        .find(|m| m.who == Who::Protocol)
+        .map(|m| ms(m, |r| r.drained));
     // The floor moves with the shared machine from round to round (420–710
     // ms in one batch); each round runs every setting once, so a setting's
     // Succeeded over the same round's floor compares like with like.
@@ -121,7 +125,7 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         );
         let requests = median(m.rows.iter().map(|r| r.requests as f64).collect());
         let reopened: usize = m.rows.iter().map(|r| r.pod_watches).sum();
-        let cpu = if m.who == Who::Floor {
+        let cpu = if m.who.bench_drains() {
             "–".to_string()
         } else {
             format!(
@@ -130,7 +134,7 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
             )
         };
         let mib = |k: u64| {
-            if m.who == Who::Floor {
+            if m.who.bench_drains() {
                 "–".to_string()
             } else {
                 format!("{:.1} MiB", k as f64 / 1024.0)
@@ -163,7 +167,7 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
             format!("{:.1} ms", median(after))
         };
         println!(
-            "| {:<28} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>6} | {head:>17} | {tail:>25} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
+            "| {:<29} | {cordon:>9} | {gone:>10.0} ms | {:>7} | {drained_s:>9} | {:>7} | {:>6} | {:>10} | {head:>17} | {tail:>25} | {:>9} | {:>9} | {requests:>8.0} | {cpu:>13} | {reopened:>3} in {} runs |",
             m.label,
             ratio(gone),
             if m.who == Who::Floor {
@@ -172,6 +176,10 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
                 ratio(drained)
             },
             paired(m),
+            match protocol {
+                Some(p) if m.who != Who::Floor => format!("{:.2}", drained / p),
+                _ => "–".to_string(),
+            },
             mib(m.idle_rss),
             mib(m.peak_rss),
             m.rows.len(),
