@@ -19,11 +19,15 @@ use crate::runtime;
 /// 1.08 s.
 pub const HTTP1_IN_FLIGHT: usize = 32;
 /// Evictions in flight at once over HTTP/2, where they are streams of one
-/// connection: a node's whole drain at once (110, the kubelet's default pod
-/// limit), well inside kube-apiserver's 250 streams per connection (Go's
-/// default) beside the watches. `just bench-drain`, 110 pods, median of 5:
-/// 32 in flight 1250 ms, 110 in flight 775 ms (HTTP/1.1 with 32: 1165 ms);
-/// peak RSS 9.2 MiB in all three.
+/// connection: a node's whole drain (110, the kubelet's default pod
+/// limit). kube-apiserver allows 100 streams per connection (the default
+/// of `--http2-max-streams-per-connection`) and the watches hold a few, so
+/// about 95 go at once and hyper sends the rest as the first are answered.
+/// `just bench-drain`, 110 pods, Succeeded's median in one 7-round batch:
+/// 32 in flight 1216 ms, 90 in flight 774 ms, 110 in flight 670 ms; two
+/// connections more for the evictions alone (all 110 at once) made no
+/// difference beyond the spread of batches: the API server's CPU is the
+/// limit by then. Peak RSS 8.6–9.4 MiB in all.
 pub const HTTP2_IN_FLIGHT: usize = 110;
 
 /// The evictions and deletions one process keeps in flight, shared by
