@@ -480,7 +480,7 @@ async fn running_on(client: &Client, namespaces: &[String], node: &str) -> usize
 }
 
 /// One maintenance of `node`: (time to cordon, time to Succeeded, requests).
-/// With a `drainer`, the benchmark drains it itself ([`protocol`]).
+/// With a `drainer`, the benchmark drains it itself ([`floors::protocol`]).
 async fn measure(
     client: &Client,
     id: &str,
@@ -504,18 +504,19 @@ async fn measure(
     // Drain each watch's initial list before starting the clock.
     for_init_done(&mut node_events).await;
     for_init_done(&mut nm_events).await;
-    let mut on_node = std::collections::HashSet::new();
+    // The node's pods (name, namespace) before the clock.
     let mut pods: Vec<(String, String)> = Vec::new();
     while let Some(ev) = pod_events.next().await {
         match ev {
             Ok(Event::InitApply(p)) => {
-                on_node.insert(p.name_any());
                 pods.push((p.name_any(), p.namespace().unwrap_or_default()));
             }
             Ok(Event::InitDone) => break,
             _ => {}
         }
     }
+    let mut on_node: std::collections::HashSet<String> =
+        pods.iter().map(|(name, _)| name.clone()).collect();
     // The protocol's drainer learns that the last pod is gone from the
     // benchmark's pod watch: the same delivery its own watch would have.
     let (all_gone, on_all_gone) = smol::channel::bounded::<()>(1);
