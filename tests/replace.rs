@@ -454,8 +454,10 @@ fn surge_2_replaces_the_control_plane_first_and_survives_a_node_that_never_joins
             "the PendingNode of the instance that never joined is still there"
         );
         // Control plane first: no worker instance was asked for before the
-        // control plane's donor left the cloud; and etcd was asked to let
-        // the old member go.
+        // cloud answered the control plane's donor's delete (the delete
+        // runs in the background of the rounds; a worker's request used
+        // to race it to the cloud); and etcd was asked to let the old
+        // member go.
         let cp = group_id(&r.env, "cp");
         let calls = r.cloud.calls();
         let cp_old = r

@@ -263,7 +263,7 @@ pub fn decide(s: &Snapshot) -> Plan {
 
     let c = classify(s);
     let extra = extra(s, &c);
-    let surge = if has_outdated_control_planes(&c) {
+    let surge = if has_outdated_control_planes(s, &c) {
         1
     } else {
         s.nv.spec.max_surge.max(1) as usize
@@ -460,9 +460,41 @@ impl Plan {
     }
 }
 
-fn has_outdated_control_planes(c: &Classes) -> bool {
+/// A control plane is still being replaced: outdated, a donor, or gone
+/// from Kubernetes with its instance's delete not yet answered (never
+/// asked, in flight, or refused). Workers wait for all three: the control
+/// plane's old instance is asked away before a worker's new one is asked
+/// for (Constellation, whose surge of 1 is taken by the control plane's
+/// Leave, never asks for a worker before the control plane's instance is
+/// terminated; a larger maxSurge keeps that order at the cloud).
+fn has_outdated_control_planes(s: &Snapshot, c: &Classes) -> bool {
     c.outdated
         .iter()
         .chain(c.donors.iter())
         .any(|n| is_control_plane(n))
+        || s.pending
+            .iter()
+            .any(|p| control_plane_leave_unanswered(s, p))
+}
+
+/// `p` leaves a control-plane group and its instance's delete has not
+/// been answered yet.
+fn control_plane_leave_unanswered(s: &Snapshot, p: &PendingNode) -> bool {
+    let (Some("Leave"), Some(group), Some(pid)) = (
+        p.spec.goal.as_deref(),
+        p.spec.group_id.as_deref(),
+        p.spec.provider_id.as_deref(),
+    ) else {
+        return false;
+    };
+    let control_plane = s.groups.iter().any(|g| {
+        g.spec.role.as_deref() == Some("ControlPlane")
+            && g.spec
+                .group_id
+                .as_deref()
+                .is_some_and(|id| id.eq_ignore_ascii_case(group))
+    });
+    let asked = p.annotations().contains_key(DELETE_ISSUED_ANNOTATION);
+    let key = delete_key(pid);
+    control_plane && (!asked || s.in_flight.contains(&key) || s.failures.contains_key(&key))
 }

@@ -108,7 +108,7 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
     if budget == 0 || c.outdated.is_empty() {
         return Step::Idle;
     }
-    let cp = has_outdated_control_planes(c);
+    let cp = has_outdated_control_planes(s, c);
     let mut needed: BTreeMap<String, usize> = BTreeMap::new();
     for n in &c.outdated {
         if annotation(n, HEIR_ANNOTATION).is_some() {
