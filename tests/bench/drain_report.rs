@@ -61,6 +61,44 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The median of `v` with an interval that holds the true median with at
+/// least 90 % confidence, from order statistics alone (no assumption about
+/// the rounds' spread, which is wide and skewed here): the k-th smallest
+/// and k-th largest value, k as large as keeps that coverage. `None` below
+/// 5 values, where even the smallest and largest cover less than 90 %.
+fn median_interval(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
+    let n = v.len();
+    if n < 5 {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    // P(Binomial(n, 1/2) <= j), summed term by term.
+    let below = |j: usize| -> f64 {
+        let (mut term, mut sum) = (0.5f64.powi(n as i32), 0.0);
+        for i in 0..=j {
+            sum += term;
+            term = term * (n - i) as f64 / (i + 1) as f64;
+        }
+        sum
+    };
+    let mut k = 1;
+    while k < n / 2 && 1.0 - 2.0 * below(k) >= 0.9 {
+        k += 1;
+    }
+    Some((v[n / 2], v[k - 1], v[n - k]))
+}
+
+/// Whether a paired ratio's interval settles a target of at most `limit`.
+fn verdict(lo: f64, hi: f64, limit: f64) -> &'static str {
+    if hi <= limit {
+        "met"
+    } else if lo > limit {
+        "missed"
+    } else {
+        "undecided at these rounds"
+    }
+}
+
 pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
     println!();
     println!(
@@ -184,5 +222,38 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
             mib(m.peak_rss),
             m.rows.len(),
         );
+    }
+
+    // Each round's Succeeded over the same round's floor (and protocol),
+    // with the median's 90 % interval: the rounds here spread by a third
+    // or more, so a median alone cannot say whether 1.15 is met.
+    let per_round = |m: &Measured, base: &[Run], f: fn(&Run) -> Duration| -> Vec<f64> {
+        m.rows
+            .iter()
+            .zip(base)
+            .map(|(r, b)| r.drained.as_secs_f64() / f(b).as_secs_f64())
+            .collect()
+    };
+    let protocol_rows = results
+        .iter()
+        .find(|m| m.who == Who::Protocol)
+        .map(|m| &m.rows);
+    println!();
+    println!(
+        "paired, each with the median's 90 % interval (order statistics) and the target Succeeded ≤ 1.15 × the floor:"
+    );
+    for m in results.iter().filter(|m| m.who != Who::Floor) {
+        let floor = floor_rows
+            .and_then(|f| median_interval(per_round(m, f, |r| r.last_pod_gone)))
+            .map_or("–".to_string(), |(med, lo, hi)| {
+                format!("{med:.2} ({lo:.2}–{hi:.2}): {}", verdict(lo, hi, 1.15))
+            });
+        let protocol = protocol_rows
+            .filter(|_| m.who != Who::Protocol)
+            .and_then(|p| median_interval(per_round(m, p, |r| r.drained)))
+            .map_or("–".to_string(), |(med, lo, hi)| {
+                format!("{med:.2} ({lo:.2}–{hi:.2})")
+            });
+        println!("  {:<29} ÷ floor {floor}; ÷ protocol {protocol}", m.label);
     }
 }
