@@ -139,15 +139,17 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         .iter()
         .find(|m| m.who == Who::Floor)
         .map(|m| &m.rows);
+    // A setting's Succeeded over the same round's `f` of `base`.
+    let per_round = |m: &Measured, base: &[Run], f: fn(&Run) -> Duration| -> Vec<f64> {
+        m.rows
+            .iter()
+            .zip(base)
+            .map(|(r, b)| r.drained.as_secs_f64() / f(b).as_secs_f64())
+            .collect()
+    };
     let paired = |m: &Measured| {
         let ratios: Vec<f64> = floor_rows
-            .map(|f| {
-                m.rows
-                    .iter()
-                    .zip(f.iter())
-                    .map(|(r, f)| r.drained.as_secs_f64() / f.last_pod_gone.as_secs_f64())
-                    .collect()
-            })
+            .map(|f| per_round(m, f, |r| r.last_pod_gone))
             .unwrap_or_default();
         if m.who == Who::Floor || ratios.is_empty() {
             "–".to_string()
@@ -227,13 +229,6 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
     // Each round's Succeeded over the same round's floor (and protocol),
     // with the median's 90 % interval: the rounds here spread by a third
     // or more, so a median alone cannot say whether 1.15 is met.
-    let per_round = |m: &Measured, base: &[Run], f: fn(&Run) -> Duration| -> Vec<f64> {
-        m.rows
-            .iter()
-            .zip(base)
-            .map(|(r, b)| r.drained.as_secs_f64() / f(b).as_secs_f64())
-            .collect()
-    };
     let protocol_rows = results
         .iter()
         .find(|m| m.who == Who::Protocol)

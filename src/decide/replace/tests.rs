@@ -58,6 +58,16 @@ fn node(name: &str, group: &str, image: &str, extra: &[(&str, &str)]) -> Arc<Nod
     })
 }
 
+/// [`node`] with the control-plane label.
+fn control_plane(name: &str, group: &str, image: &str, extra: &[(&str, &str)]) -> Arc<Node> {
+    let mut n = (*node(name, group, image, extra)).clone();
+    n.metadata
+        .labels
+        .get_or_insert_default()
+        .insert(CONTROL_PLANE_LABEL.into(), "".into());
+    Arc::new(n)
+}
+
 fn nv(image: &str, surge: i32) -> NodeVersion {
     let mut v = NodeVersion::new(
         "constellation-version",

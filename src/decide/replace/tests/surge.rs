@@ -82,13 +82,10 @@ fn no_surge_while_the_group_still_has_the_old_image_or_the_budget_is_spent() {
 #[test]
 fn control_planes_go_first_and_alone() {
     let mut w = World::new("img-2", 3);
-    let mut cp = (*node("cp", "cpg", "img-1", &[])).clone();
-    cp.metadata
-        .labels
-        .as_mut()
-        .unwrap()
-        .insert(CONTROL_PLANE_LABEL.into(), "".into());
-    w.nodes = vec![Arc::new(cp), node("w", "wg", "img-1", &[])];
+    w.nodes = vec![
+        control_plane("cp", "cpg", "img-1", &[]),
+        node("w", "wg", "img-1", &[]),
+    ];
     w.groups = vec![
         group("a-workers", "wg", "Worker", "img-2"),
         group("z-cp", "cpg", "ControlPlane", "img-2"),
@@ -117,13 +114,10 @@ fn workers_wait_until_the_old_control_planes_instance_delete_is_answered() {
     // the cloud to delete the instance. A worker's surge node is asked for
     // only once that delete is answered, whatever maxSurge allows.
     let mut w = World::new("img-2", 2);
-    let mut cp = (*node("cp-new", "cpg", "img-2", &[])).clone();
-    cp.metadata
-        .labels
-        .as_mut()
-        .unwrap()
-        .insert(CONTROL_PLANE_LABEL.into(), "".into());
-    w.nodes = vec![Arc::new(cp), node("w", "wg", "img-1", &[])];
+    w.nodes = vec![
+        control_plane("cp-new", "cpg", "img-2", &[]),
+        node("w", "wg", "img-1", &[]),
+    ];
     w.groups = vec![
         group("a-workers", "wg", "Worker", "img-2"),
         group("z-cp", "cpg", "ControlPlane", "img-2"),
@@ -303,15 +297,8 @@ fn a_donor_inherits_labels_then_is_drained_then_deleted_with_a_leave() {
 #[test]
 fn a_control_plane_donor_leaves_etcd_through_the_provider_first() {
     let mut w = World::new("img-2", 1);
-    let mut donor = (*node("cp-old", "g", "img-1", &[(HEIR_ANNOTATION, "cp-new")])).clone();
-    donor
-        .metadata
-        .labels
-        .as_mut()
-        .unwrap()
-        .insert(CONTROL_PLANE_LABEL.into(), "".into());
     w.nodes = vec![
-        Arc::new(donor),
+        control_plane("cp-old", "g", "img-1", &[(HEIR_ANNOTATION, "cp-new")]),
         node("cp-new", "g", "img-2", &[(DONOR_ANNOTATION, "cp-old")]),
     ];
     w.settle_status();
