@@ -11,9 +11,10 @@
 //! host's tmpfs sentinel, and restart the agent.
 //!
 //! [`Watcher`] watches the test's nodes and every NodeMaintenance on its
-//! own and records, at every change, how many nodes are unavailable
-//! (NotReady, cordoned or in a NodeMaintenance): safety is asserted from
-//! what the API server showed, never from nodekeeper's own status.
+//! own and records, at every change in the order the writes happened, how
+//! many nodes are unavailable (NotReady, cordoned or in a NodeMaintenance):
+//! safety is asserted from what the API server showed, never from
+//! nodekeeper's own status.
 //!
 //! The helpers at the end (policies, phases, events, "settled") are shared
 //! by tests/reboot.rs and tests/reboot_chaos.rs.
@@ -33,6 +34,7 @@ use nodekeeper::runtime::Latch;
 use serde_json::json;
 use smol::stream::StreamExt;
 
+use super::write_order::{Arrived, in_write_order, rv_of};
 use super::{Agent, GROUP_LABEL, TestEnv, block_on, wait_for};
 
 /// kwok manages nodes with this annotation; without it, a node is "off".
@@ -415,24 +417,53 @@ fn now() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
-/// Records the number of unavailable nodes of a test group at every change.
+/// Records the number of unavailable nodes of a test group at every change,
+/// in the order the writes happened (see [`super::write_order`]).
 pub struct Watcher {
     stop: Latch,
-    thread: Option<std::thread::JoinHandle<Vec<(usize, String)>>>,
+    thread: Option<std::thread::JoinHandle<Arrived<Change>>>,
 }
 
+/// Each node's own state (`None`: available; else why not), and which node
+/// each NodeMaintenance holds.
 #[derive(Default)]
 struct Seen {
-    nodes: BTreeMap<String, bool>,
+    nodes: BTreeMap<String, Option<String>>,
     maintenances: BTreeMap<String, String>,
 }
 
 impl Seen {
-    fn down(&self) -> Vec<String> {
+    fn apply(&mut self, change: &Change) {
+        match change {
+            Change::Node(n, Some(state)) => {
+                self.nodes.insert(n.clone(), state.clone());
+            }
+            Change::Node(n, None) => {
+                self.nodes.remove(n);
+            }
+            Change::Maintenance(m, Some(node)) => {
+                self.maintenances.insert(m.clone(), node.clone());
+            }
+            Change::Maintenance(m, None) => {
+                self.maintenances.remove(m);
+            }
+        }
+    }
+
+    /// The unavailable nodes, each with why.
+    fn down(&self) -> Vec<(String, String)> {
         self.nodes
             .iter()
-            .filter(|(n, unavailable)| **unavailable || self.maintenances.values().any(|m| m == *n))
-            .map(|(n, _)| n.clone())
+            .filter_map(|(n, state)| {
+                let mut why: Vec<String> = state.iter().cloned().collect();
+                why.extend(
+                    self.maintenances
+                        .iter()
+                        .filter(|(_, node)| *node == n)
+                        .map(|(m, _)| format!("NodeMaintenance {m}")),
+                );
+                (!why.is_empty()).then(|| (n.clone(), why.join(" + ")))
+            })
             .collect()
     }
 }
@@ -440,32 +471,57 @@ impl Seen {
 /// NotReady or cordoned, as the budget counts it (a NodeMaintenance on the
 /// node also counts; the watchers track those separately).
 pub fn unavailable(n: &Node) -> bool {
+    why_unavailable(n).is_some()
+}
+
+/// Why `n` is unavailable by its own state, or `None`.
+fn why_unavailable(n: &Node) -> Option<String> {
     let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
     let ready = n
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    cordoned || !ready
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    let mut why = Vec::new();
+    if cordoned {
+        why.push("cordoned".to_string());
+    }
+    match ready {
+        Some(c) if c.status == "True" => {}
+        Some(c) => why.push(format!(
+            "Ready={} ({})",
+            c.status,
+            c.reason.as_deref().unwrap_or("no reason")
+        )),
+        None => why.push("no Ready condition".to_string()),
+    }
+    (!why.is_empty()).then(|| why.join(" + "))
 }
 
-/// What changed: a node's availability (`None`: deleted), or which node a
+/// What changed: a node's state (`None`: deleted), or which node a
 /// NodeMaintenance holds (`None`: deleted).
 enum Change {
-    Node(String, Option<bool>),
+    Node(String, Option<Option<String>>),
     Maintenance(String, Option<String>),
 }
 
 fn change<K: kube::Resource>(
     ev: watcher::Event<K>,
-    f: impl Fn(K) -> Change,
+    f: impl Fn(&K) -> Change,
     gone: impl Fn(String) -> Change,
-) -> Option<Change> {
-    match ev {
-        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some(f(o)),
-        watcher::Event::Delete(o) => Some(gone(o.name_any())),
-        _ => None,
-    }
+) -> Option<(Option<u64>, Change)> {
+    let (o, c) = match ev {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+            let c = f(&o);
+            (o, c)
+        }
+        watcher::Event::Delete(o) => {
+            let c = gone(o.name_any());
+            (o, c)
+        }
+        _ => return None,
+    };
+    Some((rv_of(&o), c))
 }
 
 impl Watcher {
@@ -475,7 +531,7 @@ impl Watcher {
         let (stop2, group) = (stop.clone(), group.to_string());
         let thread = std::thread::spawn(move || {
             block_on(async move {
-                let mut history: Vec<(usize, String)> = Vec::new();
+                let mut recorded = Vec::new();
                 let nodes = watcher(
                     Api::<Node>::all(client.clone()),
                     watcher::Config::default()
@@ -485,7 +541,7 @@ impl Watcher {
                 .filter_map(|e| {
                     change(
                         e.ok()?,
-                        |n: Node| Change::Node(n.name_any(), Some(unavailable(&n))),
+                        |n: &Node| Change::Node(n.name_any(), Some(why_unavailable(n))),
                         |n| Change::Node(n, None),
                     )
                 });
@@ -496,38 +552,20 @@ impl Watcher {
                 .filter_map(|e| {
                     change(
                         e.ok()?,
-                        |m: NodeMaintenance| {
-                            Change::Maintenance(m.name_any(), Some(m.spec.node_name))
+                        |m: &NodeMaintenance| {
+                            Change::Maintenance(m.name_any(), Some(m.spec.node_name.clone()))
                         },
                         |m| Change::Maintenance(m, None),
                     )
                 });
                 let mut changes = std::pin::pin!(smol::stream::or(nodes, nms));
-                let mut seen = Seen::default();
                 let run = async {
-                    while let Some(change) = changes.next().await {
-                        match change {
-                            Change::Node(n, Some(down)) => {
-                                seen.nodes.insert(n, down);
-                            }
-                            Change::Node(n, None) => {
-                                seen.nodes.remove(&n);
-                            }
-                            Change::Maintenance(m, Some(node)) => {
-                                seen.maintenances.insert(m, node);
-                            }
-                            Change::Maintenance(m, None) => {
-                                seen.maintenances.remove(&m);
-                            }
-                        }
-                        let down = seen.down();
-                        if history.last().map(|h| &h.1) != Some(&down.join(",")) {
-                            history.push((down.len(), down.join(",")));
-                        }
+                    while let Some(r) = changes.next().await {
+                        recorded.push(r);
                     }
                 };
                 smol::future::or(run, stop2.wait()).await;
-                history
+                recorded
             })
         });
         Watcher {
@@ -536,14 +574,59 @@ impl Watcher {
         }
     }
 
-    /// Stop; every distinct unavailable set seen, in order, with its size.
+    /// Stop; every distinct unavailable set, in the order the writes
+    /// happened, with its size. The whole timeline, each node with why it
+    /// was unavailable, goes to the test's output (shown when it fails).
     pub fn finish(mut self) -> Vec<(usize, String)> {
         self.stop.open();
-        self.thread
+        let arrived = self
+            .thread
             .take()
             .map(|t| t.join().expect("the watcher panicked"))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let arrival: Vec<(Option<u64>, &Change)> = arrived.iter().map(|(rv, c)| (*rv, c)).collect();
+        let (in_arrival_order, _) = history(&arrival);
+        let recorded: Vec<(Option<u64>, &Change)> = in_write_order(arrival)
+            .into_iter()
+            .map(|(rv, c)| (Some(rv), c))
+            .collect();
+        let (history, timeline) = history(&recorded);
+        eprintln!("watcher: unavailable nodes in resourceVersion order:\n{timeline}");
+        let peak = |h: &[(usize, String)]| h.iter().map(|h| h.0).max().unwrap_or(0);
+        if peak(&in_arrival_order) != peak(&history) {
+            eprintln!(
+                "watcher: the watches ran apart: peak {} in arrival order, {} in write order",
+                peak(&in_arrival_order),
+                peak(&history)
+            );
+        }
+        history
     }
+}
+
+/// Every distinct unavailable set after each of `recorded` in turn, and a
+/// timeline that says why each node was unavailable.
+fn history(recorded: &[(Option<u64>, &Change)]) -> (Vec<(usize, String)>, String) {
+    let mut seen = Seen::default();
+    let mut history: Vec<(usize, String)> = Vec::new();
+    let mut timeline = String::new();
+    for (rv, change) in recorded {
+        seen.apply(change);
+        let down = seen.down();
+        let names: Vec<&str> = down.iter().map(|(n, _)| n.as_str()).collect();
+        let names = names.join(",");
+        if history.last().map(|h| &h.1) != Some(&names) {
+            history.push((down.len(), names));
+            let why: Vec<String> = down.iter().map(|(n, w)| format!("{n}: {w}")).collect();
+            timeline.push_str(&format!(
+                "  rv {}: {} down [{}]\n",
+                rv.map_or("?".into(), |v| v.to_string()),
+                down.len(),
+                why.join("; ")
+            ));
+        }
+    }
+    (history, timeline)
 }
 
 impl Drop for Watcher {

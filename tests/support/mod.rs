@@ -14,6 +14,7 @@ pub mod machines;
 pub mod openshift;
 pub mod replace;
 pub mod upgrades;
+pub mod write_order;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use smol::stream::StreamExt;
 
 use super::machines::unavailable;
+use super::write_order::{Arrived, in_write_order, rv_of};
 use super::{GROUP_LABEL, TestEnv, bin_dir, block_on, cluster, kubectl, run_cli, wait_for};
 
 /// Install Constellation's CRDs the way the README says, once per binary.
@@ -268,7 +269,7 @@ pub struct Seen {
 
 pub struct ReplaceWatcher {
     stop: Latch,
-    thread: Option<std::thread::JoinHandle<Seen>>,
+    thread: Option<std::thread::JoinHandle<Arrived<Ev>>>,
 }
 
 #[allow(clippy::large_enum_variant)] // one at a time, in a test
@@ -291,6 +292,7 @@ impl ReplaceWatcher {
         );
         let thread = std::thread::spawn(move || {
             block_on(async move {
+                let mut arrived = Vec::new();
                 let cfg =
                     || watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent);
                 let nodes = watcher(
@@ -307,65 +309,18 @@ impl ReplaceWatcher {
                 .filter_map(|e| e.ok().map(Ev::Dep));
                 let mut events =
                     std::pin::pin!(smol::stream::or(nodes, smol::stream::or(nms, deps)));
-                let mut seen = Seen {
-                    min_available: usize::MAX,
-                    ..Default::default()
-                };
-                let mut live: BTreeMap<String, Node> = BTreeMap::new();
-                let mut held: BTreeMap<String, String> = BTreeMap::new();
-                let mut listed = false;
                 let run = async {
                     while let Some(ev) = events.next().await {
-                        match ev {
-                            Ev::Node(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
-                                live.insert(n.name_any(), n);
-                            }
-                            Ev::Node(watcher::Event::Delete(n)) => {
-                                live.remove(&n.name_any());
-                                *seen.deleted.entry(n.name_any()).or_default() += 1;
-                            }
-                            Ev::Node(watcher::Event::InitDone) => listed = true,
-                            Ev::Nm(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
-                                seen.maintenances
-                                    .entry(m.spec.node_name.clone())
-                                    .or_default()
-                                    .insert(m.spec.reason.clone().unwrap_or_default());
-                                held.insert(m.name_any(), m.spec.node_name.clone());
-                            }
-                            Ev::Nm(watcher::Event::Delete(m)) => {
-                                held.remove(&m.name_any());
-                            }
-                            Ev::Dep(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
-                                let r = d.spec.replicas.unwrap_or(1);
-                                if seen.replicas.last() != Some(&r) {
-                                    seen.replicas.push(r);
-                                }
-                            }
-                            _ => {}
-                        }
-                        if !listed {
-                            continue;
-                        }
-                        seen.max_nodes = seen.max_nodes.max(live.len());
-                        let cordoned = live
-                            .values()
-                            .filter(|n| {
-                                n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-                                    || held.values().any(|h| *h == n.name_any())
-                            })
-                            .count();
-                        seen.max_cordoned = seen.max_cordoned.max(cordoned);
-                        let available = live
-                            .values()
-                            .filter(|n| {
-                                !unavailable(n) && !held.values().any(|h| *h == n.name_any())
-                            })
-                            .count();
-                        seen.min_available = seen.min_available.min(available);
+                        let rv = match &ev {
+                            Ev::Node(e) => event_rv(e),
+                            Ev::Nm(e) => event_rv(e),
+                            Ev::Dep(e) => event_rv(e),
+                        };
+                        arrived.push((rv, ev));
                     }
                 };
                 smol::future::or(run, stop2.wait()).await;
-                seen
+                arrived
             })
         });
         ReplaceWatcher {
@@ -374,13 +329,86 @@ impl ReplaceWatcher {
         }
     }
 
+    /// Stop; what was seen, folded in the order the writes happened (see
+    /// [`super::write_order`]): a node watch behind the NodeMaintenance
+    /// watch would otherwise count a node given back as still held.
     pub fn finish(mut self) -> Seen {
         self.stop.open();
-        self.thread
+        let arrived = self
+            .thread
             .take()
             .map(|t| t.join().expect("the watcher panicked"))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        fold(in_write_order(arrived).into_iter().map(|(_, ev)| ev))
     }
+}
+
+/// The resourceVersion of the object an event carries (`None`: no object).
+fn event_rv<K: kube::Resource>(e: &watcher::Event<K>) -> Option<u64> {
+    match e {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+            rv_of(o)
+        }
+        _ => None,
+    }
+}
+
+/// What the events say, one after another.
+fn fold(events: impl Iterator<Item = Ev>) -> Seen {
+    let mut seen = Seen {
+        min_available: usize::MAX,
+        ..Default::default()
+    };
+    let mut live: BTreeMap<String, Node> = BTreeMap::new();
+    let mut held: BTreeMap<String, String> = BTreeMap::new();
+    let mut listed = false;
+    for ev in events {
+        match ev {
+            Ev::Node(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+                live.insert(n.name_any(), n);
+            }
+            Ev::Node(watcher::Event::Delete(n)) => {
+                live.remove(&n.name_any());
+                *seen.deleted.entry(n.name_any()).or_default() += 1;
+            }
+            Ev::Node(watcher::Event::InitDone) => listed = true,
+            Ev::Nm(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
+                seen.maintenances
+                    .entry(m.spec.node_name.clone())
+                    .or_default()
+                    .insert(m.spec.reason.clone().unwrap_or_default());
+                held.insert(m.name_any(), m.spec.node_name.clone());
+            }
+            Ev::Nm(watcher::Event::Delete(m)) => {
+                held.remove(&m.name_any());
+            }
+            Ev::Dep(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
+                let r = d.spec.replicas.unwrap_or(1);
+                if seen.replicas.last() != Some(&r) {
+                    seen.replicas.push(r);
+                }
+            }
+            _ => {}
+        }
+        if !listed {
+            continue;
+        }
+        seen.max_nodes = seen.max_nodes.max(live.len());
+        let cordoned = live
+            .values()
+            .filter(|n| {
+                n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+                    || held.values().any(|h| *h == n.name_any())
+            })
+            .count();
+        seen.max_cordoned = seen.max_cordoned.max(cordoned);
+        let available = live
+            .values()
+            .filter(|n| !unavailable(n) && !held.values().any(|h| *h == n.name_any()))
+            .count();
+        seen.min_available = seen.min_available.min(available);
+    }
+    seen
 }
 
 impl Drop for ReplaceWatcher {
