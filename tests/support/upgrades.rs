@@ -28,6 +28,7 @@ use serde_json::json;
 use smol::stream::StreamExt;
 
 use super::machines::{Fleet, LONG, unavailable};
+use super::write_order::{Arrived, in_write_order, rv_of};
 use super::{GROUP_LABEL, TestEnv, block_on, wait_for};
 
 /// The label a simulated node reports its OS version in.
@@ -234,10 +235,12 @@ pub async fn jobs(client: &Client, plan: &str) -> Vec<Job> {
         .unwrap_or_default()
 }
 
-/// What happened, in the order the watches (and the serve loop) saw it.
+/// What happened, in the order of the writes (the two watches run apart:
+/// see [`super::write_order`]); what the serve loop saw goes after every
+/// write that reached the timeline before it.
 #[derive(Clone)]
 pub struct Timeline {
-    events: Arc<Mutex<Vec<String>>>,
+    events: Arc<Mutex<Arrived<String>>>,
     stop: Latch,
 }
 
@@ -261,11 +264,15 @@ impl Timeline {
                 .filter_map(|e| match e.ok()? {
                     watcher::Event::Apply(j) | watcher::Event::InitApply(j) => {
                         let l = j.labels();
-                        Some(format!(
-                            "job {} {} {}",
-                            l.get(nodekeeper::api::upgrade::STAGE_LABEL)?,
-                            l.get(nodekeeper::api::upgrade::NODE_LABEL)?,
-                            j.name_any()
+                        let rv = rv_of(&j);
+                        Some((
+                            rv,
+                            format!(
+                                "job {} {} {}",
+                                l.get(nodekeeper::api::upgrade::STAGE_LABEL)?,
+                                l.get(nodekeeper::api::upgrade::NODE_LABEL)?,
+                                j.name_any()
+                            ),
                         ))
                     }
                     _ => None,
@@ -277,14 +284,14 @@ impl Timeline {
                 .filter_map(|e| match e.ok()? {
                     watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
                         let state = if unavailable(&n) { "down" } else { "up" };
-                        Some(format!("{state} {}", n.name_any()))
+                        Some((rv_of(&n), format!("{state} {}", n.name_any())))
                     }
                     _ => None,
                 });
                 let mut all = std::pin::pin!(smol::stream::or(jobs, nodes));
                 let mut last: BTreeMap<String, String> = BTreeMap::new();
                 let run = async {
-                    while let Some(ev) = all.next().await {
+                    while let Some((rv, ev)) = all.next().await {
                         // Jobs once each; node states on change only.
                         let (key, state) = match ev.split_once(' ') {
                             Some(("job", rest)) => (ev.clone(), rest.to_string()),
@@ -293,7 +300,7 @@ impl Timeline {
                         };
                         if last.get(&key) != Some(&state) {
                             last.insert(key, state);
-                            me.push(ev);
+                            me.events.lock().unwrap().push((rv, ev));
                         }
                     }
                 };
@@ -303,12 +310,18 @@ impl Timeline {
         t
     }
 
+    /// Record what the test saw happen now (it has no resourceVersion).
     pub fn push(&self, event: String) {
-        self.events.lock().unwrap().push(event);
+        self.events.lock().unwrap().push((None, event));
     }
 
+    /// Everything so far, in the order of the writes.
     pub fn events(&self) -> Vec<String> {
-        self.events.lock().unwrap().clone()
+        let arrived = self.events.lock().unwrap().clone();
+        in_write_order(arrived)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
     }
 
     /// Index of the first event starting with `prefix`.
