@@ -3,7 +3,8 @@
 //! fail, up to three overlapping RebootPolicies with random budgets and up
 //! to two overlapping UpgradePlans beside them (`worlds/upgrades.rs`: some
 //! nodes cannot run the upgrade command, some upgrades fail, a plan may be
-//! deleted mid-run), nodes deleted now and then, an administrator's
+//! deleted mid-run; `worlds/jobs.rs`: some upgrade through a Job, some
+//! have hook Jobs), nodes deleted now and then, an administrator's
 //! NodeMaintenances coming and going,
 //! decisions taken on a stale copy of a policy or plan (the guarded status
 //! write must refuse them), and everything deleted at the end. Each step runs the same pure functions
@@ -36,6 +37,7 @@ use crate::decide::Outcome;
 
 mod faults;
 use faults::Fault;
+mod jobs;
 mod people;
 mod planned;
 mod upgrades;
@@ -67,6 +69,12 @@ struct World {
     cannot_reboot: std::collections::BTreeSet<String>,
     /// Upgrade commands per (node, version, boot).
     upgrades: BTreeMap<(String, String, String), u32>,
+    /// The Jobs the API server holds, by `namespace/name` (`worlds/jobs.rs`).
+    jobs: BTreeMap<String, jobs::WorldJob>,
+    /// Upgrade Jobs completed per (node, version).
+    job_upgrades: BTreeMap<(String, String), usize>,
+    /// Hook Jobs created.
+    hook_jobs: usize,
     /// The host's records of upgrade commands, by id (`effects::host_run`):
     /// running an id again attaches to its first run.
     host_runs: BTreeMap<String, bool>,
@@ -170,10 +178,12 @@ impl World {
             policies.push(p);
         }
         let plans = upgrades::plans(&mut rng);
+        // Only plans with a command check it (four in ten upgrade through
+        // a Job): one node in six cannot run it.
         let cannot_run = nodes
             .iter()
             .map(|n| n.name_any())
-            .filter(|_| rng.chance(10))
+            .filter(|_| rng.chance(16))
             .collect();
         let cannot_reboot = nodes
             .iter()
@@ -186,6 +196,9 @@ impl World {
             plans,
             cannot_run,
             upgrades: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            job_upgrades: BTreeMap::new(),
+            hook_jobs: 0,
             host_runs: BTreeMap::new(),
             rng,
             now: now(),
@@ -405,6 +418,7 @@ impl World {
                     self.apply(who, &follow)?;
                 }
             }
+            Effect::CreateJob { job } => self.create_job(who, job)?,
             Effect::Event { .. } => {}
             other => panic!("{who}: unexpected effect {other:?}"),
         }
@@ -532,6 +546,7 @@ impl World {
         self.real.created_now.clear();
         self.real.unanswered.clear();
         self.reboot_out_of_band();
+        self.settle_jobs();
         // A drain on a node whose pod never leaves Terminating never ends.
         let stuck = self.real.stuck.clone();
         for m in self
@@ -706,6 +721,7 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
         }
         commands += w.commands.len();
         upgrades::tally(&w, &mut totals);
+        jobs::tally(&w, &mut totals);
         for (k, n) in &w.faults.refused {
             *faults.entry(*k).or_default() += n;
         }

@@ -2,9 +2,11 @@
 //! pools, versions and budgets) beside the RebootPolicies, decided by
 //! `upgrade::decide` on fresh or stale copies, their nodes upgraded by
 //! the node role's `upgrade::node` (its command check first), a plan now
-//! and then deleted mid-run. Invariants: a plan takes only a node its
-//! agent said can run the command, the oldest plan selecting it, within
-//! its budget; at most one upgrade command per node, version and boot.
+//! and then deleted mid-run; some plans upgrade through a Job and have
+//! hook Jobs (`worlds/jobs.rs`). Invariants: a plan takes only a node its
+//! agent said can run the command (a Job strategy needs none), the oldest
+//! plan selecting it, within its budget; at most one upgrade command per
+//! node, version and boot.
 
 use std::collections::BTreeMap;
 
@@ -24,10 +26,12 @@ pub(super) const VERSION: &str = "version";
 pub(super) fn plans(rng: &mut Rng) -> Vec<UpgradePlan> {
     let mut plans = Vec::new();
     for i in 0..rng.below(3) {
+        let (strategy, hooks) = super::jobs::strategy_and_hooks(rng);
         let spec: UpgradePlanSpec = serde_json::from_value(json!({
             "version": if rng.chance(50) { "v2" } else { "v3" },
             "versionFrom": {"source": "Label", "key": VERSION},
-            "strategy": {"command": ["/sbin/upgrade", "{version}"]},
+            "strategy": strategy,
+            "hooks": hooks,
             "budget": {"maxUnavailable": 1 + rng.below(2)},
         }))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -69,7 +73,7 @@ impl World {
             plan: &p,
             nodes: &nodes,
             maintenances: &nms,
-            jobs: &Default::default(),
+            jobs: &self.jobs_seen(),
             job_errors: &Default::default(),
             pods_on: &no_pods,
             now: self.clock(super::faults::CLUSTER),
@@ -123,9 +127,10 @@ impl World {
         let Some(p) = self.plans.iter().find(|p| p.name_any() == owner) else {
             return;
         };
-        assert_eq!(
-            upgrade_node::check_of(n, p),
-            upgrade_node::Check::Runnable,
+        // An upgrade Job needs no command on the host: nothing to check.
+        assert!(
+            p.spec.strategy.job().is_some()
+                || upgrade_node::check_of(n, p) == upgrade_node::Check::Runnable,
             "{who} took {node} without its agent saying the command runs there"
         );
         let governor = self
