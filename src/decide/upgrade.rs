@@ -336,11 +336,36 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
                 }
                 continue;
             }
-            // The spec changed since it failed: a retry. Give the node
-            // back first; it is admitted afresh.
-            if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+            // The spec changed since it failed: a retry, admitted afresh
+            // once the failed attempt's NodeMaintenance is gone (below).
+        }
+        if let Some(m) = ours
+            && !at_version(node, &p.spec.version_from, s.target())
+        {
+            // Ours, yet not held: left by an attempt that failed, or by one
+            // that finished and whose give-back was refused, and the target
+            // moved on since (an edit, a channel's newer version). Given
+            // back first, every pass until it is gone (level-triggered);
+            // the node is admitted afresh after that, so the new attempt
+            // starts untouched: its before hooks on a node nobody holds,
+            // its own drain, its own slot. Taken again at once, it ran its
+            // before hooks on a cordoned node and adopted the old, drained
+            // NodeMaintenance (a create of its name is a 409).
+            if !m.is_deleting() {
                 d.give_back(m);
             }
+            let msg = format!(
+                "the NodeMaintenance {} of an earlier attempt is given back first",
+                m.name_any()
+            );
+            d.set(
+                &n,
+                UpgradePhase::Waiting,
+                group_name(g),
+                Some(WAIT_IN_MAINTENANCE),
+                msg,
+            );
+            continue;
         }
         if s.target().is_empty() {
             let c = s.channel.or(old.channel.as_ref());

@@ -69,6 +69,8 @@ struct World {
     cannot_reboot: std::collections::BTreeSet<String>,
     /// Upgrade commands per (node, version, boot).
     upgrades: BTreeMap<(String, String, String), u32>,
+    /// What the channel the plans may follow answered last.
+    channel: Option<crate::api::upgrade::ChannelStatus>,
     /// The Jobs the API server holds, by `namespace/name` (`worlds/jobs.rs`).
     jobs: BTreeMap<String, jobs::WorldJob>,
     /// Upgrade Jobs completed per (node, version).
@@ -196,6 +198,7 @@ impl World {
             plans,
             cannot_run,
             upgrades: BTreeMap::new(),
+            channel: None,
             jobs: BTreeMap::new(),
             job_upgrades: BTreeMap::new(),
             hook_jobs: 0,
@@ -280,6 +283,19 @@ impl World {
                 let Some(n) = self.nodes.iter().find(|n| n.name_any() == node).cloned() else {
                     return Ok(());
                 };
+                // A name the server has: 409, which the executor takes as
+                // "created before" (a give-back whose delete failed, then
+                // the node taken again by its owner for a new version).
+                if let Some(m) = self.nms.iter().find(|m| m.name_any() == nm.name_any()) {
+                    let owner =
+                        |m: &NodeMaintenance| m.owner_references().first().map(|o| o.uid.clone());
+                    self.trace.push(format!(
+                        "{who}: NodeMaintenance {} exists (409), owned by {:?}",
+                        m.name_any(),
+                        owner(m)
+                    ));
+                    return Ok(());
+                }
                 if let Some(m) = self
                     .nms
                     .iter()
@@ -547,6 +563,7 @@ impl World {
         self.real.unanswered.clear();
         self.reboot_out_of_band();
         self.settle_jobs();
+        self.resolve_channel();
         // A drain on a node whose pod never leaves Terminating never ends.
         let stuck = self.real.stuck.clone();
         for m in self

@@ -13,7 +13,7 @@
 //! it; never a second upgrade Job of a node and version while one runs or
 //! after one completed; a before hook only while its plan holds no
 //! NodeMaintenance on the node (it runs before the node is touched); an
-//! after hook only once the node reports the plan's version.
+//! after hook only once the node reports the version it is for.
 
 use std::collections::HashMap;
 
@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use super::super::world_tools::Rng;
 use super::upgrades::VERSION;
 use super::*;
-use crate::api::upgrade::{NODE_LABEL, PLAN_LABEL, STAGE_LABEL};
+use crate::api::upgrade::{ENV_VERSION, NODE_LABEL, PLAN_LABEL, STAGE_LABEL};
 use crate::decide::jobs::{self, JobState};
 
 /// One Job as the API server holds it.
@@ -91,9 +91,16 @@ impl World {
         let image = job.data["spec"]["template"]["spec"]["containers"][0]["image"]
             .as_str()
             .unwrap_or_default();
+        // An upgrade Job's version is its image's tag; a hook Job's, its
+        // environment's.
+        let env = job.data["spec"]["template"]["spec"]["containers"][0]["env"].as_array();
         let version = match stage.as_str() {
             "upgrade" => image.rsplit(':').next().unwrap_or_default().to_string(),
-            _ => String::new(),
+            _ => env
+                .and_then(|env| env.iter().find(|v| v["name"] == ENV_VERSION))
+                .and_then(|v| v["value"].as_str())
+                .unwrap_or_default()
+                .to_string(),
         };
         let ours = self.nms.iter().find(|m| {
             m.spec.node_name == node
@@ -106,12 +113,6 @@ impl World {
             .iter()
             .find(|n| n.name_any() == node)
             .and_then(|n| n.labels().get(VERSION).cloned())
-            .unwrap_or_default();
-        let target = self
-            .plans
-            .iter()
-            .find(|p| p.name_any() == plan)
-            .map(|p| p.target_version().to_string())
             .unwrap_or_default();
         match stage.as_str() {
             "upgrade" => {
@@ -138,8 +139,8 @@ impl World {
                 "{who}: before hook Job {key} while {plan} holds {node}"
             ),
             _ => assert!(
-                reports == target,
-                "{who}: after hook Job {key} while {node} reports {reports:?}, not {target:?}"
+                reports == version,
+                "{who}: after hook Job {key} while {node} reports {reports:?}, not {version:?}"
             ),
         }
         self.trace.push(format!(

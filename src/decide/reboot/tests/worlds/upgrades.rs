@@ -2,8 +2,9 @@
 //! pools, versions and budgets) beside the RebootPolicies, decided by
 //! `upgrade::decide` on fresh or stale copies, their nodes upgraded by
 //! the node role's `upgrade::node` (its command check first), a plan now
-//! and then deleted mid-run; some plans upgrade through a Job and have
-//! hook Jobs (`worlds/jobs.rs`). Invariants: a plan takes only a node its
+//! and then deleted mid-run; some follow a channel whose answer changes
+//! mid-rollout (a newer release, a pulled one, a failed question); some
+//! upgrade through a Job and have hook Jobs (`worlds/jobs.rs`). Invariants: a plan takes only a node its
 //! agent said can run the command (a Job strategy needs none), the oldest
 //! plan selecting it, within its budget; at most one upgrade command per
 //! node, version and boot.
@@ -27,14 +28,21 @@ pub(super) fn plans(rng: &mut Rng) -> Vec<UpgradePlan> {
     let mut plans = Vec::new();
     for i in 0..rng.below(3) {
         let (strategy, hooks) = super::jobs::strategy_and_hooks(rng);
-        let spec: UpgradePlanSpec = serde_json::from_value(json!({
+        let mut spec = json!({
             "version": if rng.chance(50) { "v2" } else { "v3" },
             "versionFrom": {"source": "Label", "key": VERSION},
             "strategy": strategy,
             "hooks": hooks,
             "budget": {"maxUnavailable": 1 + rng.below(2)},
-        }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        });
+        // A channel instead of a version, now and then.
+        if rng.chance(30) {
+            spec["channel"] = json!(CHANNEL);
+            if let Some(o) = spec.as_object_mut() {
+                o.remove("version");
+            }
+        }
+        let spec: UpgradePlanSpec = serde_json::from_value(spec).unwrap_or_else(|e| panic!("{e}"));
         let name = format!("u{i}");
         let mut p = UpgradePlan::new(&name, spec);
         p.metadata.uid = Some(format!("uid-{name}"));
@@ -50,6 +58,9 @@ pub(super) fn plans(rng: &mut Rng) -> Vec<UpgradePlan> {
     }
     plans
 }
+
+/// The channel of the plans that follow one.
+const CHANNEL: &str = "https://channel.invalid/stable";
 
 fn plan_selects(p: &UpgradePlan, node: &Node) -> bool {
     matches(p.spec.node_selector.as_ref(), node)
@@ -83,7 +94,7 @@ impl World {
             health: None,
             gates_unlisted: None,
             notified: None,
-            channel: None,
+            channel: p.spec.channel.as_ref().and(self.channel.as_ref()),
         });
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();
@@ -261,6 +272,34 @@ impl World {
             self.apply(who, &follow)?;
         }
         Ok(())
+    }
+
+    /// The channel's resolver: it names v2 after a while, now and then a
+    /// newer release (v3) or back (a release pulled), mid-rollout, and
+    /// sometimes fails to answer (the version it named is kept).
+    pub(super) fn resolve_channel(&mut self) {
+        let roll = self.rng.below(100);
+        let named = self.channel.as_ref().and_then(|c| c.version.clone());
+        let version = match (named.as_deref(), roll) {
+            (None, 0..60) => Some("v2"),
+            (None, _) => None,
+            (Some("v2"), 0..4) => Some("v3"),
+            (Some(_), 0..2) => Some("v2"),
+            (Some(v), _) => Some(v),
+        };
+        let error = (roll >= 95).then(|| "GET https://channel.invalid/stable: 503".to_string());
+        if version.is_some() || error.is_some() {
+            let old = self.channel.as_ref().and_then(|c| c.version.clone());
+            if version.map(str::to_string) != old {
+                self.trace.push(format!("the channel names {version:?}"));
+            }
+            self.channel = Some(crate::api::upgrade::ChannelStatus {
+                url: CHANNEL.into(),
+                version: version.map(str::to_string),
+                resolved: Some(Time(self.now)),
+                error,
+            });
+        }
     }
 
     /// Now and then a plan is deleted mid-run (its nodes are given back).
