@@ -303,7 +303,7 @@ pub fn decide(s: &Snapshot) -> Step {
         }
         return Step::Finish {
             nm: name,
-            release_lease: owned_lease(nm),
+            release_lease: releases_lease(nm, &nms),
         };
     }
 
@@ -544,7 +544,7 @@ fn decide_without_node(s: &Snapshot, nms: &[&NodeMaintenance]) -> Step {
             if nm.has_finalizer() {
                 return Step::Finish {
                     nm: name,
-                    release_lease: owned_lease(nm),
+                    release_lease: releases_lease(nm, nms),
                 };
             }
             continue;
@@ -581,6 +581,25 @@ fn decide_without_node(s: &Snapshot, nms: &[&NodeMaintenance]) -> Step {
 /// A maintenance that got past its first status held the node's lease.
 fn owned_lease(nm: &NodeMaintenance) -> bool {
     matches!(nm.phase(), Some(Phase::Running | Phase::Succeeded))
+}
+
+/// Does finishing `nm` release the node's lease? If it held it (past its
+/// first status), or if it may have taken it with its finalizer and was
+/// deleted before it began, unless another maintenance of the node that
+/// took our finalizer goes on (the lease is its). The second case was
+/// left to this process's memory of the lease (released once no
+/// maintenance is left), lost with a restart: the lease then held the
+/// node from medik8s remediators for an hour (found by the maintenance
+/// worlds). The release is the holder's only, so asking is harmless.
+fn releases_lease(nm: &NodeMaintenance, nms: &[&NodeMaintenance]) -> bool {
+    owned_lease(nm)
+        || (nm.phase().is_none()
+            && !nms.iter().any(|o| {
+                o.name_any() != nm.name_any()
+                    && !o.is_deleting()
+                    && o.has_finalizer()
+                    && o.phase() != Some(Phase::Failed)
+            }))
 }
 
 fn attempt<'a>(s: &'a Snapshot, pod: &Pod) -> Option<&'a Attempt> {

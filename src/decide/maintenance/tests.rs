@@ -13,6 +13,9 @@ mod node_gone;
 mod owners;
 /// Steps taken before a node's pods are listed.
 mod unlisted;
+/// Random worlds with faults: never uncordoned while held, always given
+/// back.
+mod world;
 use crate::api::pod::PodStatus;
 use k8s_openapi::api::core::v1::{NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -227,22 +230,39 @@ fn a_lease_without_a_maintenance_is_released() {
     );
 }
 
-/// A maintenance deleted before its first status, or one that failed,
-/// drops its finalizer without releasing (it may not have been the one
-/// that took the lease); once no maintenance names the node, the lease we
-/// hold goes. Another maintenance of the node keeps it.
+/// A maintenance deleted before its first status may have taken the lease
+/// with its finalizer: it releases it when it finishes, unless another
+/// maintenance of the node that took our finalizer goes on (after a
+/// restart this process no longer remembers holding it, and the lease held
+/// the node from remediators for an hour). One that failed drops its
+/// finalizer without releasing (a duplicate never took it); once no
+/// maintenance names the node, a lease we remember holding goes. Another
+/// maintenance of the node keeps it.
 #[test]
 fn the_lease_goes_when_the_last_maintenance_of_the_node_is_gone() {
     for phase in [None, Some(Phase::Failed)] {
         let mut m = deleting(nm("m", 0, phase));
         m.metadata.finalizers = Some(vec![FINALIZER.into()]);
-        let mut w = World::new(Some(node()), vec![m]);
+        let mut w = World::new(Some(node()), vec![m.clone()]);
         assert_eq!(
             w.decide(),
             Step::Finish {
                 nm: "m".into(),
+                release_lease: phase.is_none()
+            },
+            "{phase:?}"
+        );
+        // Beside one that goes on, the lease stays.
+        let mut going_on = nm("on", 5, Some(Phase::Running));
+        going_on.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        let w2 = World::new(Some(node()), vec![m, going_on]);
+        assert_eq!(
+            w2.decide(),
+            Step::Finish {
+                nm: "m".into(),
                 release_lease: false
-            }
+            },
+            "{phase:?}"
         );
         w.nms.clear();
         assert_eq!(w.decide(), Step::ReleaseLease);
