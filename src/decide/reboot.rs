@@ -552,4 +552,4 @@ fn status(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -705,7 +705,9 @@ mod give_back;
 mod node_role;
 mod ownership;
 mod settings;
-mod world_tools;
+/// The random worlds' generator and merge patch (the maintenance worlds
+/// use them too).
+pub(crate) mod world_tools;
 mod worlds;
 
 /// A node whose agent cannot reboot it (installed without --reboot: no

@@ -1,4 +1,4 @@
-//! Tools of the random worlds (`worlds.rs`): a seeded xorshift generator
+//! Tools of the random worlds (`worlds.rs`, and the maintenance worlds): a seeded xorshift generator
 //! (a failing world is replayed from its seed, no crate needed), the
 //! worlds' pool selectors and budgets, and the JSON merge patch the worlds
 //! apply node patches with.
@@ -8,25 +8,25 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 /// xorshift64: cheap, seeded, good enough to pick events.
-pub(super) struct Rng(pub(super) u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
-    pub(super) fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
-    pub(super) fn chance(&mut self, percent: u64) -> bool {
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
 }
 
 /// RFC 7386 merge patch.
-pub(super) fn merge(target: &mut Value, patch: &Value) {
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
     match patch {
         Value::Object(p) => {
             if !target.is_object() {

@@ -1,0 +1,545 @@
+//! Property test of the NodeMaintenance life over random worlds: one node
+//! (schedulable, or cordoned by a person before anything began), up to
+//! three NodeMaintenances created and deleted at random times (a person's,
+//! or a feature's that a person's preempts), pods that
+//! leave at once, after a few steps in Terminating, or only once their
+//! PodDisruptionBudget relents, the medik8s lease now and then held by
+//! another operator, and a clock that moves 1-20 s a step. Each step runs
+//! the node's reconcile as the service does (`decide`, `plan`, the effects
+//! with their outcomes folded into the node's memory, `after`, until the
+//! decision waits) and applies the effects as the API server would,
+//! resourceVersion guards included. Every write may fail: refused (409,
+//! 500, 403), or unanswered, done on the server or not; a failure ends the
+//! pass, as the executor's error does. Now and then the process restarts
+//! and loses its memory (eviction attempts, the lease's renewal time).
+//!
+//! Invariants, checked on the world's own reading and never from the
+//! product's status: the node is not uncordoned while a NodeMaintenance on
+//! it is live (not deleting, not Failed), begun or about to; a cordon a person
+//! set before any maintenance is never lifted; no pod is evicted or deleted
+//! unless a live NodeMaintenance drains the node; a pass ends in a wait
+//! within a bounded number of steps (no busy loop); and once every
+//! NodeMaintenance is deleted and the faults stop, within a few passes
+//! every one is gone (finalizer dropped), the node is back as the person
+//! left it (schedulable, no taint, label or annotation of ours) and the
+//! lease is not ours.
+//!
+//! A failing world prints its seed; `NODEKEEPER_WORLD_SEED=N` replays it.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::decide::NodeMemory;
+use crate::decide::drain::Removal;
+use crate::decide::reboot::tests::world_tools::{Rng, merge};
+use k8s_openapi::jiff::SignedDuration;
+
+const WORLDS: u64 = 3000;
+const STEPS: usize = 30;
+/// Steps one pass may take before it counts as a busy loop (the service
+/// stops at 20 and looks again in 5 s).
+const MAX_STEPS: usize = 20;
+/// Passes after everything is deleted for the world to be given back.
+const SETTLE_PASSES: usize = 8;
+
+/// How a write failed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    Refused,
+    Lost,
+    AppliedLost,
+}
+
+/// A pod of the node and how it leaves.
+#[derive(Debug, Clone)]
+struct WorldPod {
+    pod: Arc<Pod>,
+    /// Its PodDisruptionBudget refuses evictions until it relents.
+    blocked: bool,
+    /// Steps left in Terminating once removal was accepted.
+    terminating: Option<u32>,
+}
+
+struct MaintenanceWorld {
+    rng: Rng,
+    now: Timestamp,
+    rv: u64,
+    node: Node,
+    /// A person cordoned the node before any maintenance began.
+    admin_cordoned: bool,
+    nms: Vec<NodeMaintenance>,
+    pods: Vec<WorldPod>,
+    /// The medik8s lease: holder and until when.
+    lease: Option<(String, Timestamp)>,
+    memory: NodeMemory,
+    faults_on: bool,
+    /// Faults injected and pods removed, for the test's line.
+    tally: BTreeMap<&'static str, usize>,
+    created: usize,
+    trace: Vec<String>,
+}
+
+impl MaintenanceWorld {
+    fn new(seed: u64) -> MaintenanceWorld {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut n = node();
+        n.metadata.uid = Some("uid-n1".into());
+        n.metadata.resource_version = Some("1".into());
+        let admin_cordoned = rng.chance(20);
+        if admin_cordoned {
+            n.spec = Some(NodeSpec {
+                unschedulable: Some(true),
+                ..Default::default()
+            });
+        }
+        let pods = (0..rng.below(5))
+            .map(|i| WorldPod {
+                pod: pod(&format!("p{i}"), "ReplicaSet"),
+                blocked: rng.chance(25),
+                terminating: None,
+            })
+            .collect();
+        let lease = rng
+            .chance(10)
+            .then(|| ("another-operator".to_string(), ts(120)));
+        MaintenanceWorld {
+            rng,
+            now: ts(10),
+            rv: 10,
+            node: n,
+            admin_cordoned,
+            nms: Vec::new(),
+            pods,
+            lease,
+            memory: NodeMemory::default(),
+            faults_on: true,
+            tally: BTreeMap::new(),
+            created: 0,
+            trace: Vec::new(),
+        }
+    }
+
+    fn bump(&mut self) -> String {
+        self.rv += 1;
+        self.rv.to_string()
+    }
+
+    fn cordoned(&self) -> bool {
+        self.node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+    }
+
+    /// A NodeMaintenance that holds the node: begun, not deleting, not
+    /// Failed.
+    fn live(&self) -> Option<&NodeMaintenance> {
+        self.nms.iter().find(|m| {
+            !m.is_deleting() && matches!(m.phase(), Some(Phase::Running | Phase::Succeeded))
+        })
+    }
+
+    fn fault(&mut self, e: &Effect) -> Option<Fault> {
+        if !self.faults_on || matches!(e, Effect::Event { .. }) {
+            return None;
+        }
+        let roll = self.rng.below(100);
+        let (f, kind) = match roll {
+            0..3 => (Fault::Refused, "409/500/403"),
+            3..5 => (Fault::Lost, "timeout"),
+            5..7 => (Fault::AppliedLost, "applied, then timeout"),
+            _ => return None,
+        };
+        *self.tally.entry(kind).or_default() += 1;
+        Some(f)
+    }
+
+    /// The API server's (and kubelet's) side of one effect.
+    fn apply(&mut self, e: &Effect) -> Result<Outcome, String> {
+        match e {
+            Effect::PatchNode {
+                resource_version,
+                patch,
+                ..
+            } => {
+                if resource_version.is_some()
+                    && *resource_version != self.node.metadata.resource_version
+                {
+                    return Err("node patch on a stale node refused (409)".into());
+                }
+                let was = self.cordoned();
+                let mut v = serde_json::to_value(&self.node).map_err(|e| e.to_string())?;
+                merge(&mut v, patch);
+                let after: Node = serde_json::from_value(v).map_err(|e| e.to_string())?;
+                let now_cordoned = after.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+                if was && !now_cordoned {
+                    // Not while one holds it, nor while one is about to
+                    // (a successor: pods would land only to be evicted).
+                    let waiting = self
+                        .nms
+                        .iter()
+                        .find(|m| !m.is_deleting() && m.phase() != Some(Phase::Failed));
+                    assert!(
+                        waiting.is_none(),
+                        "uncordoned while NodeMaintenance {} holds the node or is about to",
+                        waiting.map(|m| m.name_any()).unwrap_or_default()
+                    );
+                    assert!(
+                        !self.admin_cordoned,
+                        "lifted the cordon a person set before any maintenance"
+                    );
+                }
+                self.node = after;
+                self.node.metadata.resource_version = Some(self.bump());
+                Ok(Outcome::NodeWritten(Box::new(self.node.clone())))
+            }
+            Effect::PatchNodeStatus { patch, .. } => {
+                apply_conditions(&mut self.node, patch);
+                self.node.metadata.resource_version = Some(self.bump());
+                Ok(Outcome::Done)
+            }
+            Effect::WriteStatus {
+                nm,
+                resource_version,
+                status,
+                ..
+            } => {
+                let rv = self.bump();
+                let Some(m) = self.nms.iter_mut().find(|m| m.name_any() == *nm) else {
+                    return Err(format!("NodeMaintenance {nm} not found (404)"));
+                };
+                if resource_version.is_some() && *resource_version != m.metadata.resource_version {
+                    return Err(format!("status write on a stale {nm} refused (409)"));
+                }
+                m.status = Some((**status).clone());
+                m.metadata.resource_version = Some(rv);
+                Ok(Outcome::MaintenanceWritten(Box::new(m.clone())))
+            }
+            Effect::SetFinalizers {
+                nm,
+                resource_version,
+                finalizers,
+                owners,
+            } => {
+                let rv = self.bump();
+                let Some(i) = self.nms.iter().position(|m| m.name_any() == *nm) else {
+                    return Err(format!("NodeMaintenance {nm} not found (404)"));
+                };
+                let m = &mut self.nms[i];
+                if resource_version.is_some() && *resource_version != m.metadata.resource_version {
+                    return Err(format!("finalizers of a stale {nm} refused (409)"));
+                }
+                if m.is_deleting() && !finalizers.is_empty() && m.finalizers().is_empty() {
+                    return Err(format!("{nm} is being deleted: no new finalizer (422)"));
+                }
+                m.metadata.finalizers = Some(finalizers.clone());
+                if let Some(o) = owners {
+                    m.metadata.owner_references = Some(o.clone());
+                }
+                m.metadata.resource_version = Some(rv.clone());
+                if m.is_deleting() && finalizers.is_empty() {
+                    self.nms.remove(i);
+                    self.trace.push(format!("{nm} gone"));
+                    return Ok(Outcome::MaintenanceGone {
+                        name: nm.clone(),
+                        resource_version: Some(rv),
+                    });
+                }
+                Ok(Outcome::MaintenanceWritten(Box::new(m.clone())))
+            }
+            Effect::TakeLease { .. } => {
+                let ours = crate::api::nodemaintenance::LEASE_HOLDER;
+                match &self.lease {
+                    Some((holder, until)) if holder != ours && *until > self.now => {
+                        Ok(Outcome::LeaseHeldBy(holder.clone()))
+                    }
+                    _ => {
+                        let until = self
+                            .now
+                            .checked_add(SignedDuration::from_secs(i64::from(LEASE_SECONDS)))
+                            .unwrap_or(self.now);
+                        self.lease = Some((ours.to_string(), until));
+                        Ok(Outcome::LeaseHeld { until })
+                    }
+                }
+            }
+            Effect::ReleaseLease { .. } => {
+                if self
+                    .lease
+                    .as_ref()
+                    .is_some_and(|(h, _)| h == crate::api::nodemaintenance::LEASE_HOLDER)
+                {
+                    self.lease = None;
+                }
+                Ok(Outcome::Done)
+            }
+            Effect::Drain { pods, .. } => {
+                assert!(
+                    self.live().is_some(),
+                    "pods removed while no NodeMaintenance holds the node: {:?}",
+                    pods.iter().map(|(p, _)| p.name_any()).collect::<Vec<_>>()
+                );
+                let mut removals = Vec::new();
+                for (p, fate) in pods {
+                    let uid = p.metadata.uid.clone();
+                    let Some(wp) = self.pods.iter_mut().find(|w| w.pod.metadata.uid == uid) else {
+                        removals.push(Removal::Gone);
+                        continue;
+                    };
+                    let refused = matches!(fate, Fate::Evict) && wp.blocked;
+                    *self
+                        .tally
+                        .entry(if refused {
+                            "evictions refused"
+                        } else {
+                            "pods removed"
+                        })
+                        .or_default() += 1;
+                    if refused {
+                        removals.push(Removal::Refused(
+                            "Cannot evict pod as it would violate the pod's disruption budget (429)"
+                                .into(),
+                        ));
+                    } else {
+                        if wp.terminating.is_none() {
+                            let mut pod = (*wp.pod).clone();
+                            pod.metadata.deletion_timestamp = Some(Time(self.now));
+                            wp.pod = Arc::new(pod);
+                            wp.terminating = Some(self.rng.below(3) as u32);
+                        }
+                        removals.push(Removal::Accepted);
+                    }
+                }
+                Ok(Outcome::Drained(removals))
+            }
+            Effect::Event { .. } => Ok(Outcome::Done),
+            other => panic!("unexpected effect {other:?}"),
+        }
+    }
+
+    /// One pass of the node's reconcile, as `service::reconcile` runs it.
+    fn pass(&mut self) {
+        for _ in 0..MAX_STEPS {
+            let pods: Vec<Arc<Pod>> = self.pods.iter().map(|w| w.pod.clone()).collect();
+            let nms = self.nms.clone();
+            let node = self.node.clone();
+            let memory = self.memory.clone();
+            let snapshot = Snapshot {
+                node_name: NODE,
+                node: Some(&node),
+                maintenances: nms.iter().collect(),
+                pods: &pods,
+                attempts: &memory.attempts,
+                lease_renew_at: memory.lease_renew_at,
+                now: self.now,
+                drain_timeout: Duration::from_secs(60),
+                conditions_paused: memory
+                    .conditions_refused_until
+                    .is_some_and(|t| t > self.now),
+            };
+            let step = decide(&snapshot);
+            self.trace
+                .push(format!("step {step:?}").chars().take(160).collect());
+            let mut plan = plan(&snapshot, step.clone());
+            let mut follow_up = true;
+            loop {
+                let mut failed = false;
+                let mut instead = None;
+                for e in &plan.effects {
+                    let fault = self.fault(e);
+                    let outcome = match fault {
+                        Some(Fault::Refused | Fault::Lost) => Err(format!("{fault:?}")),
+                        _ => self.apply(e),
+                    };
+                    match (outcome, fault) {
+                        (Ok(o), None) => {
+                            self.memory.record(e, &o, self.now);
+                            if follow_up && instead.is_none() {
+                                instead = after(&snapshot, &step, &o);
+                            }
+                        }
+                        (Ok(_), Some(_)) | (Err(_), _) => {
+                            self.trace.push(format!(
+                                "{} failed ({fault:?})",
+                                crate::effects::describe(e)
+                            ));
+                            failed = true;
+                            if !plan.together {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if failed {
+                    return;
+                }
+                match instead {
+                    Some(p) => {
+                        plan = p;
+                        follow_up = false;
+                    }
+                    None => break,
+                }
+            }
+            if let Then::Wait(_) = plan.then {
+                return;
+            }
+        }
+        panic!(
+            "a pass took {MAX_STEPS} steps without waiting: {:?}",
+            self.trace.iter().rev().take(6).collect::<Vec<_>>()
+        );
+    }
+
+    /// What people and the rest of the cluster do in a step.
+    fn settle(&mut self, people: bool) {
+        // Terminating pods go; a PodDisruptionBudget relents now and then.
+        for w in &mut self.pods {
+            if let Some(left) = w.terminating.as_mut() {
+                *left = left.saturating_sub(1);
+            }
+            if w.blocked && self.rng.chance(15) {
+                w.blocked = false;
+            }
+        }
+        self.pods.retain(|w| w.terminating != Some(0));
+        if people {
+            if self.nms.len() < 3 && self.rng.chance(25) {
+                self.created += 1;
+                let mut m = nm(&format!("m{}", self.created), 0, None);
+                m.metadata.creation_timestamp = Some(Time(self.now));
+                m.metadata.uid = Some(format!("uid-m{}", self.created));
+                // A feature's, now and then: a person's preempts it.
+                if self.rng.chance(40) {
+                    m.metadata.labels =
+                        Some([(OWNER_LABEL.to_string(), "reboot".to_string())].into());
+                }
+                m.metadata.resource_version = Some(self.bump());
+                self.trace.push(format!("{} created", m.name_any()));
+                self.nms.push(m);
+            }
+            if !self.nms.is_empty() && self.rng.chance(15) {
+                let i = self.rng.below(self.nms.len() as u64) as usize;
+                self.delete(i);
+            }
+        }
+        // Another operator's lease expires in time.
+        if self.lease.as_ref().is_some_and(|(h, until)| {
+            h != crate::api::nodemaintenance::LEASE_HOLDER && *until <= self.now
+        }) {
+            self.lease = None;
+        }
+        // The process restarts now and then: its memory is gone.
+        if self.faults_on && self.rng.chance(3) {
+            self.trace.push("restart".into());
+            self.memory = NodeMemory::default();
+        }
+        self.now = self
+            .now
+            .checked_add(SignedDuration::from_secs(1 + self.rng.below(20) as i64))
+            .unwrap_or(self.now);
+    }
+
+    /// `kubectl delete`: with a finalizer it is marked, else it goes.
+    fn delete(&mut self, i: usize) {
+        let rv = self.bump();
+        let m = &mut self.nms[i];
+        self.trace.push(format!("{} deleted", m.name_any()));
+        if m.finalizers().is_empty() {
+            self.nms.remove(i);
+        } else if m.metadata.deletion_timestamp.is_none() {
+            m.metadata.deletion_timestamp = Some(Time(self.now));
+            m.metadata.resource_version = Some(rv);
+        }
+    }
+}
+
+#[test]
+fn random_maintenance_worlds_never_uncordon_a_held_node_and_give_every_node_back() {
+    let seeds: Vec<u64> = match std::env::var("NODEKEEPER_WORLD_SEED") {
+        Ok(s) => vec![s.parse().unwrap_or(1)],
+        Err(_) => (1..=WORLDS).collect(),
+    };
+    let mut totals: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for seed in seeds {
+        let mut w = MaintenanceWorld::new(seed);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for _ in 0..STEPS {
+                w.pass();
+                if w.live().is_some() {
+                    *totals.entry("steps held").or_default() += 1;
+                }
+                w.settle(true);
+            }
+            // Faults stop; every NodeMaintenance is deleted.
+            w.faults_on = false;
+            for i in (0..w.nms.len()).rev() {
+                w.delete(i);
+            }
+            for _ in 0..SETTLE_PASSES {
+                w.pass();
+                w.settle(false);
+            }
+            assert!(
+                w.nms.is_empty(),
+                "left after every NodeMaintenance was deleted: {:?}",
+                w.nms
+                    .iter()
+                    .map(|m| (m.name_any(), m.finalizers().to_vec()))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(
+                w.cordoned(),
+                w.admin_cordoned,
+                "the node's cordon is not as its person left it"
+            );
+            let spec = w.node.spec.clone().unwrap_or_default();
+            // The unschedulable taint goes with the cordon (the node
+            // lifecycle controller keeps it on a cordoned node).
+            let ours = |t: &&Taint| {
+                t.key == DRAIN_TAINT || (t.key == UNSCHEDULABLE_TAINT && !w.admin_cordoned)
+            };
+            assert!(
+                spec.taints.iter().flatten().filter(ours).count() == 0,
+                "a taint of ours left: {:?}",
+                spec.taints
+            );
+            let ann = w.node.annotations();
+            assert!(
+                !ann.contains_key(APPLIED_ANNOTATION) && !ann.contains_key(CORDONED_ANNOTATION),
+                "an annotation of ours left: {ann:?}"
+            );
+            assert!(
+                !w.node.labels().contains_key(EXCLUDE_REMEDIATION_LABEL),
+                "the remediation label left"
+            );
+            assert!(
+                w.lease
+                    .as_ref()
+                    .is_none_or(|(h, _)| h != crate::api::nodemaintenance::LEASE_HOLDER),
+                "the lease is still ours"
+            );
+        }));
+        if let Err(e) = run {
+            let why = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!(
+                "world {seed} broke an invariant: {why}\nreplay: NODEKEEPER_WORLD_SEED={seed}\nlast steps: {:#?}",
+                w.trace.iter().rev().take(24).rev().collect::<Vec<_>>()
+            );
+        }
+        *totals.entry("NodeMaintenances").or_default() += w.created;
+        for (k, n) in &w.tally {
+            *totals.entry(k).or_default() += n;
+        }
+    }
+    println!("{WORLDS} maintenance worlds of {STEPS} steps: {totals:?}");
+    if std::env::var("NODEKEEPER_WORLD_SEED").is_err() {
+        for what in ["steps held", "pods removed"] {
+            assert!(
+                totals.get(what).copied().unwrap_or(0) > WORLDS as usize,
+                "too few {what} in all worlds: {totals:?}"
+            );
+        }
+    }
+}
