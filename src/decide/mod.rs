@@ -406,6 +406,19 @@ impl NodeMemory {
         }
     }
 
+    /// A write whose answer was lost (a timeout, a 5xx) may have happened.
+    /// A lease taken so is held as far as we know: due for renewal now, and
+    /// released once no maintenance is left. Forgotten, a maintenance
+    /// deleted before its finalizer was written left the lease ours for its
+    /// hour (the maintenance worlds found it).
+    pub fn unanswered(&mut self, effect: &Effect, now: Timestamp) {
+        if let Effect::TakeLease { .. } = effect
+            && self.lease_renew_at.is_none()
+        {
+            self.lease_renew_at = Some(now);
+        }
+    }
+
     /// Forget attempts for pods that are gone, so the map stays bounded.
     pub fn forget_pods_except(&mut self, live_uids: &std::collections::HashSet<String>) {
         self.attempts.retain(|uid, _| live_uids.contains(uid));

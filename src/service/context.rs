@@ -343,10 +343,18 @@ impl Context {
 
     /// A write whose answer was lost but that may have happened: a
     /// NodeMaintenance's create is read as existing until the store shows
-    /// it or [`super::fresh`]'s while passes.
+    /// it or [`super::fresh`]'s while passes; a lease taken so is held as
+    /// far as the node's memory knows ([`crate::decide::NodeMemory::unanswered`]).
     pub fn remember_unanswered(&self, effect: &crate::decide::Effect) {
-        if let crate::decide::Effect::CreateMaintenance { nm } = effect {
-            self.fresh.maintenances.remember_created((**nm).clone());
+        match effect {
+            crate::decide::Effect::CreateMaintenance { nm } => {
+                self.fresh.maintenances.remember_created((**nm).clone())
+            }
+            crate::decide::Effect::TakeLease { node, .. } => lock(&self.memory)
+                .entry(node.clone())
+                .or_default()
+                .unanswered(effect, k8s_openapi::jiff::Timestamp::now()),
+            _ => {}
         }
     }
 

@@ -276,6 +276,28 @@ fn the_lease_goes_when_the_last_maintenance_of_the_node_is_gone() {
     }
 }
 
+/// A lease take whose answer was lost (a timeout) may have happened: the
+/// memory holds it as due, so with no maintenance left it is released (it
+/// stayed ours for its hour when the maintenance was deleted before its
+/// finalizer was written).
+#[test]
+fn a_lease_take_without_an_answer_is_released_once_nothing_needs_it() {
+    let mut memory = crate::decide::NodeMemory::default();
+    let take = Effect::TakeLease {
+        node: NODE.into(),
+        node_uid: None,
+    };
+    memory.unanswered(&take, ts(10));
+    assert_eq!(memory.lease_renew_at, Some(ts(10)));
+    let mut w = World::new(Some(node()), vec![]);
+    w.lease_renew_at = memory.lease_renew_at;
+    assert_eq!(w.decide(), Step::ReleaseLease);
+    // One we know we hold keeps its renewal time.
+    memory.lease_renew_at = Some(ts(500));
+    memory.unanswered(&take, ts(20));
+    assert_eq!(memory.lease_renew_at, Some(ts(500)));
+}
+
 #[test]
 fn new_maintenance_gets_the_finalizer_and_the_lease_first() {
     let mut w = World::new(Some(node()), vec![nm("m", 0, None)]);
