@@ -64,7 +64,12 @@ struct MaintenanceWorld {
     rng: Rng,
     now: Timestamp,
     rv: u64,
-    node: Node,
+    /// `None`: deleted (its pods and the NodeMaintenances it owns go with
+    /// it); the kubelet registers it again a few steps later.
+    node: Option<Node>,
+    /// Steps until a deleted node registers again.
+    node_back_in: u32,
+    nodes_made: u32,
     /// A person cordoned the node before any maintenance began.
     admin_cordoned: bool,
     nms: Vec<NodeMaintenance>,
@@ -106,7 +111,9 @@ impl MaintenanceWorld {
             rng,
             now: ts(10),
             rv: 10,
-            node: n,
+            node: Some(n),
+            node_back_in: 0,
+            nodes_made: 1,
             admin_cordoned,
             nms: Vec::new(),
             pods,
@@ -125,7 +132,11 @@ impl MaintenanceWorld {
     }
 
     fn cordoned(&self) -> bool {
-        self.node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        self.node
+            .as_ref()
+            .and_then(|n| n.spec.as_ref())
+            .and_then(|s| s.unschedulable)
+            == Some(true)
     }
 
     /// A NodeMaintenance that holds the node: begun, not deleting, not
@@ -159,13 +170,15 @@ impl MaintenanceWorld {
                 patch,
                 ..
             } => {
-                if resource_version.is_some()
-                    && *resource_version != self.node.metadata.resource_version
+                let Some(node) = self.node.clone() else {
+                    return Err("node not found (404)".into());
+                };
+                if resource_version.is_some() && *resource_version != node.metadata.resource_version
                 {
                     return Err("node patch on a stale node refused (409)".into());
                 }
                 let was = self.cordoned();
-                let mut v = serde_json::to_value(&self.node).map_err(|e| e.to_string())?;
+                let mut v = serde_json::to_value(&node).map_err(|e| e.to_string())?;
                 merge(&mut v, patch);
                 let after: Node = serde_json::from_value(v).map_err(|e| e.to_string())?;
                 let now_cordoned = after.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
@@ -186,13 +199,18 @@ impl MaintenanceWorld {
                         "lifted the cordon a person set before any maintenance"
                     );
                 }
-                self.node = after;
-                self.node.metadata.resource_version = Some(self.bump());
-                Ok(Outcome::NodeWritten(Box::new(self.node.clone())))
+                let mut after = after;
+                after.metadata.resource_version = Some(self.bump());
+                self.node = Some(after.clone());
+                Ok(Outcome::NodeWritten(Box::new(after)))
             }
             Effect::PatchNodeStatus { patch, .. } => {
-                apply_conditions(&mut self.node, patch);
-                self.node.metadata.resource_version = Some(self.bump());
+                let rv = self.bump();
+                let Some(node) = self.node.as_mut() else {
+                    return Err("node not found (404)".into());
+                };
+                apply_conditions(node, patch);
+                node.metadata.resource_version = Some(rv);
                 Ok(Outcome::Done)
             }
             Effect::WriteStatus {
@@ -323,7 +341,7 @@ impl MaintenanceWorld {
             let memory = self.memory.clone();
             let snapshot = Snapshot {
                 node_name: NODE,
-                node: Some(&node),
+                node: node.as_ref(),
                 maintenances: nms.iter().collect(),
                 pods: &pods,
                 attempts: &memory.attempts,
@@ -356,6 +374,11 @@ impl MaintenanceWorld {
                             }
                         }
                         (Ok(_), Some(_)) | (Err(_), _) => {
+                            // A timeout may have happened on the server:
+                            // the executor tells the memory so.
+                            if matches!(fault, Some(Fault::Lost | Fault::AppliedLost)) {
+                                self.memory.unanswered(e, self.now);
+                            }
                             self.trace.push(format!(
                                 "{} failed ({fault:?})",
                                 crate::effects::describe(e)
@@ -419,6 +442,7 @@ impl MaintenanceWorld {
                 let i = self.rng.below(self.nms.len() as u64) as usize;
                 self.delete(i);
             }
+            self.node_comes_and_goes();
         }
         // Another operator's lease expires in time.
         if self.lease.as_ref().is_some_and(|(h, until)| {
@@ -435,6 +459,42 @@ impl MaintenanceWorld {
             .now
             .checked_add(SignedDuration::from_secs(1 + self.rng.below(20) as i64))
             .unwrap_or(self.now);
+    }
+
+    /// The node is deleted now and then (decommissioned, or a cloud
+    /// instance gone): its pods go, and the garbage collector deletes the
+    /// NodeMaintenances it owns (the finalizer owner reference). The kubelet
+    /// registers it again a few steps later: a new object, schedulable.
+    fn node_comes_and_goes(&mut self) {
+        match self.node.as_ref() {
+            Some(n) if self.rng.chance(3) => {
+                let uid = n.metadata.uid.clone().unwrap_or_default();
+                self.trace.push("node deleted".into());
+                *self.tally.entry("nodes deleted").or_default() += 1;
+                self.node = None;
+                self.node_back_in = 1 + self.rng.below(4) as u32;
+                self.pods.clear();
+                let owned: Vec<usize> = (0..self.nms.len())
+                    .filter(|&i| self.nms[i].owner_references().iter().any(|o| o.uid == uid))
+                    .collect();
+                for i in owned.into_iter().rev() {
+                    self.delete(i);
+                }
+            }
+            Some(_) => {}
+            None => {
+                self.node_back_in = self.node_back_in.saturating_sub(1);
+                if self.node_back_in == 0 {
+                    self.nodes_made += 1;
+                    let mut n = node();
+                    n.metadata.uid = Some(format!("uid-n1-{}", self.nodes_made));
+                    n.metadata.resource_version = Some(self.bump());
+                    self.node = Some(n);
+                    self.admin_cordoned = false;
+                    self.trace.push("node registered again".into());
+                }
+            }
+        }
     }
 
     /// `kubectl delete`: with a finalizer it is marked, else it goes.
@@ -485,12 +545,22 @@ fn random_maintenance_worlds_never_uncordon_a_held_node_and_give_every_node_back
                     .map(|m| (m.name_any(), m.finalizers().to_vec()))
                     .collect::<Vec<_>>()
             );
+            assert!(
+                w.lease
+                    .as_ref()
+                    .is_none_or(|(h, _)| h != crate::api::nodemaintenance::LEASE_HOLDER),
+                "the lease is still ours"
+            );
+            // A node deleted at the end stays away: nothing of it to check.
+            let Some(node) = w.node.clone() else {
+                return;
+            };
             assert_eq!(
                 w.cordoned(),
                 w.admin_cordoned,
                 "the node's cordon is not as its person left it"
             );
-            let spec = w.node.spec.clone().unwrap_or_default();
+            let spec = node.spec.clone().unwrap_or_default();
             // The unschedulable taint goes with the cordon (the node
             // lifecycle controller keeps it on a cordoned node).
             let ours = |t: &&Taint| {
@@ -501,20 +571,14 @@ fn random_maintenance_worlds_never_uncordon_a_held_node_and_give_every_node_back
                 "a taint of ours left: {:?}",
                 spec.taints
             );
-            let ann = w.node.annotations();
+            let ann = node.annotations();
             assert!(
                 !ann.contains_key(APPLIED_ANNOTATION) && !ann.contains_key(CORDONED_ANNOTATION),
                 "an annotation of ours left: {ann:?}"
             );
             assert!(
-                !w.node.labels().contains_key(EXCLUDE_REMEDIATION_LABEL),
+                !node.labels().contains_key(EXCLUDE_REMEDIATION_LABEL),
                 "the remediation label left"
-            );
-            assert!(
-                w.lease
-                    .as_ref()
-                    .is_none_or(|(h, _)| h != crate::api::nodemaintenance::LEASE_HOLDER),
-                "the lease is still ours"
             );
         }));
         if let Err(e) = run {
