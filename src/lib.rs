@@ -22,8 +22,11 @@
 //! and the feature's hook; the first error ends the plan, and the next pass
 //! decides again from what the API server says. Decisions are
 //! level-triggered: every phase that says "given back" re-asserts its
-//! give-back until the world agrees, a create whose answer was lost is read
-//! as existing until the store shows it, and no wake-up is ever "now".
+//! give-back until the world agrees, and a node is taken again (a new
+//! version, a retry) only once the last attempt's NodeMaintenance is gone;
+//! a write whose answer was lost is read as done (a create as existing
+//! until the store shows it, a lease as held until released), and no
+//! wake-up is ever "now".
 //!
 //! ## Entry points
 //! - `main.rs`: flags (argh), logging, [`cli::dispatch`]; an error is one line
@@ -121,7 +124,13 @@
 //! - **One owner per node, budgets at every admission, every node given
 //!   back**: one live NodeMaintenance per node; the oldest object of a kind
 //!   governs; an administrator's preempts a feature's (the random worlds
-//!   above, with refused and half-done writes injected).
+//!   above, with refused and half-done writes injected, Job strategies,
+//!   hook Jobs and channels that move mid-rollout).
+//! - **Nothing cordoned or leased for ever**: the NodeMaintenance life
+//!   under refused and lost writes, restarts that lose the node's memory,
+//!   nodes deleted and registered again; no uncordon while a maintenance
+//!   holds the node or is about to
+//!   (`decide::maintenance::tests::world::random_maintenance_worlds_never_uncordon_a_held_node_and_give_every_node_back`).
 //! - **A node is never taken for a host command that cannot run**: its agent
 //!   checks the command before admission
 //!   (`upgrade::a_command_that_does_not_exist_drains_no_node`).
