@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::decide::NodeMemory;
 use crate::decide::drain::Removal;
-use crate::decide::reboot::tests::world_tools::{Rng, merge};
+use crate::decide::reboot::tests::world_tools::{Rng, all_worlds, merge, replaying, world_seeds};
 use k8s_openapi::jiff::SignedDuration;
 
 const WORLDS: u64 = 3000;
@@ -162,6 +162,26 @@ impl MaintenanceWorld {
         Some(f)
     }
 
+    /// Where NodeMaintenance `nm` is, if it exists and is at
+    /// `resource_version` (when one is given): else the 404 or 409.
+    fn guarded(
+        &self,
+        nm: &str,
+        resource_version: &Option<String>,
+        what: &str,
+    ) -> Result<usize, String> {
+        let i = self
+            .nms
+            .iter()
+            .position(|m| m.name_any() == nm)
+            .ok_or_else(|| format!("NodeMaintenance {nm} not found (404)"))?;
+        if resource_version.is_some() && *resource_version != self.nms[i].metadata.resource_version
+        {
+            return Err(format!("{what} on a stale {nm} refused (409)"));
+        }
+        Ok(i)
+    }
+
     /// The API server's (and kubelet's) side of one effect.
     fn apply(&mut self, e: &Effect) -> Result<Outcome, String> {
         match e {
@@ -220,12 +240,8 @@ impl MaintenanceWorld {
                 ..
             } => {
                 let rv = self.bump();
-                let Some(m) = self.nms.iter_mut().find(|m| m.name_any() == *nm) else {
-                    return Err(format!("NodeMaintenance {nm} not found (404)"));
-                };
-                if resource_version.is_some() && *resource_version != m.metadata.resource_version {
-                    return Err(format!("status write on a stale {nm} refused (409)"));
-                }
+                let i = self.guarded(nm, resource_version, "status write")?;
+                let m = &mut self.nms[i];
                 m.status = Some((**status).clone());
                 m.metadata.resource_version = Some(rv);
                 Ok(Outcome::MaintenanceWritten(Box::new(m.clone())))
@@ -237,13 +253,8 @@ impl MaintenanceWorld {
                 owners,
             } => {
                 let rv = self.bump();
-                let Some(i) = self.nms.iter().position(|m| m.name_any() == *nm) else {
-                    return Err(format!("NodeMaintenance {nm} not found (404)"));
-                };
+                let i = self.guarded(nm, resource_version, "finalizer write")?;
                 let m = &mut self.nms[i];
-                if resource_version.is_some() && *resource_version != m.metadata.resource_version {
-                    return Err(format!("finalizers of a stale {nm} refused (409)"));
-                }
                 if m.is_deleting() && !finalizers.is_empty() && m.finalizers().is_empty() {
                     return Err(format!("{nm} is being deleted: no new finalizer (422)"));
                 }
@@ -513,92 +524,84 @@ impl MaintenanceWorld {
 
 #[test]
 fn random_maintenance_worlds_never_uncordon_a_held_node_and_give_every_node_back() {
-    let seeds: Vec<u64> = match std::env::var("NODEKEEPER_WORLD_SEED") {
-        Ok(s) => vec![s.parse().unwrap_or(1)],
-        Err(_) => (1..=WORLDS).collect(),
-    };
+    let seeds = world_seeds(WORLDS);
     let mut totals: BTreeMap<&'static str, usize> = BTreeMap::new();
     for seed in seeds {
         let mut w = MaintenanceWorld::new(seed);
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            for _ in 0..STEPS {
-                w.pass();
-                if w.live().is_some() {
-                    *totals.entry("steps held").or_default() += 1;
+        replaying(
+            seed,
+            &mut w,
+            |w| &w.trace,
+            24,
+            |w| {
+                for _ in 0..STEPS {
+                    w.pass();
+                    if w.live().is_some() {
+                        *totals.entry("steps held").or_default() += 1;
+                    }
+                    w.settle(true);
                 }
-                w.settle(true);
-            }
-            // Faults stop; every NodeMaintenance is deleted.
-            w.faults_on = false;
-            for i in (0..w.nms.len()).rev() {
-                w.delete(i);
-            }
-            for _ in 0..SETTLE_PASSES {
-                w.pass();
-                w.settle(false);
-            }
-            assert!(
-                w.nms.is_empty(),
-                "left after every NodeMaintenance was deleted: {:?}",
-                w.nms
-                    .iter()
-                    .map(|m| (m.name_any(), m.finalizers().to_vec()))
-                    .collect::<Vec<_>>()
-            );
-            assert!(
-                w.lease
-                    .as_ref()
-                    .is_none_or(|(h, _)| h != crate::api::nodemaintenance::LEASE_HOLDER),
-                "the lease is still ours"
-            );
-            // A node deleted at the end stays away: nothing of it to check.
-            let Some(node) = w.node.clone() else {
-                return;
-            };
-            assert_eq!(
-                w.cordoned(),
-                w.admin_cordoned,
-                "the node's cordon is not as its person left it"
-            );
-            let spec = node.spec.clone().unwrap_or_default();
-            // The unschedulable taint goes with the cordon (the node
-            // lifecycle controller keeps it on a cordoned node).
-            let ours = |t: &&Taint| {
-                t.key == DRAIN_TAINT || (t.key == UNSCHEDULABLE_TAINT && !w.admin_cordoned)
-            };
-            assert!(
-                spec.taints.iter().flatten().filter(ours).count() == 0,
-                "a taint of ours left: {:?}",
-                spec.taints
-            );
-            let ann = node.annotations();
-            assert!(
-                !ann.contains_key(APPLIED_ANNOTATION) && !ann.contains_key(CORDONED_ANNOTATION),
-                "an annotation of ours left: {ann:?}"
-            );
-            assert!(
-                !node.labels().contains_key(EXCLUDE_REMEDIATION_LABEL),
-                "the remediation label left"
-            );
-        }));
-        if let Err(e) = run {
-            let why = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!(
-                "world {seed} broke an invariant: {why}\nreplay: NODEKEEPER_WORLD_SEED={seed}\nlast steps: {:#?}",
-                w.trace.iter().rev().take(24).rev().collect::<Vec<_>>()
-            );
-        }
+                // Faults stop; every NodeMaintenance is deleted.
+                w.faults_on = false;
+                for i in (0..w.nms.len()).rev() {
+                    w.delete(i);
+                }
+                for _ in 0..SETTLE_PASSES {
+                    w.pass();
+                    w.settle(false);
+                }
+                assert!(
+                    w.nms.is_empty(),
+                    "left after every NodeMaintenance was deleted: {:?}",
+                    w.nms
+                        .iter()
+                        .map(|m| (m.name_any(), m.finalizers().to_vec()))
+                        .collect::<Vec<_>>()
+                );
+                assert!(
+                    w.lease
+                        .as_ref()
+                        .is_none_or(|(h, _)| h != crate::api::nodemaintenance::LEASE_HOLDER),
+                    "the lease is still ours"
+                );
+                // A node deleted at the end stays away: nothing of it to check.
+                let Some(node) = w.node.clone() else {
+                    return;
+                };
+                assert_eq!(
+                    w.cordoned(),
+                    w.admin_cordoned,
+                    "the node's cordon is not as its person left it"
+                );
+                let spec = node.spec.clone().unwrap_or_default();
+                // The unschedulable taint goes with the cordon (the node
+                // lifecycle controller keeps it on a cordoned node).
+                let ours = |t: &&Taint| {
+                    t.key == DRAIN_TAINT || (t.key == UNSCHEDULABLE_TAINT && !w.admin_cordoned)
+                };
+                assert!(
+                    spec.taints.iter().flatten().filter(ours).count() == 0,
+                    "a taint of ours left: {:?}",
+                    spec.taints
+                );
+                let ann = node.annotations();
+                assert!(
+                    !ann.contains_key(APPLIED_ANNOTATION) && !ann.contains_key(CORDONED_ANNOTATION),
+                    "an annotation of ours left: {ann:?}"
+                );
+                assert!(
+                    !node.labels().contains_key(EXCLUDE_REMEDIATION_LABEL),
+                    "the remediation label left"
+                );
+            },
+        );
         *totals.entry("NodeMaintenances").or_default() += w.created;
         for (k, n) in &w.tally {
             *totals.entry(k).or_default() += n;
         }
     }
     println!("{WORLDS} maintenance worlds of {STEPS} steps: {totals:?}");
-    if std::env::var("NODEKEEPER_WORLD_SEED").is_err() {
+    if all_worlds() {
         for what in ["steps held", "pods removed"] {
             assert!(
                 totals.get(what).copied().unwrap_or(0) > WORLDS as usize,

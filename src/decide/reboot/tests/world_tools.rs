@@ -66,3 +66,46 @@ pub(super) fn budget_of(max_unavailable: &IntOrString) -> usize {
         IntOrString::String(_) => usize::MAX,
     }
 }
+
+/// The worlds to run: `1..=worlds`, or the one `NODEKEEPER_WORLD_SEED`
+/// names (a failing world replayed).
+pub(crate) fn world_seeds(worlds: u64) -> Vec<u64> {
+    match std::env::var("NODEKEEPER_WORLD_SEED") {
+        Ok(s) => vec![s.parse().unwrap_or(1)],
+        Err(_) => (1..=worlds).collect(),
+    }
+}
+
+/// Every world runs (none is replayed): the totals' assertions apply.
+pub(crate) fn all_worlds() -> bool {
+    std::env::var("NODEKEEPER_WORLD_SEED").is_err()
+}
+
+/// Run `check` on world `w`; a broken invariant panics again with the
+/// seed, how to replay it, and the last lines of its trace
+/// (`NODEKEEPER_WORLD_TRACE` of them, else `lines`).
+pub(crate) fn replaying<W>(
+    seed: u64,
+    w: &mut W,
+    trace: fn(&W) -> &[String],
+    lines: usize,
+    check: impl FnOnce(&mut W),
+) {
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&mut *w)));
+    if let Err(e) = run {
+        let why = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        let lines = std::env::var("NODEKEEPER_WORLD_TRACE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(lines);
+        let t = trace(w);
+        panic!(
+            "world {seed} broke an invariant: {why}\nreplay: NODEKEEPER_WORLD_SEED={seed}\nlast steps: {:#?}",
+            &t[t.len().saturating_sub(lines)..]
+        );
+    }
+}

@@ -30,7 +30,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::world_tools::{Rng, budget_of, merge, pool_selector};
+use super::world_tools::{
+    Rng, all_worlds, budget_of, merge, pool_selector, replaying, world_seeds,
+};
 use super::*;
 use crate::api::upgrade::UpgradePlan;
 use crate::decide::Outcome;
@@ -676,66 +678,48 @@ impl World {
 
 #[test]
 fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give_every_node_back() {
-    let seeds: Vec<u64> = match std::env::var("NODEKEEPER_WORLD_SEED") {
-        Ok(s) => vec![s.parse().unwrap_or(1)],
-        Err(_) => (1..=WORLDS).collect(),
-    };
+    let seeds = world_seeds(WORLDS);
     let mut commands = 0;
     let mut totals = BTreeMap::new();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     for seed in seeds {
         let mut w = World::new(seed);
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            for _ in 0..STEPS {
-                w.step();
-            }
-            // Faults stop; whatever failed meanwhile must converge.
-            w.faults.on = false;
-            // Every policy and plan goes; what they held comes back.
-            w.policies.clear();
-            w.plans.clear();
-            w.nms.retain(|m| !m.name_any().starts_with("admin-"));
-            for _ in 0..5 {
-                let effects = orphans(&World::arcs(&w.nms), &[]);
-                w.run("give-back", &effects);
-                w.give_back_plans();
-                w.settle();
+        replaying(
+            seed,
+            &mut w,
+            |w| &w.trace,
+            8,
+            |w| {
+                for _ in 0..STEPS {
+                    w.step();
+                }
+                // Faults stop; whatever failed meanwhile must converge.
+                w.faults.on = false;
+                // Every policy and plan goes; what they held comes back.
+                w.policies.clear();
+                w.plans.clear();
                 w.nms.retain(|m| !m.name_any().starts_with("admin-"));
-            }
-            assert!(
-                w.nms.is_empty(),
-                "left after every policy went: {:?}",
-                w.nms.iter().map(|m| m.name_any()).collect::<Vec<_>>()
-            );
-            assert!(
-                w.nodes
-                    .iter()
-                    .all(|n| !crate::decide::disrupt::unschedulable(n)),
-                "a node left cordoned"
-            );
-            w.assert_nothing_planned();
-        }));
-        if let Err(e) = run {
-            let why = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!(
-                "world {seed} broke an invariant: {why}\nreplay: NODEKEEPER_WORLD_SEED={seed}\nlast steps: {:?}",
-                w.trace
-                    .iter()
-                    .rev()
-                    .take(
-                        std::env::var("NODEKEEPER_WORLD_TRACE")
-                            .ok()
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(8)
-                    )
-                    .rev()
-                    .collect::<Vec<_>>()
-            );
-        }
+                for _ in 0..5 {
+                    let effects = orphans(&World::arcs(&w.nms), &[]);
+                    w.run("give-back", &effects);
+                    w.give_back_plans();
+                    w.settle();
+                    w.nms.retain(|m| !m.name_any().starts_with("admin-"));
+                }
+                assert!(
+                    w.nms.is_empty(),
+                    "left after every policy went: {:?}",
+                    w.nms.iter().map(|m| m.name_any()).collect::<Vec<_>>()
+                );
+                assert!(
+                    w.nodes
+                        .iter()
+                        .all(|n| !crate::decide::disrupt::unschedulable(n)),
+                    "a node left cordoned"
+                );
+                w.assert_nothing_planned();
+            },
+        );
         commands += w.commands.len();
         upgrades::tally(&w, &mut totals);
         jobs::tally(&w, &mut totals);
@@ -747,7 +731,7 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
     println!(
         "{WORLDS} worlds of {STEPS} steps: {commands} reboot commands, {totals:?}; faults injected: {faults:?}"
     );
-    if std::env::var("NODEKEEPER_WORLD_SEED").is_err() {
+    if all_worlds() {
         assert!(
             commands > WORLDS as usize,
             "only {commands} reboots in all worlds"
