@@ -114,9 +114,14 @@ pub struct UpgradePlanSpec {
     #[schemars(length(max = 16))]
     #[x_kube(validation = Rule::new("self.all(g, self.exists_one(h, h.name == g.name))").message("group names must be unique"))]
     pub groups: Vec<NodeGroup>,
-    /// The version every selected node is upgraded to (or `channel`).
+    /// The version every selected node is upgraded to (or `channel`):
+    /// 1 to 128 letters, digits, `.`, `_`, `+` or `-`, as an image tag may
+    /// be (plus the `+` of k3s versions), since it fills `{version}` in
+    /// commands, images and labels. In an image it is written as
+    /// system-upgrade-controller writes it, `+` as `-`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new(VERSION_RULE).message("version must be 1 to 128 letters, digits, '.', '_', '+' or '-', starting with a letter or digit (it fills {version} in commands, images and labels)"))]
     pub version: String,
     /// Instead of `version`: a URL whose answer names the version, as
     /// system-upgrade-controller resolves a channel. A `302` names it in
@@ -621,6 +626,9 @@ pub struct UpgradePlanStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<ChannelStatus>,
 }
+
+/// CEL: a version (`crate::decide::version::PATTERN`, the same rule).
+pub const VERSION_RULE: &str = "self.matches('^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$')";
 
 /// CEL: an http(s) URL with a host and no spaces.
 pub const CHANNEL_RULE: &str =

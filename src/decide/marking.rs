@@ -36,17 +36,19 @@ pub enum Stage {
     Failed,
 }
 
-/// Label keys and values checked as the API server checks them (a value's
-/// `{version}` as a version would fill it): one it refuses would fail
-/// every write of the node's marks.
-pub fn check(marks: &NodeLabels) -> Vec<String> {
+/// Label keys and values checked as the API server checks them, a value's
+/// `{version}` filled with the version it will carry (`version`; a
+/// RebootPolicy has none): one it refuses would fail every write of the
+/// node's marks, so the plan is reported invalid before a node is taken.
+/// k3s and RKE2 versions carry `+`, which no label value may.
+pub fn check(marks: &NodeLabels, version: &str) -> Vec<String> {
     let mut problems = Vec::new();
     for (field, map) in [
         ("nodeLabels.during", &marks.during),
         ("nodeLabels.after", &marks.after),
     ] {
         for (k, v) in map {
-            let filled = v.replace("{version}", "v1.0.0");
+            let filled = v.replace("{version}", version);
             if let Err(e) = super::selector::check_label_key(field, k)
                 .and_then(|()| super::selector::check_label_value(field, k, &filled))
             {

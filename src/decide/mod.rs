@@ -27,10 +27,12 @@ pub mod marking;
 pub mod mutex;
 pub mod node_conditions;
 pub mod notify;
+pub mod once_per_boot;
 pub mod reboot;
 pub mod replace;
 pub mod selector;
 pub mod upgrade;
+pub mod version;
 pub mod window;
 
 use std::collections::HashMap;

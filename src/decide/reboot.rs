@@ -19,7 +19,6 @@
 
 pub mod facts;
 pub mod node;
-pub mod once_per_boot;
 mod stages;
 
 use std::collections::BTreeMap;
@@ -34,12 +33,12 @@ use super::budget::Member;
 use super::command_check::Check;
 use super::disrupt;
 use super::maintenance::annotation;
+pub use super::once_per_boot::{Ask, failure_in, issued_in};
 use super::selector::{check_selector, selector_matches};
 use super::{Effect, Plan, Then, marking, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
 pub use facts::*;
-pub use once_per_boot::{failure_in, issued_in};
 use stages::Decision;
 
 /// Everything one policy's decision reads.
@@ -159,7 +158,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         problems.push(e);
     }
     problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
-    problems.extend(super::marking::check(&p.spec.node_labels));
+    problems.extend(super::marking::check(&p.spec.node_labels, ""));
     let valid = problems.is_empty();
 
     // Admission order: by name, stable across decisions and restarts.

@@ -146,9 +146,17 @@ pub fn at_version(node: &Node, from: &VersionFrom, version: &str) -> bool {
     }
 }
 
-/// What identifies one upgrade command: plan, version, boot.
-pub fn token(plan: &str, version: &str, boot: &str) -> String {
-    format!("{plan}/{version}/{boot}")
+/// What identifies one upgrade command: plan, version, boot and the
+/// admission's attempt (the plan's generation when it was admitted). A
+/// retry after a failure is a new attempt, so its command runs again
+/// (the host-run id and the result carry the token); a repeat of one
+/// attempt never does. An entry recorded without an attempt keeps the
+/// token it had.
+pub fn token(plan: &str, version: &str, boot: &str, attempt: Option<i64>) -> String {
+    match attempt {
+        Some(a) => format!("{plan}/{version}/{boot}/{a}"),
+        None => format!("{plan}/{version}/{boot}"),
+    }
 }
 
 /// The name of the NodeMaintenance a plan takes `node` with.
@@ -218,9 +226,17 @@ fn selects(plan: &UpgradePlan, node: &Node) -> bool {
             || plan.spec.groups.iter().any(|g| usable(&g.node_selector)))
 }
 
-/// What the schema could not check.
-fn problems(p: &UpgradePlan) -> Vec<String> {
+/// What the schema could not check, `target` the version this decision
+/// upgrades to (empty: none yet).
+fn problems(p: &UpgradePlan, target: &str) -> Vec<String> {
     let mut problems = Vec::new();
+    // The schema checks `spec.version` too; a channel's answer recorded by
+    // an older nodekeeper was not checked.
+    if !target.is_empty()
+        && let Err(why) = super::version::Version::parse(target)
+    {
+        problems.push(format!("the version to upgrade to: {why}"));
+    }
     let selectors = p
         .spec
         .node_selector
@@ -232,7 +248,9 @@ fn problems(p: &UpgradePlan) -> Vec<String> {
         }
     }
     problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
-    problems.extend(marking::check(&p.spec.node_labels));
+    // Checked with the real version: `v1.33.1+k3s1` is no label value.
+    let label_version = if target.is_empty() { "v1.0.0" } else { target };
+    problems.extend(marking::check(&p.spec.node_labels, label_version));
     problems.extend(hooks::check(p));
     problems.extend(upgrade_job::check(p));
     problems
@@ -249,7 +267,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     let empty = UpgradePlanStatus::default();
     let old = p.status.as_ref().unwrap_or(&empty);
 
-    let mut problems = problems(p);
+    let mut problems = problems(p, s.target());
     let windows: Vec<window::Parsed> = p
         .spec
         .windows

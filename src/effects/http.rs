@@ -72,6 +72,30 @@ pub fn parse_url(url: &str) -> Result<Url, String> {
     })
 }
 
+/// `url` as a log line, a status or an event may show it: scheme, host,
+/// port and path, never its query, fragment or user info (a channel's or
+/// a webhook's token rides there).
+pub fn shown(url: &str) -> String {
+    let url = url.trim();
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (no_query, query) = match rest.find(['?', '#']) {
+        Some(i) => (&rest[..i], true),
+        None => (rest, false),
+    };
+    let (authority, path) = no_query
+        .find('/')
+        .map_or((no_query, ""), |i| no_query.split_at(i));
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let shown: String = format!("{scheme}://{host}{path}")
+        .chars()
+        .filter(char::is_ascii_graphic)
+        .take(200)
+        .collect();
+    if query { format!("{shown}?…") } else { shown }
+}
+
 /// Why a delivery failed, and whether another try may help.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Failure {
@@ -277,6 +301,17 @@ fn judge(raw: &[u8], host: &str) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_shown_url_keeps_no_token() {
+        use super::shown;
+        assert_eq!(
+            shown("https://user:secret@upd.example:8443/c/stable?token=SECRET123#x"),
+            "https://upd.example:8443/c/stable?…"
+        );
+        assert_eq!(shown("http://127.0.0.1:1/c"), "http://127.0.0.1:1/c");
+        assert!(!shown("http://h/p?token=SECRET123").contains("SECRET"));
+    }
+
     use super::*;
 
     #[test]

@@ -73,7 +73,10 @@ impl Channels {
                     .map_err(|f| f.why)
                     .and_then(|(code, location)| version_of(&url, code, location.as_deref()));
                 if let Err(why) = &answer {
-                    log::warn!("UpgradePlan channel {url}: {why}");
+                    log::warn!(
+                        "UpgradePlan channel {}: {why}",
+                        crate::effects::http::shown(&url)
+                    );
                 }
                 if let Some(e) = lock(&entries).get_mut(&url) {
                     match answer {

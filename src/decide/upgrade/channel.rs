@@ -12,11 +12,12 @@ pub fn version_of(url: &str, code: u16, location: Option<&str>) -> Result<String
         (200..=399, _) => url,
         _ => return Err(format!("it answered {code}")),
     };
+    // The answer is untrusted: it fills `{version}` in root commands, a
+    // Job's image and args and node labels, so it must be a version.
     let version = last_path_element(from);
-    if version.is_empty() || version.len() > 128 || version.chars().any(char::is_control) {
-        return Err(format!("{version:?} is not a version (from {code})"));
-    }
-    Ok(version)
+    crate::decide::version::Version::parse(&version)
+        .map(|v| v.to_string())
+        .map_err(|why| format!("its answer ({code}) was refused: {why}"))
 }
 
 /// The last element of a URL's path (absolute or relative), its `%XX`
@@ -86,5 +87,26 @@ mod tests {
         assert!(version_of(url, 302, None).is_err());
         assert_eq!(version_of(url, 404, None), Err("it answered 404".into()));
         assert!(version_of("http://c/", 200, None).is_err());
+    }
+
+    /// A hostile or broken channel never names a version that could reach
+    /// an argv, an image or a label (where-features-meet.md, finding 3).
+    #[test]
+    fn an_answer_that_is_not_a_version_is_refused() {
+        let url = "http://c/stable";
+        for location in [
+            "/x/v1%3B%20touch%20%2Ftmp%2Fpwned",
+            "/x/v1%20--force",
+            "/x/%24(id)",
+            "/x/..",
+        ] {
+            let got = version_of(url, 302, Some(location));
+            assert!(got.is_err(), "{location} gave {got:?}");
+        }
+        let why = version_of(url, 302, Some("/x/v1%3B%20touch%20%2Ftmp%2Fpwned")).unwrap_err();
+        assert!(
+            why.contains("\"v1; touch /tmp/pwned\" is not a version"),
+            "{why}"
+        );
     }
 }

@@ -73,6 +73,15 @@ pub fn job_for(plan: &UpgradePlan, a: &Attempt) -> Option<DynamicObject> {
     let job = plan.spec.strategy.job()?;
     let plan_name = plan.name_any();
     let fill = |s: &String| s.replace("{version}", a.version).replace("{node}", a.node);
+    // An image tag cannot hold `+`: written as SUC writes it
+    // (`MungeVersion`, `+` → `-`), so `rancher/k3s-upgrade:{version}` at
+    // `v1.33.1+k3s1` is the real `…:v1.33.1-k3s1`. SUC's own variable
+    // carries its munged `latestVersion` too; ours the version itself.
+    let tag = crate::decide::version::image_tag(a.version);
+    let image = job
+        .image
+        .replace("{version}", &tag)
+        .replace("{node}", a.node);
     let mut env: Vec<Value> = job
         .env
         .iter()
@@ -84,7 +93,7 @@ pub fn job_for(plan: &UpgradePlan, a: &Attempt) -> Option<DynamicObject> {
         (ENV_VERSION, a.version),
         ("SYSTEM_UPGRADE_NODE_NAME", a.node),
         ("SYSTEM_UPGRADE_PLAN_NAME", plan_name.as_str()),
-        ("SYSTEM_UPGRADE_PLAN_LATEST_VERSION", a.version),
+        ("SYSTEM_UPGRADE_PLAN_LATEST_VERSION", tag.as_str()),
     ] {
         if !env.iter().any(|e| e["name"] == k) {
             env.push(json!({"name": k, "value": v}));
@@ -100,7 +109,7 @@ pub fn job_for(plan: &UpgradePlan, a: &Attempt) -> Option<DynamicObject> {
     }
     let mut container = json!({
         "name": "upgrade",
-        "image": fill(&job.image),
+        "image": image,
         "env": env,
         "securityContext": {"privileged": true},
         "volumeMounts": mounts,
@@ -191,7 +200,8 @@ mod tests {
         assert_eq!(pod["hostPID"], true);
         assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
         let c = &pod["containers"][0];
-        assert_eq!(c["image"], "rancher/k3s-upgrade:v1.33.1+k3s1");
+        // SUC's MungeVersion (pkg/upgrade/plan/plan.go): `+` → `-` in the tag.
+        assert_eq!(c["image"], "rancher/k3s-upgrade:v1.33.1-k3s1");
         assert_eq!(c["args"], json!(["upgrade", "--node", "n1"]));
         assert_eq!(c["securityContext"]["privileged"], true);
         assert_eq!(c["volumeMounts"][0]["mountPath"], HOST_MOUNT);
@@ -206,8 +216,9 @@ mod tests {
         assert_eq!(value("NODE_NAME"), Some(json!("mine")));
         assert_eq!(
             value("SYSTEM_UPGRADE_PLAN_LATEST_VERSION"),
-            Some(json!("v1.33.1+k3s1"))
+            Some(json!("v1.33.1-k3s1"))
         );
+        assert_eq!(value(ENV_VERSION), Some(json!("v1.33.1+k3s1")));
         // The same attempt, the same name; another attempt or node, another.
         assert_eq!(name(&p, &a), job.metadata.name.clone().unwrap_or_default());
         assert!(name(&p, &a).len() <= 63);
