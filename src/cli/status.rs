@@ -16,7 +16,6 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 use smol::stream::StreamExt;
 
 use crate::api::nodemaintenance::NodeMaintenance;
@@ -64,14 +63,16 @@ pub async fn reboot_required(args: RebootRequiredArgs) -> Result<ExitCode> {
         // for a request another tool made either.
         reboot::clear_need_patch(&node)
     } else {
-        // A fresh request also retries a node whose reboot failed in this
-        // boot: its need is newer than the failure.
-        // The boot it is stamped in: any reboot after it serves it.
-        json!({"metadata": {"annotations": {
-            NEEDED_ANNOTATION: Timestamp::now().to_string(),
-            crate::api::reboot::NEEDED_BOOT_ANNOTATION: crate::decide::disrupt::boot_id(&node),
-            FAILED_ANNOTATION: null,
-        }}})
+        // A fresh request is a new ask: it also retries a node whose
+        // reboot failed in this boot. Asked again while its reboot is
+        // under way, nothing is written.
+        match reboot::ask_again(&node, &Timestamp::now().to_string()) {
+            Ok(patch) => patch,
+            Err(why) => {
+                super::args::outln(format_args!("node {n}: {why}; nothing to do"));
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
     };
     nodes
         .patch(n, &PatchParams::default(), &Patch::Merge(&patch))

@@ -31,14 +31,19 @@ pub enum Exec {
     HostNamespace,
 }
 
+/// This very binary, to start again as a helper (`host-exec`, the
+/// `host-run` supervisor): the running process's own file, which stays
+/// valid when the file on disk is replaced (a package upgrade, a new
+/// static binary); `current_exe()` then names `… (deleted)` and every
+/// host command failed until the agent restarted.
+pub const SELF_EXE: &str = "/proc/self/exe";
+
 /// The argv to start for `argv` under `exec`.
 pub fn command_line(argv: &[String], exec: Exec) -> Vec<String> {
     match exec {
         Exec::Direct => argv.to_vec(),
         Exec::HostNamespace => {
-            let me = std::env::current_exe()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| "/proc/self/exe".into());
+            let me = SELF_EXE.to_string();
             let mut v = vec![me, "host-exec".into(), "--".into()];
             v.extend(argv.iter().cloned());
             v

@@ -439,9 +439,7 @@ pub async fn command(
         super::host::bounded(move || look(&dir, &id))
     };
     if look_now().await? == Found::Nothing {
-        let me = std::env::current_exe()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|_| "/proc/self/exe".into());
+        let me = super::host::SELF_EXE.to_string();
         let mut start = vec![me, "host-run".into()];
         if exec == Exec::HostNamespace {
             start.extend(["--join".into(), "1".into()]);

@@ -17,7 +17,7 @@ use super::context::contain;
 use super::executor;
 use super::failing::Subject;
 use crate::api::upgrade::{RESULT_ANNOTATION, UpgradePlan};
-use crate::decide::reboot::once_per_boot::after_command;
+use crate::decide::once_per_boot::after_command;
 use crate::decide::upgrade::{self, node};
 use crate::decide::{Effect, Outcome, Plan, earliest};
 use crate::error::Result;

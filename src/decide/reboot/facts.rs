@@ -87,6 +87,30 @@ pub fn stale_need(node: &Node, entry: &NodeReboot) -> bool {
     }
 }
 
+/// What `reboot-required NODE` writes at `stamp` (the person's clock): a
+/// new ask — a new need stamp with the boot it was stamped in, the last
+/// failure cleared — unless the reboot the current need asked for was
+/// issued in this boot and has not failed: then `Err` says it is under
+/// way, and nothing is written (asking twice never runs a command twice;
+/// asking after a failure runs it again, [`crate::decide::once_per_boot`]).
+pub fn ask_again(node: &Node, stamp: &str) -> Result<serde_json::Value, String> {
+    use crate::decide::once_per_boot::{Ask, failure_in, issued_in};
+    let boot = boot_id(node);
+    if let Some(boot) = boot {
+        let ask = Ask::need(node, boot);
+        if ask.epoch.is_some() && issued_in(node, &ask) && failure_in(node, &ask).is_none() {
+            return Err(format!(
+                "its reboot was issued in this boot (boot ID {boot}) and has not failed: it is under way"
+            ));
+        }
+    }
+    Ok(json!({"metadata": {"annotations": {
+        NEEDED_ANNOTATION: stamp,
+        NEEDED_BOOT_ANNOTATION: boot,
+        FAILED_ANNOTATION: null,
+    }}}))
+}
+
 /// Is the node held by an administrator (`nodekeeper.io/reboot-paused`, or
 /// FLUO's/CLUO's `reboot-paused`, set to "true")?
 pub fn paused(node: &Node) -> bool {

@@ -11,11 +11,11 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::facts::{boot_id, needs_reboot, paused, reboot_action};
-use super::once_per_boot::{failure_in, issue, issued_in};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::command_check::{self, Check};
 use crate::decide::maintenance::owner_of;
+use crate::decide::once_per_boot::{Ask, failure_in, issue, issued_in};
 use crate::decide::selector::{check_selector, selector_matches};
 use crate::decide::{Effect, HostAction};
 
@@ -92,6 +92,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
     let Some(boot) = boot_id(node) else {
         return Vec::new();
     };
+    let ask = Ask::need(node, boot);
     // Drained for a reboot in this boot, and none issued yet: issue it.
     for m in &s.maintenances {
         if owner_of(m) != Some(OWNER_KIND) || m.phase() != Some(Phase::Succeeded) || m.is_deleting()
@@ -101,8 +102,8 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         // Paused, or no longer needed: a person stopped it before its
         // command (the policy gives the node back).
         if m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str) != Some(boot)
-            || issued_in(node, boot)
-            || failure_in(node, boot).is_some()
+            || issued_in(node, &ask)
+            || failure_in(node, &ask).is_some()
             || paused(node)
             || !needs_reboot(node)
         {
@@ -114,11 +115,11 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
             .find(|o| o.kind == OWNER_KIND)
             .and_then(|o| s.policies.iter().find(|p| p.name_any() == o.name));
         if let Some(p) = policy {
-            return issue(node, boot, reboot_action(&p.spec.reboot, node));
+            return issue(node, &ask, reboot_action(&p.spec.reboot, node));
         }
     }
     // The host says a reboot is needed and nothing says so yet.
-    if s.host_needs == Some(true) && !needs_reboot(node) && !issued_in(node, boot) {
+    if s.host_needs == Some(true) && !needs_reboot(node) && !issued_in(node, &ask) {
         return vec![Effect::PatchNode {
             node: n,
             resource_version: node.resource_version(),

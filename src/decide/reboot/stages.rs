@@ -12,11 +12,11 @@ use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 
 use super::facts::*;
-use super::once_per_boot::{failure_in, issued_in};
 use super::{NOT_RETURNED, Snapshot, WAIT_IN_MAINTENANCE};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::maintenance::owner_of;
+use crate::decide::once_per_boot::{Ask, failure_in, issued_in};
 use crate::decide::{Effect, HostAction, duration_until, earliest, health};
 
 /// One decision in the making: the new entries, the effects that follow
@@ -172,7 +172,10 @@ impl<'a> Decision<'a> {
         // `reboot-paused` on the node, or the need withdrawn
         // (`reboot-required --clear`). The node is given back undisrupted
         // beyond its drain; the node role checks the same before it issues.
-        if !changed && !issued_in(node, &before) && (paused(node) || !needs_reboot(node)) {
+        if !changed
+            && !issued_in(node, &Ask::need(node, &before))
+            && (paused(node) || !needs_reboot(node))
+        {
             if let Some(m) = ours.filter(|m| !m.is_deleting()) {
                 self.give_back(m);
             }
@@ -216,7 +219,7 @@ impl<'a> Decision<'a> {
                 self.effects
                     .push(Effect::CreateMaintenance { nm: Box::new(nm) });
                 self.set(&n, RebootPhase::Draining, Some(&before), None, draining);
-            } else if issued_in(node, &before) {
+            } else if issued_in(node, &Ask::need(node, &before)) {
                 self.rebooting(node, &before, false);
             } else {
                 let msg = "admission withdrawn: its NodeMaintenance was deleted before the reboot";
@@ -255,7 +258,7 @@ impl<'a> Decision<'a> {
                     self.give_back(m);
                 } else if changed {
                     self.verifying(node, &before);
-                } else if let Some(why) = failure_in(node, &before)
+                } else if let Some(why) = failure_in(node, &Ask::need(node, &before))
                     && let Some(due) = self.still_may_return(&n)
                 {
                     // A command that says it failed may have taken the host
@@ -268,7 +271,7 @@ impl<'a> Decision<'a> {
                     );
                     self.set(&n, RebootPhase::Rebooting, Some(&before), None, msg);
                     self.wake_at(due);
-                } else if let Some(why) = failure_in(node, &before) {
+                } else if let Some(why) = failure_in(node, &Ask::need(node, &before)) {
                     let why = why.to_string();
                     self.give_back(m);
                     self.event(
@@ -423,7 +426,8 @@ impl<'a> Decision<'a> {
     fn rebooting(&mut self, node: &Node, before: &str, held: bool) {
         let n = node.name_any();
         let spec = &self.s.policy.spec.reboot;
-        let issued = issued_in(node, before);
+        let ask = Ask::need(node, before);
+        let issued = issued_in(node, &ask);
         let remote = self.s.remote && !spec.remote_command.is_empty();
         // Which path the node takes, so `kubectl describe` says it.
         let how = match (remote, reboot_action(spec, node)) {
@@ -444,7 +448,7 @@ impl<'a> Decision<'a> {
         if !issued && remote && held {
             let remote = HostAction::Remote(argv(&spec.remote_command, &n));
             self.effects
-                .extend(super::once_per_boot::issue(node, before, remote));
+                .extend(crate::decide::once_per_boot::issue(node, &ask, remote));
         }
         self.deadline(node);
     }

@@ -18,8 +18,8 @@ use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::upgrade::*;
 use crate::decide::disrupt::boot_id;
 use crate::decide::maintenance::{annotation, owner_of};
+use crate::decide::once_per_boot::{Ask, failure_in, issue, issued_in};
 use crate::decide::reboot::facts::talos_release;
-use crate::decide::reboot::once_per_boot::{failure_in, issue, issued_in};
 use crate::decide::{Effect, HostAction, HostRecord};
 
 /// What the node role knows about its node's upgrade.
@@ -62,7 +62,13 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
             continue;
         };
         let version = e.version.as_deref().unwrap_or(plan.target_version());
-        let t = token(&plan.name_any(), version, boot);
+        // What fills `{version}` in a root command is checked here too,
+        // whoever wrote the plan's status.
+        if crate::decide::version::Version::parse(version).is_err() {
+            continue;
+        }
+        let t = token(&plan.name_any(), version, boot, e.attempt);
+        let reboot_ask = Ask::upgrade(boot, &t);
         let strategy = &plan.spec.strategy;
         if annotation(node, ISSUED_ANNOTATION) == Some(t.as_str()) {
             // Issued in this boot, no result yet: the command runs, or ran,
@@ -84,10 +90,10 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
             if strategy.reboots()
                 && own_reboot
                 && ok
-                && !issued_in(node, boot)
-                && failure_in(node, boot).is_none()
+                && !issued_in(node, &reboot_ask)
+                && failure_in(node, &reboot_ask).is_none()
             {
-                return issue(node, boot, reboot_action(strategy, version, &n));
+                return issue(node, &reboot_ask, reboot_action(strategy, version, &n));
             }
             continue;
         }
@@ -96,7 +102,8 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         }
         // At most one command per node, version and boot, whichever plan
         // asks: another plan's failed attempt is not repeated by this one.
-        if issued_for(node, version, boot).is_some() {
+        // This plan's earlier attempt is (a retry: the spec changed).
+        if issued_for(node, version, boot).is_some_and(|o| o != plan.name_any()) {
             continue;
         }
         return vec![
@@ -130,9 +137,13 @@ fn run(node: &Node, t: &str, plan: &UpgradePlan, version: &str) -> Effect {
 /// The plan that already issued the upgrade to `version` on this node in
 /// `boot`, if one did.
 pub fn issued_for(node: &Node, version: &str, boot: &str) -> Option<String> {
-    annotation(node, ISSUED_ANNOTATION)?
-        .strip_suffix(&format!("/{version}/{boot}"))
-        .map(str::to_string)
+    let record = annotation(node, ISSUED_ANNOTATION)?;
+    // `<plan>/<version>/<boot>[/<attempt>]`: no part holds a `/`.
+    let parts: Vec<&str> = record.split('/').collect();
+    match parts.as_slice() {
+        [plan, v, b] | [plan, v, b, _] if *v == version && *b == boot => Some(plan.to_string()),
+        _ => None,
+    }
 }
 
 pub use crate::decide::command_check::Check;
@@ -182,7 +193,8 @@ pub fn to_check(node: &Node, plans: &[Arc<UpgradePlan>]) -> Option<(String, Vec<
 fn upgrade_action(strategy: &Strategy, version: &str, node: &Node) -> HostAction {
     match &strategy.image {
         Some(image) if strategy.type_ == "Talos" => HostAction::TalosUpgrade {
-            image: image.replace("{version}", version),
+            // An image tag: `+` → `-`, as SUC writes it.
+            image: image.replace("{version}", &crate::decide::version::image_tag(version)),
             legacy: talos_release(node).is_some_and(|r| r < (1, 13)),
         },
         _ => HostAction::Command(expand(&strategy.command, version, &node.name_any())),

@@ -16,8 +16,8 @@ use super::*;
 use crate::api::nodemaintenance::Phase;
 use crate::decide::disrupt::{node_ref, owner_ref, take};
 use crate::decide::maintenance::owner_of;
+use crate::decide::once_per_boot::{Ask, failure_in};
 use crate::decide::reboot::facts::talos_release;
-use crate::decide::reboot::failure_in;
 use crate::decide::{duration_until, earliest, health};
 
 /// How long past a hook's deadline its Job may still run before we stop
@@ -548,7 +548,7 @@ impl<'a> Decision<'a> {
         let v = version(e, p);
         let before = e.boot_id_before.as_deref().unwrap_or_default();
         let rebooted = boot_id(node).is_some_and(|b| b != before);
-        let t = token(&self.name, v, before);
+        let t = token(&self.name, v, before, e.attempt);
         let result = annotation(node, RESULT_ANNOTATION)
             .and_then(|r| r.strip_prefix(t.as_str()))
             .and_then(|r| r.strip_prefix(" failed: "));
@@ -591,7 +591,7 @@ impl<'a> Decision<'a> {
                 None => return,
             }
         }
-        if !rebooted && let Some(why) = failure_in(node, before) {
+        if !rebooted && let Some(why) = failure_in(node, &Ask::upgrade(before, &t)) {
             let msg = format!(
                 "the reboot after the upgrade failed: {why}; the node stays in maintenance"
             );
@@ -676,8 +676,8 @@ impl<'a> Decision<'a> {
 fn upgrading_message(node: &Node, e: &NodeUpgrade, p: &UpgradePlan) -> String {
     let v = version(e, p);
     let before = e.boot_id_before.as_deref().unwrap_or_default();
-    let issued =
-        annotation(node, ISSUED_ANNOTATION) == Some(token(&p.name_any(), v, before).as_str());
+    let issued = annotation(node, ISSUED_ANNOTATION)
+        == Some(token(&p.name_any(), v, before, e.attempt).as_str());
     if let Some(key) = upgrade_job::key(p, &attempt(e)) {
         return format!(
             "drained; the upgrade Job {key} upgrades it to {v}; waiting for the node to report it"

@@ -1,7 +1,7 @@
 //! The node role's half: issuing the reboot, marking need, recording failure.
 use super::super::node::{Snapshot, decide};
-use super::super::once_per_boot::{after_command, issue};
 use super::*;
+use crate::decide::once_per_boot::{Ask, after_command, issue};
 use crate::decide::{HostAction, Outcome};
 
 fn decide_for(
@@ -60,7 +60,8 @@ fn the_host_signal_marks_need_once() {
 
 #[test]
 fn a_failed_command_is_recorded_with_its_boot() {
-    let run = issue(&node("a", "b0"), "b0", HostAction::TalosReboot).remove(1);
+    let n = node("a", "b0");
+    let run = issue(&n, &Ask::need(&n, "b0"), HostAction::TalosReboot).remove(1);
     let fx = after_command(
         &run,
         &Outcome::HostRan {
@@ -69,7 +70,7 @@ fn a_failed_command_is_recorded_with_its_boot() {
         },
     );
     assert!(
-        matches!(fx, Some(Effect::PatchNode { patch, .. }) if patch["metadata"]["annotations"][FAILED_ANNOTATION] == "b0: no systemd")
+        matches!(fx, Some(Effect::PatchNode { patch, .. }) if patch["metadata"]["annotations"][FAILED_ANNOTATION] == format!("{}: no systemd", Ask::need(&n, "b0").key()))
     );
     assert!(
         after_command(

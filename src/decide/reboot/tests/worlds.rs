@@ -60,8 +60,12 @@ struct World {
     /// The copy of each policy as it was one step ago (a stale read).
     stale: BTreeMap<String, RebootPolicy>,
     nms: Vec<NodeMaintenance>,
-    /// Reboot commands per (node, boot).
-    commands: BTreeMap<(String, String), u32>,
+    /// Reboot commands per host-run id (node, boot and ask).
+    commands: BTreeMap<String, u32>,
+    /// Reboot commands per (node, boot): (run, failed).
+    boot_commands: BTreeMap<(String, String), (u32, u32)>,
+    /// How often a person asked again (`reboot-required`) and it wrote.
+    asked_again: usize,
     plans: Vec<UpgradePlan>,
     stale_plans: BTreeMap<String, UpgradePlan>,
     /// Nodes whose host lacks the upgrade command.
@@ -215,6 +219,8 @@ impl World {
             policies,
             nms: Vec::new(),
             commands: BTreeMap::new(),
+            boot_commands: BTreeMap::new(),
+            asked_again: 0,
             trace: Vec::new(),
             planned_writes: (0, 0),
             faults: faults::Faults::on(),
@@ -398,7 +404,7 @@ impl World {
                 n.metadata.resource_version = Some(rv);
             }
             Effect::RunHost { .. } if upgrades::is_upgrade(e) => self.run_upgrade(who, e)?,
-            Effect::RunHost { node, .. } => {
+            Effect::RunHost { node, id, .. } => {
                 let boot = self
                     .nodes
                     .iter()
@@ -412,11 +418,24 @@ impl World {
                         "{node}: a reboot command although paused or no longer needed"
                     );
                 }
-                let count = self.commands.entry((node.clone(), boot)).or_default();
+                // One command per ask; a second in one boot only after
+                // every earlier one failed (a person asked again).
+                let count = self.commands.entry(id.clone()).or_default();
                 *count += 1;
-                assert!(*count <= 1, "{node}: a second reboot command in one boot");
+                assert!(
+                    *count <= 1,
+                    "{node}: a second reboot command for one ask ({id})"
+                );
+                let key = (node.clone(), boot);
+                let (run, failed) = self.boot_commands.get(&key).copied().unwrap_or_default();
+                assert!(
+                    run == failed,
+                    "{node}: a second reboot command in one boot although the first did not fail"
+                );
                 self.count_need(node);
                 let ok = !self.rng.chance(15);
+                self.boot_commands
+                    .insert(key, (run + 1, failed + u32::from(!ok)));
                 let rebooted_anyway = !ok && self.command_fails_yet_reboots();
                 self.trace.push(format!(
                     "{node}: reboot command, ok={ok}, rebooted anyway={rebooted_anyway}"
@@ -425,7 +444,7 @@ impl World {
                     self.down.insert(node.clone(), 1 + self.rng.below(3) as u32);
                 }
                 if !ok
-                    && let Some(follow) = super::once_per_boot::after_command(
+                    && let Some(follow) = crate::decide::once_per_boot::after_command(
                         e,
                         &Outcome::HostRan {
                             ok: false,
@@ -721,6 +740,9 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
             },
         );
         commands += w.commands.len();
+        *totals.entry("asked again").or_default() += w.asked_again;
+        *totals.entry("retried in one boot").or_default() +=
+            w.boot_commands.values().filter(|(run, _)| *run > 1).count();
         upgrades::tally(&w, &mut totals);
         jobs::tally(&w, &mut totals);
         for (k, n) in &w.faults.refused {

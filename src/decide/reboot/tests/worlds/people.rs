@@ -7,22 +7,24 @@ use super::*;
 
 impl World {
     pub(super) fn people(&mut self) {
-        // Someone asks for a reboot of a node.
+        // Someone asks for a reboot of a node, exactly as
+        // `reboot-required` does (also after a failure, also twice): a
+        // new ask stamped with the boot, the last failure cleared, or
+        // nothing while its reboot is under way. (A hand-written
+        // annotation without the boot is compared by the clocks; with
+        // skewed clocks and reboots nobody asked for that cannot promise
+        // one reboot per need, and the unit tests cover it.)
         if self.rng.chance(20) {
             let i = self.rng.below(self.nodes.len() as u64) as usize;
-            // Stamped by the person's own clock (`reboot-required`).
+            // Stamped by the person's own clock.
             let stamp = self.clock(super::faults::PEOPLE).to_string();
-            let n = &mut self.nodes[i];
-            let boot = boot_id(n).map(str::to_string);
-            let a = n.metadata.annotations.get_or_insert_with(Default::default);
-            a.insert(NEEDED_ANNOTATION.into(), stamp);
-            // As `reboot-required` does, with the boot the need is stamped
-            // in. (A hand-written annotation without it is compared by the
-            // clocks; with skewed clocks and reboots nobody asked for that
-            // cannot promise one reboot per need, and the unit tests
-            // cover it.)
-            if let Some(boot) = boot {
-                a.insert(crate::api::reboot::NEEDED_BOOT_ANNOTATION.into(), boot);
+            if let Ok(patch) = crate::decide::reboot::facts::ask_again(&self.nodes[i], &stamp) {
+                let mut v = serde_json::to_value(&self.nodes[i]).unwrap_or_default();
+                merge(&mut v, &patch);
+                if let Ok(n) = serde_json::from_value(v) {
+                    self.nodes[i] = n;
+                }
+                self.asked_again += 1;
             }
         }
         // A person pauses or unpauses a node's reboots, or withdraws its

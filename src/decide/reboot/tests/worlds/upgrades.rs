@@ -233,7 +233,7 @@ impl World {
                 ok,
                 output: if ok { String::new() } else { "exit 1".into() },
             };
-            if let Some(follow) = super::super::once_per_boot::after_command(e, &outcome) {
+            if let Some(follow) = crate::decide::once_per_boot::after_command(e, &outcome) {
                 self.apply(who, &follow)?;
             }
             return Ok(());
@@ -268,7 +268,7 @@ impl World {
                 .get_or_insert_default()
                 .insert(VERSION.into(), version);
         }
-        if let Some(follow) = super::super::once_per_boot::after_command(e, &outcome) {
+        if let Some(follow) = crate::decide::once_per_boot::after_command(e, &outcome) {
             self.apply(who, &follow)?;
         }
         Ok(())
