@@ -591,6 +591,14 @@ fn a_hanging_sentinel_command_holds_up_neither_a_maintenance_nor_health() {
             support::http_get(port, "/healthz").map(|_| ())
         })
         .await;
+        // The sentinel command has started and hangs: only then does the
+        // maintenance below prove anything (and its PID is there to read
+        // after; read before it was written, this failed a cold CI run).
+        wait_for("the sentinel command started", LONG, || async {
+            let pid = std::fs::read_to_string(&pid_file).ok()?;
+            pid.trim().parse::<u32>().ok().map(|_| ())
+        })
+        .await;
         let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
         let name = format!("hang-{a}");
         nms.create(
