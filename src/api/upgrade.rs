@@ -575,9 +575,14 @@ pub struct NodeUpgrade {
     /// The hook running (PreHooks, PostHooks) or that failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hook: Option<String>,
-    /// Its Job, `namespace/name`.
+    /// Its Job (a hook's, or the upgrade Job of type Job), `namespace/name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// The Job named in `job` was seen on the API server. Gone before its
+    /// result was seen, someone deleted it to stop it: it is not created
+    /// again (reason `JobDeleted`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub job_seen: bool,
     /// What is happening, or why it waits or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

@@ -469,6 +469,7 @@ mod tests {
                 boot_id_before: None,
                 hook: Some("backup".into()),
                 job: None,
+                job_seen: false,
                 message: Some("before hook backup: running Job ops/x".into()),
                 reason: None,
             }],

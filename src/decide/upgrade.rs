@@ -119,6 +119,8 @@ pub const FAILED_COMMAND: &str = "CommandFailed";
 pub const FAILED_UPGRADE_TIMEOUT: &str = "UpgradeTimeout";
 pub const FAILED_VERIFY_TIMEOUT: &str = "VerifyTimeout";
 pub const FAILED_INTERRUPTED: &str = "Interrupted";
+/// A Job of the plan (hook or upgrade) was deleted before it finished.
+pub const FAILED_JOB_DELETED: &str = "JobDeleted";
 
 /// The version a node reports, from where the plan says to look.
 pub fn reported_version<'a>(node: &'a Node, from: &VersionFrom) -> Option<&'a str> {

@@ -76,6 +76,7 @@ impl<'a> Decision<'a> {
                 boot_id_before: None,
                 hook: None,
                 job: None,
+                job_seen: false,
                 message: Some(message),
                 reason: reason.map(str::to_string),
             },
@@ -95,6 +96,8 @@ impl<'a> Decision<'a> {
                 phase: next.phase,
                 since,
                 hook: next.hook,
+                // Seen stays true only for the same Job.
+                job_seen: e.job_seen && next.job == e.job,
                 job: next.job,
                 reason: next.reason.map(str::to_string),
                 message: Some(next.message),
@@ -149,6 +152,7 @@ impl<'a> Decision<'a> {
             boot_id_before: boot_id(node).map(str::to_string),
             hook: None,
             job: None,
+            job_seen: false,
             message: None,
             reason: None,
         };
@@ -412,8 +416,13 @@ impl<'a> Decision<'a> {
         let hook = &list[index];
         let key = e.job.clone().unwrap_or_default();
         let label = format!("{} hook {} (Job {key})", stage.as_str(), hook.name);
+        let seen = NodeUpgrade {
+            job_seen: true,
+            ..e.clone()
+        };
         let result = match self.s.jobs.get(&key) {
             Some(state) => state.clone(),
+            None if e.job_seen => return self.job_deleted(e, &label),
             None => {
                 if let Some(err) = self.s.job_errors.get(&key) {
                     JobState::Failed(format!("could not be created: {err}"))
@@ -441,11 +450,27 @@ impl<'a> Decision<'a> {
                     self.hook_failed(e, stage, index, &label, &why);
                 } else {
                     self.wake_at(due);
-                    self.entries.insert(e.name.clone(), e.clone());
+                    self.entries.insert(e.name.clone(), seen);
                 }
             }
             JobState::Failed(why) => self.hook_failed(e, stage, index, &label, &why),
         }
+    }
+
+    /// A Job of ours that was seen is gone before its result was: a
+    /// person deleted it to stop it. Never created again: the node fails
+    /// with `JobDeleted` and is held where it is (as after any failure: in
+    /// maintenance once drained) until a person gives it back or changes
+    /// the spec.
+    fn job_deleted(&mut self, e: &NodeUpgrade, label: &str) {
+        let kept = match e.phase {
+            UpgradePhase::PreHooks => "the node was not touched",
+            _ => {
+                "the node stays in maintenance (delete its NodeMaintenance to give it back, or change the spec to retry)"
+            }
+        };
+        let msg = format!("{label} was deleted before it finished; not created again; {kept}");
+        self.fail(e, FAILED_JOB_DELETED, msg);
     }
 
     fn hook_failed(&mut self, e: &NodeUpgrade, stage: Stage, index: usize, label: &str, why: &str) {
@@ -578,6 +603,8 @@ impl<'a> Decision<'a> {
                 format!("the upgrade command failed: {why}; the node stays in maintenance"),
             );
         }
+        let marked;
+        let mut e = e;
         if let Some(key) = upgrade_job::key(p, &attempt(e)) {
             match self.upgrade_job(e, &key) {
                 Some(JobState::Failed(why)) => {
@@ -586,8 +613,16 @@ impl<'a> Decision<'a> {
                     );
                     return self.fail(e, FAILED_COMMAND, msg);
                 }
-                // Complete (the version is awaited below) or running.
-                Some(_) => {}
+                // Complete (the version is awaited below) or running:
+                // seen, so gone from now on it was deleted.
+                Some(_) => {
+                    marked = NodeUpgrade {
+                        job: Some(key),
+                        job_seen: true,
+                        ..e.clone()
+                    };
+                    e = &marked;
+                }
                 None => return,
             }
         }
@@ -611,7 +646,7 @@ impl<'a> Decision<'a> {
             Next {
                 phase: UpgradePhase::Upgrading,
                 hook: None,
-                job: None,
+                job: e.job.clone(),
                 reason: None,
                 message,
             },
@@ -621,10 +656,15 @@ impl<'a> Decision<'a> {
 
     /// The upgrade Job's state. `None`: recorded and not in the store yet
     /// (created again under its name: a 409 if it exists, never a second
-    /// run); the entry is kept and the caller waits.
+    /// run); the entry is kept and the caller waits. Or seen before and
+    /// gone: deleted by a person, the node failed (`JobDeleted`).
     fn upgrade_job(&mut self, e: &NodeUpgrade, key: &str) -> Option<JobState> {
         if let Some(state) = self.s.jobs.get(key) {
             return Some(state.clone());
+        }
+        if e.job_seen && e.job.as_deref() == Some(key) {
+            self.job_deleted(e, &format!("the upgrade Job {key}"));
+            return None;
         }
         if let Some(err) = self.s.job_errors.get(key) {
             return Some(JobState::Failed(format!("could not be created: {err}")));

@@ -54,6 +54,7 @@ fn plan(name: &str, nodes: &[(&str, UpgradePhase)]) -> Arc<UpgradePlan> {
                 boot_id_before: None,
                 hook: None,
                 job: None,
+                job_seen: false,
                 message: None,
                 reason: None,
             })

@@ -83,6 +83,10 @@ struct World {
     job_upgrades: BTreeMap<(String, String), usize>,
     /// Hook Jobs created.
     hook_jobs: usize,
+    /// Jobs a person deleted, with their plan and node: never created
+    /// again while that admission stands.
+    deleted_jobs: BTreeMap<String, (String, String)>,
+    jobs_deleted: usize,
     /// The host's records of upgrade commands, by id (`effects::host_run`):
     /// running an id again attaches to its first run.
     host_runs: BTreeMap<String, bool>,
@@ -221,6 +225,8 @@ impl World {
             commands: BTreeMap::new(),
             boot_commands: BTreeMap::new(),
             asked_again: 0,
+            deleted_jobs: Default::default(),
+            jobs_deleted: 0,
             trace: Vec::new(),
             planned_writes: (0, 0),
             faults: faults::Faults::on(),
@@ -647,6 +653,7 @@ impl World {
                 c[0].status = "False".into();
             }
         }
+        self.forget_ended_admissions();
         self.people();
         self.admin_plans();
         self.stale = self

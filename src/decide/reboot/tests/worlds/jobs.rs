@@ -39,6 +39,57 @@ pub(super) struct WorldJob {
     seen: bool,
 }
 
+impl World {
+    /// A person deletes a running Job of ours to stop it (the README:
+    /// "what a person deletes stays deleted"). It is never created again.
+    /// The person acts on a Job the plan's status has recorded as seen
+    /// (also in the copy a stale read gives): between the Job's first
+    /// sighting and that record — one pass, milliseconds in a cluster,
+    /// where the service's mutation cache also covers its own status
+    /// write — a deleted Job could be created once more.
+    pub(super) fn delete_a_job(&mut self) {
+        fn recorded<'a>(mut plans: impl Iterator<Item = &'a UpgradePlan>, key: &str) -> bool {
+            plans.any(|p| {
+                p.status
+                    .iter()
+                    .flat_map(|s| s.nodes.iter())
+                    .any(|e| e.job_seen && e.job.as_deref() == Some(key))
+            })
+        }
+        let running: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.seen && j.state == JobState::Running)
+            .map(|(k, _)| k.clone())
+            .filter(|k| recorded(self.plans.iter(), k) && recorded(self.stale_plans.values(), k))
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        let key = running[self.rng.below(running.len() as u64) as usize].clone();
+        if let Some(j) = self.jobs.remove(&key) {
+            self.trace.push(format!("a person deletes Job {key}"));
+            self.deleted_jobs.insert(key.clone(), (j.plan, j.node));
+            self.jobs_deleted += 1;
+        }
+    }
+
+    /// A deleted Job's admission has ended (the node failed with
+    /// `JobDeleted`, or the plan went): a later admission of the node (a
+    /// retry after a spec change, a channel's version named again) may
+    /// use the name again.
+    pub(super) fn forget_ended_admissions(&mut self) {
+        let plans = &self.plans;
+        self.deleted_jobs.retain(|_, (plan, node)| {
+            plans
+                .iter()
+                .find(|p| p.name_any() == *plan)
+                .and_then(|p| p.entry(node))
+                .is_some_and(|e| e.phase.admitted())
+        });
+    }
+}
+
 /// The upgrade Job's image (`{version}` filled by the plan).
 const IMAGE: &str = "registry.invalid/upgrade:{version}";
 
@@ -82,6 +133,10 @@ impl World {
     /// the executor's "done").
     pub(super) fn create_job(&mut self, who: &str, job: &DynamicObject) -> Result<(), String> {
         let key = jobs::key(job);
+        assert!(
+            !self.deleted_jobs.contains_key(&key),
+            "{who}: Job {key}, which a person deleted, created again in the same admission"
+        );
         if self.jobs.contains_key(&key) {
             self.trace.push(format!("{who}: Job {key} exists (409)"));
             return Ok(());
@@ -213,4 +268,5 @@ impl World {
 pub(super) fn tally(w: &World, totals: &mut BTreeMap<&'static str, usize>) {
     *totals.entry("upgrade Jobs completed").or_default() += w.job_upgrades.values().sum::<usize>();
     *totals.entry("hook Jobs created").or_default() += w.hook_jobs;
+    *totals.entry("Jobs deleted by a person").or_default() += w.jobs_deleted;
 }

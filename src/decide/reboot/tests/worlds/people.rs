@@ -27,6 +27,10 @@ impl World {
                 self.asked_again += 1;
             }
         }
+        // A person deletes a running Job to stop it.
+        if self.rng.chance(25) {
+            self.delete_a_job();
+        }
         // A person pauses or unpauses a node's reboots, or withdraws its
         // need (`reboot-required --clear`).
         if self.rng.chance(6) {
