@@ -411,7 +411,11 @@ fn a_node_goes_through_hooks_drain_upgrade_verify_and_is_given_back_group_by_gro
     );
     assert_eq!(req.values.as_deref(), Some(&["cp-1".to_string()][..]));
 
-    // Deciding again while the Job runs changes nothing.
+    // The first look at the running Job records that it was seen (gone
+    // from then on, a person deleted it); after that, deciding again
+    // while it runs changes nothing.
+    w.step();
+    assert!(w.entry("cp-1").job_seen);
     assert!(w.step().is_empty());
     w.finish_job("cp-1", true);
     w.step();

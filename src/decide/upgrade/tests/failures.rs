@@ -106,6 +106,8 @@ fn a_hook_past_its_deadline_fails_and_a_vanished_job_is_created_again_under_its_
     w.jobs.clear();
     let fx = w.step();
     assert!(fx.iter().any(|e| matches!(e, Effect::CreateJob { job } if crate::decide::jobs::key_of("ops", job.metadata.name.as_deref().unwrap_or_default()) == key)));
+    w.step();
+    assert!(w.entry("a").job_seen, "seen once the store shows it");
     w.later(300 + 59);
     assert!(w.step().is_empty());
     w.later(2);
@@ -117,6 +119,36 @@ fn a_hook_past_its_deadline_fails_and_a_vanished_job_is_created_again_under_its_
             .unwrap_or_default()
             .contains("past its deadline")
     );
+}
+
+/// where-features-meet.md, finding 12: a person deletes a running hook
+/// Job to stop it; it is never created again.
+#[test]
+fn a_job_deleted_after_it_was_seen_is_a_stop_never_created_again() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    let mut w = World::new(p, vec![node("a", "v1", false)]);
+    w.step();
+    w.step();
+    assert!(w.entry("a").job_seen);
+    w.jobs.clear();
+    let fx = w.step();
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::CreateJob { .. })),
+        "{fx:?}"
+    );
+    let e = w.entry("a");
+    assert_eq!(e.phase, UpgradePhase::Failed);
+    assert_eq!(
+        e.reason.as_deref(),
+        Some(crate::decide::upgrade::FAILED_JOB_DELETED)
+    );
+    assert!(
+        e.message
+            .unwrap_or_default()
+            .contains("deleted before it finished")
+    );
+    assert!(w.step().is_empty(), "and it stays so");
 }
 
 #[test]
