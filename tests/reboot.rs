@@ -1619,3 +1619,103 @@ fn notifications_arrive_at_the_receivers_and_failures_are_reported() {
         "{context}"
     );
 }
+
+/// where-features-meet.md, finding 1, on the real control plane: a reboot
+/// command fails; the operator runs `nodekeeper reboot-required NODE`
+/// again, as the README says. The command runs again (a new ask, its
+/// own record), the node reboots once and is given back, and the next
+/// node's reboot is admitted after it. Before, the retry drained the node,
+/// never ran the command and held it cordoned with its slot for ever.
+/// Run counts are the command's own file, not the policy's status.
+#[test]
+fn reboot_required_after_a_failed_reboot_runs_the_command_again() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-retry").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let (a, b) = (&names[0], &names[1]);
+    // Each run is counted in `<node>.reboots.runs`; with `<node>.reboots.fail`
+    // present it fails, else it asks the fleet for a reboot.
+    let marker = fleet.reboot_command()[3].clone();
+    let command = json!([
+        "/bin/sh",
+        "-c",
+        "echo run >> \"$0.runs\"; if [ -e \"$0.fail\" ]; then echo broken >&2; exit 1; fi; echo reboot >> \"$0\"",
+        marker
+    ]);
+    let runs = |n: &str| {
+        std::fs::read_to_string(fleet.file(&format!("{n}.reboots.runs")))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    std::fs::write(fleet.file(&format!("{a}.reboots.fail")), "").expect("fail marker");
+    let watcher = Watcher::start(env.client.clone(), &env.id);
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 1},
+               "reboot": {"remoteCommand": command, "returnTimeoutSeconds": 20}}),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    let kc = support::cluster().to_string_lossy().to_string();
+    let ask = |n: &str| {
+        let (status, out, err) =
+            support::run_cli(&["reboot-required", n, "--kubeconfig", &kc], &[]);
+        assert!(status.success(), "reboot-required {n}: {err}");
+        out
+    };
+    ask(a);
+    let api: Api<RebootPolicy> = Api::all(env.client.clone());
+    let phase_of = |n: String| {
+        let api = api.clone();
+        let policy = policy.clone();
+        async move {
+            let p = api.get(&policy).await.ok()?;
+            p.status?.nodes.into_iter().find(|e| e.name == n)
+        }
+    };
+    block_on(async {
+        wait_for("a's reboot Failed", LONG, || async {
+            phase_of(a.clone())
+                .await
+                .filter(|e| e.phase == RebootPhase::Failed)
+        })
+        .await;
+        wait_for("a given back after its failure", LONG, || async {
+            let n = Api::<Node>::all(env.client.clone()).get(a).await.ok()?;
+            (n.spec?.unschedulable != Some(true) && maintenances_on(&env.client, a).await == 0)
+                .then_some(())
+        })
+        .await;
+    });
+    assert_eq!(runs(a), 1, "{}", cluster.log_text());
+    // The machine is mended; the operator asks again, as documented.
+    std::fs::remove_file(fleet.file(&format!("{a}.reboots.fail"))).expect("mending");
+    let said = ask(a);
+    assert!(said.contains("reboot requested"), "{said}");
+    ask(b);
+    fleet.serve(&names, Duration::from_secs(120), || {
+        block_on(settled(&env.client, &names))
+    });
+    let history = watcher.finish();
+    let context = format!("{history:?}\ncluster role:\n{}", cluster.log_text());
+    assert_eq!(runs(a), 2, "one more run for the one retry\n{context}");
+    assert_eq!(fleet.commands(a), 1, "rebooted once\n{context}");
+    assert_eq!(
+        fleet.commands(b),
+        1,
+        "the next node admitted after it\n{context}"
+    );
+    assert!(history.iter().all(|h| h.0 <= 1), "over budget\n{context}");
+    block_on(async {
+        for n in [a, b] {
+            wait_for("given back", LONG, || async {
+                (maintenances_on(&env.client, n).await == 0).then_some(())
+            })
+            .await;
+        }
+    });
+}

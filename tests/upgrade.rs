@@ -853,3 +853,143 @@ fn a_channels_redirect_changes_the_version_the_plan_upgrades_to() {
         cluster.log_text()
     );
 }
+
+/// The uids of every Job of `plan` ever seen, by name, from a watch of
+/// our own: a Job created again under its name shows a second uid.
+fn job_uids(
+    client: kube::Client,
+    plan: &str,
+) -> (
+    Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>>,
+    nodekeeper::runtime::Latch,
+) {
+    use k8s_openapi::api::batch::v1::Job;
+    use kube::runtime::watcher;
+    use smol::stream::StreamExt;
+    let seen: Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>> =
+        Arc::default();
+    let stop = nodekeeper::runtime::Latch::default();
+    let (out, halt, selector) = (
+        seen.clone(),
+        stop.clone(),
+        format!("{}={plan}", nodekeeper::api::upgrade::PLAN_LABEL),
+    );
+    std::thread::spawn(move || {
+        block_on(async move {
+            let jobs = watcher(
+                Api::<Job>::all(client),
+                watcher::Config::default().labels(&selector),
+            );
+            let mut jobs = std::pin::pin!(jobs);
+            let run = async {
+                while let Some(ev) = jobs.next().await {
+                    if let Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) = ev {
+                        let uid = j.uid().unwrap_or_default();
+                        let mut seen = seen_lock(&out);
+                        let uids = seen.entry(j.name_any()).or_default();
+                        if !uids.contains(&uid) {
+                            uids.push(uid);
+                        }
+                    }
+                }
+            };
+            smol::future::or(run, halt.wait()).await;
+        })
+    });
+    (seen, stop)
+}
+
+fn seen_lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// where-features-meet.md, findings 4 and 12, on the real control plane.
+/// A system-upgrade-controller user's k3s plan: `image:
+/// …/k3s-upgrade:{version}` at `v1.33.1+k3s1` gets the image tag as SUC's
+/// `MungeVersion` (pkg/upgrade/plan/plan.go) writes it, `v1.33.1-k3s1`
+/// (a `+` is no image tag). Then a person deletes the upgrade Job to stop
+/// it: the node fails with `JobDeleted` and the Job is never created
+/// again (one uid for its name, from a watch of our own).
+#[test]
+fn a_k3s_version_tags_the_image_as_suc_does_and_a_deleted_upgrade_job_stays_deleted() {
+    use k8s_openapi::api::batch::v1::Job;
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-k3s").await;
+        let names = nodes(&mut env, 1, 0).await;
+        (env, names)
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({
+            "version": "v1.33.1+k3s1",
+            "versionFrom": {"source": "Annotation", "key": "example.com/k3s-version"},
+            "strategy": {"type": "Job", "command": [], "job": {
+                "namespace": env.ns,
+                "image": "registry.invalid/k3s-upgrade:{version}",
+            }},
+        }),
+    ));
+    let (uids, stop) = job_uids(env.client.clone(), &plan);
+    let node = names[0].clone();
+    let jobs_api: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
+    let job = block_on(wait_for("the upgrade Job", LONG, || async {
+        jobs(&env.client, &plan).await.into_iter().next()
+    }));
+    let image = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|p| p.containers[0].image.clone().unwrap_or_default())
+        .unwrap_or_default();
+    assert_eq!(image, "registry.invalid/k3s-upgrade:v1.33.1-k3s1");
+    // Seen by the plan (recorded in its status), then deleted by a person.
+    block_on(wait_for("the plan has seen its Job", LONG, || async {
+        let p = plan_of(&env.client, &plan).await;
+        p.entry(&node).is_some_and(|e| e.job_seen).then_some(())
+    }));
+    let job_name = job.name_any();
+    block_on(jobs_api.delete(&job_name, &kube::api::DeleteParams::background()))
+        .expect("deleting the upgrade Job");
+    let failed = block_on(wait_for(
+        "the node failed with JobDeleted",
+        LONG,
+        || async {
+            let p = plan_of(&env.client, &plan).await;
+            let e = p.entry(&node)?.clone();
+            (e.phase == UpgradePhase::Failed && e.reason.as_deref() == Some("JobDeleted"))
+                .then_some(e)
+        },
+    ));
+    assert!(
+        failed
+            .message
+            .unwrap_or_default()
+            .contains("deleted before it finished"),
+        "cluster role:\n{}",
+        cluster.log_text()
+    );
+    // The decision that failed it was the one that would have created it
+    // again; the Job is gone and was created once.
+    block_on(wait_for("the Job gone", LONG, || async {
+        jobs_api
+            .get_opt(&job_name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    }));
+    stop.open();
+    let uids = seen_lock(&uids).clone();
+    assert_eq!(
+        uids.get(&job_name).map(Vec::len),
+        Some(1),
+        "{uids:?}\ncluster role:\n{}",
+        cluster.log_text()
+    );
+    assert_eq!(uids.len(), 1, "one Job in all: {uids:?}");
+}
