@@ -801,10 +801,11 @@ fn a_channels_redirect_changes_the_version_the_plan_upgrades_to() {
     let fleet = fleet_with_agents(&env, &names);
     let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
     let cluster = cluster_role(&env, &["--node-agents", "--channel-interval", "1"]);
+    // A private channel: its token must reach no log line.
     let plan = block_on(create_plan(
         &env,
         &fleet,
-        json!({"version": "", "channel": format!("http://127.0.0.1:{port}/channels/stable")}),
+        json!({"version": "", "channel": format!("http://127.0.0.1:{port}/channels/stable?token=SECRET123")}),
     ));
     let node = names[0].clone();
     let at = |v: &'static str| {
@@ -845,6 +846,22 @@ fn a_channels_redirect_changes_the_version_the_plan_upgrades_to() {
         Duration::from_secs(120),
         at("v3"),
     );
+    // A hostile (or broken) server names a command, not a version: the
+    // answer is refused and reported, the plan keeps v3, and nothing runs
+    // (where-features-meet.md, finding 3).
+    *served.lock().unwrap_or_else(|e| e.into_inner()) = "v4%3B%20touch%20%2Ftmp%2Fpwned".into();
+    let refused = block_on(wait_for("the answer refused", LONG, || async {
+        let p = support::upgrades::plan(&env.client, &plan).await;
+        let c = p.status?.channel?;
+        c.error
+            .filter(|e| e.contains("is not a version"))
+            .map(|e| (e, c.version))
+    }));
+    assert_eq!(refused.1.as_deref(), Some("v3"), "{refused:?}");
+    assert!(
+        refused.0.contains("\"v4; touch /tmp/pwned\""),
+        "{refused:?}"
+    );
     timeline.stop();
     assert_eq!(
         runs(&fleet, &node),
@@ -852,6 +869,14 @@ fn a_channels_redirect_changes_the_version_the_plan_upgrades_to() {
         "cluster role:\n{}",
         cluster.log_text()
     );
+    // Questions failed (the refused answer is logged as a warning), and no
+    // line named the URL's token (finding 15).
+    let log = cluster.log_text();
+    assert!(
+        log.contains("UpgradePlan channel http://127.0.0.1:"),
+        "{log}"
+    );
+    assert!(!log.contains("SECRET123"), "{log}");
 }
 
 /// The uids of every Job of `plan` ever seen, by name, from a watch of
