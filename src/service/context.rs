@@ -524,7 +524,7 @@ where
     F: FnOnce(Option<String>) -> Fut,
     Fut: std::future::Future<Output = Result<Option<Duration>>>,
 {
-    if let Err(wait) = failing.due(&subject.key, subject.resource_version.as_deref()) {
+    if let Err(wait) = failing.due(&subject.key, subject.change.as_deref()) {
         return Some(wait);
     }
     let result = decide(failing.message(&subject.key)).await;
@@ -563,11 +563,7 @@ async fn report(
     }
     super::metrics::count_error(&err);
     let message = err.to_string();
-    let delay = failing.failed(
-        &subject.key,
-        subject.resource_version.clone(),
-        message.clone(),
-    );
+    let delay = failing.failed(&subject.key, subject.change.clone(), message.clone());
     log::warn!(
         "{}: {message} (its other work goes on; retrying it in {} s)",
         subject.key,

@@ -26,7 +26,8 @@ pub const CONFLICTS_BEFORE_FAILURE: u32 = 8;
 /// What one object's last failure was, so the next pass waits for its
 /// backoff (or a change of the object) and says why in its status.
 struct Failure {
-    resource_version: Option<String>,
+    /// The object's [`Subject::change`] when it failed.
+    change: Option<String>,
     count: u32,
     retry_at: Instant,
     message: String,
@@ -64,14 +65,12 @@ impl Failing {
     }
 
     /// `Ok` if the object may be decided now: it has not failed, its
-    /// backoff is over, or it changed since (a fix is tried at once).
-    /// Otherwise how long until it may.
-    pub fn due(&self, key: &str, resource_version: Option<&str>) -> Result<(), Duration> {
+    /// backoff is over, or someone changed it since (a fix is tried at
+    /// once; `change` is [`Subject::change`]). Otherwise how long until it
+    /// may.
+    pub fn due(&self, key: &str, change: Option<&str>) -> Result<(), Duration> {
         match self.map().get(key) {
-            Some(f)
-                if f.resource_version.as_deref() == resource_version
-                    && f.retry_at > Instant::now() =>
-            {
+            Some(f) if f.change.as_deref() == change && f.retry_at > Instant::now() => {
                 Err(f.retry_at - Instant::now())
             }
             _ => Ok(()),
@@ -84,7 +83,7 @@ impl Failing {
     }
 
     /// Record a failure; returns how long to back off.
-    pub fn failed(&self, key: &str, resource_version: Option<String>, message: String) -> Duration {
+    pub fn failed(&self, key: &str, change: Option<String>, message: String) -> Duration {
         let mut map = self.map();
         let count = map.get(key).map_or(0, |f| f.count).saturating_add(1);
         let delay = RETRY_FIRST
@@ -93,7 +92,7 @@ impl Failing {
         map.insert(
             key.to_string(),
             Failure {
-                resource_version,
+                change,
                 count,
                 retry_at: Instant::now() + delay,
                 message,
@@ -127,7 +126,13 @@ pub struct Subject {
     /// `Kind/name` (namespaced kinds: `Kind/namespace/name`).
     pub key: String,
     pub reference: ObjectReference,
-    pub resource_version: Option<String>,
+    /// What says someone else changed the object: its generation (a spec
+    /// edit), which the object's own status writes never bump — a failed
+    /// pass writes its status (`Reconciled=False`), and counted as a
+    /// change that retried at once and doubled the backoff each time (10,
+    /// 20, 40 s in one second: a give-back refused for a few seconds was
+    /// done 40 s later). Its resourceVersion where it has no generation.
+    pub change: Option<String>,
 }
 
 impl Subject {
@@ -147,7 +152,10 @@ impl Subject {
                 uid: meta.uid.clone(),
                 ..Default::default()
             },
-            resource_version: meta.resource_version.clone(),
+            change: meta
+                .generation
+                .map(|g| g.to_string())
+                .or_else(|| meta.resource_version.clone()),
         }
     }
 
@@ -159,6 +167,28 @@ impl Subject {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// where-features-meet.md, C4: the failed pass's own status write
+    /// (a new resourceVersion) is not a change of the world; a spec edit
+    /// (a new generation) is.
+    #[test]
+    fn an_objects_own_status_write_does_not_make_it_due() {
+        let mut meta = ObjectMeta {
+            name: Some("p".into()),
+            generation: Some(3),
+            resource_version: Some("100".into()),
+            ..Default::default()
+        };
+        let f = Failing::default();
+        let s = Subject::of("nodekeeper.io/v1alpha1", "RebootPolicy", &meta);
+        f.failed(&s.key, s.change.clone(), "refused".into());
+        meta.resource_version = Some("101".into());
+        let own_write = Subject::of("nodekeeper.io/v1alpha1", "RebootPolicy", &meta);
+        assert!(f.due(&own_write.key, own_write.change.as_deref()).is_err());
+        meta.generation = Some(4);
+        let edited = Subject::of("nodekeeper.io/v1alpha1", "RebootPolicy", &meta);
+        assert!(f.due(&edited.key, edited.change.as_deref()).is_ok());
+    }
 
     #[test]
     fn a_failed_object_backs_off_doubling_and_is_due_again_once_it_changes() {
