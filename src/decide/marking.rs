@@ -7,6 +7,18 @@
 //! elsewhere before the node is drained. Each pass compares what a node
 //! carries with what its entry's phase wants and writes only a difference;
 //! a failed write is simply seen again on the next pass.
+//!
+//! **A mark has one owner.** Each label key and soft taint a feature
+//! writes is recorded on the node as owned by its object
+//! (`marks.nodekeeper.io/<hash>: "<Kind>/<name> <role> <mark>"`, as the
+//! cordon's owner is recorded): an object never writes or removes a key
+//! another object owns — a RebootPolicy and an UpgradePlan with the same
+//! `nodeLabels` key no longer fight over it (1 447–2 517 node updates in
+//! 20 s, where-features-meet.md finding 2) — and a mark whose owner is
+//! gone or no longer governs the node is removed by [`orphaned`], level-
+//! triggered like the give-back of its NodeMaintenance (finding 6: the
+//! soft taint outlived its deleted policy). `after` labels are a result,
+//! not a hold: their record goes with the owner, the label stays.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +28,38 @@ use serde_json::{Value, json};
 
 use super::Effect;
 use crate::api::common::NodeLabels;
+use crate::decide::maintenance::annotation;
+
+/// The prefix of the annotations that record who owns a mark.
+pub const OWNER_PREFIX: &str = "marks.nodekeeper.io/";
+
+/// The annotation recording the owner of `mark` (a label key, or
+/// `taint:<feature>`): a hash keeps any label key a valid annotation name.
+pub fn owner_key(mark: &str) -> String {
+    // FNV-1a, 64 bits: stable across builds and platforms.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in mark.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{OWNER_PREFIX}{h:016x}")
+}
+
+/// What a record says: owner, role (`during`, `after`, `taint`), mark.
+fn record_of(value: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = value.splitn(3, ' ');
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
+/// The owner of `mark` on `node`, if one is recorded.
+pub fn owner_of<'a>(node: &'a Node, mark: &str) -> Option<&'a str> {
+    let (owner, _, recorded) = record_of(annotation(node, &owner_key(mark))?)?;
+    (recorded == mark).then_some(owner)
+}
+
+fn taint_mark(feature: &str) -> String {
+    format!("taint:{feature}")
+}
 
 /// The soft taint's key; its value names the feature's object.
 pub const WAITING_TAINT: &str = "nodekeeper.io/waiting";
@@ -59,78 +103,185 @@ pub fn check(marks: &NodeLabels, version: &str) -> Vec<String> {
     problems
 }
 
-/// The labels write `node` needs at `stage` (`None`: it carries them).
-/// `{version}` in values is replaced by `version` (UpgradePlan).
-pub fn labels(node: &Node, marks: &NodeLabels, stage: Stage, version: &str) -> Option<Effect> {
+/// The labels write `node` needs at `stage` for `owner` (`Kind/name`),
+/// with the records of what it owns (`None`: it carries them). Keys
+/// another object owns are left alone; `{version}` in values is replaced
+/// by `version` (UpgradePlan).
+pub fn labels(
+    node: &Node,
+    marks: &NodeLabels,
+    stage: Stage,
+    version: &str,
+    owner: &str,
+) -> Option<Effect> {
     if marks.during.is_empty() && marks.after.is_empty() {
         return None;
     }
     let value = |v: &String| v.replace("{version}", version);
-    let mut want: BTreeMap<&str, Option<String>> = BTreeMap::new();
+    // Per key: the value wanted (None: removed) and the record wanted.
+    let mut want: BTreeMap<&str, (Option<String>, Option<String>)> = BTreeMap::new();
+    let set = |role: &str, k: &str, v: String| (Some(v), Some(format!("{owner} {role} {k}")));
     match stage {
         Stage::Held => {
             for (k, v) in &marks.during {
-                want.insert(k, Some(value(v)));
+                want.insert(k, set("during", k, value(v)));
             }
         }
         Stage::Done => {
             for k in marks.during.keys() {
-                want.insert(k, None);
+                want.insert(k, (None, None));
             }
             for (k, v) in &marks.after {
-                want.insert(k, Some(value(v)));
+                want.insert(k, set("after", k, value(v)));
             }
         }
         Stage::Failed => {
             for k in marks.during.keys() {
-                want.insert(k, None);
+                want.insert(k, (None, None));
             }
         }
         Stage::Untouched | Stage::Waiting => return None,
     }
     let have = node.labels();
-    let changes: serde_json::Map<String, Value> = want
-        .into_iter()
-        .filter(|(k, v)| have.get(*k) != v.as_ref())
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    (!changes.is_empty()).then(|| Effect::PatchNode {
+    let mut labels = serde_json::Map::new();
+    let mut records = serde_json::Map::new();
+    for (k, (v, record)) in want {
+        // Another object's key: not ours to write or remove.
+        if owner_of(node, k).is_some_and(|o| o != owner) {
+            continue;
+        }
+        if have.get(k) != v.as_ref() {
+            labels.insert(k.to_string(), json!(v));
+        }
+        let key = owner_key(k);
+        if annotation(node, &key) != record.as_deref() {
+            records.insert(key, json!(record));
+        }
+    }
+    if labels.is_empty() && records.is_empty() {
+        return None;
+    }
+    let mut meta = serde_json::Map::new();
+    if !labels.is_empty() {
+        meta.insert("labels".into(), Value::Object(labels));
+    }
+    if !records.is_empty() {
+        meta.insert("annotations".into(), Value::Object(records));
+    }
+    Some(Effect::PatchNode {
         node: node.name_any(),
-        // Keys of the object's own choosing; a merge of the labels map
-        // loses no one else's.
+        // Keys of the object's own choosing; a merge of the labels and
+        // annotations maps loses no one else's.
         resource_version: None,
-        patch: json!({"metadata": {"labels": changes}}),
+        patch: json!({ "metadata": meta }),
     })
 }
 
-/// The taint write `node` needs: `PreferNoSchedule` `WAITING_TAINT=owner`
-/// while it waits (when `wanted`), gone otherwise. The taints are a list:
-/// the write replaces it whole, guarded by the node's resourceVersion.
-pub fn waiting_taint(node: &Node, owner: &str, wanted: bool, stage: Stage) -> Option<Effect> {
+/// The taint write `node` needs: `PreferNoSchedule` `WAITING_TAINT=feature`
+/// while it waits (when `wanted`), gone otherwise, with its owner's
+/// record. The taints are a list: the write replaces it whole, guarded by
+/// the node's resourceVersion.
+pub fn waiting_taint(
+    node: &Node,
+    feature: &str,
+    wanted: bool,
+    stage: Stage,
+    owner: &str,
+) -> Option<Effect> {
+    let mark = taint_mark(feature);
+    if owner_of(node, &mark).is_some_and(|o| o != owner) {
+        return None;
+    }
+    let want = wanted && stage == Stage::Waiting;
+    let record = want.then(|| format!("{owner} taint {mark}"));
+    let (taints, changed) = taint_list(node, feature, want);
+    let key = owner_key(&mark);
+    if !changed && annotation(node, &key) == record.as_deref() {
+        return None;
+    }
+    Some(Effect::PatchNode {
+        node: node.name_any(),
+        resource_version: node.resource_version(),
+        patch: json!({
+            "metadata": {"annotations": {key: record}},
+            "spec": {"taints": taints},
+        }),
+    })
+}
+
+/// The node's taints with ours for `feature` there or not, and whether
+/// that changed them.
+fn taint_list(node: &Node, feature: &str, want: bool) -> (Vec<Taint>, bool) {
     let taints: Vec<Taint> = node
         .spec
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let ours = |t: &Taint| t.key == WAITING_TAINT && t.value.as_deref() == Some(owner);
+    let ours = |t: &Taint| t.key == WAITING_TAINT && t.value.as_deref() == Some(feature);
     let has = taints.iter().any(ours);
-    let want = wanted && stage == Stage::Waiting;
-    if has == want {
-        return None;
-    }
     let mut next: Vec<Taint> = taints.into_iter().filter(|t| !ours(t)).collect();
     if want {
         next.push(Taint {
             key: WAITING_TAINT.into(),
-            value: Some(owner.into()),
+            value: Some(feature.into()),
             effect: "PreferNoSchedule".into(),
             time_added: None,
         });
     }
+    (next, has != want)
+}
+
+/// The write that removes from `node` the marks recorded for objects of
+/// `kind` other than `governing` (the one that governs the node now, if
+/// any): their owner is gone or no longer selects the node. `during`
+/// labels and soft taints go with their records; an `after` label stays
+/// (a result, not a hold), only its record goes. `None` in an unchanged
+/// world: nothing is written twice.
+pub fn orphaned(node: &Node, kind: &str, governing: Option<&str>) -> Option<Effect> {
+    let prefix = format!("{kind}/");
+    let mut labels = serde_json::Map::new();
+    let mut records = serde_json::Map::new();
+    let mut drop_taints: Vec<String> = Vec::new();
+    for (key, value) in node.annotations() {
+        if !key.starts_with(OWNER_PREFIX) {
+            continue;
+        }
+        let Some((owner, role, mark)) = record_of(value) else {
+            continue;
+        };
+        if !owner.starts_with(&prefix) || Some(owner) == governing {
+            continue;
+        }
+        records.insert(key.clone(), Value::Null);
+        match role {
+            "during" if node.labels().contains_key(mark) => {
+                labels.insert(mark.to_string(), Value::Null);
+            }
+            "taint" => drop_taints.extend(mark.strip_prefix("taint:").map(str::to_string)),
+            _ => {}
+        }
+    }
+    if records.is_empty() {
+        return None;
+    }
+    let mut patch = json!({"metadata": {"annotations": records}});
+    if !labels.is_empty() {
+        patch["metadata"]["labels"] = Value::Object(labels);
+    }
+    // One feature per kind, so at most one soft taint to drop.
+    let mut guarded = None;
+    if let Some(feature) = drop_taints.first() {
+        let (taints, changed) = taint_list(node, feature, false);
+        if changed {
+            patch["spec"] = json!({ "taints": taints });
+            guarded = node.resource_version();
+        }
+    }
     Some(Effect::PatchNode {
         node: node.name_any(),
-        resource_version: node.resource_version(),
-        patch: json!({"spec": {"taints": next}}),
+        // A taint list is replaced whole: guarded then.
+        resource_version: guarded,
+        patch,
     })
 }
 
@@ -143,6 +294,8 @@ pub struct Marks<'a> {
     pub feature: &'a str,
     /// What `{version}` in a label value becomes.
     pub version: &'a str,
+    /// The object, `Kind/name`: the owner recorded for its marks.
+    pub owner: &'a str,
 }
 
 /// The writes `node` needs at `stage`. The taint's is left to the next
@@ -153,11 +306,11 @@ pub fn marks(effects: &[Effect], node: &Node, m: &Marks, stage: Stage) -> Vec<Ef
     let busy = effects.iter().any(
         |e| matches!(e, Effect::PatchNode { node, resource_version: Some(_), .. } if *node == n),
     );
-    let mut out: Vec<Effect> = labels(node, m.labels, stage, m.version)
+    let mut out: Vec<Effect> = labels(node, m.labels, stage, m.version, m.owner)
         .into_iter()
         .collect();
     if !busy {
-        out.extend(waiting_taint(node, m.feature, m.soft_taint, stage));
+        out.extend(waiting_taint(node, m.feature, m.soft_taint, stage, m.owner));
     }
     out
 }
@@ -203,25 +356,102 @@ mod tests {
         }
     }
 
+    const ME: &str = "RebootPolicy/p";
+
+    /// Apply a patch to a node as the API server's merge patch would.
+    fn applied(n: &Node, e: Option<Effect>) -> Node {
+        let mut v = serde_json::to_value(n).unwrap_or_default();
+        crate::decide::reboot::tests::world_tools::merge(&mut v, &patch(e));
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     #[test]
     fn labels_follow_the_stage_and_are_written_only_when_they_differ() {
         let plain = node(&[], vec![]);
-        assert!(labels(&plain, &marks(), Stage::Waiting, "v2").is_none());
+        assert!(labels(&plain, &marks(), Stage::Waiting, "v2", ME).is_none());
+        let held = labels(&plain, &marks(), Stage::Held, "v2", ME);
         assert_eq!(
-            patch(labels(&plain, &marks(), Stage::Held, "v2")),
-            json!({"metadata": {"labels": {"example.com/rebooting": "true"}}})
+            patch(held.clone())["metadata"]["labels"],
+            json!({"example.com/rebooting": "true"})
         );
-        let during = node(&[("example.com/rebooting", "true")], vec![]);
-        assert!(labels(&during, &marks(), Stage::Held, "v2").is_none());
+        let during = applied(&plain, held);
+        assert_eq!(owner_of(&during, "example.com/rebooting"), Some(ME));
+        assert!(labels(&during, &marks(), Stage::Held, "v2", ME).is_none());
+        let done = labels(&during, &marks(), Stage::Done, "v2", ME);
         assert_eq!(
-            patch(labels(&during, &marks(), Stage::Done, "v2")),
-            json!({"metadata": {"labels": {"example.com/rebooting": null, "example.com/os": "v2"}}})
+            patch(done.clone())["metadata"]["labels"],
+            json!({"example.com/rebooting": null, "example.com/os": "v2"})
         );
-        let after = node(&[("example.com/os", "v2")], vec![]);
-        assert!(labels(&after, &marks(), Stage::Done, "v2").is_none());
+        let after = applied(&during, done);
+        assert_eq!(owner_of(&after, "example.com/rebooting"), None);
+        assert!(labels(&after, &marks(), Stage::Done, "v2", ME).is_none());
         assert_eq!(
-            patch(labels(&during, &marks(), Stage::Failed, "v2")),
-            json!({"metadata": {"labels": {"example.com/rebooting": null}}})
+            patch(labels(&during, &marks(), Stage::Failed, "v2", ME))["metadata"]["labels"],
+            json!({"example.com/rebooting": null})
+        );
+    }
+
+    /// where-features-meet.md, finding 2: a RebootPolicy holding a node
+    /// and an UpgradePlan done with it, one `during` key: the holder owns
+    /// it, the other leaves it alone; no write at all once it is there.
+    #[test]
+    fn two_objects_asking_for_one_key_never_fight_over_it() {
+        let plan = "UpgradePlan/u";
+        let held = applied(
+            &node(&[], vec![]),
+            labels(&node(&[], vec![]), &marks(), Stage::Held, "", ME),
+        );
+        assert!(
+            labels(&held, &marks(), Stage::Done, "v2", plan).is_some_and(|e| {
+                // Only its own `after` key, never the held one.
+                patch(Some(e))["metadata"]["labels"] == json!({"example.com/os": "v2"})
+            })
+        );
+        let both = applied(&held, labels(&held, &marks(), Stage::Done, "v2", plan));
+        assert!(labels(&both, &marks(), Stage::Done, "v2", plan).is_none());
+        assert!(labels(&both, &marks(), Stage::Held, "", ME).is_none());
+        assert_eq!(
+            both.labels()
+                .get("example.com/rebooting")
+                .map(String::as_str),
+            Some("true")
+        );
+    }
+
+    /// where-features-meet.md, finding 6: the owner is gone (or no longer
+    /// governs the node): its `during` labels and soft taint go, its
+    /// `after` labels stay, and then nothing more is written.
+    #[test]
+    fn marks_of_an_owner_that_no_longer_governs_the_node_are_removed_once() {
+        let plain = node(&[], vec![]);
+        let waiting = applied(
+            &plain,
+            waiting_taint(&plain, "reboot", true, Stage::Waiting, ME),
+        );
+        assert_eq!(owner_of(&waiting, "taint:reboot"), Some(ME));
+        let held = applied(&waiting, labels(&waiting, &marks(), Stage::Held, "", ME));
+        assert!(
+            orphaned(&held, "RebootPolicy", Some(ME)).is_none(),
+            "still governs"
+        );
+        assert!(
+            orphaned(&held, "UpgradePlan", None).is_none(),
+            "another kind's"
+        );
+        let gone = orphaned(&held, "RebootPolicy", None);
+        let p = patch(gone.clone());
+        assert_eq!(
+            p["metadata"]["labels"],
+            json!({"example.com/rebooting": null})
+        );
+        assert_eq!(p["spec"]["taints"], json!([]));
+        let clean = applied(&held, gone);
+        assert!(orphaned(&clean, "RebootPolicy", None).is_none());
+        assert!(
+            clean
+                .annotations()
+                .keys()
+                .all(|k| !k.starts_with(OWNER_PREFIX))
         );
     }
 
@@ -234,16 +464,21 @@ mod tests {
             time_added: None,
         };
         let n = node(&[], vec![other.clone()]);
-        let p = patch(waiting_taint(&n, "reboot", true, Stage::Waiting));
+        let p = patch(waiting_taint(&n, "reboot", true, Stage::Waiting, ME));
         assert_eq!(p["spec"]["taints"][0]["key"], "dedicated");
         assert_eq!(p["spec"]["taints"][1]["effect"], "PreferNoSchedule");
-        assert!(waiting_taint(&n, "reboot", true, Stage::Held).is_none());
-        assert!(waiting_taint(&n, "reboot", false, Stage::Waiting).is_none());
-        let tainted: Vec<Taint> =
-            serde_json::from_value(p["spec"]["taints"].clone()).unwrap_or_default();
-        let t = node(&[], tainted);
-        assert!(waiting_taint(&t, "reboot", true, Stage::Waiting).is_none());
-        let gone = patch(waiting_taint(&t, "reboot", true, Stage::Held));
+        assert!(waiting_taint(&n, "reboot", true, Stage::Held, ME).is_none());
+        assert!(waiting_taint(&n, "reboot", false, Stage::Waiting, ME).is_none());
+        let t = applied(
+            &n,
+            Some(Effect::PatchNode {
+                node: "a".into(),
+                resource_version: None,
+                patch: json!({"spec": {"taints": p["spec"]["taints"].clone()}, "metadata": p["metadata"].clone()}),
+            }),
+        );
+        assert!(waiting_taint(&t, "reboot", true, Stage::Waiting, ME).is_none());
+        let gone = patch(waiting_taint(&t, "reboot", true, Stage::Held, ME));
         assert_eq!(gone["spec"]["taints"], json!([other]));
     }
 }

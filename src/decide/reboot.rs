@@ -134,6 +134,20 @@ pub fn orphans(
     super::disrupt::orphans(maintenances, OWNER_KIND, &live)
 }
 
+/// Marks RebootPolicies left on nodes they no longer govern (the policy
+/// was deleted, or the node relabelled out of its selector): removed,
+/// level-triggered ([`crate::decide::marking::orphaned`]).
+pub fn orphaned_marks(nodes: &[Arc<Node>], policies: &[Arc<RebootPolicy>]) -> Vec<Effect> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let governing =
+                node::governing(n, policies).map(|p| format!("{OWNER_KIND}/{}", p.name_any()));
+            super::marking::orphaned(n, OWNER_KIND, governing.as_deref())
+        })
+        .collect()
+}
+
 /// One policy's next plan: the new status (written first, guarded), then
 /// the NodeMaintenances to create or delete, node patches, reboots
 /// (remote mode) and events; then when to look again.
@@ -403,11 +417,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     }
 
     // The policy's marks on its nodes, from each entry's phase.
+    let owner = format!("{OWNER_KIND}/{name}");
     let wanted = marking::Marks {
         labels: &p.spec.node_labels,
         soft_taint: p.spec.prefer_no_schedule_while_waiting,
         feature: "reboot",
         version: "",
+        owner: &owner,
     };
     if valid {
         for node in &selected {

@@ -175,6 +175,19 @@ pub fn orphans(maintenances: &[Arc<NodeMaintenance>], plans: &[Arc<UpgradePlan>]
     disrupt::orphans(maintenances, OWNER_KIND, &live)
 }
 
+/// Marks UpgradePlans left on nodes they no longer govern (the plan was
+/// deleted, or the node relabelled out of its selector): removed,
+/// level-triggered ([`crate::decide::marking::orphaned`]).
+pub fn orphaned_marks(nodes: &[Arc<Node>], plans: &[Arc<UpgradePlan>]) -> Vec<Effect> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let owner = governing(n, plans).map(|p| format!("{OWNER_KIND}/{}", p.name_any()));
+            marking::orphaned(n, OWNER_KIND, owner.as_deref())
+        })
+        .collect()
+}
+
 /// The plan that upgrades `node` when several select it: the oldest (then
 /// by name), as for RebootPolicies.
 /// Another exclusive plan that still has a node, when `plan` is exclusive:
@@ -566,11 +579,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     // The plan's marks on its nodes, from each entry's phase. A failed
     // node stays in maintenance (for a person): it keeps the labels of
     // being held.
+    let owner = format!("{OWNER_KIND}/{name}");
     let wanted = marking::Marks {
         labels: &p.spec.node_labels,
         soft_taint: p.spec.prefer_no_schedule_while_waiting,
         feature: "upgrade",
         version: s.target(),
+        owner: &owner,
     };
     if valid {
         for &(_, node) in &selected {

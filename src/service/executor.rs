@@ -222,6 +222,32 @@ pub async fn execute_plain(ctx: &Context, who: &str, plan: Plan) -> Result<Then>
     execute(ctx, who, plan, |_, _| After::Go).await
 }
 
+/// Independent clean-up writes decided over every node (a feature's marks
+/// its objects no longer own): performed together; a failure is seen
+/// again on the next pass, which looks again within [`CLEANUP_RETRY`].
+pub async fn clean_up(ctx: &Context, who: &str, effects: Vec<Effect>) -> Option<Duration> {
+    if effects.is_empty() {
+        return None;
+    }
+    let n = effects.len();
+    let plan = Plan {
+        effects,
+        together: true,
+        then: Then::Wait(None),
+        note: Some((log::Level::Info, format!("{who}: removed on {n} node(s)"))),
+    };
+    match execute_plain(ctx, who, plan).await {
+        Ok(_) => None,
+        Err(e) => {
+            log::warn!("{who}: {e} (trying again in {} s)", CLEANUP_RETRY.as_secs());
+            Some(CLEANUP_RETRY)
+        }
+    }
+}
+
+/// How soon a failed clean-up is tried again.
+pub const CLEANUP_RETRY: Duration = Duration::from_secs(5);
+
 /// A wake-up no shorter than [`MIN_WAKE`].
 pub fn floor(then: Then) -> Then {
     match then {

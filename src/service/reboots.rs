@@ -41,6 +41,11 @@ pub async fn pass(ctx: &Context) -> Option<Duration> {
         .await;
         wake = earliest(wake, w);
     }
+    let marks = reboot::orphaned_marks(&ctx.all_nodes(), &policies);
+    let wake = earliest(
+        wake,
+        executor::clean_up(ctx, "marks of RebootPolicies gone from their nodes", marks).await,
+    );
     let maintenances = ctx.all_maintenances();
     let effects = reboot::orphans(&maintenances, &policies);
     earliest(

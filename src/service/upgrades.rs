@@ -44,6 +44,11 @@ pub async fn pass(ctx: &Context) -> Option<Duration> {
         .filter_map(|p| p.spec.channel.as_deref())
         .collect();
     ctx.channels.retain(&urls);
+    let marks = upgrade::orphaned_marks(&ctx.all_nodes(), &plans);
+    let wake = earliest(
+        wake,
+        executor::clean_up(ctx, "marks of UpgradePlans gone from their nodes", marks).await,
+    );
     let maintenances = ctx.all_maintenances();
     let effects = upgrade::orphans(&maintenances, &plans);
     earliest(

@@ -83,6 +83,8 @@ struct World {
     job_upgrades: BTreeMap<(String, String), usize>,
     /// Hook Jobs created.
     hook_jobs: usize,
+    /// Who set each (node, label key) in this step (fights).
+    mark_writers: BTreeMap<(String, String), String>,
     /// Jobs a person deleted, with their plan and node: never created
     /// again while that admission stands.
     deleted_jobs: BTreeMap<String, (String, String)>,
@@ -187,6 +189,11 @@ impl World {
             if rng.chance(50) {
                 p.spec.gates.settle_seconds = 1 + rng.below(30) as i32;
             }
+            // Marks, some on the key the plans use too (findings 2, 6).
+            if rng.chance(50) {
+                p.spec.node_labels.during = [(MARK.to_string(), "true".to_string())].into();
+            }
+            p.spec.prefer_no_schedule_while_waiting = rng.chance(40);
             policies.push(p);
         }
         let plans = upgrades::plans(&mut rng);
@@ -226,6 +233,7 @@ impl World {
             boot_commands: BTreeMap::new(),
             asked_again: 0,
             deleted_jobs: Default::default(),
+            mark_writers: BTreeMap::new(),
             jobs_deleted: 0,
             trace: Vec::new(),
             planned_writes: (0, 0),
@@ -397,6 +405,7 @@ impl World {
                 resource_version,
                 patch,
             } => {
+                self.watch_for_fights(who, node, patch);
                 let rv = self.bump();
                 let Some(n) = self.nodes.iter_mut().find(|n| n.name_any() == *node) else {
                     return Err("node gone".into());
@@ -699,8 +708,60 @@ impl World {
         }
         self.check_given_back();
         self.settle();
+        self.mark_writers.clear();
+    }
+
+    /// Two objects fighting over one mark: within one step, a key one
+    /// actor set is removed by another actor (before ownership, every
+    /// pass of a RebootPolicy holding a node and an UpgradePlan done with
+    /// it did this, for as long as both stood).
+    fn watch_for_fights(&mut self, who: &str, node: &str, patch: &serde_json::Value) {
+        let Some(labels) = patch["metadata"]["labels"].as_object() else {
+            return;
+        };
+        for (k, v) in labels {
+            let key = (node.to_string(), k.clone());
+            if v.is_null() {
+                if let Some(setter) = self.mark_writers.get(&key) {
+                    assert!(
+                        setter == who || who.contains("marks"),
+                        "{node}: {k} set by {setter} and removed by {who} in one step (a fight)"
+                    );
+                }
+            } else {
+                self.mark_writers.insert(key, who.to_string());
+            }
+        }
+    }
+
+    /// After every object went: no mark of theirs on any node.
+    fn assert_no_marks_left(&self) {
+        for n in &self.nodes {
+            let name = n.name_any();
+            assert!(!n.labels().contains_key(MARK), "{name}: {MARK} left");
+            let taints = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            assert!(
+                !taints
+                    .iter()
+                    .any(|t| t.key == crate::decide::marking::WAITING_TAINT),
+                "{name}: a soft taint left: {taints:?}"
+            );
+            assert!(
+                !n.annotations()
+                    .keys()
+                    .any(|k| k.starts_with(crate::decide::marking::OWNER_PREFIX)),
+                "{name}: an owner record left"
+            );
+        }
     }
 }
+
+/// The `during` label both features may set.
+const MARK: &str = "example.com/maintenance";
 
 #[test]
 fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give_every_node_back() {
@@ -728,6 +789,10 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
                 for _ in 0..5 {
                     let effects = orphans(&World::arcs(&w.nms), &[]);
                     w.run("give-back", &effects);
+                    let nodes = World::arcs(&w.nodes);
+                    let mut marks = crate::decide::reboot::orphaned_marks(&nodes, &[]);
+                    marks.extend(crate::decide::upgrade::orphaned_marks(&nodes, &[]));
+                    w.run("marks give-back", &marks);
                     w.give_back_plans();
                     w.settle();
                     w.nms.retain(|m| !m.name_any().starts_with("admin-"));
@@ -743,6 +808,7 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
                         .all(|n| !crate::decide::disrupt::unschedulable(n)),
                     "a node left cordoned"
                 );
+                w.assert_no_marks_left();
                 w.assert_nothing_planned();
             },
         );

@@ -42,6 +42,11 @@ pub(super) fn plans(rng: &mut Rng) -> Vec<UpgradePlan> {
                 o.remove("version");
             }
         }
+        // Marks: the `during` key the policies use too, half the time.
+        if rng.chance(50) {
+            spec["nodeLabels"] = json!({"during": {"example.com/maintenance": "true"}});
+        }
+        spec["preferNoScheduleWhileWaiting"] = json!(rng.chance(40));
         let spec: UpgradePlanSpec = serde_json::from_value(spec).unwrap_or_else(|e| panic!("{e}"));
         let name = format!("u{i}");
         let mut p = UpgradePlan::new(&name, spec);
