@@ -879,20 +879,16 @@ fn a_channels_redirect_changes_the_version_the_plan_upgrades_to() {
     assert!(!log.contains("SECRET123"), "{log}");
 }
 
+/// Every uid seen per Job name.
+type Uids = Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>>;
+
 /// The uids of every Job of `plan` ever seen, by name, from a watch of
 /// our own: a Job created again under its name shows a second uid.
-fn job_uids(
-    client: kube::Client,
-    plan: &str,
-) -> (
-    Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>>,
-    nodekeeper::runtime::Latch,
-) {
+fn job_uids(client: kube::Client, plan: &str) -> (Uids, nodekeeper::runtime::Latch) {
     use k8s_openapi::api::batch::v1::Job;
     use kube::runtime::watcher;
     use smol::stream::StreamExt;
-    let seen: Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>> =
-        Arc::default();
+    let seen: Uids = Arc::default();
     let stop = nodekeeper::runtime::Latch::default();
     let (out, halt, selector) = (
         seen.clone(),
