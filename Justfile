@@ -31,10 +31,12 @@ build-static-arm64:
 build-static-all:
     @tests/build-static amd64 arm64 >/dev/null
 
-# fmt and clippy, warnings are errors.
+# fmt, clippy and the docs (the architecture map's links among them),
+# warnings are errors.
 lint:
     cargo fmt --check
     cargo clippy --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
 # All tests: unit tests and integration tests on the local control plane,
 # one real node, three machines that reboot for real (kubelet +

@@ -47,8 +47,10 @@
 //!   NodeMaintenance life; [`decide::drain`] which pods go and how (kubectl
 //!   drain's rules, PDB blockers, retries); [`decide::reboot`] and
 //!   [`decide::upgrade`] the cluster role's admissions and per-node stages
-//!   and the node role's half (`node.rs`), with the once-per-boot record of
-//!   a host command ([`decide::reboot::once_per_boot`]); [`decide::replace`] rolling
+//!   and the node role's half (`node.rs`); [`decide::once_per_boot`] the
+//!   record of a host reboot per boot and ask, which both use;
+//!   [`decide::version`] the one check of every value that fills
+//!   `{version}`; [`decide::replace`] rolling
 //!   replacement; [`decide::mutex`] the mutex operator's runs. Shared:
 //!   [`decide::budget`], [`decide::window`], [`decide::health`],
 //!   [`decide::marking`], [`decide::notify`], [`decide::disrupt`] (node facts,
@@ -114,13 +116,28 @@
 //!   command results), leases, replacement's records
 //!   (`tests/reboot_chaos.rs`, `upgrade::sigkill_mid_hook_and_mid_upgrade_repeats_nothing`,
 //!   `maintenance::agent_killed_mid_drain_converges_after_restart`).
-//! - **Never a double reboot; nothing runs twice for one step**: a reboot
-//!   only in the boot recorded at admission and not yet issued in it; Jobs
-//!   named from the admission; an upgrade command once per node, version
-//!   and boot, attached to (not restarted) by an agent that restarts
+//! - **Never a double reboot; nothing runs twice for one step; a person's
+//!   request is an epoch**: a reboot only in the boot recorded at admission
+//!   and not yet issued in it for the same ask (`<boot>@need=<stamp>`: a
+//!   `reboot-required` after a failure is a new ask and runs once more);
+//!   Jobs named from the admission, and a Job a person deleted never
+//!   created again (`JobDeleted`); an upgrade command once per node,
+//!   version, boot and attempt, attached to (not restarted) by an agent that restarts
 //!   (`reboot_chaos::crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reboot`,
 //!   `real_machines::an_agent_killed_at_the_worst_moment_reboots_its_machine_once`,
-//!   `decide::reboot::tests::worlds::random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give_every_node_back`).
+//!   `decide::reboot::tests::worlds::random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give_every_node_back`,
+//!   `reboot::reboot_required_after_a_failed_reboot_runs_the_command_again`,
+//!   `upgrade::a_k3s_version_tags_the_image_as_suc_does_and_a_deleted_upgrade_job_stays_deleted`).
+//! - **A node mark has one owner**: each `nodeLabels` key and soft taint is
+//!   recorded on the node as its object's; no object writes another's, and
+//!   marks of an object that no longer governs the node are removed,
+//!   level-triggered ([`decide::marking`];
+//!   `reboot::two_features_share_a_mark_without_a_fight_and_a_deleted_policy_takes_its_marks`,
+//!   the random worlds above).
+//! - **Nothing from outside reaches an argv, an image or a label
+//!   unchecked**: `{version}` is filled only with a [`decide::version::Version`]
+//!   (`decide::upgrade::channel::tests::an_answer_that_is_not_a_version_is_refused`,
+//!   `upgrade::a_channels_redirect_changes_the_version_the_plan_upgrades_to`).
 //! - **One owner per node, budgets at every admission, every node given
 //!   back**: one live NodeMaintenance per node; the oldest object of a kind
 //!   governs; an administrator's preempts a feature's (the random worlds
@@ -162,7 +179,8 @@
 //!   passes over every RebootPolicy, UpgradePlan and mutex object, kicked
 //!   by the watches of what they read, kicks during a pass folded into one
 //!   more. One object's failure gets an event and `Reconciled=False` and is
-//!   retried with backoff; every other object goes on. Replacement has its
+//!   retried with backoff (reset by a spec edit, never by the object's own
+//!   status write, [`service::failing`]); every other object goes on. Replacement has its
 //!   own task (a provider call may take its timeout).
 //! - **What each role watches**: a node agent its own Node, the pods bound
 //!   to it and the NodeMaintenances naming it (field selectors); the cluster

@@ -428,7 +428,7 @@ pub fn plan_table(node: &str, pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> Str
         .iter()
         .map(|p| {
             let key = drain::pod_key(p);
-            match drain::fate(p) {
+            match drain::fate(p, None) {
                 Fate::Evict => match drain::pdb_blocker(p, pdbs) {
                     Some(b) => ("blocked", key, b),
                     None => ("evict", key, String::new()),

@@ -3,7 +3,7 @@
 //! may be taken now and why it waits ([`gates`]), and how a feature takes a
 //! node — a NodeMaintenance it owns, carrying its drain options and the
 //! boot ID the node was taken in — and gives back the nodes of an owner
-//! that is gone ([`take`]). Selector matching and checks are
+//! that is gone ([`take`](mod@take)). Selector matching and checks are
 //! [`crate::decide::selector`]'s.
 
 pub mod gates;

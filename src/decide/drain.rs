@@ -120,7 +120,9 @@ pub use crate::api::pod::MIRROR_ANNOTATION;
 
 /// Decide one pod's fate. Order as kubectl's filters: deleted, DaemonSet,
 /// mirror, then local storage (allowed) and unreplicated (forced).
-pub fn fate(pod: &Pod) -> Fate {
+/// `upgrading`: the UpgradePlan whose NodeMaintenance this drain is, if it
+/// is one — only its own upgrade Job's pod for this node stays.
+pub fn fate(pod: &Pod, upgrading: Option<&str>) -> Fate {
     let meta = &pod.metadata;
     if meta
         .annotations
@@ -138,14 +140,23 @@ pub fn fate(pod: &Pod) -> Fate {
     }
     // The upgrade Job of an UpgradePlan (`strategy.type: Job`) runs on the
     // node its maintenance drained: evicting it would fail the upgrade.
-    if controller.is_some_and(|c| c.kind == "Job")
-        && meta
-            .labels
+    // Only in that plan's own drain, and only its Job for this node: a
+    // label any namespace user can set exempts nothing from anyone else's
+    // drain (where-features-meet.md, finding 13).
+    let label = |k: &str| {
+        meta.labels
             .as_ref()
-            .and_then(|l| l.get(crate::api::upgrade::STAGE_LABEL))
-            .is_some_and(|v| v == crate::decide::upgrade::upgrade_job::STAGE)
+            .and_then(|l| l.get(k))
+            .map(String::as_str)
+    };
+    let on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    if controller.is_some_and(|c| c.kind == "Job")
+        && label(crate::api::upgrade::STAGE_LABEL)
+            == Some(crate::decide::upgrade::upgrade_job::STAGE)
+        && upgrading.is_some_and(|plan| label(crate::api::upgrade::PLAN_LABEL) == Some(plan))
+        && on.is_some_and(|n| label(crate::api::upgrade::NODE_LABEL) == Some(n))
     {
-        return Fate::Skip("an UpgradePlan's upgrade Job for this node");
+        return Fate::Skip("this UpgradePlan's upgrade Job for this node");
     }
     if meta.deletion_timestamp.is_some() {
         return Fate::Terminating;
@@ -274,57 +285,77 @@ mod tests {
 
     #[test]
     fn replicated_pods_are_evicted() {
-        assert_eq!(fate(&pod(Some("ReplicaSet"))), Fate::Evict);
-        assert_eq!(fate(&pod(Some("StatefulSet"))), Fate::Evict);
+        assert_eq!(fate(&pod(Some("ReplicaSet")), None), Fate::Evict);
+        assert_eq!(fate(&pod(Some("StatefulSet")), None), Fate::Evict);
     }
 
     #[test]
     fn daemonset_pods_are_skipped() {
-        assert!(matches!(fate(&pod(Some("DaemonSet"))), Fate::Skip(_)));
+        assert!(matches!(fate(&pod(Some("DaemonSet")), None), Fate::Skip(_)));
     }
 
-    /// An upgrade Job's pod runs on the node its maintenance drained; a
-    /// label alone (on a pod no Job controls) does not spare a pod.
+    /// An upgrade Job's pod runs on the node its plan's maintenance
+    /// drained; labels alone spare nothing: not on a pod no Job controls,
+    /// not in anyone else's drain, not for another plan or node
+    /// (where-features-meet.md, finding 13: any namespace user's Job with
+    /// the stage label survived every drain).
     #[test]
-    fn an_upgrade_jobs_pod_stays_and_the_label_alone_spares_nothing() {
-        let label = |p: &mut Pod| {
-            p.metadata.labels.get_or_insert_default().insert(
+    fn only_the_plans_own_upgrade_job_for_this_node_stays_in_its_drain() {
+        let label = |p: &mut Pod, plan: &str, node: &str| {
+            let l = p.metadata.labels.get_or_insert_default();
+            l.insert(
                 crate::api::upgrade::STAGE_LABEL.into(),
                 crate::decide::upgrade::upgrade_job::STAGE.into(),
             );
+            l.insert(crate::api::upgrade::PLAN_LABEL.into(), plan.into());
+            l.insert(crate::api::upgrade::NODE_LABEL.into(), node.into());
+            p.spec.get_or_insert_default().node_name = Some("n1".into());
         };
         let mut upgrade = pod(Some("Job"));
-        label(&mut upgrade);
-        assert!(matches!(fate(&upgrade), Fate::Skip(_)));
+        label(&mut upgrade, "k3s", "n1");
+        assert!(matches!(fate(&upgrade, Some("k3s")), Fate::Skip(_)));
+        assert_eq!(
+            fate(&upgrade, None),
+            Fate::Evict,
+            "an administrator's drain"
+        );
+        assert_eq!(fate(&upgrade, Some("other")), Fate::Evict, "another plan's");
+        let mut elsewhere = pod(Some("Job"));
+        label(&mut elsewhere, "k3s", "n2");
+        assert_eq!(
+            fate(&elsewhere, Some("k3s")),
+            Fate::Evict,
+            "named for another node"
+        );
         let mut bare = pod(None);
-        label(&mut bare);
-        assert_eq!(fate(&bare), Fate::Evict);
-        assert_eq!(fate(&pod(Some("Job"))), Fate::Evict);
+        label(&mut bare, "k3s", "n1");
+        assert_eq!(fate(&bare, Some("k3s")), Fate::Evict);
+        assert_eq!(fate(&pod(Some("Job")), Some("k3s")), Fate::Evict);
     }
 
     #[test]
     fn mirror_pods_are_skipped_even_without_owner() {
         let mut p = pod(None);
         p.metadata.annotations = Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into());
-        assert!(matches!(fate(&p), Fate::Skip(_)));
+        assert!(matches!(fate(&p, None), Fate::Skip(_)));
     }
 
     #[test]
     fn unmanaged_pods_are_evicted_and_finished_ones_deleted() {
         // Evicted, so a PDB over bare pods holds (it was ignored).
-        assert_eq!(fate(&pod(None)), Fate::Evict);
+        assert_eq!(fate(&pod(None), None), Fate::Evict);
         let mut done = pod(Some("Job"));
         done.status = Some(PodStatus {
             phase: Some("Succeeded".into()),
         });
-        assert!(matches!(fate(&done), Fate::Delete(_)));
+        assert!(matches!(fate(&done, None), Fate::Delete(_)));
     }
 
     #[test]
     fn terminating_pods_are_waited_for() {
         let mut p = pod(Some("ReplicaSet"));
         p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert_eq!(fate(&p), Fate::Terminating);
+        assert_eq!(fate(&p, None), Fate::Terminating);
         assert!(Fate::Terminating.is_pending());
     }
 
@@ -339,7 +370,7 @@ mod tests {
             "status": {"phase": "Running"},
         }))
         .unwrap();
-        assert_eq!(fate(&p), Fate::Evict);
+        assert_eq!(fate(&p, None), Fate::Evict);
     }
 
     fn pdb(name: &str, sel: LabelSelector, allowed: i32) -> PodDisruptionBudget {

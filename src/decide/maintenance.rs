@@ -403,6 +403,16 @@ pub fn decide(s: &Snapshot) -> Step {
         };
     }
     let timed_out = drain_deadline(p, opts.timeout).is_some_and(|d| d <= s.now);
+    // The UpgradePlan this drain is for, if it is one's: its upgrade Job
+    // stays on the node.
+    let upgrading = (owner_of(p) == Some(crate::api::upgrade::OWNER_KIND))
+        .then(|| {
+            p.owner_references()
+                .iter()
+                .find(|o| o.kind == crate::api::upgrade::OWNER_KIND)
+                .map(|o| o.name.as_str())
+        })
+        .flatten();
     let fates: Vec<(Arc<Pod>, Fate)> = s
         .pods
         .iter()
@@ -411,7 +421,7 @@ pub fn decide(s: &Snapshot) -> Step {
                 .pod_selector
                 .as_ref()
                 .is_none_or(|sel| super::selector::selector_matches(sel, pod.labels()));
-            let fate = match drain::fate(pod) {
+            let fate = match drain::fate(pod, upgrading) {
                 _ if !selected => Fate::Skip("not selected by the drain's pod selector"),
                 // Past the deadline, Force deletes what eviction could not
                 // move, PodDisruptionBudgets notwithstanding.

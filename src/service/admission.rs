@@ -50,7 +50,7 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 const IDLE: Duration = Duration::from_secs(90);
 /// Connections served at once; more are closed as they arrive. The API
 /// servers keep a few alive each; without a bound, anyone who can reach
-/// the port could hold any number (each up to [`MAX_BODY`] for [`IDLE`]
+/// the port could hold any number (each up to `MAX_BODY` for `IDLE`
 /// per read) and make the agent read the cluster for each.
 pub const MAX_CONNECTIONS: usize = 64;
 

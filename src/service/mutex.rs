@@ -4,7 +4,7 @@
 //! CRDs (installed with `nodekeeper crds --mutex`), MachineConfigPools,
 //! ClusterVersions — and only those are watched, so a cluster without them
 //! costs nothing. Every event triggers the anchor's pass, which runs
-//! [`reconcile`] after the UpgradePlans.
+//! [`pass`] after the UpgradePlans.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

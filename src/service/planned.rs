@@ -5,7 +5,7 @@
 //! pass shows in the next one (the write kicks it).
 //!
 //! Best effort, as the other lifecycle conditions: a refused write is
-//! logged and that node is left alone for [`REFUSED_PAUSE`]; no feature
+//! logged and that node is left alone for `REFUSED_PAUSE`; no feature
 //! waits for it.
 
 use std::sync::Arc;

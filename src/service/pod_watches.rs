@@ -282,7 +282,7 @@ async fn first_look(
 impl PodWatches {
     /// Every pod on `node` if known now: the node role's store; in the
     /// cluster role the node's own watch (started here if it is not
-    /// running; its first list is [`first_look`]'s) once it has listed.
+    /// running; its first list is `first_look`'s) once it has listed.
     /// `None`: not listed yet.
     pub fn drainable_now(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
         match self.node_watch(node) {
@@ -291,7 +291,7 @@ impl PodWatches {
         }
     }
 
-    /// [`PodWatches::drainable_now`], waiting up to [`FIRST_LIST`] for the
+    /// [`PodWatches::drainable_now`], waiting up to `FIRST_LIST` for the
     /// first list. `None`: still not listed; decide nothing about the
     /// node's pods.
     pub async fn drainable(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
