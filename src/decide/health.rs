@@ -7,9 +7,10 @@
 //!
 //! The workloads' state comes from the service (`service::health` lists
 //! them while a node waits for the gate) as [`Workload`] rows; this module
-//! only reads them. "Fully available" is what `kubectl rollout status`
-//! waits for: the controller has seen the latest spec, and the updated,
-//! ready and available counts equal the desired one.
+//! only reads them. "Available" is what `kubectl rollout status` waits for
+//! ([`Rule`]: a partitioned StatefulSet once its partition is rolled out;
+//! OnDelete workloads and paused Deployments by their ready and available
+//! counts only), and the message says which rule held it.
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -33,17 +34,41 @@ pub struct Workload {
     pub available: i32,
     /// Its controller has observed its latest spec.
     pub observed: bool,
+    /// Which of `kubectl rollout status`'s rules applies.
+    pub rule: Rule,
+}
+
+/// How `kubectl rollout status` judges a workload
+/// (`pkg/polymorphichelpers/rollout_status.go`, its three status viewers).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rule {
+    /// A rolling update: updated, ready and available reach the desired
+    /// count; a Deployment's old replicas are gone (`old`).
+    Rollout { old: i32 },
+    /// A StatefulSet with `rollingUpdate.partition`: done once
+    /// `updatedReplicas >= replicas - partition` ("partitioned roll out
+    /// complete"), all replicas ready.
+    Partitioned { target: i32 },
+    /// A StatefulSet without `rollingUpdate`: all ready and the current
+    /// revision is the update revision.
+    Revision { current: bool },
+    /// `OnDelete` (kubectl: "rollout status is only available for
+    /// RollingUpdate") or a paused Deployment: its template waits for
+    /// someone else, so only ready and available counts hold the gate.
+    CountsOnly(&'static str),
 }
 
 impl Workload {
     /// A Deployment, StatefulSet or DaemonSet as the API returns it (read
     /// untyped: the typed apps/v1 structs cost the static binary 400 KB
-    /// for the seven fields read here).
+    /// for the few fields read here).
     pub fn from_json(kind: &'static str, o: &Value) -> Workload {
         let int = |v: &Value| v.as_i64().unwrap_or(0) as i32;
         let (spec, status, meta) = (&o["spec"], &o["status"], &o["metadata"]);
-        let generation = meta["generation"].as_i64();
-        let observed = status["observedGeneration"].as_i64();
+        let generation = meta["generation"].as_i64().unwrap_or(0);
+        let observed = status["observedGeneration"].as_i64().unwrap_or(0);
+        let strategy = &spec["updateStrategy"];
+        let on_delete = strategy["type"].as_str() == Some("OnDelete");
         let (desired, updated, ready, available) = if kind == "DaemonSet" {
             (
                 int(&status["desiredNumberScheduled"]),
@@ -59,6 +84,23 @@ impl Workload {
                 int(&status["availableReplicas"]),
             )
         };
+        let rule = match kind {
+            "Deployment" if spec["paused"].as_bool() == Some(true) => Rule::CountsOnly("paused"),
+            "Deployment" => Rule::Rollout {
+                old: int(&status["replicas"]) - updated,
+            },
+            "DaemonSet" if on_delete => Rule::CountsOnly("OnDelete"),
+            "StatefulSet" if on_delete => Rule::CountsOnly("OnDelete"),
+            "StatefulSet" => match strategy["rollingUpdate"].as_object() {
+                Some(r) => Rule::Partitioned {
+                    target: desired - r.get("partition").map_or(0, int),
+                },
+                None => Rule::Revision {
+                    current: status["currentRevision"] == status["updateRevision"],
+                },
+            },
+            _ => Rule::Rollout { old: 0 },
+        };
         Workload {
             kind,
             namespace: meta["namespace"].as_str().unwrap_or_default().to_string(),
@@ -67,24 +109,45 @@ impl Workload {
             updated,
             ready,
             available,
-            observed: observed >= generation,
+            // A StatefulSet's controller that never wrote observedGeneration
+            // has observed nothing (kubectl's `ObservedGeneration == 0`).
+            observed: observed >= generation && !(kind == "StatefulSet" && observed == 0),
+            rule,
         }
     }
 
-    /// Why it is not fully available, if it is not.
+    /// Why it is not available as `kubectl rollout status` would judge it,
+    /// naming the rule, if it is not.
     pub fn unavailable(&self) -> Option<String> {
         let what = format!("{} {}/{}", self.kind, self.namespace, self.name);
         if !self.observed {
             return Some(format!("{what}: its latest spec not yet observed"));
         }
-        let d = self.desired;
-        if self.updated < d || self.ready < d || self.available < d {
-            return Some(format!(
-                "{what}: {}/{d} available ({} updated, {} ready)",
-                self.available, self.updated, self.ready
-            ));
+        let (d, u, r, a) = (self.desired, self.updated, self.ready, self.available);
+        let counts = format!("{a}/{d} available ({u} updated, {r} ready)");
+        match &self.rule {
+            Rule::CountsOnly(why) if r < d || a < d => Some(format!(
+                "{what}: {counts}; {why}: ready and available counts only"
+            )),
+            Rule::CountsOnly(_) => None,
+            Rule::Partitioned { target } if r < d || u < *target => Some(format!(
+                "{what}: {counts}; partitioned: {u} of {target} updated"
+            )),
+            Rule::Partitioned { .. } => None,
+            Rule::Revision { current } if r < d || !current => Some(format!(
+                "{what}: {counts}; the update revision not yet current"
+            )),
+            Rule::Revision { .. } => None,
+            Rule::Rollout { old } if u < d || r < d || a < d || *old > 0 => {
+                let old = if *old > 0 {
+                    format!("; {old} old replicas pending termination")
+                } else {
+                    String::new()
+                };
+                Some(format!("{what}: {counts}{old}"))
+            }
+            Rule::Rollout { .. } => None,
         }
-        None
     }
 }
 
@@ -156,6 +219,7 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use serde_json::json;
 
     fn deployment(replicas: i32, available: i32, generation: i64, observed: i64) -> Workload {
         Workload::from_json(
@@ -188,6 +252,76 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    /// kubectl's `pkg/polymorphichelpers/rollout_status.go`: a partitioned
+    /// StatefulSet is done at `updated >= replicas - partition`; OnDelete
+    /// workloads and paused Deployments hold by their counts only
+    /// (where-features-meet.md, finding 7: they held a slot for ever).
+    #[test]
+    fn partitions_on_delete_and_paused_workloads_are_judged_as_kubectl_rollout_status_does() {
+        let sts = |strategy: serde_json::Value, updated: i32| {
+            Workload::from_json(
+                "StatefulSet",
+                &serde_json::json!({
+                    "metadata": {"name": "db", "namespace": "prod", "generation": 2},
+                    "spec": {"replicas": 3, "updateStrategy": strategy},
+                    "status": {"observedGeneration": 2, "replicas": 3, "updatedReplicas": updated,
+                        "readyReplicas": 3, "availableReplicas": 3,
+                        "currentRevision": "a", "updateRevision": "b"},
+                }),
+            )
+        };
+        let canary = json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 2}});
+        assert_eq!(sts(canary.clone(), 1).unavailable(), None, "1 >= 3 - 2");
+        let why = sts(canary, 0).unavailable().unwrap_or_default();
+        assert!(why.contains("partitioned: 0 of 1 updated"), "{why}");
+        assert_eq!(sts(json!({"type": "OnDelete"}), 0).unavailable(), None);
+        let rolling = sts(json!({"type": "RollingUpdate", "rollingUpdate": {}}), 1);
+        assert!(rolling.unavailable().is_some(), "partition 0: all updated");
+        assert!(
+            sts(json!({}), 3).unavailable().is_some(),
+            "revisions differ"
+        );
+        let ds = |strategy: &str, available: i32| {
+            Workload::from_json(
+                "DaemonSet",
+                &serde_json::json!({
+                    "metadata": {"name": "cni", "namespace": "kube-system", "generation": 1},
+                    "spec": {"updateStrategy": {"type": strategy}},
+                    "status": {"observedGeneration": 1, "desiredNumberScheduled": 4,
+                        "updatedNumberScheduled": 1, "numberReady": available,
+                        "numberAvailable": available},
+                }),
+            )
+        };
+        assert_eq!(ds("OnDelete", 4).unavailable(), None);
+        let why = ds("OnDelete", 3).unavailable().unwrap_or_default();
+        assert!(
+            why.contains("OnDelete: ready and available counts only"),
+            "{why}"
+        );
+        assert!(
+            ds("RollingUpdate", 4).unavailable().is_some(),
+            "1 of 4 updated"
+        );
+        let paused = Workload::from_json(
+            "Deployment",
+            &serde_json::json!({
+                "metadata": {"name": "api", "namespace": "prod", "generation": 3},
+                "spec": {"replicas": 2, "paused": true},
+                "status": {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 0,
+                    "readyReplicas": 2, "availableReplicas": 2},
+            }),
+        );
+        assert_eq!(paused.unavailable(), None);
+        let mut old = deployment(3, 3, 2, 2);
+        old.rule = Rule::Rollout { old: 1 };
+        assert!(
+            old.unavailable()
+                .unwrap_or_default()
+                .contains("1 old replicas pending termination")
+        );
     }
 
     #[test]

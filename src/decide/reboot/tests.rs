@@ -460,6 +460,7 @@ fn the_health_gate_holds_the_slot_until_the_workloads_are_available() {
         ready: available,
         available,
         observed: true,
+        rule: crate::decide::health::Rule::Rollout { old: 0 },
     };
     let gated = |on_timeout: &str| {
         let mut p = policy(1);

@@ -624,6 +624,7 @@ fn an_upgraded_node_settles_in_its_slot_until_the_health_gate_is_met() {
         ready: available,
         available,
         observed: true,
+        rule: crate::decide::health::Rule::Rollout { old: 0 },
     };
     let mut w = World::new(p, vec![node("a", "v1", false), node("b", "v1", false)]);
     w.step();
