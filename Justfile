@@ -31,8 +31,8 @@ build-static-arm64:
 build-static-all:
     @tests/build-static amd64 arm64 >/dev/null
 
-# fmt, clippy and the docs (the architecture map's links among them),
-# warnings are errors.
+# fmt, clippy and the docs (the architecture map's links among them), warnings are errors.
+[doc("fmt, clippy and cargo doc (the architecture map's links among them), warnings are errors.")]
 lint:
     cargo fmt --check
     cargo clippy --all-targets -- -D warnings
