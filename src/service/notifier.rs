@@ -58,6 +58,8 @@ struct Object {
     status: NotificationStatus,
     pending: usize,
     newest: Option<Timestamp>,
+    /// What its spec names now: a queue no live object names is freed.
+    targets: Vec<Target>,
 }
 
 #[derive(Default)]
@@ -111,10 +113,13 @@ impl Notifier {
             return;
         };
         let targets = notify::targets(spec, config.default.as_deref());
+        let mut state = lock(&self.state);
         if targets.is_empty() {
+            if let Some(o) = state.objects.get_mut(&uid) {
+                o.targets.clear();
+            }
             return;
         }
-        let mut state = lock(&self.state);
         let through = record.and_then(|r| r.through.as_ref()).map(|t| t.0);
         let new = state.tracker.new_events(&uid, through, &entries);
         let object = state.objects.entry(uid.clone()).or_insert_with(|| Object {
@@ -124,6 +129,7 @@ impl Notifier {
         for e in entries.iter().filter(|e| e.event.is_some()) {
             object.newest = object.newest.max(Some(e.since));
         }
+        object.targets = targets.clone();
         let mut jobs = Vec::new();
         for e in new {
             let Some(event) = e.event else { continue };
@@ -211,11 +217,26 @@ impl Notifier {
         state.objects.get(uid?).map(|o| o.status.clone())
     }
 
-    /// Forget objects that are gone.
+    /// Forget objects that are gone, and the queues no live object names
+    /// (an edited template or events list, a deleted object): dropping a
+    /// queue's sender ends its task once what it holds is delivered
+    /// (where-features-meet.md, finding 16: one queue and task leaked per
+    /// edit).
     pub fn retain(&self, live: &[String]) {
         let mut state = lock(&self.state);
         state.tracker.retain(live);
         state.objects.retain(|uid, _| live.contains(uid));
+        let named: Vec<Target> = state
+            .objects
+            .values()
+            .flat_map(|o| o.targets.iter().cloned())
+            .collect();
+        state.queues.retain(|t, _| named.contains(t));
+    }
+
+    /// Queues (and their tasks) alive now.
+    pub fn queues(&self) -> usize {
+        lock(&self.state).queues.len()
     }
 
     fn start_queue(&self, config: &Config, target: Target) -> smol::channel::Sender<Job> {
