@@ -16,7 +16,7 @@ use smol::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 const ANSWER_LIMIT: usize = 16 * 1024;
 
 /// A checked URL: scheme, host, port, path with query.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Url {
     pub tls: bool,
     pub host: String,
@@ -164,10 +164,17 @@ async fn send(
         permanent: true,
     })?;
     let host = u.host.clone();
+    let proxy = proxy_for(&u, |k| std::env::var(k).ok()).map_err(|why| Failure {
+        why,
+        permanent: true,
+    })?;
     let send = async {
-        let tcp = smol::net::TcpStream::connect((u.host.as_str(), u.port))
-            .await
-            .map_err(|e| transient(format!("cannot connect to {host}:{}: {e}", u.port)))?;
+        let tcp = match &proxy {
+            Some(p) => through(p, &u).await?,
+            None => smol::net::TcpStream::connect((u.host.as_str(), u.port))
+                .await
+                .map_err(|e| transient(format!("cannot connect to {host}:{}: {e}", u.port)))?,
+        };
         if u.tls {
             let config = tls_config(ca).map_err(|why| Failure {
                 why,
@@ -180,6 +187,13 @@ async fn send(
                 .await
                 .map_err(|e| transient(format!("TLS with {host}: {e}")))?;
             exchange(async_compat::Compat::new(tls), &u, body).await
+        } else if proxy.is_some() {
+            // Plain HTTP through a proxy: the request names the whole URL.
+            let absolute = Url {
+                path: format!("http://{}:{}{}", u.host, u.port, u.path),
+                ..u.clone()
+            };
+            exchange(tcp, &absolute, body).await
         } else {
             exchange(tcp, &u, body).await
         }
@@ -192,6 +206,145 @@ async fn send(
                 deadline.as_secs()
             )))
         })
+}
+
+/// A proxy: host and port (`http://` only, as Go's transport takes from
+/// the environment; credentials in it are refused, not sent in clear).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proxy {
+    pub host: String,
+    pub port: u16,
+}
+
+/// The proxy for `u` as system-upgrade-controller's and kured's HTTP
+/// clients pick it (Go's `http.ProxyFromEnvironment`, `x/net/http/httpproxy`):
+/// `HTTPS_PROXY`/`https_proxy` for `https://`, `HTTP_PROXY`/`http_proxy`
+/// for `http://`, none for a host `NO_PROXY`/`no_proxy` names (`*`; a
+/// host; a domain and its subdomains, with or without a leading `.`; an
+/// IP; `host:port` for that port only) or for loopback. `env` reads one
+/// variable (the process's environment in service).
+pub fn proxy_for(u: &Url, env: impl Fn(&str) -> Option<String>) -> Result<Option<Proxy>, String> {
+    let pick = |upper: &str, lower: &str| {
+        env(upper)
+            .or_else(|| env(lower))
+            .filter(|v| !v.trim().is_empty())
+    };
+    let Some(raw) = (if u.tls {
+        pick("HTTPS_PROXY", "https_proxy")
+    } else {
+        pick("HTTP_PROXY", "http_proxy")
+    }) else {
+        return Ok(None);
+    };
+    let host = u.host.to_ascii_lowercase();
+    if host == "localhost" || host.starts_with("127.") || host == "::1" {
+        return Ok(None);
+    }
+    let no_proxy = pick("NO_PROXY", "no_proxy").unwrap_or_default();
+    for entry in no_proxy.split(',').map(|e| e.trim().to_ascii_lowercase()) {
+        if entry.is_empty() {
+            continue;
+        }
+        if entry == "*" {
+            return Ok(None);
+        }
+        let (name, port) = match entry.rsplit_once(':') {
+            Some((n, p)) if p.parse::<u16>().is_ok() => (n.to_string(), p.parse::<u16>().ok()),
+            _ => (entry.clone(), None),
+        };
+        if port.is_some_and(|p| p != u.port) {
+            continue;
+        }
+        let name = name.trim_start_matches("*.").trim_start_matches('.');
+        if host == name || host.ends_with(&format!(".{name}")) {
+            return Ok(None);
+        }
+    }
+    // `host:port` alone is read as http://host:port, as Go does.
+    let with_scheme = if raw.contains("://") {
+        raw.trim().to_string()
+    } else {
+        format!("http://{}", raw.trim())
+    };
+    let Some(rest) = with_scheme.strip_prefix("http://") else {
+        return Err("the proxy in HTTPS_PROXY/HTTP_PROXY is not an http:// URL".into());
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err("the proxy in HTTPS_PROXY/HTTP_PROXY carries credentials, which nodekeeper does not send".into());
+    }
+    let (phost, pport) = match authority.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| "the proxy's port is not a number".to_string())?,
+        ),
+        None => (authority, 80),
+    };
+    if phost.is_empty()
+        || !phost
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return Err("the proxy's host is not a host name or IPv4 address".into());
+    }
+    Ok(Some(Proxy {
+        host: phost.to_string(),
+        port: pport,
+    }))
+}
+
+/// A connection to `u` through `p`: for `https://` a `CONNECT` tunnel (TLS
+/// then runs end to end); for `http://` the proxy itself, which gets the
+/// request in absolute form.
+async fn through(p: &Proxy, u: &Url) -> Result<smol::net::TcpStream, Failure> {
+    let mut tcp = smol::net::TcpStream::connect((p.host.as_str(), p.port))
+        .await
+        .map_err(|e| {
+            transient(format!(
+                "cannot connect to the proxy {}:{}: {e}",
+                p.host, p.port
+            ))
+        })?;
+    if !u.tls {
+        return Ok(tcp);
+    }
+    let target = format!("{}:{}", u.host, u.port);
+    let ask =
+        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nUser-Agent: nodekeeper\r\n\r\n");
+    tcp.write_all(ask.as_bytes())
+        .await
+        .map_err(|e| transient(format!("writing to the proxy {}: {e}", p.host)))?;
+    // Its answer's head, byte by byte: nothing of the tunnel may be read.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < ANSWER_LIMIT {
+        let n = tcp
+            .read(&mut byte)
+            .await
+            .map_err(|e| transient(format!("reading from the proxy {}: {e}", p.host)))?;
+        if n == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    match status_code(&text) {
+        Some(200) => Ok(tcp),
+        _ => {
+            let line: String = text
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(80)
+                .collect();
+            Err(transient(format!(
+                "the proxy {} refused a tunnel to {}: {line:?}",
+                p.host, u.host
+            )))
+        }
+    }
 }
 
 /// The client's TLS: the given CA bundle, else the system's.
@@ -301,6 +454,68 @@ fn judge(raw: &[u8], host: &str) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
+    /// Go's `httpproxy.FromEnvironment` as SUC's channel client and
+    /// kured's notifier use it (where-features-meet.md, finding 14).
+    #[test]
+    fn the_proxy_is_taken_from_the_environment_as_gos_transport_takes_it() {
+        use super::{Proxy, parse_url, proxy_for};
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let u = |s: &str| parse_url(s).unwrap();
+        let proxy = Some(Proxy {
+            host: "proxy.corp".into(),
+            port: 3128,
+        });
+        let vars: &[(&str, &str)] = &[
+            ("HTTPS_PROXY", "http://proxy.corp:3128"),
+            (
+                "no_proxy",
+                "internal.example,.svc, 10.0.0.7 ,hooks.example:8443",
+            ),
+        ];
+        assert_eq!(
+            proxy_for(&u("https://update.example/c"), env(vars)),
+            Ok(proxy.clone())
+        );
+        assert_eq!(
+            proxy_for(&u("http://update.example/c"), env(vars)),
+            Ok(None),
+            "HTTP_PROXY unset"
+        );
+        for direct in [
+            "https://internal.example/x",
+            "https://a.internal.example/x",
+            "https://api.ns.svc/x",
+            "https://10.0.0.7/x",
+            "https://hooks.example:8443/x",
+            "https://127.0.0.1:9/x",
+        ] {
+            assert_eq!(proxy_for(&u(direct), env(vars)), Ok(None), "{direct}");
+        }
+        assert_eq!(
+            proxy_for(&u("https://hooks.example/x"), env(vars)),
+            Ok(proxy),
+            "other port"
+        );
+        let bare: &[(&str, &str)] = &[("http_proxy", "proxy.corp:8080")];
+        assert_eq!(
+            proxy_for(&u("http://c.example/v"), env(bare)),
+            Ok(Some(Proxy {
+                host: "proxy.corp".into(),
+                port: 8080
+            }))
+        );
+        let all: &[(&str, &str)] = &[("HTTPS_PROXY", "http://p:1"), ("NO_PROXY", "*")];
+        assert_eq!(proxy_for(&u("https://x.example/"), env(all)), Ok(None));
+        let creds: &[(&str, &str)] = &[("HTTPS_PROXY", "http://user:pw@p:1")];
+        assert!(proxy_for(&u("https://x.example/"), env(creds)).is_err());
+    }
+
     #[test]
     fn a_shown_url_keeps_no_token() {
         use super::shown;
