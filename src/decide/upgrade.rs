@@ -161,6 +161,24 @@ pub fn token(plan: &str, version: &str, boot: &str, attempt: Option<i64>) -> Str
     }
 }
 
+/// The token of this admission's command as recorded on `node`: the one
+/// written before tokens named the attempt (`<plan>/<version>/<boot>`,
+/// by a nodekeeper upgraded while the command ran) is this admission's
+/// too, so it is attached to, never run again.
+pub fn recorded_token(
+    node: &Node,
+    plan: &str,
+    version: &str,
+    boot: &str,
+    attempt: Option<i64>,
+) -> String {
+    let legacy = token(plan, version, boot, None);
+    if annotation(node, ISSUED_ANNOTATION) == Some(legacy.as_str()) {
+        return legacy;
+    }
+    token(plan, version, boot, attempt)
+}
+
 /// The name of the NodeMaintenance a plan takes `node` with.
 pub fn maintenance_name(node: &str) -> String {
     disrupt::maintenance_name("upgrade", node)

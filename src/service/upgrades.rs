@@ -168,32 +168,53 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
         plans: &plans,
     });
     let now = Timestamp::now();
-    // The upgrade command runs in the background (a long upgrade must not
-    // stall the loop or trip /healthz); what comes before it (the
-    // once-per-boot record) is performed first, and must have succeeded.
-    let upgrade_at = effects.iter().position(
-        |e| matches!(e, Effect::RunHost { record, .. } if record.annotation == RESULT_ANNOTATION),
-    );
+    // Host commands run in the background (a long upgrade or a hanging
+    // `systemctl reboot` must not stall the node's reconciles or trip
+    // /healthz, where-features-meet.md finding 11); what comes before them
+    // (the once-per-boot or once-per-attempt record) is performed first,
+    // and must have succeeded: it also keeps a command from being issued
+    // again while it runs.
+    let command_at = effects
+        .iter()
+        .position(|e| matches!(e, Effect::RunHost { .. }));
     let mut effects = effects;
-    let background = upgrade_at.map(|i| effects.split_off(i));
-    for effect in &effects {
-        if let Effect::RunHost { action, .. } = effect {
-            log::info!("node {name}: upgraded; rebooting by {action}");
-        }
-    }
+    let background = command_at.map(|i| effects.split_off(i));
     let who = format!("node {name}");
     executor::execute(ctx, &who, Plan::steps(effects), |effect, outcome| {
         ctx.record(name, effect, outcome, now);
-        match after_command(effect, outcome) {
-            Some(follow) => {
-                log::warn!("node {name}: the reboot after the upgrade failed");
-                executor::After::First(vec![follow])
-            }
-            None => executor::After::Go,
-        }
+        executor::After::Go
     })
     .await?;
-    if let Some(effect) = background.and_then(|mut rest| (!rest.is_empty()).then(|| rest.remove(0)))
+    let Some(effect) = background.and_then(|mut rest| (!rest.is_empty()).then(|| rest.remove(0)))
+    else {
+        return Ok(());
+    };
+    if matches!(&effect, Effect::RunHost { record, .. } if record.annotation != RESULT_ANNOTATION) {
+        if let Effect::RunHost { action, .. } = &effect {
+            log::info!("node {name}: upgraded; rebooting by {action}");
+        }
+        let (ctx, name) = (ctx.clone(), name.to_string());
+        crate::runtime::spawn(async move {
+            let who = format!("node {name}");
+            let ran = executor::execute(&ctx, &who, Plan::steps(vec![effect]), |e, outcome| {
+                ctx.record(&name, e, outcome, now);
+                match after_command(e, outcome) {
+                    Some(follow) => {
+                        log::warn!("node {name}: the reboot after the upgrade failed");
+                        executor::After::First(vec![follow])
+                    }
+                    None => executor::After::Go,
+                }
+            })
+            .await;
+            if let Err(e) = ran {
+                log::warn!("node {name}: the reboot after the upgrade: {e}");
+            }
+            ctx.anchor.kick();
+        })
+        .detach();
+        return Ok(());
+    }
     {
         let Effect::RunHost { record, action, .. } = &effect else {
             return Ok(());

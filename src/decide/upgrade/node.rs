@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::{at_version, token};
+use super::{at_version, recorded_token};
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::upgrade::*;
 use crate::decide::disrupt::boot_id;
@@ -67,7 +67,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         if crate::decide::version::Version::parse(version).is_err() {
             continue;
         }
-        let t = token(&plan.name_any(), version, boot, e.attempt);
+        let t = recorded_token(node, &plan.name_any(), version, boot, e.attempt);
         let reboot_ask = Ask::upgrade(boot, &t);
         let strategy = &plan.spec.strategy;
         if annotation(node, ISSUED_ANNOTATION) == Some(t.as_str()) {

@@ -573,7 +573,7 @@ impl<'a> Decision<'a> {
         let v = version(e, p);
         let before = e.boot_id_before.as_deref().unwrap_or_default();
         let rebooted = boot_id(node).is_some_and(|b| b != before);
-        let t = token(&self.name, v, before, e.attempt);
+        let t = recorded_token(node, &self.name, v, before, e.attempt);
         let result = annotation(node, RESULT_ANNOTATION)
             .and_then(|r| r.strip_prefix(t.as_str()))
             .and_then(|r| r.strip_prefix(" failed: "));
@@ -717,7 +717,7 @@ fn upgrading_message(node: &Node, e: &NodeUpgrade, p: &UpgradePlan) -> String {
     let v = version(e, p);
     let before = e.boot_id_before.as_deref().unwrap_or_default();
     let issued = annotation(node, ISSUED_ANNOTATION)
-        == Some(token(&p.name_any(), v, before, e.attempt).as_str());
+        == Some(recorded_token(node, &p.name_any(), v, before, e.attempt).as_str());
     if let Some(key) = upgrade_job::key(p, &attempt(e)) {
         return format!(
             "drained; the upgrade Job {key} upgrades it to {v}; waiting for the node to report it"
