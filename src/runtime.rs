@@ -13,6 +13,13 @@ use std::time::Duration;
 use async_compat::Compat;
 
 /// Run `fut` to completion on the current thread, inside `Compat`.
+/// A mutex's guard, a poisoned one as it is: a panicked holder (a test's,
+/// a bug's) must not take every later reader down with it. The one
+/// helper for every `Mutex` of the service.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub fn block_on<F: Future>(fut: F) -> F::Output {
     smol::block_on(Compat::new(fut))
 }

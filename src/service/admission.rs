@@ -161,9 +161,7 @@ struct State {
     kick: smol::channel::Sender<()>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::runtime::lock;
 
 /// A serving webhook: what [`Webhook::withdraw`] needs at shutdown.
 pub struct Webhook {

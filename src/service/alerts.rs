@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use crate::decide::disrupt::Alerts;
 
 /// The cache's lock; a panic while it was held leaves a usable map.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::runtime::lock;
 
 /// How old an answer may get before it is asked again (kured's default
 /// period is an hour of sentinel checks; alerts move faster).

@@ -24,9 +24,7 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15 * 60);
 /// How soon a pass looks again while a question is out.
 const SOON: Duration = Duration::from_secs(1);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::runtime::lock;
 
 struct Entry {
     answer: ChannelStatus,

@@ -98,9 +98,7 @@ pub struct Context {
     pub planned_refused: Mutex<HashMap<String, Instant>>,
 }
 
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::runtime::lock;
 
 /// How this process names itself in its node claim: its pod (or host),
 /// PID and start, so the other agent's warning says which one to stop.

@@ -16,9 +16,7 @@ use kube::api::ListParams;
 use crate::api::common::{HealthGate, Workloads};
 use crate::decide::health::{Health, Workload};
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::runtime::lock;
 
 /// How old a list may get before it is made again.
 pub const EVERY: Duration = Duration::from_secs(5);

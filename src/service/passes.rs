@@ -95,7 +95,7 @@ fn pass_floor(asked: Duration, quick: u32) -> Duration {
     let floor = if quick > QUICK_PASSES {
         Duration::from_secs(1)
     } else {
-        MIN_PASS_WAKE
+        super::executor::MIN_WAKE
     };
     if quick == QUICK_PASSES + 1 {
         log::warn!(
@@ -105,7 +105,6 @@ fn pass_floor(asked: Duration, quick: u32) -> Duration {
     asked.max(floor)
 }
 
-const MIN_PASS_WAKE: Duration = Duration::from_millis(100);
 const QUICK_PASSES: u32 = 50;
 
 /// A watch's inspector that kicks `kicks` at every event (never for a

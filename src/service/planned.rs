@@ -15,11 +15,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::Store;
 
-use super::context::{Context, lock};
+use super::context::Context;
 use super::watch::typed;
 use crate::api::constellation::NodeVersion;
 use crate::decide::node_conditions::planned;
 use crate::decide::{Effect, Outcome};
+use crate::runtime::lock;
 
 /// How long a node whose write was refused is left alone.
 const REFUSED_PAUSE: Duration = Duration::from_secs(60);

@@ -99,9 +99,7 @@ struct Watched {
     _task: smol::Task<()>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::runtime::lock;
 
 /// The node role's pods: `store`, fed by the watch `service::run` builds.
 pub fn fixed(store: Store<Pod>) -> PodWatches {

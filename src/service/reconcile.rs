@@ -104,7 +104,7 @@ async fn reconcile_inner(queued: Arc<Node>, ctx: &Arc<Context>) -> Result<Action
 /// tried at the next reconcile; it never holds up the node's own work.
 async fn claim_node(ctx: &Context, node: &Node) {
     let effects = {
-        let mut agent = super::context::lock(&ctx.agent);
+        let mut agent = crate::runtime::lock(&ctx.agent);
         let (me, state) = &mut *agent;
         crate::decide::claim::decide(node, me, state)
     };
@@ -116,7 +116,7 @@ async fn claim_node(ctx: &Context, node: &Node) {
     let plan = crate::decide::Plan::together(effects);
     let claimed = super::executor::execute(ctx, "claim", plan, |effect, _| {
         if matches!(effect, Effect::PatchNode { .. }) {
-            super::context::lock(&ctx.agent).1.claimed = true;
+            crate::runtime::lock(&ctx.agent).1.claimed = true;
         }
         super::executor::After::Go
     })

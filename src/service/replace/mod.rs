@@ -102,9 +102,7 @@ struct Listed {
     failures: u32,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::runtime::lock;
 
 /// Start the feature if Constellation's CRDs are served: watches, and the
 /// stream of "something changed". Without `--provider-command` they are
