@@ -107,6 +107,11 @@ pub struct NodeVersionSpec {
     /// The advertised Kubernetes version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_cluster_version: Option<String>,
+    /// Constellation's own: the most nodes created at once. Set, it is
+    /// the rollout's surge (Constellation's CLI writes it; `maxSurge` is
+    /// nodekeeper's name for the same, which that CLI does not keep).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_node_budget: Option<u32>,
     /// nodekeeper: extra nodes a rollout may create at once (default 1,
     /// Constellation's fixed value). Control-plane groups always use 1.
     #[serde(default = "default_surge")]

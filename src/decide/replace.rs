@@ -266,7 +266,14 @@ pub fn decide(s: &Snapshot) -> Plan {
     let surge = if has_outdated_control_planes(s, &c) {
         1
     } else {
-        s.nv.spec.max_surge.max(1) as usize
+        // Constellation's maxNodeBudget when its CLI set it (where-
+        // features-meet.md C2), else ours; at least one, at most 100.
+        let spec = &s.nv.spec;
+        let asked = spec
+            .max_node_budget
+            .filter(|b| *b > 0)
+            .map_or(spec.max_surge.max(1) as usize, |b| b as usize);
+        asked.clamp(1, 100)
     };
     let budget = surge.saturating_sub(extra);
     let mut wake: Option<Duration> = Some(LEAVE_POLL).filter(|_| !s.pending.is_empty());

@@ -65,6 +65,30 @@ fn surge_records_its_requests_before_asking_the_provider() {
     );
 }
 
+/// Constellation's own `maxNodeBudget` (its CLI writes it; upstream
+/// `api/v1alpha1/nodeversion_types.go`) is the surge when set
+/// (where-features-meet.md C2: it was pruned).
+#[test]
+fn constellations_max_node_budget_is_the_surge_when_set() {
+    let mut w = World::new("img-2", 1);
+    w.nv.spec.max_node_budget = Some(3);
+    w.nodes = vec![
+        node("a", "g", "img-1", &[]),
+        node("b", "g", "img-1", &[]),
+        node("c", "g", "img-1", &[]),
+    ];
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    w.settle_status();
+    let plan = decide(&w.snap());
+    let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
+        panic!("{plan:?}");
+    };
+    let reqs = patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(reqs.split(',').count(), 3, "{reqs}");
+}
+
 #[test]
 fn no_surge_while_the_group_still_has_the_old_image_or_the_budget_is_spent() {
     let mut w = World::new("img-2", 1);
