@@ -4,9 +4,9 @@
 
 use super::*;
 
-#[test]
-fn surge_records_its_requests_before_asking_the_provider() {
-    let mut w = World::new("img-2", 2);
+/// Three outdated workers in one group moving to img-2, surge `surge`.
+fn three_outdated_workers(surge: i32) -> World {
+    let mut w = World::new("img-2", surge);
     w.nodes = vec![
         node("a", "g", "img-1", &[]),
         node("b", "g", "img-1", &[]),
@@ -14,22 +14,35 @@ fn surge_records_its_requests_before_asking_the_provider() {
     ];
     w.groups = vec![group("workers", "g", "Worker", "img-2")];
     w.settle_status();
-    // Surge 2: two requests, recorded in one guarded write.
+    w
+}
+
+/// The surge requests the first decision records (its first effect, the
+/// guarded write), and that write's resourceVersion.
+fn recorded_requests(w: &World) -> (String, serde_json::Value) {
     let plan = decide(&w.snap());
     let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
         panic!("{plan:?}");
     };
     let reqs = patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION]
         .as_str()
-        .unwrap()
+        .unwrap_or_default()
         .to_string();
+    (reqs, patch["metadata"]["resourceVersion"].clone())
+}
+
+#[test]
+fn surge_records_its_requests_before_asking_the_provider() {
+    let mut w = three_outdated_workers(2);
+    // Surge 2: two requests, recorded in one guarded write.
+    let (reqs, rv) = recorded_requests(&w);
     let ids: Vec<&str> = reqs
         .split(',')
         .map(|r| r.split('=').next().unwrap())
         .collect();
     assert_eq!(ids.len(), 2, "{reqs}");
     assert_ne!(ids[0], ids[1]);
-    assert_eq!(patch["metadata"]["resourceVersion"], "7");
+    assert_eq!(rv, "7");
     // Recorded: the next round asks the provider for both, by id.
     w.nv.metadata.annotations =
         Some([(SURGE_REQUESTS_ANNOTATION.to_string(), reqs.clone())].into());
@@ -70,22 +83,10 @@ fn surge_records_its_requests_before_asking_the_provider() {
 /// (where-features-meet.md C2: it was pruned).
 #[test]
 fn constellations_max_node_budget_is_the_surge_when_set() {
-    let mut w = World::new("img-2", 1);
+    let mut w = three_outdated_workers(1);
     w.nv.spec.max_node_budget = Some(3);
-    w.nodes = vec![
-        node("a", "g", "img-1", &[]),
-        node("b", "g", "img-1", &[]),
-        node("c", "g", "img-1", &[]),
-    ];
-    w.groups = vec![group("workers", "g", "Worker", "img-2")];
     w.settle_status();
-    let plan = decide(&w.snap());
-    let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
-        panic!("{plan:?}");
-    };
-    let reqs = patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION]
-        .as_str()
-        .unwrap_or_default();
+    let (reqs, _) = recorded_requests(&w);
     assert_eq!(reqs.split(',').count(), 3, "{reqs}");
 }
 
