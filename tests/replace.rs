@@ -894,3 +894,78 @@ fn an_overdue_donor_drain_is_reported_and_leaves_the_cluster_role_idle() {
         );
     });
 }
+
+/// where-features-meet.md C1: `constellation upgrade apply` writes the
+/// NodeVersion with a typed client that knows only Constellation's fields
+/// (a GET, a new image, a PUT), so the spec loses nodekeeper's
+/// `nodeSelector`, surge and timeouts. The pool's cluster role (scoped by
+/// `--node-selector`) then no longer handled it at all: the new image was
+/// never rolled out, and an unscoped role would have governed every node.
+/// Now the fields read before are kept in an annotation (which that client
+/// keeps), still govern, and the status says what was lost.
+#[test]
+fn a_node_version_written_back_by_constellations_client_keeps_its_pool_and_says_so() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let r = rollout("rp-cli", &[("workers", 2)], 1, false).await;
+        let client = r.env.client.clone();
+        let api: Api<kube::api::DynamicObject> =
+            Api::all_with(client.clone(), &Kind::NodeVersion.resource());
+        wait_nv(
+            &client,
+            &r.env.id,
+            "the rollout fields recorded",
+            LIMIT,
+            |v| v["metadata"]["annotations"][ROLLOUT_FIELDS_ANNOTATION].is_string(),
+        )
+        .await;
+        // The CLI's write: Constellation's spec fields only, a new image.
+        let mut written = api.get(&r.env.id).await.expect("reading the NodeVersion");
+        let known = [
+            "image",
+            "imageVersion",
+            "kubernetesComponentsReference",
+            "kubernetesClusterVersion",
+            "maxNodeBudget",
+        ];
+        let mut spec: serde_json::Map<String, Value> = known
+            .iter()
+            .filter_map(|k| Some((k.to_string(), written.data["spec"].get(*k)?.clone())))
+            .collect();
+        spec.insert("image".into(), json!("img-2"));
+        written.data["spec"] = Value::Object(spec);
+        api.replace(&r.env.id, &PostParams::default(), &written)
+            .await
+            .expect("writing the NodeVersion as Constellation's CLI does");
+        let stored = api.get(&r.env.id).await.expect("reading the NodeVersion");
+        assert!(
+            stored.data["spec"]["nodeSelector"].is_null()
+                && stored.data["spec"]["joinTimeoutSeconds"] == 1800,
+            "the write did not lose the fields: {}",
+            stored.data["spec"]
+        );
+        wait_replaced(&r, "img-2", 2).await;
+        let v = api
+            .get(&r.env.id)
+            .await
+            .expect("reading the NodeVersion")
+            .data;
+        let message = v["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(
+                "spec lost nodekeeper's nodeSelector, joinTimeoutSeconds, leaveTimeoutSeconds"
+            ) && message.contains(ROLLOUT_FIELDS_ANNOTATION),
+            "{message}"
+        );
+        // The pool's two nodes, each once: one surge node per old node.
+        let mut asked: Vec<String> = r
+            .cloud
+            .calls_of("create-node")
+            .iter()
+            .filter_map(|c| c["requestId"].as_str().map(str::to_string))
+            .filter(|id| !id.starts_with("init-"))
+            .collect();
+        asked.dedup();
+        assert_eq!(asked.len(), 2, "surge requests: {asked:?}");
+    });
+}

@@ -40,6 +40,12 @@ pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 /// ask and the PendingNode repeats the ask with the same id (which the
 /// provider answers with the same instance) instead of creating another.
 pub const SURGE_REQUESTS_ANNOTATION: &str = "nodekeeper.io/surge-requests";
+/// NodeVersion annotation (nodekeeper's): the rollout fields (`nodeSelector`,
+/// `maxSurge`, the timeouts) last read in the spec, as JSON with the
+/// spec's names, only those not at their defaults. Constellation's typed
+/// clients keep metadata but drop spec fields they do not know; when a
+/// write loses ours, this record governs (`decide/replace/fields.rs`).
+pub const ROLLOUT_FIELDS_ANNOTATION: &str = "nodekeeper.io/rollout-fields";
 /// PendingNode annotation (nodekeeper's): when the provider was last asked
 /// to delete the instance (RFC 3339), so a slow cloud is not asked again
 /// before the leave deadline.
@@ -137,6 +143,20 @@ pub struct NodeVersionSpec {
     /// the NodeVersions whose `matchLabels` include its selector's terms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+impl NodeVersionSpec {
+    /// No image, and nodekeeper's rollout fields at the defaults the API
+    /// server fills in.
+    pub fn default_rollout() -> Self {
+        NodeVersionSpec {
+            max_surge: default_surge(),
+            join_timeout_seconds: default_join(),
+            leave_timeout_seconds: default_leave(),
+            drain_timeout_seconds: default_drain(),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]

@@ -21,6 +21,7 @@
 pub mod ask;
 mod classify;
 mod discovery;
+mod fields;
 mod lifecycle;
 mod retire;
 mod surge;
@@ -50,6 +51,7 @@ pub use ask::Read;
 use classify::*;
 pub use classify::{Classes, classify, status};
 pub use discovery::{DISCOVERED_LABEL, discovered_groups};
+pub use fields::{RECORD_ANNOTATION, Reading, governing};
 use retire::*;
 pub use retire::{inherited, reserved};
 use surge::*;
@@ -129,6 +131,8 @@ pub struct Snapshot<'a> {
     /// Nodes the selector matches that an older NodeVersion governs (with
     /// `nodes` empty: why this one has none).
     pub governed_elsewhere: usize,
+    /// How the rollout fields were read ([`governing`]).
+    pub fields: &'a Reading,
     pub now: Timestamp,
 }
 
@@ -218,6 +222,10 @@ fn annotation<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
 
 /// One round: the first batch of writes, or a wait.
 pub fn decide(s: &Snapshot) -> Plan {
+    // 0. The spec's rollout fields changed: recorded before they govern.
+    if let Some(record) = &s.fields.record {
+        return Plan::steps(vec![record.clone()]);
+    }
     // 1. Annotate nodes with what the provider answered.
     let annotate: Vec<Effect> = s
         .nodes

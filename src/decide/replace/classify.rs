@@ -201,8 +201,8 @@ pub fn status(
 /// What holds the rollout up, in one line, and when a drain becomes
 /// overdue.
 pub(super) fn message(s: &Snapshot, c: &Classes) -> (Option<String>, Option<Duration>) {
-    let mut parts: Vec<String> = Vec::new();
-    if s.nodes.is_empty() {
+    let mut parts: Vec<String> = s.fields.note.iter().cloned().collect();
+    if s.nodes.is_empty() && !s.fields.hold {
         parts.push(match (s.governed_elsewhere, &s.nv.spec.node_selector) {
             (0, Some(_)) => "the nodeSelector selects no node".to_string(),
             (0, None) => "there is no node to govern".to_string(),

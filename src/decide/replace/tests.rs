@@ -135,6 +135,7 @@ struct World {
     others_busy: bool,
     others_unknown: bool,
     governed_elsewhere: usize,
+    fields: Reading,
 }
 
 impl World {
@@ -152,6 +153,7 @@ impl World {
             others_busy: false,
             others_unknown: false,
             governed_elsewhere: 0,
+            fields: Reading::default(),
         }
     }
 
@@ -170,6 +172,7 @@ impl World {
             others_busy: self.others_busy,
             others_unknown: self.others_unknown,
             governed_elsewhere: self.governed_elsewhere,
+            fields: &self.fields,
             now: now(),
         }
     }
@@ -325,6 +328,7 @@ fn reserved_label_keys() {
     }
 }
 
+mod fields;
 mod objects;
 mod reports;
 mod stuck_donors;

@@ -28,13 +28,22 @@ pub(super) async fn versions(
     now: Timestamp,
     expect: &mut Expect,
 ) -> Result<(bool, Option<Duration>)> {
-    let mut nvs: Vec<Arc<NodeVersion>> = typed(&r.stores.versions);
-    nvs.sort_by_key(|v| {
+    let mut stored: Vec<Arc<NodeVersion>> = typed(&r.stores.versions);
+    stored.sort_by_key(|v| {
         (
             v.metadata.creation_timestamp.as_ref().map(|t| t.0),
             v.name_any(),
         )
     });
+    // Each as it governs: its rollout fields from the spec, or recorded
+    // when a client's write lost them (decide/replace/fields.rs).
+    let (nvs, readings): (Vec<Arc<NodeVersion>>, Vec<replace::Reading>) = stored
+        .iter()
+        .map(|nv| {
+            let (governing, reading) = replace::governing(nv);
+            (Arc::new(governing), reading)
+        })
+        .unzip();
     let all_nodes = ctx.all_nodes();
     let mut taken: HashSet<String> = HashSet::new();
     let pending: Vec<Arc<PendingNode>> = typed(&r.stores.pending);
@@ -42,7 +51,7 @@ pub(super) async fn versions(
     let strategies: Vec<Arc<AutoscalingStrategy>> = typed(&r.stores.strategies);
     let maintenances = ctx.all_maintenances();
     let mut wake = None;
-    for nv in &nvs {
+    for (nv, reading) in nvs.iter().zip(&readings) {
         let selector = nv.spec.node_selector.as_ref();
         if !crate::service::roles::handles_node_version(&ctx.scope, selector) {
             continue;
@@ -50,7 +59,9 @@ pub(super) async fn versions(
         let (nodes, elsewhere): (Vec<Arc<Node>>, Vec<Arc<Node>>) = all_nodes
             .iter()
             .filter(|n| {
-                selector.is_none_or(|s| crate::decide::selector::selector_matches(s, n.labels()))
+                !reading.hold
+                    && selector
+                        .is_none_or(|s| crate::decide::selector::selector_matches(s, n.labels()))
             })
             .cloned()
             .partition(|n| !taken.contains(&n.name_any()));
@@ -104,6 +115,7 @@ pub(super) async fn versions(
             others_busy,
             others_unknown,
             governed_elsewhere: elsewhere.len(),
+            fields: reading,
             now,
         };
         let facts = super::ask::ask(ctx, r, replace::questions(&snap)).await;
