@@ -37,12 +37,7 @@ impl Classes<'_> {
 /// as if written (they are, in the same round).
 pub fn classify<'a>(s: &'a Snapshot) -> Classes<'a> {
     let mut c = Classes::default();
-    let image = s.nv.spec.image.as_deref();
-    let components =
-        s.nv.spec
-            .kubernetes_components_reference
-            .as_deref()
-            .filter(|r| !r.is_empty());
+    let components = components_wanted(s);
     for n in s.nodes.iter().map(|n| n.as_ref()) {
         let Some(pid) = provider_id(n) else {
             c.invalid.push((n, "the node has no providerID".into()));
@@ -73,9 +68,7 @@ pub fn classify<'a>(s: &'a Snapshot) -> Classes<'a> {
             // names them (Constellation always does): outside
             // Constellation no join service stamps them.
             c.awaiting.push(n);
-        } else if !eq(Some(&node_image), image)
-            || (components.is_some() && !eq(node_components, components))
-        {
+        } else if differs(s, Some(&node_image), node_components) {
             if annotation(n, HEIR_ANNOTATION).is_some() {
                 c.donors.push(n);
             } else {
@@ -94,6 +87,20 @@ pub fn classify<'a>(s: &'a Snapshot) -> Classes<'a> {
         }
     }
     c
+}
+
+/// A node's image or Kubernetes components (where the NodeVersion names
+/// them) are not the NodeVersion's.
+pub(super) fn differs(s: &Snapshot, image: Option<&str>, components: Option<&str>) -> bool {
+    let wanted = components_wanted(s);
+    !eq(image, s.nv.spec.image.as_deref()) || (wanted.is_some() && !eq(components, wanted))
+}
+
+pub(super) fn components_wanted<'a>(s: &'a Snapshot) -> Option<&'a str> {
+    s.nv.spec
+        .kubernetes_components_reference
+        .as_deref()
+        .filter(|r| !r.is_empty())
 }
 
 /// A PendingNode's CSP state: this round's answer, else its status.

@@ -149,6 +149,30 @@ fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
                     )),
                 );
             }
+            // A surge node that joined on an image the NodeVersion no
+            // longer names (it changed while the node came up) is no heir:
+            // its join is over and it is an outdated node like any other,
+            // replaced in turn. Kept, its PendingNode held the surge budget
+            // for good and the rollout never moved (where-features-meet.md
+            // C3; Constellation keeps it the same way).
+            "Join" if reached && joined_outdated(s, node) => {
+                return Some(
+                    Plan::steps(vec![
+                        super::delete_pending(p),
+                        Effect::Event {
+                            object: nv_ref(s),
+                            warning: false,
+                            reason: "JoinedOutdated",
+                            note: format!(
+                                "surge node {node} joined on an image the NodeVersion no longer names: it is replaced like any outdated node"
+                            ),
+                        },
+                    ])
+                    .info(format!(
+                        "surge node {node} joined outdated; its PendingNode is deleted"
+                    )),
+                );
+            }
             "Leave" if leaving => {
                 if let Leave::Issue(plan) = leave(s, p, st.as_deref()) {
                     return Some(plan);
@@ -158,6 +182,19 @@ fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
         }
     }
     None
+}
+
+/// Node `name` is annotated with an image or components that are not the
+/// NodeVersion's (not yet annotated: awaiting, as `classify` has it).
+fn joined_outdated(s: &Snapshot, name: &str) -> bool {
+    s.nodes.iter().any(|n| {
+        n.name_any() == name
+            && n.annotations().get(IMAGE_ANNOTATION).is_some_and(|image| {
+                let components = n.annotations().get(COMPONENTS_ANNOTATION);
+                (components.is_some() || super::components_wanted(s).is_none())
+                    && super::differs(s, Some(image), components.map(String::as_str))
+            })
+    })
 }
 
 /// What a leaving PendingNode whose Node is gone needs of the provider.

@@ -538,3 +538,52 @@ fn a_drained_donor_leaves_in_the_round_that_deletes_another_instance() {
         "{plan:?}"
     );
 }
+
+/// where-features-meet.md C3: the image changed while a surge node came
+/// up, so it joined on the old one. Its reached Join PendingNode held the
+/// surge budget (no timeout, nothing said) and the rollout never moved.
+/// Now the join is over: the PendingNode goes, the node is one more
+/// outdated node, and the budget is spent on the next surge.
+#[test]
+fn a_surge_node_that_joined_on_the_old_image_frees_the_budget() {
+    let mut w = three_outdated_workers(1);
+    w.nodes.push(node("d", "g", "img-1", &[]));
+    w.pending = vec![pending("d", "g", "Join", "Ready")];
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert!(
+        matches!(&plan.effects[0], Effect::DeleteObject { kind: Kind::PendingNode, name, .. } if name == "d"),
+        "{:?}",
+        plan.effects
+    );
+    assert!(
+        plan.effects.iter().any(|e| matches!(
+            e,
+            Effect::Event {
+                reason: "JoinedOutdated",
+                ..
+            }
+        )),
+        "{:?}",
+        plan.effects
+    );
+    // Gone: four outdated nodes, and a surge request for the next one.
+    w.pending.clear();
+    w.settle_status();
+    let st = w.nv.status.as_ref().unwrap();
+    assert_eq!((st.outdated.len(), st.budget), (4, 1));
+    let (reqs, _) = recorded_requests(&w);
+    assert_eq!(reqs.split(',').count(), 1, "{reqs}");
+    // A surge node on the new image pairs as before (its PendingNode goes
+    // with the pairing).
+    let mut fresh = three_outdated_workers(1);
+    fresh.nodes.push(node("e", "g", "img-2", &[]));
+    fresh.pending = vec![pending("e", "g", "Join", "Ready")];
+    fresh.settle_status();
+    let plan = decide(&fresh.snap());
+    assert!(
+        matches!(&plan.effects[0], Effect::PatchNode { node, patch, .. } if node == "e" && patch["metadata"]["annotations"][DONOR_ANNOTATION] == "a"),
+        "{:?}",
+        plan.effects
+    );
+}
