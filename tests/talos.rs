@@ -208,6 +208,63 @@ fn the_talos_client_speaks_machineds_wire_format() {
     assert_eq!(err, "Talos upgrade exited 1: error: disk full\n");
     drop(failing);
 
+    // where-features-meet.md finding 8: an agent restarted mid-upgrade
+    // asks again. machined cancels an install whose caller went away, and
+    // refuses a second while one runs: the ask waits for it, never failing
+    // the node, and the installs never overlap.
+    let slow = StandIn::start(
+        &dir.join("slow.sock"),
+        "1.13.0",
+        &marker,
+        &os,
+        &["--install-seconds", "3"],
+    );
+    let err = block_on(slow.client().upgrade(image, false, Duration::from_secs(1)))
+        .expect_err("a caller cut off after 1 s");
+    assert!(err.contains("DEADLINE_EXCEEDED"), "{err}");
+    block_on(wait_for("the cut-off install cancelled", limit, || async {
+        slow.log_text().contains("cancelled").then_some(())
+    }));
+    let first = {
+        let client = slow.client();
+        std::thread::spawn(move || block_on(client.upgrade(image, false, limit)))
+    };
+    block_on(wait_for("the first install under way", limit, || async {
+        (slow
+            .methods()
+            .iter()
+            .filter(|m| *m == "LifecycleService/Upgrade")
+            .count()
+            == 2)
+            .then_some(())
+    }));
+    let second = block_on(slow.client().upgrade(image, false, limit));
+    let first = first.join().expect("the first caller's thread");
+    assert_eq!(
+        first.as_deref(),
+        Ok("upgrade complete\n"),
+        "{}",
+        slow.log_text()
+    );
+    assert_eq!(
+        second.as_deref(),
+        Ok("upgrade complete\n"),
+        "{}",
+        slow.log_text()
+    );
+    let log = slow.log_text();
+    assert_eq!(log.matches("installed ").count(), 2, "{log}");
+    let upgrades = slow
+        .methods()
+        .iter()
+        .filter(|m| *m == "LifecycleService/Upgrade")
+        .count();
+    assert!(
+        upgrades >= 4,
+        "the second ask was refused while the first ran, then made again: {upgrades} calls\n{log}"
+    );
+    drop(slow);
+
     // Talos 1.12: the new services do not exist; the old call installs and
     // reboots by itself, not staged (a staged one reboots twice).
     let old = StandIn::start(&dir.join("old.sock"), "1.12.0", &marker, &os, &[]);

@@ -124,15 +124,33 @@ impl Machined {
                 name = n;
             }
         }
-        let messages = self
-            .call(
-                wire::LIFECYCLE_UPGRADE,
-                wire::lifecycle_upgrade_request(&name),
-                rest(),
-            )
-            .await
-            .map_err(|e| format!("Talos LifecycleService/Upgrade to {name}: {}", newer(e)))?;
-        lifecycle_outcome(&messages)
+        loop {
+            let answer = self
+                .call(
+                    wire::LIFECYCLE_UPGRADE,
+                    wire::lifecycle_upgrade_request(&name),
+                    rest(),
+                )
+                .await;
+            // machined runs one install at a time and refuses another
+            // meanwhile. The one running is ours from before a restart of
+            // this agent (it runs on its caller's call, so it is being
+            // cancelled) or a person's talosctl: wait for it rather than
+            // fail the node (where-features-meet.md finding 8).
+            match answer {
+                Err(e) if busy(&e) && rest() > BUSY_POLL => {
+                    log::info!("Talos upgrade to {name}: machined is busy ({e}); waiting");
+                    crate::runtime::sleep(BUSY_POLL).await;
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "Talos LifecycleService/Upgrade to {name}: {}",
+                        newer(e)
+                    ));
+                }
+                Ok(messages) => return lifecycle_outcome(&messages),
+            }
+        }
     }
 
     /// One gRPC call with one request message, bounded by `limit`.
@@ -149,6 +167,15 @@ impl Machined {
         })
         .await
     }
+}
+
+/// How often a busy machined is asked again.
+const BUSY_POLL: Duration = Duration::from_secs(2);
+
+/// machined's refusal while another install or upgrade runs
+/// (`internal/app/lifecycle/lifecycle.go`, `Service.Upgrade`).
+fn busy(error: &str) -> bool {
+    error.starts_with("FAILED_PRECONDITION") && error.contains("already in progress")
 }
 
 /// The end of a LifecycleService/Upgrade stream: its exit code decides

@@ -236,8 +236,11 @@ pub async fn reconcile_own_node(ctx: &Arc<Context>, name: &str) -> Result<()> {
 }
 
 /// Run the upgrade command and record its result on the node. The record
-/// write is retried briefly: it is what tells the plan how the command
-/// ended (without it the plan waits for the version until its deadline).
+/// write is retried for up to [`RESULT_RETRIES`], holding the claim: it
+/// is what tells the plan how the command ended, and until it lands this
+/// agent would issue the command again — a host command attaches to its
+/// record, but a Talos upgrade would be a second install (where-features-
+/// meet.md finding 8: given up after 31 s, it was).
 async fn run_in_background(ctx: &Context, name: &str, effect: &Effect) {
     let who = format!("node {name}");
     let mut follow = None;
@@ -265,14 +268,22 @@ async fn run_in_background(ctx: &Context, name: &str, effect: &Effect) {
     let Some(follow) = follow else {
         return;
     };
-    for attempt in 0..5u32 {
+    let started = std::time::Instant::now();
+    for attempt in 0u32.. {
         let plan = Plan::steps(vec![follow.clone()]);
         match executor::execute_plain(ctx, &who, plan).await {
             Ok(_) => return,
-            Err(e) => {
+            Err(e) if started.elapsed() < RESULT_RETRIES => {
                 log::warn!("node {name}: recording the upgrade's result: {e} (attempt {attempt})");
-                crate::runtime::sleep(Duration::from_secs(1 << attempt)).await;
+                crate::runtime::sleep(Duration::from_secs(1 << attempt.min(5))).await;
+            }
+            Err(e) => {
+                log::warn!("node {name}: recording the upgrade's result: {e}; given up");
+                return;
             }
         }
     }
 }
+
+/// How long the result of an upgrade command is retried.
+const RESULT_RETRIES: Duration = Duration::from_secs(600);

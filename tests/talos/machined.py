@@ -16,7 +16,12 @@ answering as machined does (facts: ../shared/compat/talos.md):
 - from release 1.13: ImageService/Pull streams progress and ends with the
   pinned name; LifecycleService/Upgrade installs only an image already
   pulled, streams the installer's lines and one exit code, and does not
-  reboot. Before 1.13 these services do not exist (UNIMPLEMENTED).
+  reboot. Before 1.13 these services do not exist (UNIMPLEMENTED). One
+  install at a time: another meanwhile is refused FAILED_PRECONDITION
+  "another installation/upgrade is already in progress"; an install runs on
+  its call, so a caller that goes away cancels it (machined's
+  internal/app/lifecycle/lifecycle.go runs the installer on the stream's
+  context). --install-seconds makes an install take that long.
 
 What a "reboot" or an "install" is here: the machine is the test's
 simulated one (tests/support/machines.rs), so a reboot appends a line to
@@ -27,6 +32,7 @@ next reboot. Each call is appended to --calls as one JSON object.
 
 Usage: machined.py --socket PATH --release X.Y.Z --calls FILE
                    --reboot-marker FILE --next-os-image FILE [--fail-upgrade]
+                   [--install-seconds N]
 """
 
 import argparse
@@ -77,6 +83,7 @@ def main():
     ap.add_argument("--reboot-marker", required=True)
     ap.add_argument("--next-os-image", required=True)
     ap.add_argument("--fail-upgrade", action="store_true")
+    ap.add_argument("--install-seconds", type=float, default=0)
     a = ap.parse_args()
     generate()
     import machine_pb2 as pb
@@ -178,7 +185,14 @@ def main():
                     yield pb.LifecycleServiceUpgradeResponse(
                         progress=pb.LifecycleServiceInstallProgress(exit_code=1))
                     return
+                until = time.monotonic() + a.install_seconds
+                while time.monotonic() < until:
+                    if not ctx.is_active():
+                        print(f"install of {name} cancelled: its caller went away", flush=True)
+                        return
+                    time.sleep(0.1)
                 install(pulled[name])
+                print(f"installed {name}", flush=True)
                 yield pb.LifecycleServiceUpgradeResponse(
                     progress=pb.LifecycleServiceInstallProgress(message="upgrade complete\n"))
                 yield pb.LifecycleServiceUpgradeResponse(
