@@ -138,6 +138,12 @@
 //!   unchecked**: `{version}` is filled only with a [`decide::version::Version`]
 //!   (`decide::upgrade::channel::tests::an_answer_that_is_not_a_version_is_refused`,
 //!   `upgrade::a_channels_redirect_changes_the_version_the_plan_upgrades_to`).
+//! - **Another project's clients cannot take our fields**: what nodekeeper
+//!   adds to a peer's API (NodeVersion's `nodeSelector`, surge, timeouts)
+//!   is recorded where that peer's typed clients keep it (an annotation)
+//!   and a write that drops it is read as a loss, reported, not obeyed
+//!   (`decide::replace::fields`;
+//!   `replace::a_node_version_written_back_by_constellations_client_keeps_its_pool_and_says_so`).
 //! - **One owner per node, budgets at every admission, every node given
 //!   back**: one live NodeMaintenance per node; the oldest object of a kind
 //!   governs; an administrator's preempts a feature's (the random worlds

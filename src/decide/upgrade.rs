@@ -621,6 +621,11 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
     }
     let status = status(s, old, d.entries, &problems, failure_pause, current);
+    let insecure = |st: Option<&UpgradePlanStatus>| {
+        st.and_then(|st| st.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == INSECURE_CHANNEL))
+    };
+    let newly_insecure = insecure(Some(&status)) && !insecure(p.status.as_ref());
     let mut effects = Vec::new();
     // After the status write: a failed write is decided again, event too.
     let told = super::notify::failure_event(
@@ -636,6 +641,14 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         });
     }
     effects.extend(told);
+    if newly_insecure {
+        effects.push(Effect::Event {
+            object: kube::Resource::object_ref(p, &()),
+            warning: true,
+            reason: INSECURE_CHANNEL,
+            note: PLAIN_HTTP.into(),
+        });
+    }
     effects.extend(d.effects);
     let note = (!admitted.is_empty()).then(|| {
         (
@@ -674,6 +687,35 @@ fn agent_check(d: &mut Decision, node: &Node, p: &UpgradePlan) -> Option<(&'stat
             }
             Some((WAIT_COMMAND, msg))
         }
+    }
+}
+
+/// Condition and Event of a plan whose channel is asked over plain http.
+const INSECURE_CHANNEL: &str = "InsecureChannel";
+const PLAIN_HTTP: &str = "the channel is asked over plain http: whoever is on the path names the version nodes are upgraded to; use https";
+
+/// `InsecureChannel=True` while the channel's URL is plain http (allowed,
+/// as SUC allows it, but said), gone otherwise.
+fn insecure_channel(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    p: &UpgradePlan,
+    now: Timestamp,
+) {
+    let plain = p.spec.channel.as_deref().is_some_and(|u| {
+        u.get(..7)
+            .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+    });
+    if plain {
+        super::set_condition(
+            conds,
+            now,
+            INSECURE_CHANNEL,
+            "True",
+            "PlainHTTP",
+            PLAIN_HTTP,
+        );
+    } else {
+        conds.retain(|c| c.type_ != INSECURE_CHANNEL);
     }
 }
 
@@ -747,6 +789,7 @@ fn status(
         set(&mut conds, "Complete", "False", "InProgress", &msg);
     }
     super::set_failing(&mut conds, now, s.failing);
+    insecure_channel(&mut conds, p, now);
     UpgradePlanStatus {
         pending: count(&|ph| matches!(ph, UpgradePhase::Pending | UpgradePhase::Waiting)),
         upgrading: count(&|ph| ph.admitted()),

@@ -650,3 +650,39 @@ fn an_upgraded_node_settles_in_its_slot_until_the_health_gate_is_met() {
     assert_eq!(w.phase("a"), UpgradePhase::Done);
     assert_ne!(w.phase("b"), UpgradePhase::Waiting);
 }
+
+/// A channel asked over plain http is allowed (SUC allows it) but said:
+/// `InsecureChannel=True` and one Warning event, gone with an https URL.
+#[test]
+fn a_plain_http_channel_is_said_once_and_an_https_one_not() {
+    let mut p = plan();
+    p.spec.channel = Some("HTTP://updates.example/stable".into());
+    let mut w = World::new(p, vec![]);
+    let insecure = |w: &World| {
+        w.plan
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "InsecureChannel").cloned())
+    };
+    w.step();
+    let c = insecure(&w).expect("the condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "PlainHTTP")
+    );
+    assert!(!c.message.contains("updates.example"), "{}", c.message);
+    w.step();
+    w.step();
+    assert_eq!(
+        w.events.iter().filter(|e| **e == "InsecureChannel").count(),
+        1
+    );
+    w.plan.spec.channel = Some("https://updates.example/stable".into());
+    w.step();
+    assert!(insecure(&w).is_none());
+    assert_eq!(
+        w.events.iter().filter(|e| **e == "InsecureChannel").count(),
+        1
+    );
+}
