@@ -111,6 +111,21 @@ fn the_chart_lints_and_renders_each_choice() {
         "cluster.extraArgs={--drain-timeout,10m}",
     ]);
     assert!(!alone.contains("kind\": \"DaemonSet"), "no agents");
+    // What runs pods as others or deletes nodes comes only with its
+    // feature (where-features-meet.md finding 9).
+    assert!(
+        !plain.contains("nodekeeper-cluster-jobs")
+            && !plain.contains("nodekeeper-cluster-replacement")
+    );
+    assert!(
+        alone.contains("\"nodekeeper-cluster-replacement\"")
+            && !alone.contains("nodekeeper-cluster-jobs")
+    );
+    let jobs = template(&["cluster.upgradeJobs=true"]);
+    assert!(
+        jobs.contains("\"nodekeeper-cluster-jobs\"")
+            && !jobs.contains("nodekeeper-cluster-replacement")
+    );
     // The cluster role drains then, so it needs the medik8s lease Role.
     assert!(
         alone.contains("\"name\": \"nodekeeper-medik8s-lease\"")

@@ -70,6 +70,12 @@ pub struct ManifestsArgs {
     /// deployment: a Secret the objects' notifications name (repeatable); the cluster role may read these and no other
     #[argh(option)]
     pub notify_secret: Vec<String>,
+    /// deployment, k3s: the cluster role may create Jobs in any namespace (UpgradePlan hooks and strategy type Job); a Job runs pods as any ServiceAccount there
+    #[argh(switch)]
+    pub upgrade_jobs: bool,
+    /// deployment, k3s: the cluster role may delete nodes and patch Deployments (Constellation node replacement with --provider-command)
+    #[argh(switch)]
+    pub replacement: bool,
 }
 
 impl ManifestsArgs {
@@ -87,6 +93,8 @@ impl ManifestsArgs {
             admission: self.admission,
             notify_default: self.notify_default.clone(),
             notify_secrets: self.notify_secret.clone(),
+            upgrade_jobs: self.upgrade_jobs,
+            replacement: self.replacement,
         }
     }
 }

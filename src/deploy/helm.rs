@@ -222,11 +222,15 @@ pub(super) fn chart(o: &Options) -> Result<Vec<File>> {
             "cluster.yaml",
             format!(
                 "{{{{- if .Values.cluster.enabled }}}}\n{provider}{}\
+                 {{{{- if .Values.cluster.upgradeJobs }}}}\n{}{{{{- end }}}}\n\
+                 {{{{- if .Values.cluster.providerCommand }}}}\n{}{{{{- end }}}}\n\
                  {{{{- if and .Values.nodeAgents.enabled .Values.webhook }}}}\n{}\
                  {{{{- else if .Values.nodeAgents.enabled }}}}\n{}\
                  {{{{- else if .Values.webhook }}}}\n{}\
                  {{{{- else }}}}\n{}{{{{- end }}}}\n{{{{- end }}}}\n",
                 docs(&cluster_identity),
+                docs(&elevated(Elevated::Jobs, &t)),
+                docs(&elevated(Elevated::Replacement, &t)),
                 cluster_for(true, true),
                 cluster_for(true, false),
                 cluster_for(false, true),
@@ -338,8 +342,14 @@ cluster:\n\
 \x20 tolerations: []\n\
 \x20 nodeSelector: {{}}\n\
 \x20 resources: {agent}\n\
+\x20 # UpgradePlan hooks and `strategy.type: Job`: lets the cluster role\n\
+\x20 # create Jobs in any namespace, and a Job runs pods as any\n\
+\x20 # ServiceAccount there (ClusterRole nodekeeper-cluster-jobs).\n\
+\x20 upgradeJobs: false\n\
 \x20 # Node replacement (NodeVersion): the provider plugin's path in the\n\
-\x20 # container; bring it in with extraVolumes and extraVolumeMounts.\n\
+\x20 # container; bring it in with extraVolumes and extraVolumeMounts. Set,\n\
+\x20 # it lets the cluster role delete nodes and patch Deployments\n\
+\x20 # (ClusterRole nodekeeper-cluster-replacement).\n\
 \x20 providerCommand: \"\"\n\
 \x20 extraVolumes: []\n\
 \x20 extraVolumeMounts: []\n\
@@ -395,6 +405,7 @@ fn schema() -> Value {
         "cluster": {"type": "object", "additionalProperties": false, "properties": {
           "enabled": {"type": "boolean"}, "replicas": {"type": "integer", "minimum": 1},
           "tolerations": list, "nodeSelector": object, "resources": resources,
+          "upgradeJobs": {"type": "boolean"},
           "providerCommand": {"type": "string", "pattern": "^(/\\S*)?$"},
           "extraVolumes": list, "extraVolumeMounts": list,
           "extraArgs": {"type": "array", "items": {"type": "string"}}}}

@@ -24,7 +24,9 @@ mod workloads;
 
 use host::*;
 use rbac::*;
-pub use rbac::{GRANTS, Grant, Identity, admission, rbac, readme_table as rbac_readme_table};
+pub use rbac::{
+    Elevated, GRANTS, Grant, Identity, admission, rbac, readme_table as rbac_readme_table,
+};
 pub use webhook::webhook;
 use workloads::*;
 pub use workloads::{NOTIFY_ROLE, daemonset, deployment, notify_rbac};
@@ -84,6 +86,13 @@ pub struct Options {
     /// Secrets the objects' notifications name: with the default, the
     /// only Secrets the cluster role may read (`get`, by name).
     pub notify_secrets: Vec<String>,
+    /// The cluster role may create Jobs (`--upgrade-jobs`): UpgradePlans'
+    /// hooks and `strategy.type: Job` ([`rbac::Elevated::Jobs`]).
+    pub upgrade_jobs: bool,
+    /// The cluster role may delete nodes and patch Deployments
+    /// (`--replacement`): Constellation node replacement
+    /// ([`rbac::Elevated::Replacement`]).
+    pub replacement: bool,
 }
 
 impl Options {
@@ -111,6 +120,8 @@ impl Default for Options {
             admission: false,
             notify_default: None,
             notify_secrets: Vec::new(),
+            upgrade_jobs: false,
+            replacement: false,
         }
     }
 }

@@ -38,6 +38,52 @@ pub struct Grant {
     pub resource: &'static str,
     pub verbs: &'static [&'static str],
     pub why: &'static str,
+    /// Granted only when the feature that needs it is rendered, in a
+    /// ClusterRole of its own (`None`: in the identity's ClusterRole).
+    pub only_with: Option<Elevated>,
+}
+
+/// A grant that lets the cluster role run a pod as any ServiceAccount of a
+/// namespace (create a Job, patch a Deployment's template) or remove a
+/// node: given only when a feature that needs it is rendered
+/// (where-features-meet.md finding 9), each in a ClusterRole of its own so
+/// `kubectl get clusterroles` shows what was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elevated {
+    /// UpgradePlans' hook Jobs and `strategy.type: Job`
+    /// (`manifests --upgrade-jobs`, Helm `cluster.upgradeJobs`).
+    Jobs,
+    /// Constellation node replacement (`manifests --replacement`, Helm:
+    /// set with `cluster.providerCommand`).
+    Replacement,
+}
+
+impl Elevated {
+    pub const ALL: [Elevated; 2] = [Elevated::Jobs, Elevated::Replacement];
+
+    /// Its ClusterRole (and ClusterRoleBinding).
+    pub fn role(self) -> &'static str {
+        match self {
+            Elevated::Jobs => "nodekeeper-cluster-jobs",
+            Elevated::Replacement => "nodekeeper-cluster-replacement",
+        }
+    }
+
+    /// How it is asked for: the `manifests` switch and the Helm value.
+    pub fn asked_by(self) -> &'static str {
+        match self {
+            Elevated::Jobs => crate::effects::JOBS_GRANT,
+            Elevated::Replacement => crate::effects::REPLACEMENT_GRANT,
+        }
+    }
+
+    /// Whether `o` renders it.
+    pub fn rendered(self, o: &Options) -> bool {
+        match self {
+            Elevated::Jobs => o.upgrade_jobs,
+            Elevated::Replacement => o.replacement,
+        }
+    }
 }
 
 const MAINTENANCE: &str = "maintenance";
@@ -52,7 +98,7 @@ const CLUSTER: &[Identity] = &[Identity::Cluster];
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 27] = [
+pub const GRANTS: [Grant; 28] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -60,6 +106,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "nodes",
         verbs: &["get", "list", "watch", "patch"],
         why: "watch its node (field-selected); get a node a NodeMaintenance names; patch cordon, taints, label, annotations",
+        only_with: None,
     },
     Grant {
         feature: MAINTENANCE,
@@ -68,6 +115,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "nodes/status",
         verbs: &["patch"],
         why: "publish the Node lifecycle conditions (KEP-5683: MaintenanceInProgress, DrainInProgress, Drained; the cluster role also MaintenancePlanned); the agent's confined to its node's",
+        only_with: None,
     },
     Grant {
         feature: MAINTENANCE,
@@ -76,6 +124,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "pods",
         verbs: &["list", "watch", "delete"],
         why: "watch the pods bound to its node (field-selected); delete finished pods, and what a drain's Force escalation deletes",
+        only_with: None,
     },
     Grant {
         feature: MAINTENANCE,
@@ -84,6 +133,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "pods/eviction",
         verbs: &["create"],
         why: "evict pods (PodDisruptionBudgets apply)",
+        only_with: None,
     },
     Grant {
         feature: MAINTENANCE,
@@ -92,6 +142,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "nodemaintenances",
         verbs: &["get", "list", "watch", "patch"],
         why: "watch NodeMaintenances; add and remove the finalizer",
+        only_with: None,
     },
     Grant {
         feature: MAINTENANCE,
@@ -100,6 +151,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "nodemaintenances/status",
         verbs: &["patch"],
         why: "write phase, counters, conditions",
+        only_with: None,
     },
     Grant {
         feature: MAINTENANCE,
@@ -108,6 +160,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "events",
         verbs: &["create", "patch"],
         why: "record BeginMaintenance etc.; patch repeats an event's count",
+        only_with: None,
     },
     Grant {
         feature: MAINTENANCE,
@@ -116,6 +169,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "leases",
         verbs: &["get", "create", "update", "delete"],
         why: "the medik8s node lease, in medik8s-leases only (a Role, not the ClusterRole)",
+        only_with: None,
     },
     Grant {
         feature: REBOOT,
@@ -124,6 +178,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "rebootpolicies",
         verbs: &["get", "list", "watch"],
         why: "which policy governs a node: its sentinel and reboot command (node role), its spec (cluster role)",
+        only_with: None,
     },
     Grant {
         feature: REBOOT,
@@ -132,6 +187,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "rebootpolicies/status",
         verbs: &["patch"],
         why: "the admission record and per-node reboot phases",
+        only_with: None,
     },
     Grant {
         feature: "reboot, upgrade",
@@ -140,6 +196,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "nodemaintenances",
         verbs: &["create", "delete"],
         why: "take a node for its reboot or upgrade and give it back",
+        only_with: None,
     },
     Grant {
         feature: UPGRADE,
@@ -148,6 +205,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "upgradeplans",
         verbs: &["get", "list", "watch"],
         why: "the plan of a node being upgraded: its command and version (node role), its spec (cluster role)",
+        only_with: None,
     },
     Grant {
         feature: UPGRADE,
@@ -156,14 +214,25 @@ pub const GRANTS: [Grant; 27] = [
         resource: "upgradeplans/status",
         verbs: &["patch"],
         why: "the admission record, per-node phases and the hook Jobs started",
+        only_with: None,
     },
     Grant {
         feature: UPGRADE,
         identities: CLUSTER,
         group: "batch",
         resource: "jobs",
-        verbs: &["create", "list", "watch"],
-        why: "run hook Jobs and type Job upgrade Jobs (labelled and owned by their plan) and watch them by that label; none is ever deleted",
+        verbs: &["list", "watch"],
+        why: "watch hook Jobs and type Job upgrade Jobs by their plan's label",
+        only_with: None,
+    },
+    Grant {
+        feature: UPGRADE,
+        identities: CLUSTER,
+        group: "batch",
+        resource: "jobs",
+        verbs: &["create"],
+        why: "run hook Jobs and type Job upgrade Jobs (labelled and owned by their plan; none is ever deleted). A Job runs a pod as any ServiceAccount of its namespace, privileged where Pod Security allows",
+        only_with: Some(Elevated::Jobs),
     },
     Grant {
         feature: MUTEX,
@@ -172,6 +241,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "mutexrules",
         verbs: &["get", "list", "watch"],
         why: "the mutex operator's APIs, when served (crds --mutex)",
+        only_with: None,
     },
     Grant {
         feature: MUTEX,
@@ -180,6 +250,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "mutexrules/status",
         verbs: &["patch"],
         why: "conditions (and a run's progress), as the mutex operator writes them",
+        only_with: None,
     },
     Grant {
         feature: MUTEX,
@@ -188,6 +259,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "mutextargets",
         verbs: &["get", "list", "watch"],
         why: "the mutex operator's APIs, when served (crds --mutex)",
+        only_with: None,
     },
     Grant {
         feature: MUTEX,
@@ -196,6 +268,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "mutextargets/status",
         verbs: &["patch"],
         why: "conditions (and a run's progress), as the mutex operator writes them",
+        only_with: None,
     },
     Grant {
         feature: MUTEX,
@@ -204,6 +277,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "mutexrunconfigs",
         verbs: &["get", "list", "watch"],
         why: "the mutex operator's APIs, when served (crds --mutex)",
+        only_with: None,
     },
     Grant {
         feature: MUTEX,
@@ -212,6 +286,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "mutexrunconfigs/status",
         verbs: &["patch"],
         why: "conditions (and a run's progress), as the mutex operator writes them",
+        only_with: None,
     },
     Grant {
         feature: MUTEX,
@@ -220,6 +295,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "machineconfigpools",
         verbs: &["get", "list", "watch", "patch"],
         why: "read pools' selectors; pause and unpause target pools, move and restore selectors",
+        only_with: None,
     },
     Grant {
         feature: MUTEX,
@@ -228,6 +304,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "clusterversions",
         verbs: &["get", "list", "watch"],
         why: "the desired version, and whether the cluster's own update completed",
+        only_with: None,
     },
     Grant {
         feature: REPLACE,
@@ -236,6 +313,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "nodeversions,scalinggroups,pendingnodes,autoscalingstrategies,joiningnodes",
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
         why: "Constellation's APIs, when served (crds --constellation) and a provider is given: surge PendingNodes and discovered ScalingGroups are created and deleted, the surge-request annotation and a strategy's enabled flag patched",
+        only_with: None,
     },
     Grant {
         feature: REPLACE,
@@ -244,6 +322,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "nodeversions/status,scalinggroups/status,pendingnodes/status,autoscalingstrategies/status",
         verbs: &["patch"],
         why: "status as Constellation's operator writes it",
+        only_with: None,
     },
     Grant {
         feature: REPLACE,
@@ -251,7 +330,8 @@ pub const GRANTS: [Grant; 27] = [
         group: "",
         resource: "nodes",
         verbs: &["delete"],
-        why: "delete a replaced node once drained (its instance goes through the provider)",
+        why: "delete a replaced node once drained (its instance goes through the provider); it may delete any node",
+        only_with: Some(Elevated::Replacement),
     },
     Grant {
         feature: REPLACE,
@@ -259,7 +339,8 @@ pub const GRANTS: [Grant; 27] = [
         group: "apps",
         resource: "deployments",
         verbs: &["get", "patch"],
-        why: "an AutoscalingStrategy's cluster-autoscaler Deployment: replicas 0 during a rollout, 1 after, and its command",
+        why: "an AutoscalingStrategy's cluster-autoscaler Deployment: replicas 0 during a rollout, 1 after, and its command. Patching any Deployment's template runs pods as its ServiceAccount",
+        only_with: Some(Elevated::Replacement),
     },
     Grant {
         feature: HEALTH,
@@ -268,6 +349,7 @@ pub const GRANTS: [Grant; 27] = [
         resource: "deployments,statefulsets,daemonsets",
         verbs: &["list"],
         why: "gates.health: whether the workloads a gate selects are fully available again, listed only while a node waits on it",
+        only_with: None,
     },
 ];
 
@@ -283,10 +365,10 @@ pub fn readme_table() -> String {
         } else {
             format!("{} ({})", g.resource.replace(',', ", "), g.group)
         };
-        let who = if g.identities.contains(&Identity::Agent) {
-            "node agent, cluster role"
-        } else {
-            "cluster role"
+        let who = match (g.identities.contains(&Identity::Agent), g.only_with) {
+            (true, _) => "node agent, cluster role".to_string(),
+            (false, None) => "cluster role".to_string(),
+            (false, Some(e)) => format!("cluster role, only with {}", e.asked_by()),
         };
         out.push_str(&format!(
             "| {res} | {} | {who} | {} | {} |\n",
@@ -310,8 +392,12 @@ pub(super) fn rules_comment(identity: Identity) -> String {
             } else {
                 format!("{}.{}", g.resource, g.group)
             };
+            let only = g
+                .only_with
+                .map(|e| format!(" (only with {})", e.asked_by()))
+                .unwrap_or_default();
             format!(
-                "#   {res}: {} — [{}] {}",
+                "#   {res}: {}{only} — [{}] {}",
                 g.verbs.join(", "),
                 g.feature,
                 g.why
@@ -327,10 +413,31 @@ pub(super) fn rules(identity: Identity, leases: bool) -> Value {
     Value::Array(
         GRANTS
             .iter()
-            .filter(|g| g.identities.contains(&identity) && (g.resource == "leases") == leases)
+            .filter(|g| {
+                g.identities.contains(&identity)
+                    && (g.resource == "leases") == leases
+                    && g.only_with.is_none()
+            })
             .map(|g| json!({"apiGroups": [g.group], "resources": g.resource.split(',').collect::<Vec<_>>(), "verbs": g.verbs}))
             .collect(),
     )
+}
+
+/// The ClusterRole of grant `e` and its binding to the cluster role.
+pub fn elevated(e: Elevated, o: &Options) -> Vec<Value> {
+    let rules: Vec<Value> = GRANTS
+        .iter()
+        .filter(|g| g.only_with == Some(e))
+        .map(|g| json!({"apiGroups": [g.group], "resources": g.resource.split(',').collect::<Vec<_>>(), "verbs": g.verbs}))
+        .collect();
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": e.role(), "labels": labels()}, "rules": rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": e.role(), "labels": labels()},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": e.role()},
+               "subjects": [{"kind": "ServiceAccount", "name": CLUSTER_ACCOUNT, "namespace": o.namespace}]}),
+    ]
 }
 
 /// The ClusterRole of `identity`, named after its ServiceAccount.

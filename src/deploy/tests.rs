@@ -53,6 +53,83 @@ fn the_cluster_role_reads_only_the_notification_secrets_it_is_given() {
     assert!(bad.validate().is_err());
 }
 
+/// where-features-meet.md finding 9: creating a Job (a pod as any
+/// ServiceAccount of a namespace), patching a Deployment's template and
+/// deleting a node are granted only when the feature that needs them is
+/// rendered, each in a ClusterRole of its own; the k3s folder and the
+/// chart's defaults grant none of them.
+#[test]
+fn what_runs_pods_as_others_or_deletes_nodes_is_granted_only_with_its_feature() {
+    let granted = |docs: &[Value], group: &str, resource: &str, verb: &str| {
+        docs.iter()
+            .filter(|d| d["kind"] == "ClusterRole")
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .any(|r| {
+                r["apiGroups"] == json!([group])
+                    && r["resources"]
+                        .as_array()
+                        .is_some_and(|a| a.contains(&json!(resource)))
+                    && r["verbs"]
+                        .as_array()
+                        .is_some_and(|v| v.contains(&json!(verb)))
+            })
+    };
+    let dangerous = [
+        ("batch", "jobs", "create"),
+        ("apps", "deployments", "patch"),
+        ("", "nodes", "delete"),
+    ];
+    let plain = super::workloads::deployment(&Options::default());
+    for (g, r, v) in dangerous {
+        assert!(!granted(&plain, g, r, v), "{v} {r} granted by default");
+    }
+    assert!(granted(&plain, "batch", "jobs", "watch"));
+    let jobs = super::workloads::deployment(&Options {
+        upgrade_jobs: true,
+        ..Options::default()
+    });
+    assert!(granted(&jobs, "batch", "jobs", "create"));
+    assert!(!granted(&jobs, "", "nodes", "delete"));
+    assert!(jobs.iter().any(|d| d["kind"] == "ClusterRoleBinding"
+        && d["metadata"]["name"] == "nodekeeper-cluster-jobs"
+        && d["subjects"][0]["name"] == CLUSTER_ACCOUNT));
+    let both = super::workloads::deployment(&Options {
+        upgrade_jobs: true,
+        replacement: true,
+        ..Options::default()
+    });
+    for (g, r, v) in dangerous {
+        assert!(granted(&both, g, r, v), "{v} {r}");
+    }
+    // The k3s folder as shipped, and the chart: only behind their values.
+    let k3s = render("k3s", &Options::default()).expect("k3s");
+    assert!(
+        k3s.iter()
+            .all(|f| !f.content.contains("nodekeeper-cluster-jobs"))
+    );
+    let chart = render("helm", &Options::default()).expect("helm");
+    let cluster = chart
+        .iter()
+        .find(|f| f.path == "templates/cluster.yaml")
+        .map(|f| f.content.clone())
+        .unwrap_or_default();
+    let jobs_at = cluster.find("\"nodekeeper-cluster-jobs\"").unwrap_or(0);
+    let gate = cluster
+        .find("{{- if .Values.cluster.upgradeJobs }}")
+        .unwrap_or(usize::MAX);
+    assert!(gate < jobs_at, "{cluster}");
+    let values = chart
+        .iter()
+        .find(|f| f.path == "values.yaml")
+        .map(|f| f.content.clone())
+        .unwrap_or_default();
+    assert!(values.contains("upgradeJobs: false"), "{values}");
+    // The README's table says which switch grants each.
+    assert!(
+        super::rbac::readme_table().contains("cluster role, only with `manifests --upgrade-jobs`")
+    );
+}
+
 #[test]
 fn options_flow_into_the_manifests() {
     let o = Options {
@@ -67,6 +144,8 @@ fn options_flow_into_the_manifests() {
         admission: false,
         notify_default: None,
         notify_secrets: Vec::new(),
+        upgrade_jobs: false,
+        replacement: false,
     };
     let text: String = ["k3s", "static-pod", "systemd", "deployment"]
         .iter()

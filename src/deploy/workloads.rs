@@ -152,6 +152,9 @@ pub fn deployment(o: &Options) -> Vec<Value> {
         cluster_role(Identity::Cluster),
     ];
     docs.extend(bindings(Identity::Cluster, o));
+    for e in Elevated::ALL.into_iter().filter(|e| e.rendered(o)) {
+        docs.extend(elevated(e, o));
+    }
     docs.extend([
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "nodekeeper-leader", "namespace": o.namespace, "labels": labels()},

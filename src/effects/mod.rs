@@ -14,6 +14,7 @@ pub mod host_run;
 pub mod http;
 pub mod lease;
 mod objects;
+pub use objects::{JOBS_GRANT, REPLACEMENT_GRANT};
 pub mod prometheus;
 pub mod provider;
 pub mod talos;
@@ -382,7 +383,11 @@ impl Interpreter {
             Ok(_) => Ok(Outcome::Done),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Done),
             Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404 | 422) => {
-                Ok(Outcome::JobRefused(format!("{} ({})", s.message, s.code)))
+                let hint = objects::ungranted(&kube::Error::Api(s.clone()), objects::JOBS_GRANT);
+                Ok(Outcome::JobRefused(format!(
+                    "{} ({}){hint}",
+                    s.message, s.code
+                )))
             }
             Err(e) => Err(Error::kube(format!("creating Job {ns}/{name}"))(e)),
         }

@@ -12,6 +12,23 @@ use crate::api::constellation::Kind;
 use crate::decide::Outcome;
 use crate::error::{Error, Result};
 
+/// How the cluster role is granted Job create (`deploy::Elevated::Jobs`).
+pub const JOBS_GRANT: &str = "`manifests --upgrade-jobs` (Helm `cluster.upgradeJobs`)";
+/// How it is granted node delete and Deployment patch
+/// (`deploy::Elevated::Replacement`).
+pub const REPLACEMENT_GRANT: &str = "`manifests --replacement` (Helm: a `cluster.providerCommand`)";
+
+/// What a refusal of a grant given only with a feature's switch means:
+/// "(… is granted only with …)", or nothing for any other error.
+pub fn ungranted(e: &kube::Error, asked_by: &str) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => {
+            format!(" (nodekeeper's cluster identity is granted this only with {asked_by})")
+        }
+        _ => String::new(),
+    }
+}
+
 fn api(client: &Client, kind: Kind, namespace: Option<&str>) -> Api<DynamicObject> {
     let ar = kind.resource();
     match namespace {
@@ -66,7 +83,15 @@ pub async fn patch(
         Ok(o) => Ok(written(kind, &o)),
         // Gone: nothing left to patch; the next round sees it gone.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Done),
-        Err(e) => Err(Error::kube(format!("patching {} {name}", kind.name()))(e)),
+        Err(e) => Err(Error::kube(format!(
+            "patching {} {name}{}",
+            kind.name(),
+            if kind == Kind::Deployment {
+                ungranted(&e, REPLACEMENT_GRANT)
+            } else {
+                String::new()
+            }
+        ))(e)),
     }
 }
 
@@ -128,6 +153,9 @@ pub async fn delete_node(client: &Client, name: &str, uid: Option<&str>) -> Resu
     match api.delete(name, &only(uid)).await {
         Ok(_) => Ok(Outcome::Done),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Outcome::Done),
-        Err(e) => Err(Error::kube(format!("deleting node {name}"))(e)),
+        Err(e) => Err(Error::kube(format!(
+            "deleting node {name}{}",
+            ungranted(&e, REPLACEMENT_GRANT)
+        ))(e)),
     }
 }

@@ -837,16 +837,23 @@ pub const NODEKEEPER_NAMESPACE: &str = "nodekeeper";
 /// Apply the cluster role's generated identity once per test binary: its
 /// ServiceAccount `nodekeeper-cluster`, ClusterRole, bindings and leader
 /// Role, from `deploy::deployment` (all of it but the Deployment), beside
-/// the node agent's ([`install_agent_identity`]).
+/// the node agent's ([`install_agent_identity`]). Rendered as for a user
+/// who runs every feature: `--upgrade-jobs` and `--replacement` (the
+/// tests of hook Jobs, Job strategies and replacement need their grants;
+/// that the default lacks them is `deploy::tests`').
 fn install_cluster_identity() {
     static APPLIED: OnceLock<()> = OnceLock::new();
     APPLIED.get_or_init(|| {
         install_agent_identity();
-        let docs: Vec<serde_json::Value> =
-            nodekeeper::deploy::deployment(&nodekeeper::deploy::Options::default())
-                .into_iter()
-                .filter(|d| d["kind"] != "Deployment")
-                .collect();
+        let every_feature = nodekeeper::deploy::Options {
+            upgrade_jobs: true,
+            replacement: true,
+            ..Default::default()
+        };
+        let docs: Vec<serde_json::Value> = nodekeeper::deploy::deployment(&every_feature)
+            .into_iter()
+            .filter(|d| d["kind"] != "Deployment")
+            .collect();
         let out = kubectl(
             &["apply", "--server-side", "--force-conflicts", "-f", "-"],
             Some(&nodekeeper::yaml::documents(&docs)),
