@@ -70,7 +70,7 @@ pub struct ManifestsArgs {
     /// deployment: a Secret the objects' notifications name (repeatable); the cluster role may read these and no other
     #[argh(option)]
     pub notify_secret: Vec<String>,
-    /// deployment, k3s: the cluster role may create Jobs in any namespace (UpgradePlan hooks and strategy type Job); a Job runs pods as any ServiceAccount there
+    /// deployment, k3s: the cluster role may create Jobs in any namespace (UpgradePlan hooks, strategy type Job, the mutex operator's rule Jobs); a Job runs pods as any ServiceAccount there
     #[argh(switch)]
     pub upgrade_jobs: bool,
     /// deployment, k3s: the cluster role may delete nodes and patch Deployments (Constellation node replacement with --provider-command)

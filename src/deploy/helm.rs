@@ -342,9 +342,10 @@ cluster:\n\
 \x20 tolerations: []\n\
 \x20 nodeSelector: {{}}\n\
 \x20 resources: {agent}\n\
-\x20 # UpgradePlan hooks and `strategy.type: Job`: lets the cluster role\n\
-\x20 # create Jobs in any namespace, and a Job runs pods as any\n\
-\x20 # ServiceAccount there (ClusterRole nodekeeper-cluster-jobs).\n\
+\x20 # UpgradePlan hooks, `strategy.type: Job` and the mutex operator's\n\
+\x20 # rule Jobs: lets the cluster role create Jobs in any namespace, and a\n\
+\x20 # Job runs pods as any ServiceAccount there (ClusterRole\n\
+\x20 # nodekeeper-cluster-jobs).\n\
 \x20 upgradeJobs: false\n\
 \x20 # Node replacement (NodeVersion): the provider plugin's path in the\n\
 \x20 # container; bring it in with extraVolumes and extraVolumeMounts. Set,\n\

@@ -87,7 +87,8 @@ pub struct Options {
     /// only Secrets the cluster role may read (`get`, by name).
     pub notify_secrets: Vec<String>,
     /// The cluster role may create Jobs (`--upgrade-jobs`): UpgradePlans'
-    /// hooks and `strategy.type: Job` ([`rbac::Elevated::Jobs`]).
+    /// hooks and `strategy.type: Job`, the mutex operator's rule Jobs
+    /// ([`rbac::Elevated::Jobs`]).
     pub upgrade_jobs: bool,
     /// The cluster role may delete nodes and patch Deployments
     /// (`--replacement`): Constellation node replacement

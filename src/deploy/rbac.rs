@@ -50,8 +50,9 @@ pub struct Grant {
 /// `kubectl get clusterroles` shows what was granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Elevated {
-    /// UpgradePlans' hook Jobs and `strategy.type: Job`
-    /// (`manifests --upgrade-jobs`, Helm `cluster.upgradeJobs`).
+    /// UpgradePlans' hook Jobs and `strategy.type: Job`, and the mutex
+    /// operator's rule Jobs (`manifests --upgrade-jobs`, Helm
+    /// `cluster.upgradeJobs`).
     Jobs,
     /// Constellation node replacement (`manifests --replacement`, Helm:
     /// set with `cluster.providerCommand`).
@@ -98,7 +99,7 @@ const CLUSTER: &[Identity] = &[Identity::Cluster];
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 28] = [
+pub const GRANTS: [Grant; 29] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -226,12 +227,12 @@ pub const GRANTS: [Grant; 28] = [
         only_with: None,
     },
     Grant {
-        feature: UPGRADE,
+        feature: "upgrade, mutex",
         identities: CLUSTER,
         group: "batch",
         resource: "jobs",
         verbs: &["create"],
-        why: "run hook Jobs and type Job upgrade Jobs (labelled and owned by their plan; none is ever deleted). A Job runs a pod as any ServiceAccount of its namespace, privileged where Pod Security allows",
+        why: "run hook Jobs, type Job upgrade Jobs and the mutex operator's rule Jobs (labelled and owned by their object; none is ever deleted). A Job runs a pod as any ServiceAccount of its namespace, privileged where Pod Security allows",
         only_with: Some(Elevated::Jobs),
     },
     Grant {
@@ -338,7 +339,16 @@ pub const GRANTS: [Grant; 28] = [
         identities: CLUSTER,
         group: "apps",
         resource: "deployments",
-        verbs: &["get", "patch"],
+        verbs: &["get"],
+        why: "an AutoscalingStrategy's cluster-autoscaler Deployment: whether it exists (its DeploymentFound condition)",
+        only_with: None,
+    },
+    Grant {
+        feature: REPLACE,
+        identities: CLUSTER,
+        group: "apps",
+        resource: "deployments",
+        verbs: &["patch"],
         why: "an AutoscalingStrategy's cluster-autoscaler Deployment: replicas 0 during a rollout, 1 after, and its command. Patching any Deployment's template runs pods as its ServiceAccount",
         only_with: Some(Elevated::Replacement),
     },

@@ -1117,7 +1117,8 @@ pub fn event_count(e: &k8s_openapi::api::core::v1::Event) -> usize {
 /// its kubeconfig and user name. The cluster's eight audited users hold no
 /// group with rights of their own (tests/controlplane/cluster.sh); each call
 /// in a test process takes the next and binds it to the shipped ClusterRole
-/// of the role `args` run (`run --all-nodes`: the cluster role's, with the
+/// of the role `args` run (`run --all-nodes`: the cluster role's and its
+/// feature grants, with the
 /// leader Role in its `--leader-namespace`; `run --node N`: the node
 /// agent's), and to the medik8s lease Role. (A node agent's token is
 /// not bound to its Node here, so the own-node admission policy, which
@@ -1149,16 +1150,24 @@ pub fn audited_identity_for(args: &[&str]) -> (PathBuf, String) {
             nodekeeper::deploy::CLUSTER_ACCOUNT,
         )
     };
-    // A slot bound for the other role in an earlier test: that goes.
-    let _ = kubectl(
-        &[
-            "delete",
-            "clusterrolebinding",
-            &format!("{user}-{other}"),
-            "--ignore-not-found",
-        ],
-        None,
-    );
+    // A slot bound for the other role in an earlier test: that goes, with
+    // the cluster role's feature grants.
+    let elevated = nodekeeper::deploy::Elevated::ALL.map(|e| e.role());
+    let mut gone = vec![format!("{user}-{other}")];
+    if role != nodekeeper::deploy::CLUSTER_ACCOUNT {
+        gone.extend(elevated.iter().map(|r| format!("{user}-{r}")));
+    }
+    for binding in &gone {
+        let _ = kubectl(
+            &[
+                "delete",
+                "clusterrolebinding",
+                binding,
+                "--ignore-not-found",
+            ],
+            None,
+        );
+    }
     let subject = serde_json::json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]);
     apply(&serde_json::json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -1173,6 +1182,15 @@ pub fn audited_identity_for(args: &[&str]) -> (PathBuf, String) {
         "subjects": subject,
     }));
     if role == nodekeeper::deploy::CLUSTER_ACCOUNT {
+        // Every feature's grants, as install_cluster_identity renders them.
+        for r in elevated {
+            apply(&serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": format!("{user}-{r}")},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": r},
+                "subjects": subject,
+            }));
+        }
         let namespace = value("--leader-namespace").unwrap_or(NODEKEEPER_NAMESPACE);
         // The shipped leader Role, in the namespace of the lease.
         cluster_identity_kubeconfig_in(namespace);
