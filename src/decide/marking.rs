@@ -298,6 +298,60 @@ pub struct Marks<'a> {
     pub owner: &'a str,
 }
 
+/// The condition type that says which marks another object owns.
+pub const WITHHELD: &str = "MarksWithheld";
+
+/// The labels `m` wants on `node` at `stage` that another object owns, and
+/// so are not written: "node N: label K is Kind/name's" (where-features-
+/// meet.md design 2: the object says so rather than fight).
+pub fn withheld(node: &Node, m: &Marks, stage: Stage) -> Vec<String> {
+    let keys = match stage {
+        Stage::Held => &m.labels.during,
+        Stage::Done => &m.labels.after,
+        _ => return Vec::new(),
+    };
+    keys.keys()
+        .filter_map(|k| {
+            let other = owner_of(node, k).filter(|o| *o != m.owner)?;
+            Some(format!("node {}: label {k} is {other}'s", node.name_any()))
+        })
+        .collect()
+}
+
+/// `MarksWithheld=True`, reason `MarkOwnedBy`, naming the first few
+/// withheld marks, while there are any; gone once there are none.
+pub fn report(
+    conds: &mut Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
+    now: k8s_openapi::jiff::Timestamp,
+    withheld: &[String],
+) {
+    if withheld.is_empty() {
+        if let Some(list) = conds {
+            list.retain(|c| c.type_ != WITHHELD);
+        }
+        return;
+    }
+    let list = conds.get_or_insert_with(Vec::new);
+    let more = withheld.len().saturating_sub(3);
+    let mut message = withheld
+        .iter()
+        .take(3)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if more > 0 {
+        message.push_str(&format!("; and {more} more"));
+    }
+    super::set_condition(
+        list,
+        now,
+        WITHHELD,
+        "True",
+        "MarkOwnedBy",
+        &format!("{message}: not written by this object (one owner per mark)"),
+    );
+}
+
 /// The writes `node` needs at `stage`. The taint's is left to the next
 /// pass when the plan already writes that node guarded (a second guarded
 /// write in one plan would fail on the first's change).
@@ -416,6 +470,58 @@ mod tests {
                 .map(String::as_str),
             Some("true")
         );
+    }
+
+    /// Design 2 of the issue: the object that does not own a key it asks
+    /// for says so (`MarksWithheld`, `MarkOwnedBy`), and stops saying so
+    /// once the key is free.
+    #[test]
+    fn a_withheld_mark_is_said_and_the_saying_goes_with_it() {
+        let plain = node(&[], vec![]);
+        let held = applied(&plain, labels(&plain, &marks(), Stage::Held, "", ME));
+        let m = |owner| Marks {
+            labels: Box::leak(Box::new(marks())),
+            soft_taint: false,
+            feature: "upgrade",
+            version: "v2",
+            owner,
+        };
+        let theirs = withheld(&held, &m("UpgradePlan/u"), Stage::Held);
+        assert_eq!(
+            theirs,
+            ["node a: label example.com/rebooting is RebootPolicy/p's"]
+        );
+        assert!(withheld(&held, &m(ME), Stage::Held).is_empty());
+        assert!(withheld(&held, &m("UpgradePlan/u"), Stage::Waiting).is_empty());
+        let mut conds = None;
+        report(
+            &mut conds,
+            "2026-11-22T12:00:00Z".parse().unwrap_or_default(),
+            &theirs,
+        );
+        let c = conds
+            .as_ref()
+            .and_then(|c| c.first())
+            .cloned()
+            .unwrap_or_else(|| panic!("no condition: {conds:?}"));
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            (WITHHELD, "True", "MarkOwnedBy")
+        );
+        assert!(c.message.contains("RebootPolicy/p's"), "{}", c.message);
+        report(
+            &mut conds,
+            "2026-11-22T12:00:00Z".parse().unwrap_or_default(),
+            &[],
+        );
+        assert_eq!(conds, Some(vec![]));
+        let mut none = None;
+        report(
+            &mut none,
+            "2026-11-22T12:00:00Z".parse().unwrap_or_default(),
+            &[],
+        );
+        assert_eq!(none, None, "no conditions written where there were none");
     }
 
     /// where-features-meet.md, finding 6: the owner is gone (or no longer

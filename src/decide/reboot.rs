@@ -425,6 +425,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         version: "",
         owner: &owner,
     };
+    let mut withheld = Vec::new();
     if valid {
         for node in &selected {
             // A node another policy governs carries that policy's marks.
@@ -440,9 +441,10 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             };
             let marks = marking::marks(&d.effects, node, &wanted, stage);
             d.effects.extend(marks);
+            withheld.extend(marking::withheld(node, &wanted, stage));
         }
     }
-    let status = status(
+    let mut status = status(
         s,
         old,
         d.entries,
@@ -451,6 +453,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         &d.not_returned,
         selected.len(),
     );
+    marking::report(&mut status.conditions, s.now, &withheld);
     let mut effects = Vec::new();
     // After the status write: a failed write is decided again, event too.
     let told = super::notify::failure_event(

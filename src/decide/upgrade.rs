@@ -605,6 +605,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         version: s.target(),
         owner: &owner,
     };
+    let mut withheld = Vec::new();
     if valid {
         for &(_, node) in &selected {
             if governing(node, s.plans).is_some_and(|g| g.name_any() != name) {
@@ -618,9 +619,11 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             };
             let marks = marking::marks(&d.effects, node, &wanted, stage);
             d.effects.extend(marks);
+            withheld.extend(marking::withheld(node, &wanted, stage));
         }
     }
-    let status = status(s, old, d.entries, &problems, failure_pause, current);
+    let mut status = status(s, old, d.entries, &problems, failure_pause, current);
+    marking::report(&mut status.conditions, s.now, &withheld);
     let insecure = |st: Option<&UpgradePlanStatus>| {
         st.and_then(|st| st.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == INSECURE_CHANNEL))
