@@ -10,12 +10,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::passes::Kick;
 use crate::api::upgrade::ChannelStatus;
-use crate::decide::upgrade::channel::version_of;
+use crate::decide::upgrade::channel::{record, version_of};
 
 /// How long one question may take.
 pub const DEADLINE: Duration = Duration::from_secs(10);
@@ -77,16 +76,7 @@ impl Channels {
                     );
                 }
                 if let Some(e) = lock(&entries).get_mut(&url) {
-                    match answer {
-                        Ok(v) => {
-                            e.answer.version = Some(v);
-                            e.answer.error = None;
-                            let now = Timestamp::now();
-                            e.answer.resolved =
-                                Some(Time(Timestamp::from_second(now.as_second()).unwrap_or(now)));
-                        }
-                        Err(why) => e.answer.error = Some(why),
-                    }
+                    record(&mut e.answer, answer, Timestamp::now());
                     e.asked = Some(Instant::now());
                     e.asking = false;
                 }

@@ -20,6 +20,25 @@ pub fn version_of(url: &str, code: u16, location: Option<&str>) -> Result<String
         .map_err(|why| format!("its answer ({code}) was refused: {why}"))
 }
 
+/// Record a question's outcome in `status`: a version read (and checked)
+/// replaces the one named and clears the error; a failure or a refused
+/// answer keeps the version named before and says why.
+pub fn record(
+    status: &mut crate::api::upgrade::ChannelStatus,
+    answer: Result<String, String>,
+    now: k8s_openapi::jiff::Timestamp,
+) {
+    match answer {
+        Ok(v) => {
+            status.version = Some(v);
+            status.error = None;
+            let second = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+            status.resolved = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(second));
+        }
+        Err(why) => status.error = Some(why),
+    }
+}
+
 /// The last element of a URL's path (absolute or relative), its `%XX`
 /// escapes decoded, without query or fragment.
 fn last_path_element(url: &str) -> String {

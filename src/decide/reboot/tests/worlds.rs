@@ -66,6 +66,8 @@ struct World {
     boot_commands: BTreeMap<(String, String), (u32, u32)>,
     /// How often a person asked again (`reboot-required`) and it wrote.
     asked_again: usize,
+    /// Hostile channel answers refused (none may reach an effect).
+    hostile_refused: usize,
     plans: Vec<UpgradePlan>,
     stale_plans: BTreeMap<String, UpgradePlan>,
     /// Nodes whose host lacks the upgrade command.
@@ -232,6 +234,7 @@ impl World {
             commands: BTreeMap::new(),
             boot_commands: BTreeMap::new(),
             asked_again: 0,
+            hostile_refused: 0,
             deleted_jobs: Default::default(),
             mark_writers: BTreeMap::new(),
             jobs_deleted: 0,
@@ -265,6 +268,17 @@ impl World {
     /// Apply one effect as the API server and the host would; `Err` ends
     /// the plan (a conflict), as the interpreter does.
     fn apply(&mut self, who: &str, e: &Effect) -> Result<(), String> {
+        // Nothing a hostile channel answered reaches an argv, an image or
+        // a label (statuses may quote it, refused).
+        if matches!(
+            e,
+            Effect::RunHost { .. } | Effect::CreateJob { .. } | Effect::PatchNode { .. }
+        ) {
+            assert!(
+                !format!("{e:?}").contains(upgrades::MARKER),
+                "{who}: an untrusted channel answer reached {e:?}"
+            );
+        }
         match e {
             Effect::WritePolicyStatus {
                 policy,

@@ -18,7 +18,7 @@ use super::super::world_tools::Rng;
 use super::*;
 use crate::api::upgrade::{CHECK_ANNOTATION, RESULT_ANNOTATION, UpgradePlan, UpgradePlanSpec};
 use crate::decide::HostAction;
-use crate::decide::upgrade::{self, node as upgrade_node};
+use crate::decide::upgrade::{self, channel, node as upgrade_node};
 
 /// The label the worlds' nodes report their version in.
 pub(super) const VERSION: &str = "version";
@@ -66,6 +66,17 @@ pub(super) fn plans(rng: &mut Rng) -> Vec<UpgradePlan> {
 
 /// The channel of the plans that follow one.
 const CHANNEL: &str = "https://channel.invalid/stable";
+
+/// What a hostile channel answers: a command, an image reference, a label
+/// breaker. Each carries [`MARKER`], which no effect may ever carry.
+const HOSTILE: [&str; 3] = [
+    "https://channel.invalid/releases/v2;%20touch%20%2Ftmp%2Fpwned",
+    "https://channel.invalid/releases/$(pwned)",
+    "https://channel.invalid/releases/v2@sha256:pwned%0Aevil",
+];
+
+/// The part of every hostile answer that must never reach an effect.
+pub(super) const MARKER: &str = "pwned";
 
 fn plan_selects(p: &UpgradePlan, node: &Node) -> bool {
     matches(p.spec.node_selector.as_ref(), node)
@@ -281,7 +292,9 @@ impl World {
 
     /// The channel's resolver: it names v2 after a while, now and then a
     /// newer release (v3) or back (a release pulled), mid-rollout, and
-    /// sometimes fails to answer (the version it named is kept).
+    /// sometimes fails to answer or answers something hostile (the version
+    /// it named is kept). Each answer is a `302` read and recorded as the
+    /// service reads and records it.
     pub(super) fn resolve_channel(&mut self) {
         let roll = self.rng.below(100);
         let named = self.channel.as_ref().and_then(|c| c.version.clone());
@@ -292,18 +305,31 @@ impl World {
             (Some(_), 0..2) => Some("v2"),
             (Some(v), _) => Some(v),
         };
-        let error = (roll >= 95).then(|| "GET https://channel.invalid/stable: 503".to_string());
-        if version.is_some() || error.is_some() {
-            let old = self.channel.as_ref().and_then(|c| c.version.clone());
-            if version.map(str::to_string) != old {
-                self.trace.push(format!("the channel names {version:?}"));
+        let location = match roll {
+            95..97 => Some(HOSTILE[self.rng.below(HOSTILE.len() as u64) as usize].to_string()),
+            97.. => None,
+            _ => version.map(|v| format!("https://channel.invalid/releases/{v}")),
+        };
+        let answer = match &location {
+            Some(l) => channel::version_of(CHANNEL, 302, Some(l)),
+            None => Err("GET https://channel.invalid/stable: 503".to_string()),
+        };
+        if roll >= 95 || version.is_some() {
+            self.hostile_refused += usize::from((95..97).contains(&roll) && answer.is_err());
+            let mut status = self
+                .channel
+                .clone()
+                .unwrap_or(crate::api::upgrade::ChannelStatus {
+                    url: CHANNEL.into(),
+                    ..Default::default()
+                });
+            let old = status.version.clone();
+            channel::record(&mut status, answer, self.now);
+            if status.version != old {
+                self.trace
+                    .push(format!("the channel names {:?}", status.version));
             }
-            self.channel = Some(crate::api::upgrade::ChannelStatus {
-                url: CHANNEL.into(),
-                version: version.map(str::to_string),
-                resolved: Some(Time(self.now)),
-                error,
-            });
+            self.channel = Some(status);
         }
     }
 
@@ -326,6 +352,7 @@ pub(super) fn is_upgrade(e: &Effect) -> bool {
 /// their command could not run (the worlds must exercise both).
 pub(super) fn tally(w: &World, totals: &mut BTreeMap<&'static str, usize>) {
     *totals.entry("upgrade commands").or_default() += w.upgrades.len();
+    *totals.entry("hostile channel answers refused").or_default() += w.hostile_refused;
     *totals.entry("MaintenancePlanned=True writes").or_default() += w.planned_writes.0;
     *totals.entry("MaintenancePlanned=False writes").or_default() += w.planned_writes.1;
     *totals.entry("nodes that cannot run").or_default() += w
