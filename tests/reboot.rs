@@ -1887,3 +1887,72 @@ fn two_features_share_a_mark_without_a_fight_and_a_deleted_policy_takes_its_mark
         cluster.log_text()
     );
 }
+
+/// where-features-meet.md C5: nodekeeper's binary is replaced on disk while
+/// its agent runs (a package upgrade on a host, a new static binary). The
+/// agent started its command supervisor from `current_exe()`, which then
+/// reads `…/nodekeeper (deleted)`: the reboot failed and the drained node
+/// stayed held. It starts it from `/proc/self/exe`, which stays valid
+/// until the agent restarts: the reboot runs once and the node comes back.
+#[test]
+fn a_binary_replaced_on_disk_keeps_its_running_agent_rebooting() {
+    install_crds();
+    support::install_agent_identity();
+    let (env, names, fleet, bin) = block_on(async {
+        let mut env = TestEnv::new("rb-replaced").await;
+        let names = nodes(&mut env, 1).await;
+        let dir = support::scratch().join(format!("nk-replaced-{:x}", support::rand_u64()));
+        std::fs::create_dir_all(&dir).expect("a scratch dir");
+        let bin = dir.join("nodekeeper");
+        std::fs::copy(env!("CARGO_BIN_EXE_nodekeeper"), &bin).expect("copying the binary");
+        let fleet = Fleet::new_with(
+            env.client.clone(),
+            Some(&["--metrics-address", "off"]),
+            Duration::from_millis(700),
+            Some((
+                bin.clone(),
+                support::cluster().to_path_buf(),
+                "nodekeeper=debug,warn".into(),
+            )),
+        );
+        fleet
+            .node_identity
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        (env, names, fleet, bin)
+    });
+    let n = &names[0];
+    fleet.start_agent(n);
+    // The upgrade: a new file renamed over the running binary, as a
+    // package manager installs one (the agent the machine starts after
+    // its reboot runs the new one).
+    let next = bin.with_extension("new");
+    std::fs::copy(env!("CARGO_BIN_EXE_nodekeeper"), &next).expect("writing the new binary");
+    std::fs::rename(&next, &bin).expect("replacing the binary");
+    let pid = fleet.agent_pid(n).expect("the agent runs");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the agent's exe");
+    assert!(
+        exe.to_string_lossy().ends_with("(deleted)"),
+        "the running binary is the replaced one: {}",
+        exe.display()
+    );
+    fleet.require_reboot(n);
+    block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 1}}),
+    ));
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    fleet.serve(&names, Duration::from_secs(120), || {
+        block_on(settled(&env.client, &names))
+    });
+    assert_eq!(
+        fleet.commands(n),
+        1,
+        "the reboot command ran once; agent log:\n{}",
+        fleet.agent_log(n)
+    );
+    block_on(async {
+        assert_eq!(boot_of(&env.client, n).await, format!("boot-1-{n}"));
+    });
+    drop(cluster);
+}
