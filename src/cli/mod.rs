@@ -275,6 +275,60 @@ mod tests {
         );
     }
 
+    /// Every link to a section of the README or tests/README.md names a
+    /// heading there (GitHub's anchors: lowercased, punctuation dropped,
+    /// spaces as `-`): sections move between the two.
+    #[test]
+    fn every_section_link_in_the_readmes_resolves() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_default();
+        let anchors = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter_map(|l| {
+                    l.trim_start_matches('#')
+                        .strip_prefix(' ')
+                        .filter(|_| l.starts_with('#'))
+                })
+                .map(|h| {
+                    h.trim()
+                        .to_lowercase()
+                        .chars()
+                        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+                        .map(|c| if c == ' ' { '-' } else { c })
+                        .collect()
+                })
+                .collect()
+        };
+        let docs = [
+            ("README.md", read("README.md")),
+            ("tests/README.md", read("tests/README.md")),
+        ];
+        let mut broken = Vec::new();
+        for (name, text) in &docs {
+            for (i, _) in text.match_indices("](") {
+                let link = &text[i + 2..];
+                let link = &link[..link.find(')').unwrap_or(0)];
+                let Some((file, anchor)) = link.split_once('#') else {
+                    continue;
+                };
+                let target = match file {
+                    "" => name,
+                    f if f.ends_with("tests/README.md") => "tests/README.md",
+                    f if f.ends_with("README.md") => "README.md",
+                    _ => continue,
+                };
+                let heads = docs
+                    .iter()
+                    .find(|(n, _)| *n == target)
+                    .map(|(_, t)| anchors(t));
+                if !heads.is_some_and(|h| h.iter().any(|a| a == anchor)) {
+                    broken.push(format!("{name}: {link}"));
+                }
+            }
+        }
+        assert!(broken.is_empty(), "links to no heading: {broken:#?}");
+    }
+
     /// `manifests --help` names every target there is.
     #[test]
     fn the_manifests_help_names_every_target() {
