@@ -189,3 +189,45 @@ fn no_store_waits_until_ready() {
     );
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// The map names every module of `decide/`, `effects/` and `service/`
+/// (as `layer::module`): a module added without a place in the map fails
+/// here, so the map cannot drift from the code unseen.
+#[test]
+fn every_module_is_named_in_the_map() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(root.join("lib.rs")).unwrap_or_default();
+    let map: String = lib
+        .lines()
+        .filter(|l| l.starts_with("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let named = |path: &str| {
+        map.match_indices(path).any(|(i, _)| {
+            !map[i + path.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+        })
+    };
+    let mut missing = Vec::new();
+    for layer in ["decide", "effects", "service"] {
+        let text = std::fs::read_to_string(root.join(layer).join("mod.rs")).unwrap_or_default();
+        for line in text.lines() {
+            let l = line.trim();
+            let Some(rest) = ["pub mod ", "pub(crate) mod ", "mod "]
+                .iter()
+                .find_map(|p| l.strip_prefix(p))
+            else {
+                continue;
+            };
+            let Some(module) = rest.strip_suffix(';') else {
+                continue;
+            };
+            if module != "tests" && !named(&format!("{layer}::{module}")) {
+                missing.push(format!("{layer}::{module}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "modules the map (src/lib.rs) does not name: {missing:?}"
+    );
+}

@@ -57,14 +57,18 @@
 //!   why a node waits, the NodeMaintenance a feature takes a node with),
 //!   [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
 //!   [`decide::claim`], [`decide::foreign`], [`decide::node_conditions`]
-//!   (KEP-5683), [`decide::admission`] (the webhook's refusals).
+//!   (KEP-5683), [`decide::admission`] (the webhook's refusals),
+//!   [`decide::command_check`] (whether a node's agent can run a policy's
+//!   commands, asked before the node is taken).
 //!   `decide/mod.rs` holds the closed set of effects and outcomes.
 //! - `effects/`: [`effects::Interpreter`], the one place that writes to the
 //!   API server on the loop's behalf; [`effects::evict`], [`effects::lease`],
 //!   [`effects::gate`] (whether a leader may still act), [`effects::events`];
 //!   what touches a host: [`effects::host`] and [`effects::host_run`]
 //!   (commands as the host's own processes with a record per command id),
-//!   [`effects::talos`] (machined's API on its socket); and the outside:
+//!   [`effects::talos`] (machined's API on its socket, its wire format in
+//!   [`effects::talos_wire`]); Constellation's objects and the autoscaler
+//!   Deployment written untyped (`effects::objects`); and the outside:
 //!   [`effects::provider`] (the cloud plugin), [`effects::prometheus`],
 //!   [`effects::http`] (notifications, channels).
 //! - `service/`: the loop's wiring. [`service::watch`] (watch machinery),
@@ -95,7 +99,10 @@
 //! - **`decide/` performs no I/O and reads no clock**: time comes in
 //!   through the snapshot (`architecture_tests::decide_performs_no_io_and_reads_no_clock`).
 //! - **Layers import downwards only**
-//!   (`architecture_tests::layers_import_downwards_only`).
+//!   (`architecture_tests::layers_import_downwards_only`), and **this map
+//!   names every module** of `decide/`, `effects/` and `service/`
+//!   (`architecture_tests::every_module_is_named_in_the_map`); its links
+//!   are checked by `cargo doc` in `just lint`.
 //! - **Only [`effects`] writes to the API server** on the loop's behalf
 //!   (`architecture_tests::only_effects_write_to_the_api_server`). A write
 //!   that replaces what another writer may have written carries the

@@ -209,7 +209,9 @@ fn the_talos_client_speaks_machineds_wire_format() {
     drop(failing);
 
     // where-features-meet.md finding 8: an agent restarted mid-upgrade
-    // asks again. machined cancels an install whose caller went away, and
+    // asks again. (An install takes 6 s here: the second caller asks well
+    // within it, so it meets the first one running even on a loaded
+    // machine.) machined cancels an install whose caller went away, and
     // refuses a second while one runs: the ask waits for it, never failing
     // the node, and the installs never overlap.
     let slow = StandIn::start(
@@ -217,7 +219,7 @@ fn the_talos_client_speaks_machineds_wire_format() {
         "1.13.0",
         &marker,
         &os,
-        &["--install-seconds", "3"],
+        &["--install-seconds", "6"],
     );
     let err = block_on(slow.client().upgrade(image, false, Duration::from_secs(1)))
         .expect_err("a caller cut off after 1 s");
