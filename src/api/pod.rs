@@ -47,8 +47,8 @@ pub struct PodSpec {
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct PodStatus {
-    /// Finished pods (Succeeded, Failed) are deleted, not evicted, and do not
-    /// hold a blocking-pod gate.
+    /// Finished pods (Succeeded, Failed) are deleted, not evicted; they and
+    /// pods in phase Unknown do not hold a blocking-pod gate (kured's rule).
     pub phase: Option<String>,
 }
 

@@ -472,6 +472,32 @@ mod tests {
         );
     }
 
+    /// kured's common use of `--pre-reboot-node-labels` and
+    /// `--post-reboot-node-labels`: one key, flipped (`k=false` before the
+    /// drain, `k=true` after the uncordon; `cmd/kured/main.go` `drain` and
+    /// `uncordon`). The same key in `during` and `after` goes from one
+    /// value to the other in one write, never removed in between.
+    #[test]
+    fn one_key_in_during_and_after_flips_as_kureds_labels_do() {
+        let m = NodeLabels {
+            during: [("example.com/ok".to_string(), "false".to_string())].into(),
+            after: [("example.com/ok".to_string(), "true".to_string())].into(),
+        };
+        let plain = node(&[], vec![]);
+        let held = applied(&plain, labels(&plain, &m, Stage::Held, "", ME));
+        assert_eq!(
+            held.labels().get("example.com/ok").map(String::as_str),
+            Some("false")
+        );
+        let done = labels(&held, &m, Stage::Done, "", ME);
+        assert_eq!(
+            patch(done.clone())["metadata"]["labels"],
+            json!({"example.com/ok": "true"})
+        );
+        let after = applied(&held, done);
+        assert!(labels(&after, &m, Stage::Done, "", ME).is_none());
+    }
+
     /// Design 2 of the issue: the object that does not own a key it asks
     /// for says so (`MarksWithheld`, `MarkOwnedBy`), and stops saying so
     /// once the key is free.

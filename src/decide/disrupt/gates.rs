@@ -13,12 +13,15 @@ use crate::api::common::{Budget, Gates};
 use crate::decide::budget::{self, Member};
 use crate::decide::selector::*;
 
-/// The first running pod matching a blocking-pod gate, as `ns/name`.
+/// The first pod matching a blocking-pod gate, as `ns/name`: any pod on
+/// the node but a finished one or one whose state is `Unknown`, as kured
+/// asks (`status.phase!=Succeeded,status.phase!=Failed,
+/// status.phase!=Unknown`, its `pkg/blockers/kubernetespod.go`).
 pub fn blocking_pod(gates: &Gates, pods: &[Arc<Pod>]) -> Option<String> {
     let running = |pod: &Pod| {
         !matches!(
             pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded") | Some("Failed")
+            Some("Succeeded" | "Failed" | "Unknown")
         )
     };
     gates.blocking_pods.iter().find_map(|g| {

@@ -171,3 +171,50 @@ fn gate_selectors_and_namespaces_are_checked_as_the_api_server_would() {
     assert!(problems[0].starts_with("gates.blockingPods[1].selector"));
     assert!(problems[1].starts_with("gates.blockingPods[1].namespace"));
 }
+
+/// kured's `--blocking-pod-selector`: every pod on the node that matches
+/// blocks, but a finished one and one in phase `Unknown` (its field
+/// selector, `pkg/blockers/kubernetespod.go`); Pending and Running do.
+#[test]
+fn blocking_pods_are_the_ones_kured_counts() {
+    use crate::api::common::BlockingPods;
+    use crate::api::pod::PodStatus;
+    let gates = Gates {
+        blocking_pods: vec![BlockingPods {
+            namespace: None,
+            selector: LabelSelector {
+                match_labels: Some([("app".to_string(), "db".to_string())].into()),
+                ..Default::default()
+            },
+        }],
+        ..Default::default()
+    };
+    let pod = |name: &str, phase: Option<&str>| {
+        Arc::new(crate::api::pod::Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("prod".into()),
+                labels: Some([("app".to_string(), "db".to_string())].into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: phase.map(|p| PodStatus {
+                phase: Some(p.into()),
+            }),
+        })
+    };
+    for phase in ["Succeeded", "Failed", "Unknown"] {
+        assert_eq!(
+            blocking_pod(&gates, &[pod("db-0", Some(phase))]),
+            None,
+            "{phase}"
+        );
+    }
+    for phase in [Some("Pending"), Some("Running"), None] {
+        assert_eq!(
+            blocking_pod(&gates, &[pod("db-0", phase)]).as_deref(),
+            Some("prod/db-0"),
+            "{phase:?}"
+        );
+    }
+}
