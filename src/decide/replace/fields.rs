@@ -123,15 +123,5 @@ fn record_write(nv: &NodeVersion, fields: &Fields) -> Effect {
     } else {
         json!(serde_json::to_string(fields).unwrap_or_default())
     };
-    Effect::PatchObject {
-        kind: Kind::NodeVersion,
-        namespace: None,
-        name: nv.name_any(),
-        patch: json!({ "metadata": {
-            "annotations": { RECORD_ANNOTATION: value },
-            "resourceVersion": nv.resource_version(),
-        }}),
-        status: false,
-        strategic: false,
-    }
+    super::surge::annotate(nv, RECORD_ANNOTATION, value)
 }

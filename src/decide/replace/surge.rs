@@ -30,12 +30,18 @@ pub(super) fn write_requests(nv: &NodeVersion, requests: &[(String, String)]) ->
                 .join(",")
         )
     };
+    annotate(nv, SURGE_REQUESTS_ANNOTATION, value)
+}
+
+/// Set (`null`: remove) one of nodekeeper's annotations on the NodeVersion,
+/// guarded by the resourceVersion it was decided on.
+pub(super) fn annotate(nv: &NodeVersion, key: &str, value: Value) -> Effect {
     Effect::PatchObject {
         kind: Kind::NodeVersion,
         namespace: None,
         name: nv.name_any(),
         patch: json!({ "metadata": {
-            "annotations": { SURGE_REQUESTS_ANNOTATION: value },
+            "annotations": { key: value },
             "resourceVersion": nv.resource_version(),
         }}),
         status: false,
