@@ -45,7 +45,7 @@ struct Seen {
     conditions: BTreeMap<String, String>,
     cordoned: bool,
     ready: bool,
-    /// Pods of the test's Deployment bound to the node, as listed right then.
+    /// Pods bound to the node at the revision of this observation.
     pods: usize,
 }
 
@@ -86,8 +86,16 @@ async fn run(role: &str) {
                 let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev else {
                     continue;
                 };
+                // The pods as they were at this very revision of the node,
+                // not as they are by the time this list is sent: the test
+                // relaxes the PDB as soon as it sees the drain, and a list
+                // sent after that would count evictions that came later.
+                let at = kube::api::ListParams::default()
+                    .fields(&format!("spec.nodeName={a}"))
+                    .at(n.metadata.resource_version.as_deref().unwrap_or("0"))
+                    .matching(kube::api::VersionMatch::Exact);
                 let on_node = pods
-                    .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={a}")))
+                    .list(&at)
                     .await
                     .map(|l| {
                         l.items
