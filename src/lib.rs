@@ -47,7 +47,10 @@
 //!   NodeMaintenance life; [`decide::drain`] which pods go and how (kubectl
 //!   drain's rules, PDB blockers, retries); [`decide::reboot`] and
 //!   [`decide::upgrade`] the cluster role's admissions and per-node stages
-//!   and the node role's half (`node.rs`); [`decide::once_per_boot`] the
+//!   and the node role's half (`node.rs`), both built of one skeleton's
+//!   parts in [`decide::rollout`] (the reasons both report, the agent's
+//!   command check, settling, the marks, the end of a pass: a fix to
+//!   those is made there, once); [`decide::once_per_boot`] the
 //!   record of a host reboot per boot and ask, which both use;
 //!   [`decide::version`] the one check of every value that fills
 //!   `{version}`; [`decide::replace`] rolling

@@ -30,6 +30,7 @@ pub mod notify;
 pub mod once_per_boot;
 pub mod reboot;
 pub mod replace;
+pub mod rollout;
 pub mod selector;
 pub mod upgrade;
 pub mod version;

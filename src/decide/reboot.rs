@@ -30,12 +30,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::budget::Member;
-use super::command_check::Check;
 use super::disrupt;
 use super::maintenance::annotation;
 pub use super::once_per_boot::{Ask, failure_in, issued_in};
 use super::selector::{check_selector, selector_matches};
-use super::{Effect, Plan, Then, marking, window};
+use super::{Effect, Plan, marking, rollout, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
 pub use facts::*;
@@ -73,52 +72,42 @@ pub struct Snapshot<'a> {
     pub notified: Option<&'a crate::api::common::NotificationStatus>,
 }
 
+pub use super::rollout::{
+    WAIT_AGENT_CHECK, WAIT_COMMAND, WAIT_IN_MAINTENANCE, WAIT_INVALID, WAIT_PAUSED,
+};
 /// Machine-readable reasons of Waiting and NotReturned entries.
 pub use disrupt::{
     WAIT_ALERT, WAIT_BLOCKING_POD, WAIT_BUDGET, WAIT_GATE, WAIT_NOT_READY, WAIT_WINDOW,
 };
-pub const WAIT_PAUSED: &str = "Paused";
-pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
-pub const WAIT_INVALID: &str = "InvalidSpec";
 /// An older RebootPolicy selects the node too and governs it.
 pub const WAIT_OTHER_POLICY: &str = "OtherPolicy";
 pub const NOT_RETURNED: &str = "NotReturned";
 /// The node's agent cannot read the host's reboot signal.
 pub const SENTINEL_FAILED: &str = "SentinelFailed";
-/// The node's agent has not said yet whether it can run the reboot command.
-pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
-/// The node's agent cannot run the reboot command (the maintenance-only
-/// install, a command missing on the host).
-pub const WAIT_COMMAND: &str = "CommandNotRunnable";
 
 /// Before a node is taken: the agent that would reboot it must have said
 /// it can run the policy's reboot command there (an agent installed
-/// without `--reboot` has no `systemctl`: its node was drained, then the
-/// reboot failed). Not asked when this cluster role reboots the node
-/// itself (`reboot.remoteCommand`). A command that cannot run is reported
-/// on the node once, when it is found.
+/// without `--reboot` has no `systemctl`). Not asked when this cluster
+/// role reboots the node itself (`reboot.remoteCommand`).
 fn agent_check(d: &mut Decision, node: &Node) -> Option<(&'static str, String)> {
     let p = d.s.policy;
     if d.s.remote && !p.spec.reboot.remote_command.is_empty() {
         return None;
     }
-    let n = node.name_any();
-    match node::check_of(node, p) {
-        Check::Runnable => None,
-        Check::Unchecked => Some((
-            WAIT_AGENT_CHECK,
-            "waiting for the node's agent to say it can run the reboot command".into(),
-        )),
-        Check::NotRunnable(why) => {
-            let msg = format!(
+    let w = rollout::agent_wait(
+        node::check_of(node, p),
+        d.prev(&node.name_any()).and_then(|e| e.reason.as_deref()),
+        "waiting for the node's agent to say it can run the reboot command",
+        |why| {
+            format!(
                 "the node's agent cannot run the reboot command: {why} (an agent installed without --reboot cannot reboot its host)"
-            );
-            if d.prev(&n).and_then(|e| e.reason.as_deref()) != Some(WAIT_COMMAND) {
-                d.event(node, true, "RebootCommandNotRunnable", &msg);
-            }
-            Some((WAIT_COMMAND, msg))
-        }
+            )
+        },
+    )?;
+    if w.news {
+        d.event(node, true, "RebootCommandNotRunnable", &w.message);
     }
+    Some((w.reason, w.message))
 }
 
 /// NodeMaintenances a RebootPolicy took nodes with whose policy is gone:
@@ -203,11 +192,10 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     };
 
     // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
-    for m in s.maintenances.iter().filter(|m| owned_by(m, &name)) {
-        if !m.is_deleting() && !s.nodes.iter().any(|n| n.name_any() == m.spec.node_name) {
-            d.give_back(m);
-        }
-    }
+    d.effects
+        .extend(rollout::reclaim_gone(s.maintenances, s.nodes, |m| {
+            owned_by(m, &name)
+        }));
 
     // 1. Nodes we hold, or that settle in their slot.
     for node in &selected {
@@ -425,25 +413,27 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         version: "",
         owner: &owner,
     };
-    let mut withheld = Vec::new();
-    if valid {
-        for node in &selected {
+    let withheld = if valid {
+        let stage_of = |node: &Node| {
             // A node another policy governs carries that policy's marks.
             if node::governing(node, s.policies).is_some_and(|g| g.name_any() != name) {
-                continue;
+                return None;
             }
-            let stage = match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
-                None => marking::Stage::Untouched,
-                Some(RebootPhase::Pending | RebootPhase::Waiting) => marking::Stage::Waiting,
-                Some(RebootPhase::Settling | RebootPhase::Done) => marking::Stage::Done,
-                Some(RebootPhase::Failed) => marking::Stage::Failed,
-                Some(_) => marking::Stage::Held,
-            };
-            let marks = marking::marks(&d.effects, node, &wanted, stage);
-            d.effects.extend(marks);
-            withheld.extend(marking::withheld(node, &wanted, stage));
-        }
-    }
+            Some(
+                match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
+                    None => marking::Stage::Untouched,
+                    Some(RebootPhase::Pending | RebootPhase::Waiting) => marking::Stage::Waiting,
+                    Some(RebootPhase::Settling | RebootPhase::Done) => marking::Stage::Done,
+                    Some(RebootPhase::Failed) => marking::Stage::Failed,
+                    Some(_) => marking::Stage::Held,
+                },
+            )
+        };
+        let nodes = selected.iter().map(|n| n.as_ref());
+        rollout::mark(&mut d.effects, nodes, &wanted, stage_of)
+    } else {
+        Vec::new()
+    };
     let mut status = status(
         s,
         old,
@@ -454,34 +444,19 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         selected.len(),
     );
     marking::report(&mut status.conditions, s.now, &withheld);
-    let mut effects = Vec::new();
     // After the status write: a failed write is decided again, event too.
     let told = super::notify::failure_event(
         kube::Resource::object_ref(p, &()),
         old.notifications.as_ref(),
         status.notifications.as_ref(),
     );
-    if p.status.as_ref() != Some(&status) {
-        effects.push(Effect::WritePolicyStatus {
-            policy: name.clone(),
-            resource_version: p.resource_version(),
-            status: Box::new(status),
-        });
-    }
-    effects.extend(told);
-    effects.extend(d.effects);
-    let note = (!admitted.is_empty()).then(|| {
-        (
-            log::Level::Info,
-            format!("RebootPolicy {name}: admitted {}", admitted.join(", ")),
-        )
+    let write = (p.status.as_ref() != Some(&status)).then(|| Effect::WritePolicyStatus {
+        policy: name.clone(),
+        resource_version: p.resource_version(),
+        status: Box::new(status),
     });
-    Plan {
-        effects,
-        together: false,
-        then: Then::Wait(d.wake),
-        note,
-    }
+    let who = format!("RebootPolicy {name}");
+    rollout::end(write, told, d.effects, &who, &admitted, d.wake)
 }
 
 /// The status from the entries: counts and the two conditions.

@@ -36,7 +36,7 @@ use super::budget::Member;
 use super::disrupt::{self, boot_id, owned_by, ready, unschedulable};
 use super::maintenance::annotation;
 use super::selector::{check_selector, selector_matches};
-use super::{Effect, Plan, Then, marking, window};
+use super::{Effect, Plan, marking, rollout, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::upgrade::*;
 pub use hooks::{JobState, Stage, job_name};
@@ -91,15 +91,14 @@ impl Snapshot<'_> {
     }
 }
 
+pub use super::rollout::{
+    WAIT_AGENT_CHECK, WAIT_COMMAND, WAIT_IN_MAINTENANCE, WAIT_INVALID, WAIT_PAUSED,
+};
 /// Machine-readable reasons of Waiting and Failed entries.
 pub use disrupt::{
     WAIT_ALERT, WAIT_BLOCKING_POD, WAIT_BUDGET, WAIT_GATE, WAIT_NOT_READY, WAIT_WINDOW,
 };
-pub const WAIT_PAUSED: &str = "Paused";
 pub const WAIT_GROUP: &str = "Group";
-
-pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
-pub const WAIT_INVALID: &str = "InvalidSpec";
 pub const WAIT_FAILURE: &str = "Failure";
 pub const WAIT_OTHER_PLAN: &str = "OtherPlan";
 /// Another exclusive plan has a node admitted.
@@ -109,10 +108,6 @@ pub const WAIT_CHANNEL: &str = "Channel";
 /// The upgrade to this version already ran on the node in this boot,
 /// under another plan, and did not bring it there.
 pub const WAIT_ISSUED: &str = "IssuedThisBoot";
-/// The node's agent has not yet said the plan's commands can run there.
-pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
-/// The node's agent found the plan's command cannot run there.
-pub const WAIT_COMMAND: &str = "CommandNotRunnable";
 pub const FAILED_HOOK: &str = "HookFailed";
 pub const FAILED_DRAIN: &str = "DrainFailed";
 pub const FAILED_COMMAND: &str = "CommandFailed";
@@ -343,15 +338,10 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     };
 
     // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
-    for m in s
-        .maintenances
-        .iter()
-        .filter(|m| owned_by(m, OWNER_KIND, &name))
-    {
-        if !m.is_deleting() && !s.nodes.iter().any(|n| n.name_any() == m.spec.node_name) {
-            d.give_back(m);
-        }
-    }
+    d.effects
+        .extend(rollout::reclaim_gone(s.maintenances, s.nodes, |m| {
+            owned_by(m, OWNER_KIND, &name)
+        }));
 
     // 1. Nodes we hold; failed and finished nodes.
     let continue_on_failure = p.spec.on_failure == "Continue";
@@ -605,23 +595,25 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         version: s.target(),
         owner: &owner,
     };
-    let mut withheld = Vec::new();
-    if valid {
-        for &(_, node) in &selected {
+    let withheld = if valid {
+        let stage_of = |node: &Node| {
             if governing(node, s.plans).is_some_and(|g| g.name_any() != name) {
-                continue;
+                return None;
             }
-            let stage = match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
-                None => marking::Stage::Untouched,
-                Some(UpgradePhase::Pending | UpgradePhase::Waiting) => marking::Stage::Waiting,
-                Some(UpgradePhase::Settling | UpgradePhase::Done) => marking::Stage::Done,
-                Some(_) => marking::Stage::Held,
-            };
-            let marks = marking::marks(&d.effects, node, &wanted, stage);
-            d.effects.extend(marks);
-            withheld.extend(marking::withheld(node, &wanted, stage));
-        }
-    }
+            Some(
+                match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
+                    None => marking::Stage::Untouched,
+                    Some(UpgradePhase::Pending | UpgradePhase::Waiting) => marking::Stage::Waiting,
+                    Some(UpgradePhase::Settling | UpgradePhase::Done) => marking::Stage::Done,
+                    Some(_) => marking::Stage::Held,
+                },
+            )
+        };
+        let nodes = selected.iter().map(|(_, n)| n.as_ref());
+        rollout::mark(&mut d.effects, nodes, &wanted, stage_of)
+    } else {
+        Vec::new()
+    };
     let mut status = status(s, old, d.entries, &problems, failure_pause, current);
     marking::report(&mut status.conditions, s.now, &withheld);
     let insecure = |st: Option<&UpgradePlanStatus>| {
@@ -629,42 +621,26 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             .is_some_and(|c| c.iter().any(|c| c.type_ == INSECURE_CHANNEL))
     };
     let newly_insecure = insecure(Some(&status)) && !insecure(p.status.as_ref());
-    let mut effects = Vec::new();
-    // After the status write: a failed write is decided again, event too.
+    // After the status write: a failed write is decided again, events too.
     let told = super::notify::failure_event(
         kube::Resource::object_ref(p, &()),
         old.notifications.as_ref(),
         status.notifications.as_ref(),
     );
-    if p.status.as_ref() != Some(&status) {
-        effects.push(Effect::WriteUpgradeStatus {
-            plan: name.clone(),
-            resource_version: p.resource_version(),
-            status: Box::new(status),
-        });
-    }
-    effects.extend(told);
-    if newly_insecure {
-        effects.push(Effect::Event {
-            object: kube::Resource::object_ref(p, &()),
-            warning: true,
-            reason: INSECURE_CHANNEL,
-            note: PLAIN_HTTP.into(),
-        });
-    }
-    effects.extend(d.effects);
-    let note = (!admitted.is_empty()).then(|| {
-        (
-            log::Level::Info,
-            format!("UpgradePlan {name}: admitted {}", admitted.join(", ")),
-        )
+    let insecure_event = newly_insecure.then(|| Effect::Event {
+        object: kube::Resource::object_ref(p, &()),
+        warning: true,
+        reason: INSECURE_CHANNEL,
+        note: PLAIN_HTTP.into(),
     });
-    Plan {
-        effects,
-        together: false,
-        then: Then::Wait(d.wake),
-        note,
-    }
+    let write = (p.status.as_ref() != Some(&status)).then(|| Effect::WriteUpgradeStatus {
+        plan: name.clone(),
+        resource_version: p.resource_version(),
+        status: Box::new(status),
+    });
+    let who = format!("UpgradePlan {name}");
+    let said = told.into_iter().chain(insecure_event);
+    rollout::end(write, said, d.effects, &who, &admitted, d.wake)
 }
 
 /// Before a node is taken: its agent must have said the plan's commands
@@ -677,20 +653,16 @@ fn agent_check(d: &mut Decision, node: &Node, p: &UpgradePlan) -> Option<(&'stat
         return None;
     }
     let n = node.name_any();
-    match node::check_of(node, p) {
-        node::Check::Runnable => None,
-        node::Check::Unchecked => Some((
-            WAIT_AGENT_CHECK,
-            "waiting for the node's agent to say the plan's commands can run there".into(),
-        )),
-        node::Check::NotRunnable(why) => {
-            let msg = format!("the node's agent cannot run the plan's command: {why}");
-            if d.prev(&n).and_then(|e| e.reason.as_deref()) != Some(WAIT_COMMAND) {
-                d.event(&n, true, "UpgradeCommandNotRunnable", &msg);
-            }
-            Some((WAIT_COMMAND, msg))
-        }
+    let w = rollout::agent_wait(
+        node::check_of(node, p),
+        d.prev(&n).and_then(|e| e.reason.as_deref()),
+        "waiting for the node's agent to say the plan's commands can run there",
+        |why| format!("the node's agent cannot run the plan's command: {why}"),
+    )?;
+    if w.news {
+        d.event(&n, true, "UpgradeCommandNotRunnable", &w.message);
     }
+    Some((w.reason, w.message))
 }
 
 /// Condition and Event of a plan whose channel is asked over plain http.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 
@@ -17,7 +17,8 @@ use crate::api::nodemaintenance::{NodeMaintenance, Phase};
 use crate::api::reboot::*;
 use crate::decide::maintenance::owner_of;
 use crate::decide::once_per_boot::{Ask, failure_in, issued_in};
-use crate::decide::{Effect, HostAction, duration_until, earliest, health};
+use crate::decide::rollout::{self, after};
+use crate::decide::{Effect, HostAction, duration_until, earliest};
 
 /// One decision in the making: the new entries, the effects that follow
 /// the status write, and when to look again.
@@ -101,12 +102,7 @@ impl<'a> Decision<'a> {
     }
 
     pub(super) fn give_back(&mut self, nm: &NodeMaintenance) {
-        if let Some(uid) = nm.uid() {
-            self.effects.push(Effect::DeleteMaintenance {
-                nm: nm.name_any(),
-                uid,
-            });
-        }
+        self.effects.extend(rollout::give_back(nm));
     }
 
     /// `node` waits: another disruption holds it.
@@ -301,7 +297,7 @@ impl<'a> Decision<'a> {
     /// passed.
     fn still_may_return(&self, n: &str) -> Option<Timestamp> {
         let prev = self.prev(n).filter(|e| e.phase == RebootPhase::Rebooting)?;
-        let limit = self.s.policy.spec.reboot.return_timeout_seconds.max(0) as u64;
+        let limit = i64::from(self.s.policy.spec.reboot.return_timeout_seconds.max(0));
         let due = after(prev.since.0, limit);
         (self.s.now < due).then_some(due)
     }
@@ -324,69 +320,35 @@ impl<'a> Decision<'a> {
     /// healthy again (or the gate's timeout says otherwise).
     pub(super) fn settling(&mut self, node: &Node, given_back: bool, prev: &NodeReboot) {
         let n = node.name_any();
-        let gates = &self.s.policy.spec.gates;
         let before = prev.boot_id_before.as_deref();
-        // `since` is kept to the second (metav1.Time), up to a second
-        // before the return: counting a second more never cuts the
-        // cooldown short of settleSeconds.
-        let settle = gates.settle_seconds.max(0) as u64;
-        let until = after(prev.since.0, if settle > 0 { settle + 1 } else { 0 });
-        let waiting = health::unhealthy(gates, node, self.s.health, self.s.alerts);
-        if given_back && self.s.now >= until && waiting.is_empty() {
-            self.set(
-                &n,
-                RebootPhase::Done,
-                before,
-                None,
-                "reboot verified".into(),
-            );
-            return;
+        let (next, warn, wake) = rollout::settle(&rollout::Settling {
+            gates: &self.s.policy.spec.gates,
+            node,
+            health: self.s.health,
+            alerts: self.s.alerts,
+            now: self.s.now,
+            since: prev.since.0,
+            reason: prev.reason.as_deref(),
+            given_back,
+            done: "reboot verified",
+        });
+        if let Some(t) = wake {
+            self.wake_at(t);
         }
-        if self.s.now < until {
-            self.wake_at(until);
-        }
-        let Some(gate) = gates.health.as_ref().filter(|_| !waiting.is_empty()) else {
-            // Settling its time out (or its give-back still running): the
-            // entry as it was, no status write for nothing.
-            self.entries.insert(n, prev.clone());
-            return;
-        };
-        let what = health::summary(&waiting);
-        let due = after(prev.since.0, gate.timeout_seconds.max(0) as u64);
-        if self.s.now < due {
-            self.wake_at(due);
-            let msg = format!("reboot verified; waiting for health: {what}");
-            return self.set(&n, RebootPhase::Settling, before, None, msg);
-        }
-        let limit = gate.timeout_seconds;
-        let first = prev.reason.as_deref() != Some(health::HEALTH_TIMEOUT);
-        if gate.on_timeout == "Continue" && given_back {
-            let msg = format!(
-                "reboot verified; not healthy within {limit} s (gates.health, onTimeout: Continue): {what}"
-            );
-            self.event(node, true, "HealthTimeout", &msg);
-            self.set(
-                &n,
-                RebootPhase::Done,
-                before,
-                Some(health::HEALTH_TIMEOUT),
-                msg,
-            );
-            return;
-        }
-        let msg = format!(
-            "not healthy within {limit} s (gates.health); keeps its slot until it is: {what}"
-        );
-        if first {
+        if let Some(msg) = warn {
             self.event(node, true, "HealthTimeout", &msg);
         }
-        self.set(
-            &n,
-            RebootPhase::Settling,
-            before,
-            Some(health::HEALTH_TIMEOUT),
-            msg,
-        );
+        match next {
+            rollout::Settled::Done(reason, msg) => {
+                self.set(&n, RebootPhase::Done, before, reason, msg)
+            }
+            rollout::Settled::Settling(reason, msg) => {
+                self.set(&n, RebootPhase::Settling, before, reason, msg)
+            }
+            rollout::Settled::Unchanged => {
+                self.entries.insert(n, prev.clone());
+            }
+        }
     }
 
     /// Back with a new boot and Ready: its need cleared, it keeps its slot
@@ -457,7 +419,7 @@ impl<'a> Decision<'a> {
     /// slot and is reported, once.
     fn deadline(&mut self, node: &Node) {
         let n = node.name_any();
-        let limit = self.s.policy.spec.reboot.return_timeout_seconds.max(0) as u64;
+        let limit = i64::from(self.s.policy.spec.reboot.return_timeout_seconds.max(0));
         let Some(e) = self.entries.get_mut(&n) else {
             return;
         };
@@ -484,9 +446,4 @@ impl<'a> Decision<'a> {
 
 fn policy_ref(p: &RebootPolicy) -> ObjectReference {
     p.object_ref(&())
-}
-
-pub(super) fn after(t: Timestamp, secs: u64) -> Timestamp {
-    t.checked_add(SignedDuration::from_secs(secs as i64))
-        .unwrap_or(t)
 }

@@ -17,6 +17,7 @@ use crate::api::nodemaintenance::{
     NodeMaintenanceSpec, NodeMaintenanceStatus, Phase,
 };
 use crate::decide::HostAction;
+use crate::decide::Then;
 
 fn now() -> Timestamp {
     "2026-11-23T12:00:00Z".parse().unwrap_or_default()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use super::hooks::{self, Attempt, JobState, Stage};
@@ -18,7 +18,8 @@ use crate::decide::disrupt::{node_ref, owner_ref, take};
 use crate::decide::maintenance::owner_of;
 use crate::decide::once_per_boot::{Ask, failure_in};
 use crate::decide::reboot::facts::talos_release;
-use crate::decide::{duration_until, earliest, health};
+use crate::decide::rollout::{self, after};
+use crate::decide::{duration_until, earliest};
 
 /// How long past a hook's deadline its Job may still run before we stop
 /// waiting for it (the Job's own `activeDeadlineSeconds` normally ends it
@@ -130,12 +131,7 @@ impl<'a> Decision<'a> {
     }
 
     pub(super) fn give_back(&mut self, nm: &NodeMaintenance) {
-        if let Some(uid) = nm.uid() {
-            self.effects.push(Effect::DeleteMaintenance {
-                nm: nm.name_any(),
-                uid,
-            });
-        }
+        self.effects.extend(rollout::give_back(nm));
     }
 
     /// Admit a node: the entry (the admission record) and the first step's
@@ -285,62 +281,40 @@ impl<'a> Decision<'a> {
         if let Some(m) = ours.filter(|m| !m.is_deleting()) {
             self.give_back(m);
         }
-        let gates = &self.s.plan.spec.gates;
-        let v = version(e, self.s.plan).to_string();
-        // `since` is kept to the second (metav1.Time): a second more never
-        // cuts the cooldown short of settleSeconds.
-        let settle = gates.settle_seconds.max(0) as i64;
-        let until = after(e.since.0, if settle > 0 { settle + 1 } else { 0 });
-        let waiting = health::unhealthy(gates, node, self.s.health, self.s.alerts);
-        let next = |phase, reason, message| Next {
+        let done = format!("upgraded to {}", version(e, self.s.plan));
+        let (next, warn, wake) = rollout::settle(&rollout::Settling {
+            gates: &self.s.plan.spec.gates,
+            node,
+            health: self.s.health,
+            alerts: self.s.alerts,
+            now: self.s.now,
+            since: e.since.0,
+            reason: e.reason.as_deref(),
+            given_back: ours.is_none(),
+            done: &done,
+        });
+        if let Some(t) = wake {
+            self.wake_at(t);
+        }
+        if let Some(msg) = warn {
+            self.event(&e.name, true, "HealthTimeout", &msg);
+        }
+        let (phase, reason, message) = match next {
+            rollout::Settled::Done(reason, msg) => (UpgradePhase::Done, reason, msg),
+            rollout::Settled::Settling(reason, msg) => (UpgradePhase::Settling, reason, msg),
+            rollout::Settled::Unchanged => {
+                self.entries.insert(e.name.clone(), e.clone());
+                return;
+            }
+        };
+        let next = Next {
             phase,
             hook: None,
             job: None,
             reason,
             message,
         };
-        if ours.is_none() && self.s.now >= until && waiting.is_empty() {
-            return self.step(
-                e,
-                next(UpgradePhase::Done, None, format!("upgraded to {v}")),
-            );
-        }
-        if self.s.now < until {
-            self.wake_at(until);
-        }
-        let Some(gate) = gates.health.as_ref().filter(|_| !waiting.is_empty()) else {
-            self.entries.insert(e.name.clone(), e.clone());
-            return;
-        };
-        let what = health::summary(&waiting);
-        let due = after(e.since.0, gate.timeout_seconds.max(0) as i64);
-        if self.s.now < due {
-            self.wake_at(due);
-            let msg = format!("upgraded to {v}; waiting for health: {what}");
-            return self.step(e, next(UpgradePhase::Settling, None, msg));
-        }
-        let limit = gate.timeout_seconds;
-        let first = e.reason.as_deref() != Some(health::HEALTH_TIMEOUT);
-        if gate.on_timeout == "Continue" && ours.is_none() {
-            let msg = format!(
-                "upgraded to {v}; not healthy within {limit} s (gates.health, onTimeout: Continue): {what}"
-            );
-            self.event(&e.name, true, "HealthTimeout", &msg);
-            return self.step(
-                e,
-                next(UpgradePhase::Done, Some(health::HEALTH_TIMEOUT), msg),
-            );
-        }
-        let msg = format!(
-            "upgraded to {v}; not healthy within {limit} s (gates.health); keeps its slot until it is: {what}"
-        );
-        if first {
-            self.event(&e.name, true, "HealthTimeout", &msg);
-        }
-        self.step(
-            e,
-            next(UpgradePhase::Settling, Some(health::HEALTH_TIMEOUT), msg),
-        );
+        self.step(e, next);
     }
 
     /// The node failed: recorded with its generation (a spec change
@@ -753,8 +727,4 @@ fn attempt(e: &NodeUpgrade) -> Attempt<'_> {
 
 fn plan_ref(p: &UpgradePlan) -> ObjectReference {
     p.object_ref(&())
-}
-
-fn after(t: Timestamp, secs: i64) -> Timestamp {
-    t.checked_add(SignedDuration::from_secs(secs)).unwrap_or(t)
 }

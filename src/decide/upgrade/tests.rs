@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::*;
 use crate::api::nodemaintenance::{NodeMaintenanceStatus, Phase};
+use crate::decide::Then;
 use crate::decide::{Effect, HostAction};
 
 const VERSION_LABEL: &str = "example.com/os-version";

@@ -1,0 +1,348 @@
+//! What a reboot wave ([`super::reboot`]) and an upgrade plan
+//! ([`super::upgrade`]) share: the parts of one rollout skeleton.
+//!
+//! Both decisions read their object, give back what they hold on nodes
+//! that are gone, follow the nodes they hold, admit new ones within the
+//! limits, mark the nodes they govern and end the pass with a guarded
+//! status write followed by the steps' effects. What the two do the same
+//! way is written here once — the reasons both report, the agent's
+//! command check, settling after the node came back, the marks, the end
+//! of a pass — so a fix to any of it is made once and reaches both (the
+//! retry defect of the findings existed in both copies).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+
+use super::command_check::Check;
+use super::disrupt::Alerts;
+use super::health::{self, Health};
+use super::{Effect, Plan, Then, marking};
+use crate::api::common::Gates;
+use crate::api::nodemaintenance::NodeMaintenance;
+
+/// A person paused the node (reboots) or the object (upgrades).
+pub const WAIT_PAUSED: &str = "Paused";
+/// Another disruption's NodeMaintenance holds the node.
+pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
+/// The object's spec has a problem the schema could not catch.
+pub const WAIT_INVALID: &str = "InvalidSpec";
+/// The node's agent has not said yet whether it can run the command.
+pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
+/// The node's agent cannot run the command (the maintenance-only install,
+/// a program missing on the host).
+pub const WAIT_COMMAND: &str = "CommandNotRunnable";
+
+/// The delete that gives a node back: our NodeMaintenance, guarded by its
+/// uid (a NodeMaintenance of that name created since is someone else's).
+pub fn give_back(nm: &NodeMaintenance) -> Option<Effect> {
+    Some(Effect::DeleteMaintenance {
+        nm: nm.name_any(),
+        uid: nm.uid()?,
+    })
+}
+
+/// The owner's NodeMaintenances on nodes that are gone: given back, so
+/// their slots are reclaimed.
+pub fn reclaim_gone(
+    maintenances: &[std::sync::Arc<NodeMaintenance>],
+    nodes: &[std::sync::Arc<Node>],
+    owned: impl Fn(&NodeMaintenance) -> bool,
+) -> Vec<Effect> {
+    maintenances
+        .iter()
+        .filter(|m| owned(m) && !m.is_deleting())
+        .filter(|m| !nodes.iter().any(|n| n.name_any() == m.spec.node_name))
+        .filter_map(|m| give_back(m))
+        .collect()
+}
+
+/// `t` plus `secs` seconds (a negative count as none).
+pub fn after(t: Timestamp, secs: i64) -> Timestamp {
+    t.checked_add(SignedDuration::from_secs(secs.max(0)))
+        .unwrap_or(t)
+}
+
+/// Why a node waits for its agent's command check, if it does.
+#[derive(Debug, PartialEq)]
+pub struct AgentWait {
+    pub reason: &'static str,
+    pub message: String,
+    /// Found in this pass (it was not the node's reason before): said
+    /// once, as an Event.
+    pub news: bool,
+}
+
+/// Before a node is taken, its agent must have said the object's command
+/// can run there: a command that cannot drained the node, then failed
+/// and left it in maintenance. `unchecked` is what a node waiting for the
+/// answer says; `cannot` words the agent's reason.
+pub fn agent_wait(
+    check: Check,
+    previous_reason: Option<&str>,
+    unchecked: &str,
+    cannot: impl FnOnce(&str) -> String,
+) -> Option<AgentWait> {
+    match check {
+        Check::Runnable => None,
+        Check::Unchecked => Some(AgentWait {
+            reason: WAIT_AGENT_CHECK,
+            message: unchecked.into(),
+            news: false,
+        }),
+        Check::NotRunnable(why) => Some(AgentWait {
+            reason: WAIT_COMMAND,
+            message: cannot(&why),
+            news: previous_reason != Some(WAIT_COMMAND),
+        }),
+    }
+}
+
+/// A node that came back and was verified, as its object settles it.
+pub struct Settling<'a> {
+    pub gates: &'a Gates,
+    pub node: &'a Node,
+    pub health: Option<&'a Health>,
+    pub alerts: Option<&'a Alerts>,
+    pub now: Timestamp,
+    /// When the node started settling.
+    pub since: Timestamp,
+    /// The reason its entry had.
+    pub reason: Option<&'a str>,
+    /// Its NodeMaintenance is gone (the node is schedulable again).
+    pub given_back: bool,
+    /// What was done, as its entry says it ("reboot verified",
+    /// "upgraded to v1.2.3").
+    pub done: &'a str,
+}
+
+/// Where a settling node goes.
+#[derive(Debug, PartialEq)]
+pub enum Settled {
+    /// Done, with a reason when the health gate's timeout let it go.
+    Done(Option<&'static str>, String),
+    /// Still settling, keeping its slot.
+    Settling(Option<&'static str>, String),
+    /// Its entry as it was (settling its time out, or its give-back still
+    /// running): no status write for nothing.
+    Unchanged,
+}
+
+/// The verdict on a settling node: it keeps its slot for `settleSeconds`
+/// and, with `gates.health`, until the cluster is healthy again or the
+/// gate's timeout says otherwise. Also a warning to say (the health
+/// timeout, once) and when to look again.
+pub fn settle(s: &Settling) -> (Settled, Option<String>, Option<Timestamp>) {
+    // `since` is kept to the second (metav1.Time), up to a second before
+    // the return: counting a second more never cuts the cooldown short of
+    // settleSeconds.
+    let settle = s.gates.settle_seconds.max(0) as i64;
+    let until = after(s.since, if settle > 0 { settle + 1 } else { 0 });
+    let waiting = health::unhealthy(s.gates, s.node, s.health, s.alerts);
+    let done = s.done;
+    if s.given_back && s.now >= until && waiting.is_empty() {
+        return (Settled::Done(None, done.into()), None, None);
+    }
+    let mut wake = (s.now < until).then_some(until);
+    let Some(gate) = s.gates.health.as_ref().filter(|_| !waiting.is_empty()) else {
+        return (Settled::Unchanged, None, wake);
+    };
+    let what = health::summary(&waiting);
+    let due = after(s.since, gate.timeout_seconds.max(0) as i64);
+    if s.now < due {
+        wake = Some(wake.map_or(due, |w| w.min(due)));
+        let msg = format!("{done}; waiting for health: {what}");
+        return (Settled::Settling(None, msg), None, wake);
+    }
+    let limit = gate.timeout_seconds;
+    let timeout = Some(health::HEALTH_TIMEOUT);
+    if gate.on_timeout == "Continue" && s.given_back {
+        let msg = format!(
+            "{done}; not healthy within {limit} s (gates.health, onTimeout: Continue): {what}"
+        );
+        return (Settled::Done(timeout, msg.clone()), Some(msg), wake);
+    }
+    let msg = format!(
+        "{done}; not healthy within {limit} s (gates.health); keeps its slot until it is: {what}"
+    );
+    let first = s.reason != Some(health::HEALTH_TIMEOUT);
+    (
+        Settled::Settling(timeout, msg.clone()),
+        first.then_some(msg),
+        wake,
+    )
+}
+
+/// The object's marks on the nodes it selects, from each node's stage
+/// (`None`: another object governs the node and marks it). Returns what
+/// it could not mark because another object owns the key, for
+/// [`marking::report`].
+pub fn mark<'n>(
+    effects: &mut Vec<Effect>,
+    nodes: impl IntoIterator<Item = &'n Node>,
+    wanted: &marking::Marks,
+    stage_of: impl Fn(&Node) -> Option<marking::Stage>,
+) -> Vec<String> {
+    let mut withheld = Vec::new();
+    for node in nodes {
+        let Some(stage) = stage_of(node) else {
+            continue;
+        };
+        let marks = marking::marks(effects, node, wanted, stage);
+        effects.extend(marks);
+        withheld.extend(marking::withheld(node, wanted, stage));
+    }
+    withheld
+}
+
+/// The end of a pass: the status write (first, guarded; `None` when the
+/// status is as stored), what it says once written (a failed write is
+/// decided again, and so are these), then the steps' effects; the log
+/// line names the nodes admitted.
+pub fn end(
+    status_write: Option<Effect>,
+    said: impl IntoIterator<Item = Effect>,
+    steps: Vec<Effect>,
+    who: &str,
+    admitted: &[String],
+    wake: Option<Duration>,
+) -> Plan {
+    let mut effects: Vec<Effect> = status_write.into_iter().collect();
+    effects.extend(said);
+    effects.extend(steps);
+    let note = (!admitted.is_empty()).then(|| {
+        (
+            log::Level::Info,
+            format!("{who}: admitted {}", admitted.join(", ")),
+        )
+    });
+    Plan {
+        effects,
+        together: false,
+        then: Then::Wait(wake),
+        note,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::common::HealthGate;
+
+    fn at(secs: i64) -> Timestamp {
+        after(Timestamp::UNIX_EPOCH, secs)
+    }
+
+    fn verdict(
+        gates: &Gates,
+        now: i64,
+        reason: Option<&str>,
+        given_back: bool,
+    ) -> (Settled, Option<String>, Option<Timestamp>) {
+        settle(&Settling {
+            gates,
+            node: &Node::default(),
+            health: Some(&Health::Unknown("the list failed".into())),
+            alerts: None,
+            now: at(now),
+            since: at(0),
+            reason,
+            given_back,
+            done: "reboot verified",
+        })
+    }
+
+    #[test]
+    fn a_node_settles_its_seconds_out_without_a_status_write() {
+        let gates = Gates {
+            settle_seconds: 30,
+            ..Gates::default()
+        };
+        // A second more than asked: `since` is kept to the second.
+        assert_eq!(
+            verdict(&gates, 10, None, true),
+            (Settled::Unchanged, None, Some(at(31)))
+        );
+        assert_eq!(
+            verdict(&gates, 31, None, true),
+            (Settled::Done(None, "reboot verified".into()), None, None)
+        );
+        // Not given back yet: it stays, whatever the clock says.
+        assert_eq!(verdict(&gates, 40, None, false).0, Settled::Unchanged);
+    }
+
+    #[test]
+    fn past_the_health_timeout_a_node_keeps_its_slot_and_says_so_once() {
+        let gates = Gates {
+            health: Some(HealthGate {
+                timeout_seconds: 60,
+                on_timeout: "Pause".into(),
+                ..HealthGate::default()
+            }),
+            ..Gates::default()
+        };
+        let (waiting, warn, wake) = verdict(&gates, 10, None, true);
+        assert!(
+            matches!(&waiting, Settled::Settling(None, m) if m.starts_with("reboot verified; waiting for health:")),
+            "{waiting:?}"
+        );
+        assert_eq!((warn, wake), (None, Some(at(60))));
+        let (held, warn, _) = verdict(&gates, 61, None, true);
+        let Settled::Settling(Some(health::HEALTH_TIMEOUT), msg) = held else {
+            panic!("{held:?}");
+        };
+        assert!(
+            msg.starts_with("reboot verified; not healthy within 60 s"),
+            "{msg}"
+        );
+        assert_eq!(warn, Some(msg), "said the first time");
+        let (_, again, _) = verdict(&gates, 90, Some(health::HEALTH_TIMEOUT), true);
+        assert_eq!(again, None, "not said again");
+    }
+
+    #[test]
+    fn on_timeout_continue_lets_a_given_back_node_go() {
+        let gates = Gates {
+            health: Some(HealthGate {
+                timeout_seconds: 60,
+                on_timeout: "Continue".into(),
+                ..HealthGate::default()
+            }),
+            ..Gates::default()
+        };
+        let (done, warn, _) = verdict(&gates, 61, None, true);
+        assert!(
+            matches!(done, Settled::Done(Some(health::HEALTH_TIMEOUT), _)),
+            "{done:?}"
+        );
+        assert!(warn.is_some());
+        // Still held by its NodeMaintenance: the slot stays until it goes.
+        let (held, _, _) = verdict(&gates, 61, None, false);
+        assert!(matches!(held, Settled::Settling(Some(_), _)), "{held:?}");
+    }
+
+    #[test]
+    fn a_command_that_cannot_run_is_news_once() {
+        let cannot = |why: &str| format!("cannot: {why}");
+        let no = || Check::NotRunnable("no systemctl".into());
+        assert_eq!(agent_wait(Check::Runnable, None, "asking", cannot), None);
+        let asking = agent_wait(Check::Unchecked, None, "asking", cannot);
+        assert_eq!(
+            asking.map(|w| (w.reason, w.news)),
+            Some((WAIT_AGENT_CHECK, false))
+        );
+        let found = agent_wait(no(), Some(WAIT_AGENT_CHECK), "asking", cannot);
+        assert_eq!(
+            found,
+            Some(AgentWait {
+                reason: WAIT_COMMAND,
+                message: "cannot: no systemctl".into(),
+                news: true
+            })
+        );
+        let still = agent_wait(no(), Some(WAIT_COMMAND), "asking", cannot);
+        assert_eq!(still.map(|w| w.news), Some(false));
+    }
+}
