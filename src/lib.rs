@@ -81,7 +81,8 @@
 //!   [`service::context`], [`service::executor`], [`service::cluster`] (the
 //!   cluster role's one scheduler; [`service::planned`] last), background
 //!   answers no pass waits for ([`service::alerts`], [`service::health`],
-//!   [`service::notifier`], [`service::channels`]), one module per feature's
+//!   [`service::notifier`], [`service::channels`]; what a rollout's gates
+//!   read of them, once for both: [`service::gate_answers`]), one module per feature's
 //!   half ([`service::reboots`], [`service::upgrades`], [`service::mutex`],
 //!   [`service::replace`]), [`service::reconcile`] (the node controller),
 //!   [`service::connect`] (credentials, the HTTP/2 client, start-up checks),

@@ -24,6 +24,7 @@ pub mod context;
 pub mod executor;
 pub mod failing;
 pub mod fresh;
+pub mod gate_answers;
 pub mod health;
 pub mod leader;
 pub mod metrics;

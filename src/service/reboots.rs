@@ -60,17 +60,11 @@ async fn reconcile_policy(
     failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
-    // Prometheus's last answer (asked in the background), and when to look
-    // again: alerts come and go without an event to wake the pass.
-    let gate = policy.spec.gates.prometheus.as_ref();
-    let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
-    let unlisted = ctx.pods.first_unlisted(&policy.spec.gates.blocking_pods);
     let holding = policy
         .status
         .as_ref()
         .is_some_and(|s| s.nodes.iter().any(|e| e.phase.holds_slot()));
-    let gate = policy.spec.gates.health.as_ref();
-    let (health, again_health) = ctx.health.when_holding(&ctx.effects.client, gate, holding);
+    let gates = super::gate_answers::answers(ctx, &policy.spec.gates, holding);
     ctx.notify.observe_policy(policy, None);
     let notified = ctx.notify.status(policy.uid().as_deref());
     let plan = {
@@ -87,9 +81,9 @@ async fn reconcile_policy(
             now,
             remote: !ctx.node_agents,
             failing,
-            alerts: alerts.as_ref(),
-            health: health.as_ref(),
-            gates_unlisted: unlisted.as_deref(),
+            alerts: gates.alerts.as_ref(),
+            health: gates.health.as_ref(),
+            gates_unlisted: gates.unlisted.as_deref(),
             notified: notified.as_ref(),
         })
     };
@@ -99,10 +93,7 @@ async fn reconcile_policy(
         record_command(effect, outcome)
     })
     .await?;
-    Ok(earliest(
-        earliest(executor::wake(then), again),
-        again_health,
-    ))
+    Ok(earliest(executor::wake(then), gates.again))
 }
 
 /// A host command's result, recorded on its node next (a failed reboot:

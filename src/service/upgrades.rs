@@ -63,18 +63,12 @@ async fn reconcile_plan(
     failing: Option<&str>,
 ) -> Result<Option<Duration>> {
     let now = Timestamp::now();
-    // Prometheus's last answer (asked in the background), and when to look
-    // again: alerts come and go without an event to wake the pass.
-    let gate = plan.spec.gates.prometheus.as_ref();
-    let (alerts, again) = gate.map(|g| ctx.alerts.get(&g.url)).unzip();
-    let unlisted = ctx.pods.first_unlisted(&plan.spec.gates.blocking_pods);
     let holding = plan
         .status
         .as_ref()
         .is_some_and(|s| s.nodes.iter().any(|e| e.phase.admitted()));
-    let gate = plan.spec.gates.health.as_ref();
-    let (health, again_health) = ctx.health.when_holding(&ctx.effects.client, gate, holding);
-    let again = earliest(again, again_health);
+    let gates = super::gate_answers::answers(ctx, &plan.spec.gates, holding);
+    let again = gates.again;
     // The channel's last answer (asked in the background), if it has one.
     let (channel, again_channel) = plan
         .spec
@@ -104,9 +98,9 @@ async fn reconcile_plan(
             // have admitted a node since `plans` was read.
             plans: &ctx.plans(),
             failing,
-            alerts: alerts.as_ref(),
-            health: health.as_ref(),
-            gates_unlisted: unlisted.as_deref(),
+            alerts: gates.alerts.as_ref(),
+            health: gates.health.as_ref(),
+            gates_unlisted: gates.unlisted.as_deref(),
             notified: notified.as_ref(),
             channel: channel.as_ref(),
         })
