@@ -59,6 +59,20 @@ pub fn reclaim_gone(
         .collect()
 }
 
+/// Node role: the feature's NodeMaintenances on its own node that have
+/// drained it and are not being given back — the only places its
+/// command may run.
+pub fn drained_by<'m>(
+    maintenances: &'m [&'m NodeMaintenance],
+    kind: &'m str,
+) -> impl Iterator<Item = &'m NodeMaintenance> {
+    maintenances.iter().copied().filter(move |m| {
+        super::maintenance::owner_of(m) == Some(kind)
+            && m.phase() == Some(crate::api::nodemaintenance::Phase::Succeeded)
+            && !m.is_deleting()
+    })
+}
+
 /// `t` plus `secs` seconds (a negative count as none).
 pub fn after(t: Timestamp, secs: i64) -> Timestamp {
     t.checked_add(SignedDuration::from_secs(secs.max(0)))

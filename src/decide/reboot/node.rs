@@ -11,10 +11,9 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::facts::{boot_id, needs_reboot, paused, reboot_action};
-use crate::api::nodemaintenance::{NodeMaintenance, Phase};
+use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::*;
 use crate::decide::command_check::{self, Check};
-use crate::decide::maintenance::owner_of;
 use crate::decide::once_per_boot::{Ask, failure_in, issue, issued_in};
 use crate::decide::selector::{check_selector, selector_matches};
 use crate::decide::{Effect, HostAction};
@@ -94,11 +93,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
     };
     let ask = Ask::need(node, boot);
     // Drained for a reboot in this boot, and none issued yet: issue it.
-    for m in &s.maintenances {
-        if owner_of(m) != Some(OWNER_KIND) || m.phase() != Some(Phase::Succeeded) || m.is_deleting()
-        {
-            continue;
-        }
+    for m in crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND) {
         // Paused, or no longer needed: a person stopped it before its
         // command (the policy gives the node back).
         if m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str) != Some(boot)

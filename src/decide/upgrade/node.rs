@@ -14,10 +14,10 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::{at_version, recorded_token};
-use crate::api::nodemaintenance::{NodeMaintenance, Phase};
+use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::upgrade::*;
 use crate::decide::disrupt::boot_id;
-use crate::decide::maintenance::{annotation, owner_of};
+use crate::decide::maintenance::annotation;
 use crate::decide::once_per_boot::{Ask, failure_in, issue, issued_in};
 use crate::decide::reboot::facts::talos_release;
 use crate::decide::{Effect, HostAction, HostRecord};
@@ -37,11 +37,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
     let Some(boot) = boot_id(node) else {
         return Vec::new();
     };
-    for m in &s.maintenances {
-        if owner_of(m) != Some(OWNER_KIND) || m.phase() != Some(Phase::Succeeded) || m.is_deleting()
-        {
-            continue;
-        }
+    for m in crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND) {
         let Some(plan) = m
             .owner_references()
             .iter()
