@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::api::common::{Notification, NotificationStatus};
+use crate::api::common::Notification;
 use crate::api::reboot::{NodeReboot, RebootPhase};
 use crate::api::upgrade::{NodeUpgrade, UpgradePhase};
 
@@ -311,26 +311,6 @@ pub fn targets(spec: Option<&Vec<Notification>>, default: Option<&str>) -> Vec<T
             .into_iter()
             .collect(),
     }
-}
-
-/// A Warning event on the object when its notifications' last failure is
-/// new (the status keeps the line; the event reaches `kubectl describe`).
-pub fn failure_event(
-    object: k8s_openapi::api::core::v1::ObjectReference,
-    old: Option<&NotificationStatus>,
-    new: Option<&NotificationStatus>,
-) -> Option<super::Effect> {
-    let new = new?;
-    let why = new.last_failure.as_ref()?;
-    if old.is_some_and(|o| o.last_failure_time == new.last_failure_time) {
-        return None;
-    }
-    Some(super::Effect::Event {
-        object,
-        warning: true,
-        reason: "NotificationFailed",
-        note: format!("notification not delivered: {why}"),
-    })
 }
 
 #[cfg(test)]

@@ -445,7 +445,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     );
     marking::report(&mut status.conditions, s.now, &withheld);
     // After the status write: a failed write is decided again, event too.
-    let told = super::notify::failure_event(
+    let told = rollout::notification_failed(
         kube::Resource::object_ref(p, &()),
         old.notifications.as_ref(),
         status.notifications.as_ref(),

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
@@ -20,7 +20,7 @@ use super::command_check::Check;
 use super::disrupt::Alerts;
 use super::health::{self, Health};
 use super::{Effect, Plan, Then, marking};
-use crate::api::common::Gates;
+use crate::api::common::{Gates, NotificationStatus};
 use crate::api::nodemaintenance::NodeMaintenance;
 
 /// A person paused the node (reboots) or the object (upgrades).
@@ -209,6 +209,26 @@ pub fn mark<'n>(
         withheld.extend(marking::withheld(node, wanted, stage));
     }
     withheld
+}
+
+/// A Warning event on the object when its notifications' last failure is
+/// new (the status keeps the line; the event reaches `kubectl describe`).
+pub fn notification_failed(
+    object: ObjectReference,
+    old: Option<&NotificationStatus>,
+    new: Option<&NotificationStatus>,
+) -> Option<Effect> {
+    let new = new?;
+    let why = new.last_failure.as_ref()?;
+    if old.is_some_and(|o| o.last_failure_time == new.last_failure_time) {
+        return None;
+    }
+    Some(Effect::Event {
+        object,
+        warning: true,
+        reason: "NotificationFailed",
+        note: format!("notification not delivered: {why}"),
+    })
 }
 
 /// The end of a pass: the status write (first, guarded; `None` when the

@@ -622,7 +622,7 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     };
     let newly_insecure = insecure(Some(&status)) && !insecure(p.status.as_ref());
     // After the status write: a failed write is decided again, events too.
-    let told = super::notify::failure_event(
+    let told = rollout::notification_failed(
         kube::Resource::object_ref(p, &()),
         old.notifications.as_ref(),
         status.notifications.as_ref(),
