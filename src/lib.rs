@@ -78,7 +78,9 @@
 //!   [`service::passes`] (the scheduler loop: kicks, one pass at a time, wake
 //!   floors), [`service::leader`] (election and hand-over), [`service::requests`], [`service::fresh`] and
 //!   [`service::stores`] (the mutation cache), [`service::roles`],
-//!   [`service::context`], [`service::executor`], [`service::cluster`] (the
+//!   [`service::context`] (state only), [`service::executor`],
+//!   [`service::contain`] (one object's failure stays with it),
+//!   [`service::cluster`] (the
 //!   cluster role's one scheduler; [`service::planned`] last), background
 //!   answers no pass waits for ([`service::alerts`], [`service::health`],
 //!   [`service::notifier`], [`service::channels`]; what a rollout's gates

@@ -14,7 +14,7 @@
 //!   (window boundaries, deadlines, backoff), and the task sleeps until
 //!   then or the next kick.
 //! - **Errors per object** (`failing.rs`, reported through
-//!   `context::contain`): an object whose decision fails
+//!   [`super::contain`]): an object whose decision fails
 //!   gets an event and a `Reconciled=False` condition naming the cause, is
 //!   retried with backoff (at once if it changes), and every other object
 //!   goes on.

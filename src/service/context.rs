@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::failing::{Failing, Subject};
+use super::failing::Failing;
 use super::passes::Kick;
 use super::roles::Scope;
 use super::stores::{Fresh, Stores, Synced};
@@ -21,9 +21,8 @@ use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
 use crate::decide::foreign::LastCheck;
-use crate::decide::{Effect, NodeMemory, Outcome};
+use crate::decide::{NodeMemory, Outcome};
 use crate::effects::Interpreter;
-use crate::error::{Error, Result};
 
 /// The node role's last look at its host's reboot signals.
 #[derive(Debug, Clone)]
@@ -386,64 +385,6 @@ impl Context {
         lock(&self.foreign_checked).insert(nm, check);
     }
 
-    /// Perform the give-backs `effects` (NodeMaintenances whose `K` owner
-    /// looked gone). The stores of two kinds can disagree for a moment (a
-    /// new owner's maintenance seen before the owner), so the API server
-    /// has the last word: a GET of the owner, only for the rare candidate.
-    /// Each maintenance on its own: one that fails is reported on it and
-    /// backed off, and the others go on.
-    pub async fn give_back<K>(
-        &self,
-        maintenances: &[Arc<NodeMaintenance>],
-        effects: Vec<crate::decide::Effect>,
-    ) -> Option<std::time::Duration>
-    where
-        K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
-            + Clone
-            + std::fmt::Debug
-            + serde::de::DeserializeOwned,
-    {
-        let kind = K::kind(&());
-        let api: kube::Api<K> = kube::Api::all(self.effects.client.clone());
-        let mut wake = None;
-        for effect in effects {
-            let crate::decide::Effect::DeleteMaintenance { nm, .. } = &effect else {
-                continue;
-            };
-            let Some(m) = maintenances.iter().find(|m| &m.name_any() == nm) else {
-                continue;
-            };
-            let owner = m
-                .owner_references()
-                .iter()
-                .find(|o| o.kind == kind)
-                .cloned();
-            let subject = Subject::typed(m.as_ref());
-            let (api, kind, effect) = (&api, &kind, &effect);
-            let w = contain(self, &subject, |_| async move {
-                if let Some(o) = &owner {
-                    let live = api
-                        .get_opt(&o.name)
-                        .await
-                        .map_err(crate::error::Error::kube(format!(
-                            "reading {kind} {}",
-                            o.name
-                        )))?;
-                    if live.is_some_and(|p| p.meta().uid.as_deref() == Some(o.uid.as_str())) {
-                        return Ok(None);
-                    }
-                }
-                log::info!("NodeMaintenance {nm}: its {kind} is gone; giving the node back");
-                let plan = crate::decide::Plan::steps(vec![effect.clone()]);
-                super::executor::execute_plain(self, "give-back", plan).await?;
-                Ok(None)
-            })
-            .await;
-            wake = crate::decide::earliest(wake, w);
-        }
-        wake
-    }
-
     /// Forget what we keep per node and per object for nodes and objects
     /// that are gone, so a cluster that replaces nodes does not grow our
     /// memory (run on the anchor's reconciles, at least every heartbeat).
@@ -497,84 +438,4 @@ impl Context {
             .collect();
         self.notify.retain(&uids);
     }
-}
-
-/// Decide for one object unless it is backing off: `decide` gets why its
-/// last pass failed (for its status) and returns when to look again. Its
-/// error stays with the object: reported on it, retried with backoff.
-pub async fn contain<F, Fut>(ctx: &Context, subject: &Subject, decide: F) -> Option<Duration>
-where
-    F: FnOnce(Option<String>) -> Fut,
-    Fut: std::future::Future<Output = Result<Option<Duration>>>,
-{
-    contain_in(ctx, &ctx.failing, subject, decide).await
-}
-
-/// [`contain`] with another memory of failures than the scheduler's (the
-/// replacement task keeps its own).
-pub async fn contain_in<F, Fut>(
-    ctx: &Context,
-    failing: &Failing,
-    subject: &Subject,
-    decide: F,
-) -> Option<Duration>
-where
-    F: FnOnce(Option<String>) -> Fut,
-    Fut: std::future::Future<Output = Result<Option<Duration>>>,
-{
-    if let Err(wait) = failing.due(&subject.key, subject.change.as_deref()) {
-        return Some(wait);
-    }
-    let result = decide(failing.message(&subject.key)).await;
-    report(ctx, failing, subject, result).await
-}
-
-/// Settle one object's result: success forgets its failure; an error is
-/// counted, logged, published on the object, and backed off.
-async fn report(
-    ctx: &Context,
-    failing: &Failing,
-    subject: &Subject,
-    result: Result<Option<Duration>>,
-) -> Option<Duration> {
-    let err = match result {
-        Ok(wake) => {
-            failing.succeeded(&subject.key);
-            return wake;
-        }
-        Err(e) => e,
-    };
-    if let Error::LostLease(_) = err {
-        return None;
-    }
-    if err.api_code() == Some(409) {
-        match failing.conflicted(&subject.key) {
-            Ok(wait) => {
-                super::metrics::count_error(&err);
-                log::debug!("{}: {err} (deciding again in {wait:?})", subject.key);
-                return Some(wait);
-            }
-            // Another writer keeps winning: from here it is a failure,
-            // reported on the object and backed off.
-            Err(n) => log::debug!("{}: {n} conflicts in a row", subject.key),
-        }
-    }
-    super::metrics::count_error(&err);
-    let message = err.to_string();
-    let delay = failing.failed(&subject.key, subject.change.clone(), message.clone());
-    log::warn!(
-        "{}: {message} (its other work goes on; retrying it in {} s)",
-        subject.key,
-        delay.as_secs()
-    );
-    let event = Effect::Event {
-        object: subject.reference.clone(),
-        warning: true,
-        reason: "ReconcileFailed",
-        note: message,
-    };
-    if let Err(e) = ctx.effects.perform(&event).await {
-        log::debug!("{}: publishing its failure: {e}", subject.key);
-    }
-    Some(delay)
 }

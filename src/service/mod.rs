@@ -20,6 +20,7 @@ pub mod channels;
 pub mod cluster;
 pub mod config;
 pub mod connect;
+pub mod contain;
 pub mod context;
 pub mod executor;
 pub mod failing;

@@ -14,8 +14,8 @@ use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
+use super::contain::contain;
 use super::context::Context;
-use super::context::contain;
 use super::executor;
 use super::failing::Subject;
 use super::watch::{Trigger, read, served, watch_dynamic};
@@ -137,7 +137,7 @@ async fn report_unreadable(
 }
 
 /// The scheduler's pass over every MutexRule, MutexTarget and
-/// MutexRunConfig, each on its own (see `cluster::contain`).
+/// MutexRunConfig, each on its own (see [`super::contain`]).
 pub async fn pass(ctx: &Context, m: &MutexStores) -> Option<Duration> {
     let now = Timestamp::now();
     let nodes = ctx.all_nodes();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use super::context::contain;
+use super::contain::contain;
 use super::context::{Context, HostSignal};
 use super::executor;
 use super::failing::Subject;
@@ -24,7 +24,7 @@ use crate::effects::host;
 use crate::error::Result;
 
 /// Cluster role: one scheduler pass over every RebootPolicy this role
-/// handles, each on its own (see `cluster::contain`), then the give-back
+/// handles, each on its own (see [`super::contain`]), then the give-back
 /// of nodes whose policy is gone. Returns when to look again (settle ends,
 /// return deadlines, window boundaries, backoff).
 pub async fn pass(ctx: &Context) -> Option<Duration> {
@@ -50,7 +50,7 @@ pub async fn pass(ctx: &Context) -> Option<Duration> {
     let effects = reboot::orphans(&maintenances, &policies);
     earliest(
         wake,
-        ctx.give_back::<RebootPolicy>(&maintenances, effects).await,
+        super::contain::give_back::<RebootPolicy>(ctx, &maintenances, effects).await,
     )
 }
 

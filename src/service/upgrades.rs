@@ -12,8 +12,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::contain::contain;
 use super::context::Context;
-use super::context::contain;
 use super::executor;
 use super::failing::Subject;
 use crate::api::upgrade::{RESULT_ANNOTATION, UpgradePlan};
@@ -23,7 +23,7 @@ use crate::decide::{Effect, Outcome, Plan, earliest};
 use crate::error::Result;
 
 /// Cluster role: one scheduler pass over every UpgradePlan this role
-/// handles, each on its own (see `cluster::contain`), then the give-back of
+/// handles, each on its own (see [`super::contain`]), then the give-back of
 /// nodes whose plan is gone. Returns when to look again.
 pub async fn pass(ctx: &Context) -> Option<Duration> {
     let mut wake = None;
@@ -53,7 +53,7 @@ pub async fn pass(ctx: &Context) -> Option<Duration> {
     let effects = upgrade::orphans(&maintenances, &plans);
     earliest(
         wake,
-        ctx.give_back::<UpgradePlan>(&maintenances, effects).await,
+        super::contain::give_back::<UpgradePlan>(ctx, &maintenances, effects).await,
     )
 }
 

@@ -143,7 +143,7 @@ pub(super) async fn strategies(
         let (groups, expect, did) = (&groups, &mut *expect, &mut acted);
         let subject = Subject::typed(st.as_ref());
         let retry =
-            crate::service::context::contain_in(ctx, &r.failing, &subject, |_| async move {
+            crate::service::contain::contain_in(ctx, &r.failing, &subject, |_| async move {
                 strategy(ctx, r, st, groups, seen, expect, did).await
             })
             .await;
