@@ -895,6 +895,33 @@ fn an_overdue_donor_drain_is_reported_and_leaves_the_cluster_role_idle() {
     });
 }
 
+/// A provider read that failed is asked again on its own once its error
+/// may no longer be reused (10 s), not only when something else in the
+/// world changes. On stop 63's gate a `get-scaling-group-image` that timed
+/// out on a loaded machine left a rollout waiting for the next 15-minute
+/// listing of scaling groups: the round skipped the group it could not
+/// read and nothing woke it again. Here the cloud's API fails that read
+/// while the image changes, then recovers without anything else moving.
+#[test]
+fn a_failed_provider_read_is_asked_again_without_a_change_of_the_world() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let mut r = rollout("rp-reask", &[("workers", 1)], 1, false).await;
+        let client = r.env.client.clone();
+        const DOWN: &str = "the cloud's API is down for a moment";
+        r.cloud
+            .set("fail", json!({ "get-scaling-group-image": DOWN }));
+        set_image(&client, &r.env.id, "img-2").await;
+        let log = || r.agent.as_ref().map(|a| a.log_text()).unwrap_or_default();
+        wait_for("the failed read", LIMIT, || async {
+            log().contains(DOWN).then_some(())
+        })
+        .await;
+        r.cloud.set("fail", json!({}));
+        wait_replaced(&r, "img-2", 1).await;
+    });
+}
+
 /// where-features-meet.md C1: `constellation upgrade apply` writes the
 /// NodeVersion with a typed client that knows only Constellation's fields
 /// (a GET, a new image, a PUT), so the spec loses nodekeeper's

@@ -22,10 +22,23 @@ use super::*;
 const ASK_IN_PARALLEL: usize = 8;
 
 /// Ask the provider what a round needs, reusing answers as long as
-/// [`Read::reuse`] allows.
-pub(super) async fn ask(ctx: &Context, r: &Replace, questions: Vec<(Read, String)>) -> Facts {
+/// [`Read::reuse`] allows. Also when to run the round again because a
+/// failed read may be asked again then: a round that skipped what it could
+/// not read has nothing else to wake it (a provider that timed out once
+/// stalled a rollout until the next 15-minute listing).
+pub(super) async fn ask(
+    ctx: &Context,
+    r: &Replace,
+    questions: Vec<(Read, String)>,
+) -> (Facts, Option<Duration>) {
     let mut facts = Facts::default();
     let mut fresh: Vec<(Read, String)> = Vec::new();
+    let mut retry: Option<Instant> = None;
+    let mut failed_until = |until: Option<Instant>, a: &Result<String, String>| {
+        if let (Some(t), Err(_)) = (until, a) {
+            retry = Some(retry.map_or(t, |r| r.min(t)));
+        }
+    };
     {
         let answers = lock(&r.answers);
         for (read, id) in questions {
@@ -33,7 +46,10 @@ pub(super) async fn ask(ctx: &Context, r: &Replace, questions: Vec<(Read, String
                 .get(&(read, id.clone()))
                 .filter(|(until, _)| until.is_none_or(|t| Instant::now() < t));
             match kept {
-                Some((_, a)) => facts.insert(read, id, a.clone()),
+                Some((until, a)) => {
+                    failed_until(*until, a);
+                    facts.insert(read, id, a.clone())
+                }
                 None => fresh.push((read, id)),
             }
         }
@@ -65,12 +81,14 @@ pub(super) async fn ask(ctx: &Context, r: &Replace, questions: Vec<(Read, String
                 Reuse::For(d) => Some(Some(Instant::now() + d)),
             };
             if let Some(until) = until {
+                failed_until(until, &a);
                 lock(&r.answers).insert((*read, id.clone()), (until, a.clone()));
             }
             facts.insert(*read, id.clone(), a);
         }
     }
-    facts
+    let again = retry.map(|t| t.saturating_duration_since(Instant::now()));
+    (facts, again)
 }
 
 /// Create a ScalingGroup for each group the provider lists that has none

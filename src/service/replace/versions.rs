@@ -118,7 +118,8 @@ pub(super) async fn versions(
             fields: reading,
             now,
         };
-        let facts = super::ask::ask(ctx, r, replace::questions(&snap)).await;
+        let (facts, ask_again) = super::ask::ask(ctx, r, replace::questions(&snap)).await;
+        wake = earliest(wake, ask_again);
         snap.facts = &facts;
         let mut plan = replace::decide(&snap);
         if let Some((_, line)) = &mut plan.note {
