@@ -879,6 +879,87 @@ fn a_channels_redirect_changes_the_version_the_plan_upgrades_to() {
     assert!(!log.contains("SECRET123"), "{log}");
 }
 
+/// `channel` behind a proxy (where-features-meet.md, finding 14): where
+/// egress goes only through `HTTP_PROXY`, the channel is asked through it
+/// as system-upgrade-controller's Go client asks (`ProxyFromEnvironment`:
+/// a request in absolute form to the proxy). The channel's host name is
+/// one only the proxy can reach (`.invalid` resolves nowhere), so a
+/// direct connection cannot answer. Notifications share the same client.
+#[test]
+fn a_channel_behind_http_proxy_is_asked_through_the_proxy() {
+    use kube::api::PostParams;
+    use nodekeeper::api::upgrade::UpgradePlanSpec;
+    use std::io::{Read, Write};
+    install_crds();
+    let asked = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let proxy = format!("http://{}", listener.local_addr().expect("its address"));
+    {
+        let asked = asked.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = [0u8; 2048];
+                let n = conn.read(&mut buf).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let line = head.lines().next().unwrap_or_default().to_string();
+                let ours = line == "GET http://channel.nodekeeper.invalid/stable HTTP/1.1";
+                asked.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+                let answer = if ours {
+                    "HTTP/1.1 302 Found\r\nLocation: https://releases.example/tag/v7\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                } else {
+                    "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                };
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+    }
+    let env = block_on(TestEnv::new("up-proxy"));
+    let args = support::machines::cluster_role_args(&env, &["--channel-interval", "1"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Set on the process only; an inherited lower-case setting must not
+    // take over (upper case wins, as in Go).
+    let cluster = support::Agent::start_with_env(
+        &args,
+        &[
+            ("HTTP_PROXY", proxy.as_str()),
+            ("NO_PROXY", ""),
+            ("no_proxy", ""),
+        ],
+    );
+    let spec: UpgradePlanSpec = serde_json::from_value(json!({
+        "nodeSelector": {"matchLabels": {support::GROUP_LABEL: env.id}},
+        "version": "",
+        "channel": "http://channel.nodekeeper.invalid/stable",
+        "versionFrom": {"source": "Label", "key": VERSION_LABEL},
+        "strategy": {"command": ["/bin/true"]},
+    }))
+    .expect("a plan spec");
+    block_on(
+        Api::<UpgradePlan>::all(env.client.clone())
+            .create(&PostParams::default(), &UpgradePlan::new(&env.id, spec)),
+    )
+    .expect("creating the UpgradePlan");
+    let channel = block_on(wait_for("the channel's answer", LONG, || async {
+        let p = support::upgrades::plan(&env.client, &env.id).await;
+        p.status?.channel.filter(|c| c.version.is_some())
+    }));
+    assert_eq!(
+        channel.version.as_deref(),
+        Some("v7"),
+        "{channel:?}\ncluster role:\n{}",
+        cluster.log_text()
+    );
+    let asked = asked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(
+        asked
+            .iter()
+            .all(|l| l == "GET http://channel.nodekeeper.invalid/stable HTTP/1.1"),
+        "the proxy was asked for something else: {asked:?}"
+    );
+}
+
 /// Every uid seen per Job name.
 type Uids = Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>>;
 

@@ -188,9 +188,15 @@ async fn send(
                 .map_err(|e| transient(format!("TLS with {host}: {e}")))?;
             exchange(async_compat::Compat::new(tls), &u, body).await
         } else if proxy.is_some() {
-            // Plain HTTP through a proxy: the request names the whole URL.
+            // Plain HTTP through a proxy: the request names the whole URL,
+            // the default port left out as Go's client writes it.
+            let port = if u.port == 80 {
+                String::new()
+            } else {
+                format!(":{}", u.port)
+            };
             let absolute = Url {
-                path: format!("http://{}:{}{}", u.host, u.port, u.path),
+                path: format!("http://{}{port}{}", u.host, u.path),
                 ..u.clone()
             };
             exchange(tcp, &absolute, body).await

@@ -447,6 +447,19 @@ impl Agent {
         )
     }
 
+    /// [`Agent::start`] with variables added to its environment (a proxy),
+    /// never set in the test process: tests share it.
+    pub fn start_with_env(args: &[&str], vars: &[(&str, &str)]) -> Agent {
+        let identity = shipped_identity(args);
+        Agent::spawn(
+            Path::new(env!("CARGO_BIN_EXE_nodekeeper")),
+            identity.as_deref().unwrap_or(cluster()),
+            "nodekeeper=debug,warn",
+            args,
+            vars,
+        )
+    }
+
     /// [`Agent::start`] with the administrator's kubeconfig, for a test
     /// whose subject is not the shipped identity (it says why).
     pub fn start_as_admin(args: &[&str]) -> Agent {
@@ -461,6 +474,16 @@ impl Agent {
     /// [`Agent::start`] with another binary, kubeconfig and log filter (the
     /// benchmarks run the static binary as the audited bench identity).
     pub fn start_with(bin: &Path, kubeconfig: &Path, filter: &str, args: &[&str]) -> Agent {
+        Agent::spawn(bin, kubeconfig, filter, args, &[])
+    }
+
+    fn spawn(
+        bin: &Path,
+        kubeconfig: &Path,
+        filter: &str,
+        args: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Agent {
         let log = scratch().join(format!(
             "nodekeeper-agent-{}-{:x}.log",
             std::process::id(),
@@ -485,6 +508,7 @@ impl Agent {
             .args(&args)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", filter)
+            .envs(vars.iter().copied())
             .stdout(file.try_clone().expect("cloning the log handle"))
             .stderr(file)
             .spawn()
