@@ -605,6 +605,13 @@ impl CordonWatch {
         let c = *self.counts.lock().unwrap_or_else(|p| p.into_inner());
         (c.0, c.1)
     }
+
+    /// Wait (bounded) until the watch's counts satisfy `enough`.
+    fn wait_for_counts(&self, what: &str, enough: impl Fn((usize, usize)) -> bool) {
+        block_on(wait_for(what, Duration::from_secs(30), || async {
+            enough(self.counts()).then_some(())
+        }));
+    }
 }
 
 impl Drop for CordonWatch {
@@ -701,6 +708,7 @@ fn the_static_pod_agent_survives_runtime_and_kubelet_restarts_without_repeating_
         },
     );
     succeeded();
+    watch.wait_for_counts("the watch to see the cordon", |(cordons, _)| cordons >= 1);
     assert_eq!(
         watch.counts(),
         (1, 0),
@@ -711,6 +719,12 @@ fn the_static_pod_agent_survives_runtime_and_kubelet_restarts_without_repeating_
 
     nm.end();
     wait_cordon(&env, &node.name, false);
+    // The GET above can see the uncordon before the independent watch is
+    // delivered it (stop 63's gate failed on exactly that): wait for the
+    // watch itself, then count.
+    watch.wait_for_counts("the watch to see the uncordon", |(_, uncordons)| {
+        uncordons >= 1
+    });
     assert_eq!(
         watch.counts(),
         (1, 1),
