@@ -12,8 +12,8 @@ use crate::support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use support::replace::{Cloud, install_constellation_crds};
 use support::{
@@ -22,6 +22,8 @@ use support::{
 };
 
 const IDLE: Duration = Duration::from_secs(60);
+/// The label the UpgradePlan puts on the nodes it is done with.
+const UPGRADED: &str = "nodekeeper.test/upgraded";
 
 #[test]
 fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_requests() {
@@ -59,10 +61,17 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
         name
     };
     // Three overlapping RebootPolicies, one with a window in a time zone
-    // that does not exist.
+    // that does not exist. Two features mark the nodes (where-features-
+    // meet.md, findings 2 and 6): the governing policy soft-taints the
+    // node that waits for its reboot (paused), and the plan below labels
+    // every node it is done with; a settled world writes no node at all.
+    let marks = json!({"preferNoScheduleWhileWaiting": true});
     for (suffix, extra) in [
-        ("rp-a", json!({})),
-        ("rp-b", json!({"budget": {"maxUnavailable": 2}})),
+        ("rp-a", marks.clone()),
+        (
+            "rp-b",
+            json!({"budget": {"maxUnavailable": 2}, "preferNoScheduleWhileWaiting": true}),
+        ),
         (
             "rp-bad",
             json!({"windows": [{"days": ["Mon"], "start": "01:00", "end": "02:00", "timeZone": "Mars/Olympus"}]}),
@@ -80,14 +89,26 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
     let rp3 = named("rebootpolicy", "rp-c");
     apply(
         &json!({"apiVersion": "nodekeeper.io/v1alpha1", "kind": "RebootPolicy",
-        "metadata": {"name": rp3}, "spec": {"nodeSelector": group, "reboot": {"command": ["/bin/true"]}}}),
+        "metadata": {"name": rp3}, "spec": {"nodeSelector": group, "reboot": {"command": ["/bin/true"]},
+                     "preferNoScheduleWhileWaiting": marks["preferNoScheduleWhileWaiting"]}}),
     );
+    // The node that waits: its reboot is needed and paused by a person.
+    let waiting = nodes[1].clone();
+    let patch = json!({"metadata": {"annotations": {
+        "nodekeeper.io/reboot-needed": "now", "nodekeeper.io/reboot-paused": "true"}}});
+    block_on(Api::<Node>::all(env.client.clone()).patch(
+        &waiting,
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    ))
+    .expect("a reboot needed, paused");
     // Two UpgradePlans (every node already at v2), one invalid.
     apply(
         &json!({"apiVersion": "nodekeeper.io/v1alpha1", "kind": "UpgradePlan",
         "metadata": {"name": named("upgradeplan", "up-a")},
         "spec": {"nodeSelector": group, "version": "v2",
                  "versionFrom": {"source": "Label", "key": "nodekeeper.test/version"},
+                 "nodeLabels": {"after": {UPGRADED: "v2"}},
                  "strategy": {"command": ["/bin/true"]}}}),
     );
     apply(
@@ -238,6 +259,25 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
             (String::from_utf8_lossy(&out.stdout) == "Failed").then_some(())
         })
         .await;
+        // Both features' marks on the nodes.
+        wait_for("the nodes marked by both features", limit, || async {
+            let api = Api::<Node>::all(env.client.clone());
+            for n in &nodes {
+                let node = api.get(n).await.ok()?;
+                node.labels().get(UPGRADED).filter(|v| *v == "v2")?;
+                let tainted = node
+                    .spec
+                    .and_then(|s| s.taints)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|t| t.key == "nodekeeper.io/waiting");
+                if tainted != (*n == waiting) {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
         // Let the first backoffs and the ReconcileFailed events of the bad
         // objects pass (5 s, then 10 s).
         nodekeeper::runtime::sleep(Duration::from_secs(20)).await;
@@ -254,6 +294,12 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
         "only {} lease requests of {user} in the audit log",
         leases.len()
     );
+    let node_writes: Vec<_> = requests
+        .iter()
+        .filter(|r| {
+            r.resource.starts_with("nodes") && matches!(r.verb.as_str(), "patch" | "update")
+        })
+        .collect();
     let calls = cloud.calls().len() - calls_before;
     let log = agent.log_text();
     let per_second = requests.len() as f64 / IDLE.as_secs_f64();
@@ -268,6 +314,17 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
         requests.len(),
         IDLE.as_secs(),
         requests
+    );
+    println!(
+        "idle cluster role: {} node writes over {} nodes marked by two features in {} s ({:.2} per node per minute)",
+        node_writes.len(),
+        nodes.len(),
+        IDLE.as_secs(),
+        node_writes.len() as f64 / nodes.len() as f64 / (IDLE.as_secs_f64() / 60.0)
+    );
+    assert!(
+        node_writes.is_empty(),
+        "a settled world's nodes were written: {node_writes:#?}\nlog:\n{log}"
     );
     assert!(
         calls <= 1,
