@@ -211,6 +211,13 @@
 //! - **Liveness**: `/healthz` fails after 90 s without a finished reconcile;
 //!   watches retry each on its own, so an API server restart is seen again
 //!   within about 0.1 s of it answering.
+//! - **Three layers of tests.** Pure decisions with seeded random worlds
+//!   (`decide/`, no I/O); the executor, the interpreter and the per-object
+//!   containment against a scripted API server, a kube `Client` over an
+//!   in-process tower service that answers from a script and records every
+//!   request (`service::scripted_tests`, milliseconds); and the real
+//!   control plane, kubelets and rebooting machines (`tests/`, minutes).
+//!   A property of one pass's requests belongs in the middle layer.
 //!
 //! ## Deliberate choices
 //! - Per-owner drain options travel as NodeMaintenance annotations: the

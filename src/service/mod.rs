@@ -39,6 +39,8 @@ pub mod reconcile;
 pub mod replace;
 pub mod requests;
 pub mod roles;
+#[cfg(test)]
+mod scripted_tests;
 pub mod stores;
 pub mod upgrades;
 pub mod watch;
