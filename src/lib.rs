@@ -74,7 +74,11 @@
 //!   Deployment written untyped (`effects::objects`); and the outside:
 //!   [`effects::provider`] (the cloud plugin), [`effects::prometheus`],
 //!   [`effects::http`] (notifications, channels).
-//! - `service/`: the loop's wiring. [`service::watch`] (watch machinery),
+//! - `service/`: the loop's wiring. [`service::run`] reads as its stages
+//!   (clients, role, side servers, election, watches, context, the cluster
+//!   role's tasks, the node controller, shut-down); [`service::watched`]
+//!   (every watched kind: its selection, its store, what it wakes),
+//!   [`service::watch`] (watch machinery),
 //!   [`service::passes`] (the scheduler loop: kicks, one pass at a time, wake
 //!   floors), [`service::leader`] (election and hand-over), [`service::requests`], [`service::fresh`] and
 //!   [`service::stores`] (the mutation cache), [`service::roles`],

@@ -1,0 +1,270 @@
+//! Every kind the process watches, in one place: for each, its watch
+//! (what it selects), the store it reflects into, and what its events wake.
+//! Where a new watched kind goes, and what it starts, is answered here:
+//!
+//! | kind | node role | cluster role | wakes |
+//! |---|---|---|---|
+//! | Node | its own (field selector) | every node, or the pool's (labels), slim | its reconcile; the scheduler and replacement on changes that matter |
+//! | Pod | bound to its node | per drained node and per gate ([`super::pod_watches`]) | the node's reconcile; a gate's kick the scheduler |
+//! | NodeMaintenance | naming its node | every one (or the pool's) | the named node's reconcile; the scheduler and replacement |
+//! | RebootPolicy, UpgradePlan | every one | every one | the own node's reconcile; the scheduler |
+//! | Job (managed-by label) | not watched | every one, slim | the scheduler |
+//! | the mutex operator's kinds | not watched | where served, unscoped only | the scheduler |
+//! | Constellation's kinds | not watched | where served, with a provider | replacement, and MaintenancePlanned |
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::api::pod::Pod;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use smol::stream::{Stream, StreamExt};
+
+use super::passes::Kick;
+use super::roles::{self, Scope};
+use super::stores::{Arrivals, Fresh, Synced};
+use super::watch::{self, WatchBackoff, observe, slim_job, slim_node, watch_config, watch_ok};
+use super::{mutex, pod_watches, replace};
+use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::reboot::RebootPolicy;
+use crate::api::upgrade::UpgradePlan;
+use crate::error::Result;
+
+/// A watch's objects as they change (errors logged and dropped by
+/// [`watch_ok`]; each watch backs off on its own).
+pub type Objects<K> = Pin<Box<dyn Stream<Item = std::result::Result<K, watcher::Error>> + Send>>;
+
+/// The stores created before the watches start (`/metrics` serves from
+/// them while a standby waits for the lease), with their writers.
+pub struct Early {
+    pub maintenances: Writer<NodeMaintenance>,
+    pub policies: Writer<RebootPolicy>,
+}
+
+/// Whom the watches wake besides the node controller.
+pub struct Wakes<'a> {
+    /// The cluster role's scheduler ([`super::cluster`]).
+    pub scheduler: &'a Kick,
+    /// The replacement task ([`super::replace`]).
+    pub replace: &'a Kick,
+}
+
+/// Every watch started: the streams the controller is built from and the
+/// stores the context reads.
+pub struct Watched {
+    pub nodes: Store<Node>,
+    pub node_events: Objects<Node>,
+    pub pods: Arc<pod_watches::PodWatches>,
+    /// The node role's pod events (the cluster role's come back on
+    /// `pod_reconciles`, per drained node).
+    pub pod_events: watch::Trigger,
+    pub pod_reconciles: smol::channel::Receiver<ObjectRef<Node>>,
+    pub maintenance_events: Objects<NodeMaintenance>,
+    pub plans: Store<UpgradePlan>,
+    pub policy_events: Objects<RebootPolicy>,
+    pub plan_events: Objects<UpgradePlan>,
+    pub jobs: Store<DynamicObject>,
+    pub job_events: Objects<DynamicObject>,
+    pub job_resource: ApiResource,
+    pub mutex_stores: Option<mutex::MutexStores>,
+    pub mutex_events: watch::Trigger,
+    pub replace_stores: Option<replace::Replace>,
+    pub replace_events: watch::Trigger,
+    pub fresh: Arc<Fresh>,
+    pub arrivals: Arc<Arrivals>,
+}
+
+/// Start every watch of `scope`'s role. `pod_client` is the HTTP/1.1
+/// connection the pod watches read over (see `service::run`).
+pub async fn start(
+    client: &Client,
+    pod_client: &Client,
+    scope: &Scope,
+    provider: bool,
+    synced: &Synced,
+    early: Early,
+    wakes: Wakes<'_>,
+) -> Result<Watched> {
+    let cluster_role = matches!(scope, Scope::AllNodes { .. });
+    let (kick, replace_kick) = (wakes.scheduler, wakes.replace);
+    let fresh = Arc::new(Fresh::default());
+    let arrivals = Arc::new(Arrivals::default());
+
+    let node_wc = match scope {
+        Scope::Node(n) => watch_config().fields(&format!("metadata.name={n}")),
+        Scope::AllNodes {
+            selector: Some(sel),
+        } => watch_config().labels(sel),
+        Scope::AllNodes { selector: None } => watch_config(),
+    };
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_events = {
+        let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
+        let changes = watch::NodeChanges::default();
+        watcher(Api::<Node>::all(client.clone()), node_wc)
+            .backoff(WatchBackoff::default())
+            .modify(slim_node)
+            .reflect(node_writer)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
+            // Heartbeats update the store but trigger nothing.
+            .filter(move |ev| !cluster_role || changes.matters(ev))
+            .inspect(super::passes::on_event(
+                cluster_role,
+                vec![kick.clone(), replace_kick.clone()],
+            ))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "nodes"))
+    };
+
+    // The node role watches its own node's pods for its whole life; the
+    // cluster role only the pods of nodes it drains and of its gates
+    // (`pod_watches.rs`), whose events come back on `pod_reconciles` (a
+    // node's) or kick the scheduler (a gate's).
+    let (pod_reconcile, pod_reconciles) = smol::channel::unbounded::<ObjectRef<Node>>();
+    let (pods, pod_events): (Arc<pod_watches::PodWatches>, watch::Trigger) = match scope {
+        Scope::Node(n) => {
+            let (store, pod_writer) = reflector::store::<Pod>();
+            let latch = synced.pods.clone();
+            let wc = watch_config().fields(&format!("spec.nodeName={n}"));
+            let events = watcher(Api::<Pod>::all(pod_client.clone()), wc)
+                .backoff(WatchBackoff::default())
+                // No `modify`: `api::pod::Pod` reads only what the drain needs.
+                .reflect(pod_writer)
+                .inspect(move |ev| observe(ev, &latch, |_| {}))
+                .touched_objects()
+                .filter(|r| watch_ok(r, "pods"))
+                .map(|_| ());
+            (Arc::new(pod_watches::fixed(store)), Box::pin(events))
+        }
+        Scope::AllNodes { .. } => {
+            synced.pods.open();
+            let pods = pod_watches::scoped(pod_client.clone(), pod_reconcile, kick.clone());
+            (Arc::new(pods), Box::pin(smol::stream::pending()))
+        }
+    };
+
+    let nm_wc = roles::maintenance_watch(client, scope).await;
+    let maintenance_events = {
+        let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
+        watcher(Api::<NodeMaintenance>::all(client.clone()), nm_wc)
+            .backoff(WatchBackoff::default())
+            .inspect(move |ev| order.note(ev))
+            .reflect(early.maintenances)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
+            .inspect(super::passes::on_event(
+                cluster_role,
+                vec![kick.clone(), replace_kick.clone()],
+            ))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "NodeMaintenances"))
+    };
+
+    let policy_events = {
+        let (latch, fresh) = (synced.policies.clone(), fresh.clone());
+        watcher(Api::<RebootPolicy>::all(client.clone()), watch_config())
+            .backoff(WatchBackoff::default())
+            .reflect(early.policies)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
+            .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "RebootPolicies"))
+    };
+
+    let (plans, plan_writer) = reflector::store::<UpgradePlan>();
+    let plan_events = {
+        let (latch, fresh) = (synced.plans.clone(), fresh.clone());
+        watcher(Api::<UpgradePlan>::all(client.clone()), watch_config())
+            .backoff(WatchBackoff::default())
+            .reflect(plan_writer)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.plans.forget(name)))
+            .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "UpgradePlans"))
+    };
+
+    // Hook Jobs: the cluster role's, by their managed-by label. The node
+    // role runs none and may not list them.
+    let job_resource = ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&());
+    let job_writer = Writer::<DynamicObject>::new(job_resource.clone());
+    let jobs = job_writer.as_reader();
+    let job_events: Objects<DynamicObject> = if cluster_role {
+        let latch = synced.jobs.clone();
+        let jobs_wc = watch_config().labels(&format!(
+            "{}={}",
+            crate::decide::jobs::MANAGED_BY_LABEL,
+            crate::decide::jobs::MANAGED_BY
+        ));
+        Box::pin(
+            watcher(
+                Api::<DynamicObject>::all_with(client.clone(), &job_resource),
+                jobs_wc,
+            )
+            .backoff(WatchBackoff::default())
+            .modify(slim_job)
+            .reflect(job_writer)
+            .inspect(move |ev| observe(ev, &latch, |_| {}))
+            .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "Jobs")),
+        )
+    } else {
+        synced.jobs.open();
+        Box::pin(smol::stream::pending())
+    };
+
+    let (mutex_stores, mutex_events) = mutex_watches(client, scope, synced).await?;
+    // Constellation's APIs: any cluster role given a provider plugin.
+    let (replace_stores, replace_events) = if cluster_role {
+        replace::start(client, provider, synced.replace.clone()).await?
+    } else {
+        synced.replace.open();
+        (None, Box::pin(smol::stream::pending()) as watch::Trigger)
+    };
+
+    Ok(Watched {
+        nodes,
+        node_events: Box::pin(node_events),
+        pods,
+        pod_events,
+        pod_reconciles,
+        maintenance_events: Box::pin(maintenance_events),
+        plans,
+        policy_events: Box::pin(policy_events),
+        plan_events: Box::pin(plan_events),
+        jobs,
+        job_events,
+        job_resource,
+        mutex_stores,
+        mutex_events,
+        replace_stores,
+        replace_events,
+        fresh,
+        arrivals,
+    })
+}
+
+/// The mutex operator's APIs: only an unscoped cluster role runs them,
+/// and only what the API server serves is watched.
+async fn mutex_watches(
+    client: &Client,
+    scope: &Scope,
+    synced: &Synced,
+) -> Result<(Option<mutex::MutexStores>, watch::Trigger)> {
+    let discovery = if scope.sees_all_nodes() {
+        mutex::discover(client).await?
+    } else {
+        mutex::Discovery::default()
+    };
+    if discovery.mutex {
+        let served = |yes: bool| if yes { "served" } else { "not served" };
+        log::info!(
+            "the mutex operator's APIs are served: reconciling MutexRules, MutexTargets and MutexRunConfigs (MachineConfigPools {}, ClusterVersions {})",
+            served(discovery.pools),
+            served(discovery.cluster_versions)
+        );
+    }
+    Ok(mutex::start(client, discovery, synced.mutex.clone()))
+}
