@@ -201,6 +201,25 @@ fn nm(name: &str, node: &str, uid: &str) -> NodeMaintenance {
     m
 }
 
+/// The server takes patches of node `name`.
+fn patches_of(script: &Script, name: &str) {
+    let node = json!({"metadata": {"name": name}});
+    script.on(
+        "PATCH",
+        &format!("/nodes/{name}"),
+        &[Reply::Json(200, node)],
+    );
+}
+
+/// An unguarded label patch of `node`.
+fn label(node: &str) -> Effect {
+    Effect::PatchNode {
+        node: node.into(),
+        resource_version: None,
+        patch: json!({"metadata": {"labels": {"a": "b"}}}),
+    }
+}
+
 fn policy_status_write() -> Effect {
     Effect::WritePolicyStatus {
         policy: "wave".into(),
@@ -297,21 +316,13 @@ fn a_create_that_exists_already_is_done_and_the_plan_goes_on() {
             "/nodemaintenances",
             &[Reply::Json(409, status_body(409, "AlreadyExists"))],
         );
-        script.on(
-            "PATCH",
-            "/nodes/n1",
-            &[Reply::Json(200, json!({"metadata": {"name": "n1"}}))],
-        );
+        patches_of(&script, "n1");
         let ctx = context(&script, &[], gate::LeaderGate::always());
         let plan = Plan::steps(vec![
             Effect::CreateMaintenance {
                 nm: Box::new(nm("reboot-n1", "n1", "")),
             },
-            Effect::PatchNode {
-                node: "n1".into(),
-                resource_version: None,
-                patch: json!({"metadata": {"labels": {"a": "b"}}}),
-            },
+            label("n1"),
         ]);
         let done = super::executor::execute_plain(&ctx, "RebootPolicy wave", plan).await;
         assert!(done.is_ok(), "{done:?}");
@@ -369,18 +380,9 @@ fn independent_writes_are_all_sent_when_one_fails() {
             "/nodes/n1",
             &[Reply::Json(500, status_body(500, "InternalError"))],
         );
-        script.on(
-            "PATCH",
-            "/nodes/n2",
-            &[Reply::Json(200, json!({"metadata": {"name": "n2"}}))],
-        );
+        patches_of(&script, "n2");
         let ctx = context(&script, &[], gate::LeaderGate::always());
-        let patch = |n: &str| Effect::PatchNode {
-            node: n.into(),
-            resource_version: None,
-            patch: json!({"metadata": {"labels": {"x": null}}}),
-        };
-        let plan = Plan::together(vec![patch("n1"), patch("n2")]);
+        let plan = Plan::together(vec![label("n1"), label("n2")]);
         let err = super::executor::execute_plain(&ctx, "clean-up", plan).await;
         assert_eq!(err.err().and_then(|e| e.api_code()), Some(500));
         assert_eq!(script.asked("PATCH", "/nodes/n2").len(), 1);
@@ -396,20 +398,9 @@ fn an_event_that_cannot_be_published_undoes_nothing() {
             "/events",
             &[Reply::Json(500, status_body(500, "InternalError"))],
         );
-        script.on(
-            "PATCH",
-            "/nodes/n1",
-            &[Reply::Json(200, json!({"metadata": {"name": "n1"}}))],
-        );
+        patches_of(&script, "n1");
         let ctx = context(&script, &[], gate::LeaderGate::always());
-        let plan = Plan::steps(vec![
-            event("RebootAdmitted"),
-            Effect::PatchNode {
-                node: "n1".into(),
-                resource_version: None,
-                patch: json!({"metadata": {"labels": {"a": "b"}}}),
-            },
-        ]);
+        let plan = Plan::steps(vec![event("RebootAdmitted"), label("n1")]);
         let done = super::executor::execute_plain(&ctx, "RebootPolicy wave", plan).await;
         assert!(done.is_ok(), "{done:?}");
         assert_eq!(script.asked("POST", "/events").len(), 1);
