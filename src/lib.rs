@@ -86,8 +86,9 @@
 //!   [`service::contain`] (one object's failure stays with it),
 //!   [`service::cluster`] (the
 //!   cluster role's one scheduler; [`service::planned`] last), background
-//!   answers no pass waits for ([`service::alerts`], [`service::health`],
-//!   [`service::notifier`], [`service::channels`]; what a rollout's gates
+//!   answers no pass waits for (one cache, [`service::background`], for
+//!   [`service::alerts`], [`service::health`] and [`service::channels`];
+//!   the queues of [`service::notifier`]; what a rollout's gates
 //!   read of them, once for both: [`service::gate_answers`]), one module per feature's
 //!   half ([`service::reboots`], [`service::upgrades`], [`service::mutex`],
 //!   [`service::replace`]), [`service::reconcile`] (the node controller),

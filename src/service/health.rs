@@ -6,84 +6,61 @@
 //! size, and nothing is watched for a gate nobody waits on. A list older
 //! than both counts as not known (it holds the slot, never releases it).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::Client;
 use kube::api::ListParams;
 
+use super::background::{Answers, Ask};
 use crate::api::common::{HealthGate, Workloads};
 use crate::decide::health::{Health, Workload};
-
-use crate::runtime::lock;
 
 /// How old a list may get before it is made again.
 pub const EVERY: Duration = Duration::from_secs(5);
 /// How long one round of lists may take.
 pub const DEADLINE: Duration = Duration::from_secs(10);
-/// How soon a pass looks again while a list is out.
-const SOON: Duration = Duration::from_secs(1);
-
-struct Entry {
-    answer: Health,
-    listed: Option<Instant>,
-    listing: bool,
-}
 
 /// The last list per gate (keyed by its workloads' JSON).
 #[derive(Default)]
-pub struct HealthCache(Arc<Mutex<HashMap<String, Entry>>>);
+pub struct HealthCache(Answers<Health>);
+
+fn key(gate: &HealthGate) -> String {
+    serde_json::to_string(&gate.workloads).unwrap_or_default()
+}
 
 impl HealthCache {
     /// The last list for `gate`, and when the pass should look again;
     /// lists anew in the background when it is missing or stale.
     pub fn get(&self, client: &Client, gate: &HealthGate) -> (Health, Duration) {
-        let key = serde_json::to_string(&gate.workloads).unwrap_or_default();
-        let mut map = lock(&self.0);
-        let entry = map.entry(key.clone()).or_insert_with(|| Entry {
-            answer: Health::Unknown("not listed yet".into()),
-            listed: None,
-            listing: false,
-        });
-        let stale = entry.listed.is_none_or(|t| t.elapsed() >= EVERY);
-        if stale && !entry.listing {
-            entry.listing = true;
-            let (cache, client, workloads) =
-                (self.0.clone(), client.clone(), gate.workloads.clone());
-            crate::runtime::spawn(async move {
-                let listed = smol::future::or(list(&client, &workloads), async {
-                    crate::runtime::sleep(DEADLINE).await;
-                    Err(format!("no answer within {} s", DEADLINE.as_secs()))
-                })
-                .await;
-                let answer = listed.map(Health::Listed).unwrap_or_else(|why| {
-                    log::warn!("gates.health: {why}");
-                    Health::Unknown(why)
-                });
-                if let Some(e) = lock(&cache).get_mut(&key) {
-                    e.answer = answer;
-                    e.listed = Some(Instant::now());
-                    e.listing = false;
-                }
-            })
-            .detach();
-        }
-        let again = if entry.listing {
-            SOON
-        } else {
-            entry
-                .listed
-                .map_or(SOON, |t| EVERY.saturating_sub(t.elapsed()).max(SOON))
-        };
-        let answer = match entry.listed.map(|t| t.elapsed()) {
+        let (client, workloads) = (client.clone(), gate.workloads.clone());
+        let kept = self.0.get(
+            &key(gate),
+            || Health::Unknown("not listed yet".into()),
+            Ask {
+                every: EVERY,
+                ask: move || async move {
+                    let listed = smol::future::or(list(&client, &workloads), async {
+                        crate::runtime::sleep(DEADLINE).await;
+                        Err(format!("no answer within {} s", DEADLINE.as_secs()))
+                    })
+                    .await;
+                    listed.map(Health::Listed).unwrap_or_else(|why| {
+                        log::warn!("gates.health: {why}");
+                        Health::Unknown(why)
+                    })
+                },
+                keep: |kept: &mut Health, new| *kept = new,
+                kick: None,
+            },
+        );
+        let answer = match kept.age {
             Some(age) if age > EVERY + DEADLINE => Health::Unknown(format!(
                 "listing again (the last list is {} s old)",
                 age.as_secs()
             )),
-            _ => entry.answer.clone(),
+            _ => kept.answer,
         };
-        (answer, again)
+        (answer, kept.again)
     }
 
     /// An object's gate, if it has one and a node of it holds a slot (it
@@ -102,11 +79,8 @@ impl HealthCache {
 
     /// Forget gates no object waits on any more.
     pub fn retain(&self, gates: &[&HealthGate]) {
-        let keys: Vec<String> = gates
-            .iter()
-            .map(|g| serde_json::to_string(&g.workloads).unwrap_or_default())
-            .collect();
-        lock(&self.0).retain(|k, _| keys.contains(k));
+        let keys: Vec<String> = gates.iter().map(|g| key(g)).collect();
+        self.0.retain(|k| keys.iter().any(|w| w == k));
     }
 }
 

@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod alerts;
+pub mod background;
 pub mod channels;
 pub mod cluster;
 pub mod config;
