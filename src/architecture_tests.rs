@@ -231,3 +231,140 @@ fn every_module_is_named_in_the_map() {
         "modules the map (src/lib.rs) does not name: {missing:?}"
     );
 }
+
+/// The module a source file is, as path segments (`src/decide/reboot/
+/// stages.rs` is `decide::reboot::stages`; a `mod.rs` is its folder).
+fn module_of(file: &Path) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let rel = file.strip_prefix(&root).unwrap_or(file).with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Whether `layer::name` is a module of its own (a file or a folder).
+fn is_module(layer: &str, name: &str) -> bool {
+    let at = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(layer);
+    at.join(format!("{name}.rs")).is_file() || at.join(name).is_dir()
+}
+
+/// The first segment of each path a `use`-like reference names after
+/// `prefix` in `code`: `super::{a, b::c}` gives `a` and `b`.
+fn named_after<'c>(code: &'c str, prefix: &str) -> Vec<&'c str> {
+    let ident = |s: &'c str| {
+        let end = s
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(s.len());
+        &s[..end]
+    };
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices(prefix) {
+        let rest = &code[i + prefix.len()..];
+        let Some(list) = rest.strip_prefix('{') else {
+            out.push(ident(rest));
+            continue;
+        };
+        // Top-level elements of the brace list.
+        let (mut depth, mut start) = (0usize, 0usize);
+        for (j, c) in list.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    out.push(ident(list[start..j].trim_start()));
+                    break;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    out.push(ident(list[start..j].trim_start()));
+                    start = j + 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Invariant: within a layer, modules import each other without cycles
+/// (a module and its submodules count as one). A cycle means neither side
+/// can be read, changed or tested without the other; the two that
+/// structure-turn5.md found (`decide::notify` with the features,
+/// `service::context` with the executor) were opened, and this keeps new
+/// ones out.
+#[test]
+fn modules_within_a_layer_import_each_other_without_cycles() {
+    use std::collections::{BTreeMap, BTreeSet};
+    for layer in ["decide", "effects", "service"] {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for file in sources(layer) {
+            let module = module_of(&file);
+            let Some(unit) = module.get(1).cloned() else {
+                continue; // the layer's root: the kernel every module uses
+            };
+            let code: String = code(&file)
+                .into_iter()
+                .map(|(_, l)| l)
+                .collect::<Vec<_>>()
+                .join("\n");
+            let mut named: Vec<String> = named_after(&code, &format!("crate::{layer}::"))
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            // `super::` from `layer::unit` is the layer; from deeper, a
+            // module inside the unit (no edge).
+            if module.len() == 2 {
+                named.extend(
+                    named_after(&code, "super::")
+                        .into_iter()
+                        .map(str::to_string),
+                );
+            }
+            for other in named {
+                if !other.is_empty() && other != unit && is_module(layer, &other) {
+                    edges.entry(unit.clone()).or_default().insert(other);
+                }
+            }
+        }
+        // Depth-first search for a path back to where it started.
+        fn back<'a>(
+            edges: &'a BTreeMap<String, BTreeSet<String>>,
+            from: &'a str,
+            to: &str,
+            path: &mut Vec<&'a str>,
+            seen: &mut BTreeSet<&'a str>,
+        ) -> bool {
+            for next in edges.get(from).into_iter().flatten() {
+                if next == to {
+                    return true;
+                }
+                if seen.insert(next) {
+                    path.push(next);
+                    if back(edges, next, to, path, seen) {
+                        return true;
+                    }
+                    path.pop();
+                }
+            }
+            false
+        }
+        let mut cycles = Vec::new();
+        for start in edges.keys() {
+            let (mut path, mut seen) = (vec![start.as_str()], BTreeSet::new());
+            if back(&edges, start, start, &mut path, &mut seen) {
+                cycles.push(format!("{layer}: {} -> {start}", path.join(" -> ")));
+            }
+        }
+        assert!(
+            cycles.is_empty(),
+            "modules importing each other in a cycle:\n{}",
+            cycles.join("\n")
+        );
+    }
+}

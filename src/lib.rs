@@ -110,7 +110,11 @@
 //! - **`decide/` performs no I/O and reads no clock**: time comes in
 //!   through the snapshot (`architecture_tests::decide_performs_no_io_and_reads_no_clock`).
 //! - **Layers import downwards only**
-//!   (`architecture_tests::layers_import_downwards_only`), and **this map
+//!   (`architecture_tests::layers_import_downwards_only`); **within a
+//!   layer, modules import each other without cycles** (a module and its
+//!   submodules counted as one;
+//!   `architecture_tests::modules_within_a_layer_import_each_other_without_cycles`),
+//!   and **this map
 //!   names every module** of `decide/`, `effects/` and `service/`
 //!   (`architecture_tests::every_module_is_named_in_the_map`); its links
 //!   are checked by `cargo doc` in `just lint`.

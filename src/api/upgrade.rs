@@ -34,6 +34,9 @@ pub const CHECK_ANNOTATION: &str = "nodekeeper.io/upgrade-command-check";
 pub const PLAN_LABEL: &str = "nodekeeper.io/upgrade-plan";
 pub const NODE_LABEL: &str = "nodekeeper.io/upgrade-node";
 pub const STAGE_LABEL: &str = "nodekeeper.io/upgrade-stage";
+/// The stage label's value on upgrade Jobs (hooks have `before`/`after`):
+/// a drain reads it too, to keep the plan's own upgrade Job on its node.
+pub const UPGRADE_STAGE: &str = "upgrade";
 pub const HOOK_LABEL: &str = "nodekeeper.io/upgrade-hook";
 /// Environment appended to every container of a hook Job.
 pub const ENV_NODE: &str = "NODE_NAME";

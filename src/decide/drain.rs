@@ -151,8 +151,7 @@ pub fn fate(pod: &Pod, upgrading: Option<&str>) -> Fate {
     };
     let on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
     if controller.is_some_and(|c| c.kind == "Job")
-        && label(crate::api::upgrade::STAGE_LABEL)
-            == Some(crate::decide::upgrade::upgrade_job::STAGE)
+        && label(crate::api::upgrade::STAGE_LABEL) == Some(crate::api::upgrade::UPGRADE_STAGE)
         && upgrading.is_some_and(|plan| label(crate::api::upgrade::PLAN_LABEL) == Some(plan))
         && on.is_some_and(|n| label(crate::api::upgrade::NODE_LABEL) == Some(n))
     {
@@ -305,7 +304,7 @@ mod tests {
             let l = p.metadata.labels.get_or_insert_default();
             l.insert(
                 crate::api::upgrade::STAGE_LABEL.into(),
-                crate::decide::upgrade::upgrade_job::STAGE.into(),
+                crate::api::upgrade::UPGRADE_STAGE.into(),
             );
             l.insert(crate::api::upgrade::PLAN_LABEL.into(), plan.into());
             l.insert(crate::api::upgrade::NODE_LABEL.into(), node.into());

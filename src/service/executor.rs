@@ -28,8 +28,9 @@ use super::context::Context;
 use crate::decide::{Effect, HostAction, Outcome, Plan, Then};
 use crate::error::Result;
 
-/// The shortest wait any pass or reconcile asks for.
-pub const MIN_WAKE: Duration = Duration::from_millis(100);
+/// The shortest wait any pass or reconcile asks for (the scheduler's
+/// floors live with the scheduler).
+pub use super::passes::MIN_WAKE;
 
 /// What a feature wants after one outcome.
 pub enum After {

@@ -86,6 +86,9 @@ pub async fn run_passes<F, Fut>(
     }
 }
 
+/// The shortest wait any pass or reconcile asks for.
+pub const MIN_WAKE: Duration = Duration::from_millis(100);
+
 /// The shortest wait between passes: no pass ever asks for "now" (a
 /// deadline that has passed means "look again later"), and after
 /// [`QUICK_PASSES`] timer-started passes in a row that each asked for less
@@ -95,7 +98,7 @@ fn pass_floor(asked: Duration, quick: u32) -> Duration {
     let floor = if quick > QUICK_PASSES {
         Duration::from_secs(1)
     } else {
-        super::executor::MIN_WAKE
+        MIN_WAKE
     };
     if quick == QUICK_PASSES + 1 {
         log::warn!(

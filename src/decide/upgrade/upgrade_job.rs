@@ -19,7 +19,7 @@ use crate::decide::disrupt::owner_ref;
 use crate::decide::jobs::{MANAGED_BY, MANAGED_BY_LABEL};
 
 /// The stage label's value on upgrade Jobs (hooks have `before`/`after`).
-pub const STAGE: &str = "upgrade";
+pub use crate::api::upgrade::UPGRADE_STAGE as STAGE;
 /// A finished upgrade Job is kept this long for inspection.
 pub const TTL_SECONDS: i64 = 86400;
 /// Where the host's root is mounted in the container (as SUC mounts it).
