@@ -153,6 +153,7 @@ impl Notifier {
                 None => {
                     let q = self.start_queue(config, target.clone());
                     state.queues.insert(target.clone(), q.clone());
+                    metrics::set(&metrics::NOTIFICATIONS.queues, state.queues.len());
                     q
                 }
             };
@@ -230,11 +231,7 @@ impl Notifier {
             .flat_map(|o| o.targets.iter().cloned())
             .collect();
         state.queues.retain(|t, _| named.contains(t));
-    }
-
-    /// Queues (and their tasks) alive now.
-    pub fn queues(&self) -> usize {
-        lock(&self.state).queues.len()
+        metrics::set(&metrics::NOTIFICATIONS.queues, state.queues.len());
     }
 
     fn start_queue(&self, config: &Config, target: Target) -> smol::channel::Sender<Job> {

@@ -306,6 +306,12 @@ pub(super) fn render((nms, policies): &Stores) -> String {
             ("{result=\"failed\"}".to_string(), load(&n.failed)),
         ],
     );
+    metric(
+        "nodekeeper_notification_queues",
+        "gauge",
+        "Delivery queues (one task each) for the notification targets live objects name now.",
+        &[(String::new(), load(&n.queues))],
+    );
     let refused: Vec<(String, u64)> = REFUSAL_REASONS
         .iter()
         .zip(&r.refused)

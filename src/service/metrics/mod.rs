@@ -98,15 +98,18 @@ pub static REBOOTS: Reboots = Reboots {
     duration_sum_ms: AtomicU64::new(0),
 };
 
-/// Notifications (cluster role), monotonic since start-up.
+/// Notifications (cluster role): counts monotonic since start-up, and
+/// the delivery queues (one task each) alive now.
 pub struct Notifications {
     pub delivered: AtomicU64,
     pub failed: AtomicU64,
+    pub queues: AtomicU64,
 }
 
 pub static NOTIFICATIONS: Notifications = Notifications {
     delivered: AtomicU64::new(0),
     failed: AtomicU64::new(0),
+    queues: AtomicU64::new(0),
 };
 
 /// The reasons an admission waits, as the status reports them.
@@ -292,6 +295,11 @@ pub fn liveness(now_ms: u64, last_progress_ms: u64) -> std::result::Result<(), S
 /// Count one occurrence.
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Set a gauge.
+pub fn set(g: &AtomicU64, value: usize) {
+    g.store(value as u64, Ordering::Relaxed);
 }
 
 /// Count a drain's answers: accepted evictions and deletions, refusals.
