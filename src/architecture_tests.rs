@@ -368,3 +368,24 @@ fn modules_within_a_layer_import_each_other_without_cycles() {
         );
     }
 }
+
+/// A file a newcomer can read at once: no source file is longer than 600
+/// lines (unit tests at its end not counted). A file that grows past it
+/// is split by what it holds, its parts as child modules.
+#[test]
+fn no_source_file_is_longer_than_600_lines() {
+    const MOST: usize = 600;
+    let long: Vec<String> = sources("")
+        .iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let own = lines
+                .windows(2)
+                .position(|w| w[0] == "#[cfg(test)]" && w[1].starts_with("mod tests {"))
+                .unwrap_or(lines.len());
+            (own > MOST).then(|| format!("{} ({own} lines)", p.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "longer than {MOST} lines: {long:?}");
+}

@@ -91,7 +91,9 @@
 //!   the queues of [`service::notifier`]; what a rollout's gates
 //!   read of them, once for both: [`service::gate_answers`]), one module per feature's
 //!   half ([`service::reboots`], [`service::upgrades`], [`service::mutex`],
-//!   [`service::replace`]), [`service::reconcile`] (the node controller),
+//!   [`service::replace`]), `service::node_controller` (what triggers a
+//!   node's reconcile, how many run at once, how one is retried) and
+//!   [`service::reconcile`] (one node's reconcile),
 //!   [`service::connect`] (credentials, the HTTP/2 client, start-up checks),
 //!   [`service::metrics`], and beside the loop the opt-in webhook
 //!   ([`service::admission`]).
@@ -117,7 +119,10 @@
 //!   and **this map
 //!   names every module** of `decide/`, `effects/` and `service/`
 //!   (`architecture_tests::every_module_is_named_in_the_map`); its links
-//!   are checked by `cargo doc` in `just lint`.
+//!   are checked by `cargo doc` in `just lint`. **No source file is
+//!   longer than 600 lines** (its unit tests aside): one that grows is
+//!   split by what it holds, the parts its child modules
+//!   (`architecture_tests::no_source_file_is_longer_than_600_lines`).
 //! - **Only [`effects`] writes to the API server** on the loop's behalf
 //!   (`architecture_tests::only_effects_write_to_the_api_server`). A write
 //!   that replaces what another writer may have written carries the

@@ -7,11 +7,14 @@
 //! ([`super::common`]). The node annotations and Job labels the feature
 //! writes are constants here, so the CLI, the loop and the docs agree.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::common::{Budget, DrainSpec, Gates, NodeLabels, Window};
+
+mod status;
+pub use status::{ChannelStatus, NodeUpgrade, UpgradePhase, UpgradePlanStatus};
 
 /// The owner label value on NodeMaintenances an UpgradePlan creates.
 pub const OWNER_KIND: &str = "UpgradePlan";
@@ -491,173 +494,12 @@ fn fifteen_minutes() -> i64 {
     900
 }
 
-/// Where one node is in its upgrade.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
-pub enum UpgradePhase {
-    /// Not at the version; not looked at yet.
-    Pending,
-    /// Not at the version and not admitted; `reason` says why.
-    Waiting,
-    /// Admitted: running the before hooks.
-    PreHooks,
-    /// Its NodeMaintenance is draining it.
-    Draining,
-    /// Drained; the upgrade command is issued or about to be.
-    Upgrading,
-    /// Reports the version; waiting for Ready.
-    Verifying,
-    /// Verified; running the after hooks.
-    PostHooks,
-    /// Upgraded and given back; keeps its slot for `gates.settleSeconds`
-    /// and until `gates.health` is met.
-    Settling,
-    /// At the version.
-    Done,
-    /// Not upgraded, or upgraded and not verified; the message says why.
-    Failed,
-}
-
-impl UpgradePhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UpgradePhase::Pending => "Pending",
-            UpgradePhase::Waiting => "Waiting",
-            UpgradePhase::PreHooks => "PreHooks",
-            UpgradePhase::Draining => "Draining",
-            UpgradePhase::Upgrading => "Upgrading",
-            UpgradePhase::Verifying => "Verifying",
-            UpgradePhase::PostHooks => "PostHooks",
-            UpgradePhase::Settling => "Settling",
-            UpgradePhase::Done => "Done",
-            UpgradePhase::Failed => "Failed",
-        }
-    }
-
-    /// Admitted and not finished: holds a budget slot.
-    pub fn admitted(self) -> bool {
-        matches!(
-            self,
-            UpgradePhase::PreHooks
-                | UpgradePhase::Draining
-                | UpgradePhase::Upgrading
-                | UpgradePhase::Verifying
-                | UpgradePhase::PostHooks
-                | UpgradePhase::Settling
-        )
-    }
-}
-
-/// One node's upgrade as the plan records it. Admitted entries are the
-/// admission record (written guarded by the plan's resourceVersion before
-/// anything touches the node), and the hook Job named here is recorded
-/// before it is created.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeUpgrade {
-    /// The node.
-    pub name: String,
-    pub phase: UpgradePhase,
-    /// When the node entered this phase (or this hook).
-    pub since: Time,
-    /// The node's group, when the plan has groups.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    /// The version this admission upgrades to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// The plan's generation when the node was admitted (or failed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attempt: Option<i64>,
-    /// The node's boot ID at admission.
-    #[serde(
-        default,
-        rename = "bootIDBefore",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub boot_id_before: Option<String>,
-    /// The hook running (PreHooks, PostHooks) or that failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hook: Option<String>,
-    /// Its Job (a hook's, or the upgrade Job of type Job), `namespace/name`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<String>,
-    /// The Job named in `job` was seen on the API server. Gone before its
-    /// result was seen, someone deleted it to stop it: it is not created
-    /// again (reason `JobDeleted`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub job_seen: bool,
-    /// What is happening, or why it waits or failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// Machine-readable: why Waiting (`Budget`, `Window`, `Paused`, `Group`,
-    /// `BlockingPod`, `NotReady`, `InMaintenance`, `Gate`, `InvalidSpec`,
-    /// `Failure`), or what failed (`HookFailed`, `DrainFailed`,
-    /// `CommandFailed`, `UpgradeTimeout`, `VerifyTimeout`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct UpgradePlanStatus {
-    /// Per selected node.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodes: Vec<NodeUpgrade>,
-    /// The group being upgraded (the first one not finished).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    /// Nodes not at the version and not admitted.
-    #[serde(default)]
-    pub pending: i32,
-    /// Nodes admitted and not finished.
-    #[serde(default)]
-    pub upgrading: i32,
-    /// Nodes at the version.
-    #[serde(default)]
-    pub done: i32,
-    /// Nodes whose upgrade failed.
-    #[serde(default)]
-    pub failed: i32,
-    /// The generation of the spec this status was decided on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// `Valid` (the spec can be used), `Paused` (no admissions: the spec
-    /// says so, or a failure with onFailure Pause) and `Complete` (every
-    /// selected node in a group is at the version).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "super::nodemaintenance::conditions_schema")]
-    pub conditions: Option<Vec<Condition>>,
-    /// How the notifications fared.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub notifications: Option<super::common::NotificationStatus>,
-    /// What `spec.channel` last answered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub channel: Option<ChannelStatus>,
-}
-
 /// CEL: a version (`crate::decide::version::PATTERN`, the same rule).
 pub const VERSION_RULE: &str = "self.matches('^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$')";
 
 /// CEL: an http(s) URL with a host and no spaces.
 pub const CHANNEL_RULE: &str =
     "self.matches('^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?([/?][!-~]*)?$')";
-
-/// What the plan's channel last answered.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ChannelStatus {
-    /// The channel asked (the spec's, when it was asked).
-    pub url: String,
-    /// The version it named; kept when a later question fails.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// When it last answered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved: Option<Time>,
-    /// Why the last question failed, if it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
 
 impl UpgradePlan {
     /// The version nodes are upgraded to: `spec.version`, or what the
@@ -682,41 +524,4 @@ impl UpgradePlan {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kube::CustomResourceExt;
-
-    #[test]
-    fn crd_is_cluster_scoped_with_short_name_and_columns() {
-        let crd = UpgradePlan::crd();
-        assert_eq!(
-            crd.metadata.name.as_deref(),
-            Some("upgradeplans.nodekeeper.io")
-        );
-        assert_eq!(crd.spec.scope, "Cluster");
-        assert_eq!(crd.spec.names.short_names, Some(vec!["upp".to_string()]));
-        let json = serde_json::to_string(&crd).unwrap_or_default();
-        for needle in [
-            "Upgrading",
-            "x-kubernetes-preserve-unknown-fields",
-            "strategy.type must be InPlace",
-        ] {
-            assert!(json.contains(needle), "{needle} missing");
-        }
-    }
-
-    #[test]
-    fn a_minimal_spec_takes_the_documented_defaults() {
-        let spec: UpgradePlanSpec = serde_json::from_value(serde_json::json!({
-            "version": "v1.31.2",
-            "strategy": {"command": ["/usr/local/bin/upgrade", "{version}"]}
-        }))
-        .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(spec.strategy.type_, "InPlace");
-        assert_eq!(spec.strategy.reboot_command, vec!["systemctl", "reboot"]);
-        assert_eq!(spec.version_from.source, "KubeletVersion");
-        assert_eq!(spec.on_failure, "Pause");
-        assert_eq!(spec.deadlines.upgrade_seconds, 1800);
-        assert_eq!(spec.budget.max_control_plane, 1);
-    }
-}
+mod tests;

@@ -19,8 +19,10 @@
 //! the failed nodes).
 
 pub mod channel;
+mod holders;
 mod hooks;
 pub mod node;
+mod report;
 mod stages;
 pub mod upgrade_job;
 
@@ -39,7 +41,9 @@ use super::selector::{check_selector, selector_matches};
 use super::{Effect, Plan, marking, rollout, window};
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::upgrade::*;
+pub use holders::{exclusive_with, governing, orphaned_marks, orphans};
 pub use hooks::{JobState, Stage, job_name};
+use report::{INSECURE_CHANNEL, PLAIN_HTTP, status};
 use stages::Decision;
 
 /// Everything one plan's decision reads.
@@ -177,81 +181,6 @@ pub fn recorded_token(
 /// The name of the NodeMaintenance a plan takes `node` with.
 pub fn maintenance_name(node: &str) -> String {
     disrupt::maintenance_name("upgrade", node)
-}
-
-/// NodeMaintenances an UpgradePlan took nodes with whose plan is gone.
-pub fn orphans(maintenances: &[Arc<NodeMaintenance>], plans: &[Arc<UpgradePlan>]) -> Vec<Effect> {
-    let live: Vec<(String, Option<String>)> = plans
-        .iter()
-        .map(|p| (p.name_any(), p.metadata.uid.clone()))
-        .collect();
-    disrupt::orphans(maintenances, OWNER_KIND, &live)
-}
-
-/// Marks UpgradePlans left on nodes they no longer govern (the plan was
-/// deleted, or the node relabelled out of its selector): removed,
-/// level-triggered ([`crate::decide::marking::orphaned`]).
-pub fn orphaned_marks(nodes: &[Arc<Node>], plans: &[Arc<UpgradePlan>]) -> Vec<Effect> {
-    nodes
-        .iter()
-        .filter_map(|n| {
-            let owner = governing(n, plans).map(|p| format!("{OWNER_KIND}/{}", p.name_any()));
-            marking::orphaned(n, OWNER_KIND, owner.as_deref())
-        })
-        .collect()
-}
-
-/// The plan that upgrades `node` when several select it: the oldest (then
-/// by name), as for RebootPolicies.
-/// Another exclusive plan that still has a node, when `plan` is exclusive:
-/// its name. It has one while an entry is admitted or a NodeMaintenance it
-/// owns is there (a `Done` node is given back only once that is gone).
-/// Plans are decided one after the other by one writer, each on the
-/// others' latest status, so two never both admit.
-pub fn exclusive_with(
-    plan: &UpgradePlan,
-    plans: &[Arc<UpgradePlan>],
-    maintenances: &[Arc<NodeMaintenance>],
-) -> Option<String> {
-    if !plan.spec.exclusive {
-        return None;
-    }
-    plans
-        .iter()
-        .filter(|o| o.spec.exclusive && o.name_any() != plan.name_any())
-        .find(|o| {
-            let name = o.name_any();
-            o.status
-                .as_ref()
-                .is_some_and(|s| s.nodes.iter().any(|e| e.phase.admitted()))
-                || maintenances.iter().any(|m| owned_by(m, OWNER_KIND, &name))
-        })
-        .map(|o| o.name_any())
-}
-
-pub fn governing<'a>(node: &Node, plans: &'a [Arc<UpgradePlan>]) -> Option<&'a Arc<UpgradePlan>> {
-    plans.iter().filter(|p| selects(p, node)).min_by(|a, b| {
-        let key = |p: &UpgradePlan| {
-            (
-                p.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                p.name_any(),
-            )
-        };
-        key(a).cmp(&key(b))
-    })
-}
-
-/// Does `plan` select `node` (its selector, and a group when it has
-/// groups)? A selector the plan cannot use selects nothing, so a broken
-/// plan never holds a node from a working one.
-fn selects(plan: &UpgradePlan, node: &Node) -> bool {
-    let labels = node.labels();
-    let usable = |sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector| {
-        check_selector(sel).is_ok() && selector_matches(sel, labels)
-    };
-    plan.spec.node_selector.as_ref().is_none_or(usable)
-        && (plan.spec.groups.is_empty()
-            || plan.spec.groups.iter().any(|g| usable(&g.node_selector)))
 }
 
 /// What the schema could not check, `target` the version this decision
@@ -663,126 +592,6 @@ fn agent_check(d: &mut Decision, node: &Node, p: &UpgradePlan) -> Option<(&'stat
         d.event(&n, true, "UpgradeCommandNotRunnable", &w.message);
     }
     Some((w.reason, w.message))
-}
-
-/// Condition and Event of a plan whose channel is asked over plain http.
-const INSECURE_CHANNEL: &str = "InsecureChannel";
-const PLAIN_HTTP: &str = "the channel is asked over plain http: whoever is on the path names the version nodes are upgraded to; use https";
-
-/// `InsecureChannel=True` while the channel's URL is plain http (allowed,
-/// as SUC allows it, but said), gone otherwise.
-fn insecure_channel(
-    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    p: &UpgradePlan,
-    now: Timestamp,
-) {
-    let plain = p.spec.channel.as_deref().is_some_and(|u| {
-        u.get(..7)
-            .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
-    });
-    if plain {
-        super::set_condition(
-            conds,
-            now,
-            INSECURE_CHANNEL,
-            "True",
-            "PlainHTTP",
-            PLAIN_HTTP,
-        );
-    } else {
-        conds.retain(|c| c.type_ != INSECURE_CHANNEL);
-    }
-}
-
-/// The status from the entries: counts, the current group, conditions.
-fn status(
-    s: &Snapshot,
-    old: &UpgradePlanStatus,
-    entries: BTreeMap<String, NodeUpgrade>,
-    problems: &[String],
-    failure_pause: Option<String>,
-    current: Option<usize>,
-) -> UpgradePlanStatus {
-    let (p, now) = (s.plan, s.now);
-    let nodes: Vec<NodeUpgrade> = entries.into_values().collect();
-    let count =
-        |f: &dyn Fn(UpgradePhase) -> bool| nodes.iter().filter(|e| f(e.phase)).count() as i32;
-    let mut conds = old.conditions.clone().unwrap_or_default();
-    let set = |conds: &mut Vec<_>, t: &str, st: &str, r: &str, m: &str| {
-        super::set_condition(conds, now, t, st, r, m)
-    };
-    if problems.is_empty() {
-        set(&mut conds, "Valid", "True", "Valid", "the plan can be used");
-    } else {
-        set(
-            &mut conds,
-            "Valid",
-            "False",
-            WAIT_INVALID,
-            &problems.join("; "),
-        );
-    }
-    if p.spec.paused {
-        set(
-            &mut conds,
-            "Paused",
-            "True",
-            WAIT_PAUSED,
-            "spec.paused is true",
-        );
-    } else if let Some(f) = &failure_pause {
-        let why = nodes
-            .iter()
-            .find(|e| &e.name == f)
-            .and_then(|e| e.message.clone())
-            .unwrap_or_default();
-        let msg =
-            format!("node {f} failed: {why}; no further node is admitted until the spec changes");
-        set(&mut conds, "Paused", "True", WAIT_FAILURE, &msg);
-    } else {
-        set(&mut conds, "Paused", "False", "Running", "admitting nodes");
-    }
-    // A selector that matches nothing is not invalid, but a person who
-    // wrote it wants to know ("0 of 0 nodes" said nothing).
-    if nodes.is_empty() && problems.is_empty() {
-        let msg = "the plan's selectors select no node";
-        set(&mut conds, "NodesSelected", "False", "NoNodes", msg);
-    } else {
-        let msg = "the plan's selectors select nodes";
-        set(&mut conds, "NodesSelected", "True", "NodesSelected", msg);
-    }
-    let done = count(&|ph| ph == UpgradePhase::Done);
-    if !nodes.is_empty() && done as usize == nodes.len() {
-        let msg = format!("every selected node is at version {}", s.target());
-        set(&mut conds, "Complete", "True", "Complete", &msg);
-    } else {
-        let msg = format!(
-            "{done} of {} selected nodes at version {}",
-            nodes.len(),
-            s.target()
-        );
-        set(&mut conds, "Complete", "False", "InProgress", &msg);
-    }
-    super::set_failing(&mut conds, now, s.failing);
-    insecure_channel(&mut conds, p, now);
-    UpgradePlanStatus {
-        pending: count(&|ph| matches!(ph, UpgradePhase::Pending | UpgradePhase::Waiting)),
-        upgrading: count(&|ph| ph.admitted()),
-        done,
-        failed: count(&|ph| ph == UpgradePhase::Failed),
-        group: current
-            .and_then(|g| p.spec.groups.get(g))
-            .map(|g| g.name.clone()),
-        nodes,
-        observed_generation: p.metadata.generation,
-        conditions: Some(conds),
-        notifications: s.notified.cloned().or_else(|| old.notifications.clone()),
-        channel: p
-            .spec
-            .channel
-            .as_ref()
-            .and_then(|_| s.channel.cloned().or_else(|| old.channel.clone())),
-    }
 }
 
 #[cfg(test)]

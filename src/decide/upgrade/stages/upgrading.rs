@@ -1,0 +1,170 @@
+//! The upgrading step of a held node: the command on the host (through
+//! its agent), the upgrade Job or the Talos install, each with its
+//! deadline; then verifying that the node reports the version.
+
+use super::*;
+
+impl Decision<'_> {
+    /// The node is drained; its agent runs the command. Done when it
+    /// reports the version (and, with a reboot, a new boot ID).
+    pub(super) fn upgrading(
+        &mut self,
+        node: &Node,
+        e: &NodeUpgrade,
+        ours: Option<&NodeMaintenance>,
+    ) {
+        let p = self.s.plan;
+        if ours.is_none_or(|m| m.is_deleting()) {
+            let msg = format!(
+                "its NodeMaintenance {} went away during the upgrade; the node may be half-upgraded",
+                maintenance_name(&e.name)
+            );
+            return self.fail(e, FAILED_INTERRUPTED, msg);
+        }
+        let v = version(e, p);
+        let before = e.boot_id_before.as_deref().unwrap_or_default();
+        let rebooted = boot_id(node).is_some_and(|b| b != before);
+        let t = recorded_token(node, &self.name, v, before, e.attempt);
+        let result = annotation(node, RESULT_ANNOTATION)
+            .and_then(|r| r.strip_prefix(t.as_str()))
+            .and_then(|r| r.strip_prefix(" failed: "));
+        if at_version(node, &p.spec.version_from, v) && (rebooted || !p.spec.strategy.reboots()) {
+            let message = format!("reports version {v}; waiting for Ready");
+            self.step(
+                e,
+                Next {
+                    phase: UpgradePhase::Verifying,
+                    hook: None,
+                    job: None,
+                    reason: None,
+                    message,
+                },
+            );
+            let next = self
+                .entries
+                .get(&e.name)
+                .cloned()
+                .unwrap_or_else(|| e.clone());
+            return self.verifying(node, &next, ours);
+        }
+        if let Some(why) = result {
+            return self.fail(
+                e,
+                FAILED_COMMAND,
+                format!("the upgrade command failed: {why}; the node stays in maintenance"),
+            );
+        }
+        let marked;
+        let mut e = e;
+        if let Some(key) = upgrade_job::key(p, &attempt(e)) {
+            match self.upgrade_job(e, &key) {
+                Some(JobState::Failed(why)) => {
+                    let msg = format!(
+                        "the upgrade Job {key} failed: {why}; the node stays in maintenance"
+                    );
+                    return self.fail(e, FAILED_COMMAND, msg);
+                }
+                // Complete (the version is awaited below) or running:
+                // seen, so gone from now on it was deleted.
+                Some(_) => {
+                    marked = NodeUpgrade {
+                        job: Some(key),
+                        job_seen: true,
+                        ..e.clone()
+                    };
+                    e = &marked;
+                }
+                None => return,
+            }
+        }
+        if !rebooted && let Some(why) = failure_in(node, &Ask::upgrade(before, &t)) {
+            let msg = format!(
+                "the reboot after the upgrade failed: {why}; the node stays in maintenance"
+            );
+            return self.fail(e, FAILED_COMMAND, msg);
+        }
+        let limit = p.spec.deadlines.upgrade_seconds;
+        if self.s.now >= after(e.since.0, limit) {
+            let seen = reported_version(node, &p.spec.version_from).unwrap_or("nothing");
+            let msg = format!(
+                "did not report version {v} within {limit} s (deadlines.upgradeSeconds; it reports {seen}); the node stays in maintenance"
+            );
+            return self.fail(e, FAILED_UPGRADE_TIMEOUT, msg);
+        }
+        let message = upgrading_message(node, e, p);
+        self.step(
+            e,
+            Next {
+                phase: UpgradePhase::Upgrading,
+                hook: None,
+                job: e.job.clone(),
+                reason: None,
+                message,
+            },
+        );
+        self.upgrade_deadline(e);
+    }
+
+    /// The upgrade Job's state. `None`: recorded and not in the store yet
+    /// (created again under its name: a 409 if it exists, never a second
+    /// run); the entry is kept and the caller waits. Or seen before and
+    /// gone: deleted by a person, the node failed (`JobDeleted`).
+    pub(super) fn upgrade_job(&mut self, e: &NodeUpgrade, key: &str) -> Option<JobState> {
+        if let Some(state) = self.s.jobs.get(key) {
+            return Some(state.clone());
+        }
+        if e.job_seen && e.job.as_deref() == Some(key) {
+            self.job_deleted(e, &format!("the upgrade Job {key}"));
+            return None;
+        }
+        if let Some(err) = self.s.job_errors.get(key) {
+            return Some(JobState::Failed(format!("could not be created: {err}")));
+        }
+        if self.s.now >= after(e.since.0, upgrade_job::TTL_SECONDS) {
+            let why = "the Job disappeared before its result was seen";
+            return Some(JobState::Failed(why.into()));
+        }
+        if let Some(job) = upgrade_job::job_for(self.s.plan, &attempt(e)) {
+            self.effects.push(Effect::CreateJob { job: Box::new(job) });
+        }
+        self.entries.insert(e.name.clone(), e.clone());
+        self.upgrade_deadline(e);
+        None
+    }
+
+    pub(super) fn upgrade_deadline(&mut self, e: &NodeUpgrade) {
+        let since = self.entries.get(&e.name).map_or(e.since.0, |x| x.since.0);
+        self.wake_at(after(since, self.s.plan.spec.deadlines.upgrade_seconds));
+    }
+
+    /// Reports the version: Ready makes it verified, then the after hooks.
+    pub(super) fn verifying(
+        &mut self,
+        node: &Node,
+        e: &NodeUpgrade,
+        ours: Option<&NodeMaintenance>,
+    ) {
+        let p = self.s.plan;
+        if ours.is_none_or(|m| m.is_deleting()) && !p.spec.hooks.after.is_empty() {
+            let msg = format!(
+                "its NodeMaintenance {} went away before the after hooks ran",
+                maintenance_name(&e.name)
+            );
+            return self.fail(e, FAILED_INTERRUPTED, msg);
+        }
+        if ready(node) {
+            return self.hooks_from(e, Stage::After, 0);
+        }
+        let limit = p.spec.deadlines.verify_seconds;
+        let due = after(e.since.0, limit);
+        if self.s.now >= due {
+            let msg = format!(
+                "reports version {} but was not Ready within {limit} s (deadlines.verifySeconds); the node stays in maintenance",
+                version(e, p)
+            );
+            return self.fail(e, FAILED_VERIFY_TIMEOUT, msg);
+        }
+        self.wake_at(due);
+        self.entries.insert(e.name.clone(), e.clone());
+    }
+}
