@@ -80,6 +80,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster_sh=$here/../controlplane/cluster.sh
+# kc, waits, ports, cgroups, mounts, sysctls, client credentials.
+# shellcheck source=tests/machine-lib.sh
+source "$here/../machine-lib.sh"
 cache_root=${NODEKEEPER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekeeper}
 cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
 dir=${NODEKEEPER_OSIMAGE_DIR:-$cache_root/osmachines}
@@ -98,58 +101,11 @@ log() { echo "osmachine: $*" >&2; }
 die() { echo "osmachine: error: $*" >&2; exit 1; }
 now_ms() { date +%s%3N; }
 
-kc() { "$kubectl" --kubeconfig="$cluster_dir/kubeconfig" "$@"; }
-setup_kubectl() {
-  local bins
-  bins=$("$cluster_sh" build 2>/dev/null) || die "cannot find the control plane's binaries (tests/controlplane/cluster.sh build)"
-  kubectl=$bins/kubectl
-}
-cluster_up() { "$cluster_sh" status >/dev/null 2>&1; }
-
 node_name() { echo "os-$1"; }
 mdir() { echo "$dir/os-$1"; }
 bridge_of() { echo "nkos${run_id}b$1"; }
-recorded() { [[ -f $dir/count ]] && seq 0 $(($(cat "$dir/count") - 1)); }
-
-# A process that exists and is not a zombie (this host's PID 1 reaps lazily).
-running() {
-  local st
-  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ -n $st && ${st:0:1} != Z && ${st:0:1} != X ]]
-}
-alive() { [[ -f $1 ]] && running "$(cat "$1")"; }
-
-wait_until() {
-  local limit=$1
-  shift
-  local deadline=$((SECONDS + limit))
-  until "$@"; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.2
-  done
-}
 
 taken_ports=" "
-free_port() {
-  port=$1
-  while [[ $taken_ports == *" $port "* ]] || ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; do
-    port=$((port + 1))
-  done
-  taken_ports+="$port "
-}
-
-# The cgroup v1 hierarchies' roots (each controller's, name=systemd, and the
-# hybrid "unified" one): a machine's processes go into /nkos-<run>-<i> in
-# each, which nspawn's cgroup namespace makes the machine's "/".
-hierarchies() {
-  local h t
-  for h in /sys/fs/cgroup/*/; do
-    [[ -L ${h%/} ]] && continue # cpu,cpuacct -> … links
-    t=$(stat -fc %T "$h" 2>/dev/null) || continue
-    [[ $t == cgroupfs || $t == cgroup2fs ]] && echo "$h"
-  done
-  return 0
-}
 
 # The machine's PID 1 (systemd, host PID) of the current boot.
 machine_init() {
@@ -285,52 +241,7 @@ set_kernel_tunables() {
   done
 }
 
-restore_sysctls() {
-  [[ -f $dir/host.saved ]] || return 0
-  local kind name value f
-  while read -r kind name value; do
-    [[ $kind == sysctl ]] || continue
-    f=/proc/sys/${name//.//}
-    if [[ -e $f && $(cat "$f") != "$value" ]]; then
-      echo "$value" >"$f" 2>/dev/null || log "warning: could not restore $name=$value"
-    fi
-  done <"$dir/host.saved"
-}
-
 # ------------------------------------------------------------------------ up
-
-# A client certificate signed by the cluster CA for USER in GROUP, and a
-# kubeconfig using it at FILE.
-write_client_kubeconfig() {
-  local file=$1 user=$2 group=$3 p=$cluster_dir/pki server work
-  work=$(mktemp -d)
-  openssl ecparam -name prime256v1 -genkey -noout -out "$work/client.key" 2>/dev/null
-  openssl req -new -key "$work/client.key" -subj "/O=$group/CN=$user" -out "$work/client.csr" 2>/dev/null
-  printf 'keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >"$work/ext.cnf"
-  openssl x509 -req -in "$work/client.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" \
-    -set_serial "0x$(openssl rand -hex 12)" -days 30 -extfile "$work/ext.cnf" -out "$work/client.crt" 2>/dev/null ||
-    { rm -rf "$work"; die "cannot sign $user's client certificate with $p/ca.key"; }
-  server=$(sed -n 's/^ *server: *//p' "$cluster_dir/kubeconfig" | head -n1)
-  install -D -m 0600 /dev/stdin "$file" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: nodekeeper-test
-  cluster:
-    server: $server
-    certificate-authority-data: $(base64 -w0 <"$p/ca.crt")
-users:
-- name: $user
-  user:
-    client-certificate-data: $(base64 -w0 <"$work/client.crt")
-    client-key-data: $(base64 -w0 <"$work/client.key")
-contexts:
-- name: nodekeeper-test
-  context: {cluster: nodekeeper-test, user: "$user"}
-current-context: nodekeeper-test
-EOF
-  rm -rf "$work"
-}
 
 # What makes the generic image this machine (see the header).
 provision() {
@@ -409,10 +320,6 @@ start_machine() {
   disown $!
 }
 
-node_ready() {
-  [[ $(kc get node "$(node_name "$1")" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
-}
-
 node_ready_or_dead() {
   node_ready "$1" && return 0
   alive "$(mdir "$1")/supervisor.pid" || die "the supervisor of machine $(node_name "$1") exited (see $(mdir "$1")/console.log)"
@@ -466,32 +373,16 @@ cmd_up() {
   echo "$image" >"$dir/image"
   echo "$profile" >"$dir/profile"
 
-  kc apply -f - >/dev/null <<EOF || die "cannot create the ClusterRoleBinding for nodes"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: nodekeeper-osimage-system-node
-  labels: {$label: "true"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:node"}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:nodes"}
-EOF
+  grant_nodes_their_role nodekeeper-osimage-system-node || die "cannot create the ClusterRoleBinding for nodes"
   install_nodekeeper_api "$image/usr/local/bin/nodekeeper"
 
-  local i d x=0 taken=" "
+  local i d
   for i in $(seq 0 $((n - 1))); do
     d=$(mdir "$i")
     mkdir -p "$d/upper" "$d/work" "$d/root"
     node_name "$i" >"$d/name"
     echo "/$cgroup_prefix$i" >"$d/cgroup"
-    # The first 10.89.x.0/24 no route uses (a bridge gets its route once its
-    # first pod starts).
-    while [[ $taken == *" $x "* ]] || ip -4 route show | grep -q "^10\.89\.$x\."; do
-      x=$((x + 1))
-      ((x < 256)) || die "no free 10.89.x.0/24 for $(node_name "$i")"
-    done
-    taken+="$x "
-    echo "$x" >"$d/subnet"
+    free_subnet 10.89 >"$d/subnet" || die "no free 10.89.x.0/24 for $(node_name "$i")"
     free_port 11250; echo "$port" >"$d/port"
     free_port 11350; echo "$port" >"$d/healthz-port"
     free_port 19477; echo "$port" >"$d/metrics-port"
@@ -608,26 +499,6 @@ kill_wait() {
   local pid=$1 _
   kill -KILL "$pid" 2>/dev/null || return 0
   for _ in $(seq 100); do running "$pid" || return 0; sleep 0.05; done
-}
-
-# Mounts under our folder on the host: each machine's overlay root (what
-# runs inside mounts in the machine's own namespace, gone with it).
-umount_ours() {
-  local m mounts
-  # mountinfo's 5th field, octal escapes decoded; deepest first.
-  mounts=$(awk '{print $5}' /proc/self/mountinfo | while read -r m; do printf '%b\n' "$m"; done |
-    grep -F -- "$dir/" | awk '{print length, $0}' | sort -rn | cut -d' ' -f2-) || true
-  [[ -n $mounts ]] || return 0
-  while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done <<<"$mounts"
-}
-
-our_cgroups() {
-  local h
-  for h in $(hierarchies); do
-    compgen -G "$h$cgroup_prefix*" >/dev/null || continue
-    find "$h$cgroup_prefix"* -depth -type d 2>/dev/null
-  done
-  return 0
 }
 
 cmd_down() {

@@ -106,6 +106,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster_sh=$here/../controlplane/cluster.sh
+# kc, waits, ports, cgroups, mounts, sysctls, client credentials.
+# shellcheck source=tests/machine-lib.sh
+source "$here/../machine-lib.sh"
 cache_root=${NODEKEEPER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekeeper}
 cluster_dir=${NODEKEEPER_CLUSTER_DIR:-$cache_root/cluster}
 dir=${NODEKEEPER_REALNODE_DIR:-$cache_root/realnode}
@@ -132,30 +135,10 @@ sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
 log() { echo "realnode: $*" >&2; }
 die() { echo "realnode: error: $*" >&2; exit 1; }
 
-kc() { "$kubectl" --kubeconfig="$cluster_dir/kubeconfig" "$@"; }
-setup_kubectl() {
-  local bins
-  bins=$("$cluster_sh" build 2>/dev/null) || die "cannot find the control plane's binaries (tests/controlplane/cluster.sh build)"
-  kubectl=$bins/kubectl
-}
-cluster_up() { "$cluster_sh" status >/dev/null 2>&1; }
-
 node_name() { echo "real-$1"; }
 node_dir() { echo "$dir/real-$1"; }
 sock() { echo "$(node_dir "$1")/containerd.sock"; }
 ctr_cmd() { echo "$(command -v ctr) --address $(sock "$1") --namespace k8s.io"; }
-
-# The nodes of the last `up`, by index.
-recorded() { [[ -f $dir/count ]] && seq 0 $(($(cat "$dir/count") - 1)); }
-
-# A process that exists and is not a zombie: our daemons are reparented to
-# PID 1 once `up` returns, and this machine's PID 1 reaps them lazily.
-running() {
-  local st
-  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ -n $st && ${st:0:1} != Z && ${st:0:1} != X ]]
-}
-alive() { [[ -f $1 ]] && running "$(cat "$1")"; }
 
 cni_bin() {
   local d
@@ -169,29 +152,6 @@ cni_bin() {
 # listens on and that this `up` has not handed out yet (no subshell: it
 # records what it hands out).
 taken_ports=" "
-free_port() {
-  port=$1
-  while [[ $taken_ports == *" $port "* ]] || ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; do
-    port=$((port + 1))
-  done
-  taken_ports+="$port "
-}
-
-# The cgroup hierarchies' roots: /sys/fs/cgroup/ alone on a cgroup v2 host;
-# on v1 (this machine) each controller's, and the hybrid "unified" one.
-hierarchies() {
-  if [[ $(stat -fc %T /sys/fs/cgroup/ 2>/dev/null) == cgroup2fs ]]; then
-    echo /sys/fs/cgroup/
-    return
-  fi
-  local h t
-  for h in /sys/fs/cgroup/*/; do
-    [[ -L ${h%/} ]] && continue # cpu -> cpu,cpuacct and the like
-    t=$(stat -fc %T "$h" 2>/dev/null) || continue
-    [[ $t == cgroupfs || $t == cgroup2fs ]] && echo "$h"
-  done
-  return 0
-}
 
 # ---------------------------------------------------------------- host state
 
@@ -220,18 +180,6 @@ save_host_state() {
 }
 
 saved() { [[ -f $dir/host.saved ]] && grep -qxF -- "$1 $2" "$dir/host.saved"; }
-
-restore_sysctls() {
-  [[ -f $dir/host.saved ]] || return 0
-  local kind name value
-  while read -r kind name value; do
-    [[ $kind == sysctl ]] || continue
-    local f=/proc/sys/${name//.//}
-    if [[ -e $f && $(cat "$f") != "$value" ]]; then
-      echo "$value" >"$f" 2>/dev/null || log "warning: could not restore $name=$value"
-    fi
-  done <"$dir/host.saved"
-}
 
 # ------------------------------------------------------------------------ up
 
@@ -355,47 +303,12 @@ cmd_cni() {
   ((found)) || die "no real node named $only is up"
 }
 
-# A client certificate signed by the cluster CA for USER (in GROUP, when
-# given), and DIR/kubeconfig using it.
-write_client_kubeconfig() {
-  local d=$1 user=$2 group=${3:-} p=$cluster_dir/pki server subject
-  subject="/CN=$user"
-  [[ -z $group ]] || subject="/O=$group$subject"
-  mkdir -p "$d/pki"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$d/pki/client.key" 2>/dev/null
-  openssl req -new -key "$d/pki/client.key" -subj "$subject" -out "$d/pki/client.csr" 2>/dev/null
-  printf 'keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >"$d/pki/ext.cnf"
-  openssl x509 -req -in "$d/pki/client.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" \
-    -set_serial "0x$(openssl rand -hex 12)" -days 30 -extfile "$d/pki/ext.cnf" -out "$d/pki/client.crt" 2>/dev/null ||
-    die "cannot sign $user's client certificate with $p/ca.key"
-  server=$(sed -n 's/^ *server: *//p' "$cluster_dir/kubeconfig" | head -n1)
-  cat >"$d/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: nodekeeper-test
-  cluster:
-    server: $server
-    certificate-authority-data: $(base64 -w0 <"$p/ca.crt")
-users:
-- name: $user
-  user:
-    client-certificate-data: $(base64 -w0 <"$d/pki/client.crt")
-    client-key-data: $(base64 -w0 <"$d/pki/client.key")
-contexts:
-- name: nodekeeper-test
-  context: {cluster: nodekeeper-test, user: "$user"}
-current-context: nodekeeper-test
-EOF
-  chmod 600 "$d/kubeconfig"
-}
-
 # The kubelet's credentials: system:node:<name> in group system:nodes.
 write_node_credentials() {
   local d
   d=$(node_dir "$1")
   mkdir -p "$d/certs"
-  write_client_kubeconfig "$d" "system:node:$(node_name "$1")" system:nodes
+  write_client_kubeconfig "$d/kubeconfig" "system:node:$(node_name "$1")" system:nodes
 }
 
 write_kubelet_config() {
@@ -451,16 +364,6 @@ start_bg() {
   setsid "$@" >>"$logfile" 2>&1 </dev/null 9>&- &
   echo $! >"$pidfile"
   disown $!
-}
-
-wait_until() {
-  local limit=$1
-  shift
-  local deadline=$((SECONDS + limit))
-  until "$@"; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.2
-  done
 }
 
 # How the node's containerd and kubelet start: a script each, run on the
@@ -555,10 +458,6 @@ kubelet_healthy() {
 
 ctr_ok() { ctr --address "$(sock "$1")" --namespace k8s.io version >/dev/null 2>&1; }
 
-node_ready() {
-  [[ $(kc get node "$(node_name "$1")" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
-}
-
 import_into() {
   local i=$1 archive=$2
   ctr --address "$(sock "$i")" --namespace k8s.io images import --snapshotter "$snapshotter" "$archive" >/dev/null ||
@@ -639,29 +538,15 @@ cmd_up() {
 
   # RBAC only in the test API server (no Node authorizer): nodes get the
   # system:node role through their group.
-  kc apply -f - >/dev/null <<EOF || fail_up "cannot create the ClusterRoleBinding for nodes"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: nodekeeper-realnode-system-node
-  labels: {$label: "true"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:node"}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:nodes"}
-EOF
+  grant_nodes_their_role nodekeeper-realnode-system-node || fail_up "cannot create the ClusterRoleBinding for nodes"
 
   # Each node: its subnet (the first 10.88.x.0/24 nothing routes), its
   # configuration, credentials and ports.
-  local d x=0 taken=" "
+  local d
   for i in $(seq 0 $((n - 1))); do
     d=$(node_dir "$i")
     mkdir -p "$d"
-    while [[ $taken == *" $x "* ]] || ip -4 route show | grep -q "^10\.88\.$x\."; do
-      x=$((x + 1))
-      ((x < 256)) || fail_up "no free 10.88.x.0/24 for $(node_name "$i") (ip route)"
-    done
-    taken+="$x "
-    echo "$x" >"$d/subnet"
+    free_subnet 10.88 >"$d/subnet" || fail_up "no free 10.88.x.0/24 for $(node_name "$i") (ip route)"
     write_containerd_config "$i"
     # The kubelet insists its cgroup root exists (in every v1 hierarchy).
     local h
@@ -698,7 +583,7 @@ EOF
   # written its rules once.
   d=$(proxy_dir)
   mkdir -p "$d"
-  write_client_kubeconfig "$d" system:kube-proxy
+  write_client_kubeconfig "$d/kubeconfig" system:kube-proxy
   free_port 10256
   echo "$port" >"$d/healthz-port"
   free_port 10249
@@ -994,35 +879,12 @@ kill_pid() {
   for _ in $(seq 50); do running "$pid" || return 0; sleep 0.05; done
 }
 
-our_cgroups() {
-  local h
-  for h in $(hierarchies); do
-    compgen -G "$h$cgroup_prefix*" >/dev/null || continue
-    find "$h"$cgroup_prefix* -depth -type d 2>/dev/null
-  done
-  return 0
-}
-
 # Every process in our pods' cgroups (containers, pause).
 pod_pids() {
   local h=/sys/fs/cgroup/memory/ # every v1 hierarchy holds every process: one is enough
   [[ -f $h/cgroup.procs ]] || h=/sys/fs/cgroup/
   compgen -G "$h$cgroup_prefix*" >/dev/null || return 0
   find "$h"$cgroup_prefix* -name cgroup.procs -exec cat {} + 2>/dev/null | sort -un
-}
-
-umount_ours() {
-  local round mounts m
-  for round in 1 2 3 4 5; do
-    # mountinfo's 5th field, octal escapes decoded; deepest first.
-    mounts=$(awk '{print $5}' /proc/self/mountinfo | grep -F -- "${dir%%[^A-Za-z0-9/._-]*}" |
-      while read -r m; do printf '%b\n' "$m"; done |
-      grep -F -- "$dir/" | awk '{print length, $0}' | sort -rn | cut -d' ' -f2-) || true
-    [[ -n $mounts ]] || return 0
-    while read -r m; do
-      umount "$m" 2>/dev/null || { ((round < 5)) || umount -l "$m" 2>/dev/null || true; }
-    done <<<"$mounts"
-  done
 }
 
 cmd_down() {
