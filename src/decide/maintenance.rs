@@ -28,10 +28,12 @@ use crate::api::nodemaintenance::*;
 
 mod lease_and_gone_node;
 mod plan;
+mod pods;
 mod status;
 
 use lease_and_gone_node::{decide_without_node, releases_lease};
 pub use plan::{LEASE_RETRY, after, plan};
+use pods::{fates, report_and_wait};
 pub use status::set_condition;
 use status::{initial_status, progress_hold, progress_status, same_status};
 
@@ -282,34 +284,62 @@ pub fn decide(s: &Snapshot) -> Step {
         return decide_without_node(s, &nms);
     };
     let applied = annotation(node, APPLIED_ANNOTATION);
-
     // Deletions first: undo what the object put on the node, then let it go.
     if let Some(nm) = nms.iter().find(|m| m.is_deleting() && m.has_finalizer()) {
-        let name = nm.name_any();
-        // Another live maintenance takes the node over (an administrator's
-        // that preempted this feature's): the node is not uncordoned in
-        // between — pods landed on it only to be evicted again. This one
-        // just goes; the next step applies the successor, keeping the
-        // cordon and our record of it.
-        let successor = nms
-            .iter()
-            .any(|m| !m.is_deleting() && m.phase() != Some(Phase::Failed));
-        if applied == Some(name.as_str()) && !successor {
-            if let Some(step) = withdraw_conditions(s, node) {
-                return step;
-            }
-            return Step::RemoveFromNode {
-                nm: name,
-                uncordon: annotation(node, CORDONED_ANNOTATION).is_some(),
-            };
+        return let_go(s, node, nm, &nms, applied);
+    }
+    let primary = match in_charge(s, &nms, applied) {
+        Ok(primary) => primary,
+        Err(step) => return step,
+    };
+    let Some(p) = primary else {
+        return nothing_asks(s, node, &nms, applied);
+    };
+    hold(s, node, p, applied)
+}
+
+/// `nm` is being deleted: the node is given back (conditions withdrawn,
+/// then what it put on the node removed) unless a successor takes it over,
+/// then the finalizer goes.
+fn let_go(
+    s: &Snapshot,
+    node: &Node,
+    nm: &NodeMaintenance,
+    nms: &[&NodeMaintenance],
+    applied: Option<&str>,
+) -> Step {
+    let name = nm.name_any();
+    // Another live maintenance takes the node over (an administrator's
+    // that preempted this feature's): the node is not uncordoned in
+    // between — pods landed on it only to be evicted again. This one just
+    // goes; the next step applies the successor, keeping the cordon and
+    // our record of it.
+    let successor = nms
+        .iter()
+        .any(|m| !m.is_deleting() && m.phase() != Some(Phase::Failed));
+    if applied == Some(name.as_str()) && !successor {
+        if let Some(step) = withdraw_conditions(s, node) {
+            return step;
         }
-        return Step::Finish {
+        return Step::RemoveFromNode {
             nm: name,
-            release_lease: releases_lease(nm, &nms),
+            uncordon: annotation(node, CORDONED_ANNOTATION).is_some(),
         };
     }
+    Step::Finish {
+        nm: name,
+        release_lease: releases_lease(nm, nms),
+    }
+}
 
-    // Among live, non-failed objects one is in charge; newcomers are duplicates.
+/// Among live, non-failed objects the one in charge (`Ok(None)`: none);
+/// `Err` is the step that comes first: a feature's object preempted by an
+/// administrator's, or a newcomer failed as a duplicate.
+fn in_charge<'a>(
+    s: &Snapshot,
+    nms: &[&'a NodeMaintenance],
+    applied: Option<&str>,
+) -> Result<Option<&'a NodeMaintenance>, Step> {
     let live: Vec<&NodeMaintenance> = nms
         .iter()
         .copied()
@@ -335,50 +365,62 @@ pub fn decide(s: &Snapshot) -> Step {
             .iter()
             .find(|m| owner_of(m).is_none() && m.phase().is_none())
     {
-        return Step::Fail {
+        return Err(Step::Fail {
             nm: p.name_any(),
             reason: REASON_PREEMPTED,
             message: format!(
                 "preempted by NodeMaintenance {} of an administrator",
                 admin.name_any()
             ),
-        };
+        });
     }
     let primary_name = primary.map(|p| p.name_any());
-    for nm in &live {
-        if Some(nm.name_any()) != primary_name && nm.phase().is_none() {
-            return Step::Fail {
-                nm: nm.name_any(),
-                reason: REASON_DUPLICATE,
-                message: duplicate_message(s.node_name),
-            };
-        }
+    if let Some(nm) = live
+        .iter()
+        .find(|nm| Some(nm.name_any()) != primary_name && nm.phase().is_none())
+    {
+        return Err(Step::Fail {
+            nm: nm.name_any(),
+            reason: REASON_DUPLICATE,
+            message: duplicate_message(s.node_name),
+        });
     }
+    Ok(primary)
+}
 
-    let Some(p) = primary else {
-        // Our changes are on the node but nothing asks for them any more
-        // (the object failed, or was removed without its finalizer).
-        // What we published goes False first, so no reader sees a node
-        // in maintenance that is schedulable again.
-        if let Some(step) = withdraw_conditions(s, node) {
-            return step;
-        }
-        if let Some(name) = applied {
-            return Step::RemoveFromNode {
-                nm: name.to_string(),
-                uncordon: annotation(node, CORDONED_ANNOTATION).is_some(),
-            };
-        }
-        // A lease this process took for maintenances that are all gone
-        // goes too: one deleted before it began (while its finalizer and
-        // the lease were being written), or one that failed after taking
-        // it (Finish releases only a Running or Succeeded one's). Left, it
-        // would hold the node from medik8s remediators for an hour.
-        if nms.is_empty() && s.lease_renew_at.is_some() {
-            return Step::ReleaseLease;
-        }
-        return Step::Wait(None);
-    };
+/// Our changes are on the node but nothing asks for them any more (the
+/// object failed, or was removed without its finalizer): what we published
+/// goes False first, so no reader sees a node in maintenance that is
+/// schedulable again; then the changes go, then a lease left over.
+fn nothing_asks(
+    s: &Snapshot,
+    node: &Node,
+    nms: &[&NodeMaintenance],
+    applied: Option<&str>,
+) -> Step {
+    if let Some(step) = withdraw_conditions(s, node) {
+        return step;
+    }
+    if let Some(name) = applied {
+        return Step::RemoveFromNode {
+            nm: name.to_string(),
+            uncordon: annotation(node, CORDONED_ANNOTATION).is_some(),
+        };
+    }
+    // A lease this process took for maintenances that are all gone goes
+    // too: one deleted before it began (while its finalizer and the lease
+    // were being written), or one that failed after taking it (Finish
+    // releases only a Running or Succeeded one's). Left, it would hold the
+    // node from medik8s remediators for an hour.
+    if nms.is_empty() && s.lease_renew_at.is_some() {
+        return Step::ReleaseLease;
+    }
+    Step::Wait(None)
+}
+
+/// The maintenance in charge, `p`: take the node, then drain it, then
+/// report and wait for what is left.
+fn hold(s: &Snapshot, node: &Node, p: &NodeMaintenance, applied: Option<&str>) -> Step {
     let name = p.name_any();
     let opts = match drain_options(p, s.drain_timeout) {
         Ok(o) => o,
@@ -405,36 +447,7 @@ pub fn decide(s: &Snapshot) -> Step {
         };
     }
     let timed_out = drain_deadline(p, opts.timeout).is_some_and(|d| d <= s.now);
-    // The UpgradePlan this drain is for, if it is one's: its upgrade Job
-    // stays on the node.
-    let upgrading = (owner_of(p) == Some(crate::api::upgrade::OWNER_KIND))
-        .then(|| {
-            p.owner_references()
-                .iter()
-                .find(|o| o.kind == crate::api::upgrade::OWNER_KIND)
-                .map(|o| o.name.as_str())
-        })
-        .flatten();
-    let fates: Vec<(Arc<Pod>, Fate)> = s
-        .pods
-        .iter()
-        .map(|pod| {
-            let selected = opts
-                .pod_selector
-                .as_ref()
-                .is_none_or(|sel| super::selector::selector_matches(sel, pod.labels()));
-            let fate = match drain::fate(pod, upgrading) {
-                _ if !selected => Fate::Skip("not selected by the drain's pod selector"),
-                // Past the deadline, Force deletes what eviction could not
-                // move, PodDisruptionBudgets notwithstanding.
-                Fate::Evict if timed_out && opts.on_timeout == Escalation::Force => {
-                    Fate::Delete("drain timeout (onTimeout Force): deleted despite its PDB")
-                }
-                f => f,
-            };
-            (pod.clone(), fate)
-        })
-        .collect();
+    let fates = fates(s, p, &opts, timed_out);
     if lease_due {
         return Step::AcquireLease { nm: name };
     }
@@ -456,7 +469,6 @@ pub fn decide(s: &Snapshot) -> Step {
     {
         return Step::SetConditions { patch };
     }
-
     let due: Vec<(Arc<Pod>, Fate)> = fates
         .iter()
         .filter(|(_, f)| matches!(f, Fate::Evict | Fate::Delete(_)))
@@ -474,62 +486,7 @@ pub fn decide(s: &Snapshot) -> Step {
             grace_period: opts.grace_period,
         };
     }
-
-    let (status, announce) = progress_status(s, p, &fates, opts.timeout);
-    // Skip gives the node back undrained: the maintenance fails, which
-    // undoes its cordon, and its owner reports why.
-    if timed_out && opts.on_timeout == Escalation::Skip && fates.iter().any(|(_, f)| f.is_pending())
-    {
-        let blockers = status
-            .last_error
-            .clone()
-            .unwrap_or_else(|| "pods still terminating".into());
-        return Step::Fail {
-            nm: name,
-            reason: REASON_DRAIN_TIMEOUT,
-            message: format!(
-                "drain did not finish within {} s; skipped (onTimeout Skip), the node is given back undrained; blocked by {blockers}",
-                opts.timeout.as_secs()
-            ),
-        };
-    }
-    let hold = if same_status(p.status.as_ref(), &status) {
-        None
-    } else {
-        match progress_hold(p.status.as_ref(), &status, s.now) {
-            Some(until) => Some(until),
-            None => {
-                return Step::WriteStatus {
-                    nm: name,
-                    status: Box::new(status),
-                    announce,
-                };
-            }
-        }
-    };
-
-    // Wake for the next retry or lease renewal, or to write the progress
-    // held back; pod events wake us earlier.
-    let mut wake: Vec<Timestamp> = fates
-        .iter()
-        .filter(|(_, f)| f.is_pending())
-        .filter_map(|(pod, _)| attempt(s, pod).and_then(|a| a.retry_at))
-        // A retry time that has passed belongs to a pod still Terminating
-        // (a finalizer, a lost kubelet): nothing is due for it, and waking
-        // "now" requeued the node at 0 ms for as long as the pod stayed.
-        // Its going is a pod event; the drain deadline is below.
-        .filter(|at| *at > s.now)
-        .collect();
-    wake.extend(s.lease_renew_at);
-    wake.extend(hold);
-    // A drain timeout has to be noticed even if no pod event arrives.
-    if let Some(deadline) = drain_deadline(p, opts.timeout)
-        && deadline > s.now
-        && fates.iter().any(|(_, f)| f.is_pending())
-    {
-        wake.push(deadline);
-    }
-    Step::Wait(wake.into_iter().min().map(|t| duration_until(s.now, t)))
+    report_and_wait(s, p, &fates, &opts, timed_out)
 }
 
 /// Set the lifecycle conditions we published `False` (the maintenance

@@ -17,6 +17,7 @@
 //! `nodekeeper.io/reboot-issued`, written before the command runs).
 //! Completion is verified, never assumed: a new boot ID and Ready.
 
+mod admit;
 pub mod facts;
 pub mod node;
 mod stages;
@@ -29,7 +30,6 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::budget::Member;
 use super::disrupt;
 use super::maintenance::annotation;
 pub use super::once_per_boot::{Ask, failure_in, issued_in};
@@ -139,15 +139,51 @@ pub fn orphaned_marks(nodes: &[Arc<Node>], policies: &[Arc<RebootPolicy>]) -> Ve
 
 /// One policy's next plan: the new status (written first, guarded), then
 /// the NodeMaintenances to create or delete, node patches, reboots
-/// (remote mode) and events; then when to look again.
+/// (remote mode) and events; then when to look again. The pass in order:
+/// what the schema could not check, the selected nodes, the nodes it
+/// holds, admissions, nodes whose signal is unreadable, history, marks,
+/// the end.
 pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     let p = s.policy;
     let name = p.name_any();
-    let now = s.now;
     let empty = RebootPolicyStatus::default();
     let old = p.status.as_ref().unwrap_or(&empty);
+    let (problems, windows) = checked(p);
+    let valid = problems.is_empty();
+    let selected = select(s, valid);
+    let mut d = Decision {
+        s,
+        name: name.clone(),
+        previous: old.nodes.iter().map(|e| (e.name.as_str(), e)).collect(),
+        entries: BTreeMap::new(),
+        effects: Vec::new(),
+        wake: None,
+        not_returned: Vec::new(),
+    };
+    // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
+    d.effects
+        .extend(rollout::reclaim_gone(s.maintenances, s.nodes, |m| {
+            owned_by(m, &name)
+        }));
+    for node in &selected {
+        follow_held(&mut d, node);
+    }
+    let admitted = admit::admit(&mut d, &selected, &windows, &problems);
+    signals_unreadable(&mut d, &selected);
+    // History: verified and failed nodes stay listed while selected.
+    for e in &old.nodes {
+        if !d.entries.contains_key(&e.name)
+            && matches!(e.phase, RebootPhase::Done | RebootPhase::Failed)
+            && selected.iter().any(|n| n.name_any() == e.name)
+        {
+            d.entries.insert(e.name.clone(), e.clone());
+        }
+    }
+    finish(d, &selected, &problems, &admitted)
+}
 
-    // What the schema could not check.
+/// What the schema could not check, and the windows parsed.
+fn checked(p: &RebootPolicy) -> (Vec<String>, Vec<window::Parsed>) {
     let mut problems = Vec::new();
     let windows: Vec<window::Parsed> = p
         .spec
@@ -162,9 +198,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     }
     problems.extend(disrupt::check_pod_selectors(&p.spec.gates, &p.spec.drain));
     problems.extend(super::marking::check(&p.spec.node_labels, ""));
-    let valid = problems.is_empty();
+    (problems, windows)
+}
 
-    // Admission order: by name, stable across decisions and restarts.
+/// The nodes the policy selects (none while it is invalid), in admission
+/// order: by name, stable across decisions and restarts.
+fn select<'a>(s: &Snapshot<'a>, valid: bool) -> Vec<&'a Arc<Node>> {
+    let p = s.policy;
     let mut selected: Vec<&Arc<Node>> = s
         .nodes
         .iter()
@@ -174,214 +214,63 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         })
         .collect();
     selected.sort_by_key(|n| n.metadata.name.clone());
-    let nms_on = |node: &str| -> Vec<&Arc<NodeMaintenance>> {
-        s.maintenances
-            .iter()
-            .filter(|m| m.spec.node_name == node)
-            .collect()
-    };
+    selected
+}
 
-    let mut d = Decision {
-        s,
-        name: name.clone(),
-        previous: old.nodes.iter().map(|e| (e.name.as_str(), e)).collect(),
-        entries: BTreeMap::new(),
-        effects: Vec::new(),
-        wake: None,
-        not_returned: Vec::new(),
-    };
-
-    // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
-    d.effects
-        .extend(rollout::reclaim_gone(s.maintenances, s.nodes, |m| {
-            owned_by(m, &name)
-        }));
-
-    // 1. Nodes we hold, or that settle in their slot.
-    for node in &selected {
-        let n = node.name_any();
-        let on = nms_on(&n);
-        let ours = on.iter().find(|m| owned_by(m, &name)).map(|m| m.as_ref());
-        let others: Vec<&Arc<NodeMaintenance>> = on
-            .iter()
-            .copied()
-            .filter(|m| !owned_by(m, &name) && disrupt::holds_node(m))
-            .collect();
-        let prev = d.prev(&n);
-        if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Settling) {
-            // Level-triggered give-back: the status said Settling before
-            // the give-back's writes ran, and any of them may have failed
-            // (a 409 on the node's need, a refused delete). Every pass
-            // asks again until the world agrees.
-            d.reassert_give_back(node, ours, prev);
-            d.settling(node, ours.is_none(), prev);
-            continue;
-        }
-        if let Some(prev) =
-            prev.filter(|e| matches!(e.phase, RebootPhase::Done | RebootPhase::Failed))
-            && ours.is_none_or(|m| m.is_deleting())
-        {
-            // Given back: the need it was rebooted for goes too, should
-            // that write have failed (a 409 right after boot).
-            d.reassert_give_back(node, ours, prev);
-        }
-        let held =
-            prev.is_some_and(|e| e.phase.admitted()) || ours.is_some_and(|m| !m.is_deleting());
-        if held {
-            d.follow(node, ours, &others);
-        }
-    }
-
-    // 2. Nodes that need a reboot and are not held: admit within limits.
-    let mut members: Vec<Member> = selected
+/// The NodeMaintenances on `node`.
+fn nms_on<'a>(s: &Snapshot<'a>, node: &str) -> Vec<&'a Arc<NodeMaintenance>> {
+    s.maintenances
         .iter()
-        .map(|n| {
-            let nn = n.metadata.name.as_deref().unwrap_or_default();
-            Member {
-                name: nn,
-                labels: n.metadata.labels.as_ref(),
-                unavailable: !ready(n)
-                    || unschedulable(n)
-                    // Any NodeMaintenance counts here, a Failed one too
-                    // until it is deleted: budgets stay conservative.
-                    || !nms_on(nn).is_empty()
-                    || d.entries.get(nn).is_some_and(|e| e.phase.holds_slot()),
-            }
-        })
-        .collect();
-    let window_open = window::open(&windows, now);
-    if let Some(t) = window::next_change(&windows, now) {
-        d.wake_at(t);
-    }
-    // A need stamped in an earlier boot was served by the reboot since
-    // (one nobody asked for included): cleared, never admitted.
-    for n in selected.iter().filter(|n| {
-        need_outlived(n)
-            && !d
-                .entries
-                .get(n.name_any().as_str())
-                .is_some_and(|e| e.phase.holds_slot())
-    }) {
-        d.effects.push(Effect::PatchNode {
-            node: n.name_any(),
-            resource_version: n.resource_version(),
-            patch: clear_need_patch(n),
-        });
-    }
-    let candidates: Vec<&Arc<Node>> = selected
+        .filter(|m| m.spec.node_name == node)
+        .collect()
+}
+
+/// A node the policy holds, or that settles in its slot: followed to its
+/// next step; one given back has its give-back asserted again.
+fn follow_held(d: &mut Decision, node: &Arc<Node>) {
+    let n = node.name_any();
+    let on = nms_on(d.s, &n);
+    let name = d.name.clone();
+    let ours = on.iter().find(|m| owned_by(m, &name)).map(|m| m.as_ref());
+    let others: Vec<&Arc<NodeMaintenance>> = on
         .iter()
         .copied()
-        .filter(|n| needs_reboot(n) && !need_outlived(n))
-        .filter(|n| !d.entries.contains_key(n.name_any().as_str()))
-        // A need stamped before the reboot that was verified for it is
-        // served (its clear is re-asserted above): one reboot per need.
-        .filter(|n| !d.prev(&n.name_any()).is_some_and(|e| stale_need(n, e)))
+        .filter(|m| !owned_by(m, &name) && disrupt::holds_node(m))
         .collect();
-    let others_not_ready: Vec<String> = selected
-        .iter()
-        .filter(|n| !ready(n) && !candidates.iter().any(|c| c.name_any() == n.name_any()))
-        .map(|n| n.name_any())
-        .filter(|n| !d.entries.get(n).is_some_and(|e| e.phase.holds_slot()))
-        .collect();
-    let mut admitted: Vec<String> = Vec::new();
-    for node in candidates {
-        let n = node.name_any();
-        let boot = boot_id(node);
-        if let Some(prev) = d.prev(&n).filter(|e| {
-            e.phase == RebootPhase::Failed
-                && e.boot_id_before.as_deref() == boot
-                && needed_since(node).is_none_or(|t| t <= e.since.0)
-        }) {
-            // Failed in this boot: not again until the node reboots or
-            // someone asks again (`reboot-required` stamps a newer need).
-            d.entries.insert(n, prev.clone());
-            continue;
-        }
-        let other_nm = nms_on(&n)
-            .into_iter()
-            .find(|m| !owned_by(m, &name) && disrupt::holds_node(m));
-        // One owner per node: overlapping policies each admitted the node
-        // in turn, so a reboot that failed under one was drained and tried
-        // again under the next in the same boot.
-        let governor = node::governing(node, s.policies).filter(|g| g.name_any() != name);
-        let wait: Option<(&str, String)> = if let Some(g) = governor {
-            Some((
-                WAIT_OTHER_POLICY,
-                format!(
-                    "also selected by the older RebootPolicy {}, which reboots it",
-                    g.name_any()
-                ),
-            ))
-        } else if paused(node) {
-            Some((WAIT_PAUSED, "paused by a reboot-paused annotation".into()))
-        } else if let Some(m) = other_nm {
-            Some((
-                WAIT_IN_MAINTENANCE,
-                format!("in maintenance (NodeMaintenance {})", m.name_any()),
-            ))
-        } else if !valid {
-            Some((
-                WAIT_INVALID,
-                format!("the policy cannot be used: {}", problems.join("; ")),
-            ))
-        } else if boot.is_none() {
-            Some((
-                WAIT_NOT_READY,
-                "the node reports no boot ID, so a reboot could not be verified".into(),
-            ))
-        } else if let Some(wait) = agent_check(&mut d, node) {
-            Some(wait)
-        } else {
-            disrupt::wait(&disrupt::Admission {
-                what: "reboot",
-                window_open,
-                node,
-                gates: &p.spec.gates,
-                others_not_ready: &others_not_ready,
-                pods: &(s.pods_on)(&n),
-                budget: &p.spec.budget,
-                members: &members,
-                alerts: s.alerts,
-                unlisted: s.gates_unlisted,
-            })
-        };
-        match wait {
-            Some((reason, msg)) => d.set(&n, RebootPhase::Waiting, None, Some(reason), msg),
-            None => {
-                let boot = boot.unwrap_or_default().to_string();
-                for m in members.iter_mut().filter(|m| m.name == n) {
-                    m.unavailable = true;
-                }
-                let nm = maintenance_for(p, node, &boot);
-                let what = format!(
-                    "admitted; draining through NodeMaintenance {}",
-                    nm.name_any()
-                );
-                d.effects
-                    .push(Effect::CreateMaintenance { nm: Box::new(nm) });
-                d.event(node, false, "RebootAdmitted", &what);
-                d.set(
-                    &n,
-                    RebootPhase::Draining,
-                    Some(&boot),
-                    None,
-                    what.replacen("admitted; ", "", 1),
-                );
-                admitted.push(format!("{n} (boot {boot})"));
-            }
-        }
+    let prev = d.prev(&n);
+    if let Some(prev) = prev.filter(|e| e.phase == RebootPhase::Settling) {
+        // Level-triggered give-back: the status said Settling before the
+        // give-back's writes ran, and any of them may have failed (a 409
+        // on the node's need, a refused delete). Every pass asks again
+        // until the world agrees.
+        d.reassert_give_back(node, ours, prev);
+        d.settling(node, ours.is_none(), prev);
+        return;
     }
+    if let Some(prev) = prev.filter(|e| matches!(e.phase, RebootPhase::Done | RebootPhase::Failed))
+        && ours.is_none_or(|m| m.is_deleting())
+    {
+        // Given back: the need it was rebooted for goes too, should that
+        // write have failed (a 409 right after boot).
+        d.reassert_give_back(node, ours, prev);
+    }
+    let held = prev.is_some_and(|e| e.phase.admitted()) || ours.is_some_and(|m| !m.is_deleting());
+    if held {
+        d.follow(node, ours, &others);
+    }
+}
 
-    // 3. Nodes whose agent cannot read the host's reboot signal (this
-    // policy's sentinel): whether they need a reboot is not known. It was
-    // only logged on the node, every period.
-    for node in &selected {
+/// Nodes whose agent cannot read the host's reboot signal (this policy's
+/// sentinel): whether they need a reboot is not known, and the status
+/// says so (it was only logged on the node, every period).
+fn signals_unreadable(d: &mut Decision, selected: &[&Arc<Node>]) {
+    for node in selected {
         let n = node.name_any();
         let Some(why) = annotation(node, SENTINEL_FAILED_ANNOTATION) else {
             continue;
         };
         if d.entries.contains_key(&n)
-            || node::governing(node, s.policies).is_some_and(|g| g.name_any() != name)
+            || node::governing(node, d.s.policies).is_some_and(|g| g.name_any() != d.name)
         {
             continue;
         }
@@ -393,18 +282,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         }
         d.set(&n, RebootPhase::Unknown, None, Some(SENTINEL_FAILED), msg);
     }
+}
 
-    // 4. History: verified and failed nodes stay listed while selected.
-    for e in &old.nodes {
-        if !d.entries.contains_key(&e.name)
-            && matches!(e.phase, RebootPhase::Done | RebootPhase::Failed)
-            && selected.iter().any(|n| n.name_any() == e.name)
-        {
-            d.entries.insert(e.name.clone(), e.clone());
-        }
-    }
-
-    // The policy's marks on its nodes, from each entry's phase.
+/// The end of the pass: the policy's marks on its nodes from each entry's
+/// phase, the status, what it tells, the steps' effects.
+fn finish(d: Decision, selected: &[&Arc<Node>], problems: &[String], admitted: &[String]) -> Plan {
+    let (s, name) = (d.s, d.name.as_str());
+    let p = s.policy;
     let owner = format!("{OWNER_KIND}/{name}");
     let wanted = marking::Marks {
         labels: &p.spec.node_labels,
@@ -413,33 +297,33 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         version: "",
         owner: &owner,
     };
-    let withheld = if valid {
-        let stage_of = |node: &Node| {
-            // A node another policy governs carries that policy's marks.
-            if node::governing(node, s.policies).is_some_and(|g| g.name_any() != name) {
-                return None;
-            }
-            Some(
-                match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
-                    None => marking::Stage::Untouched,
-                    Some(RebootPhase::Pending | RebootPhase::Waiting) => marking::Stage::Waiting,
-                    Some(RebootPhase::Settling | RebootPhase::Done) => marking::Stage::Done,
-                    Some(RebootPhase::Failed) => marking::Stage::Failed,
-                    Some(_) => marking::Stage::Held,
-                },
-            )
-        };
-        let nodes = selected.iter().map(|n| n.as_ref());
-        rollout::mark(&mut d.effects, nodes, &wanted, stage_of)
-    } else {
-        Vec::new()
+    let mut effects = d.effects;
+    let stage_of = |node: &Node| {
+        // A node another policy governs carries that policy's marks.
+        if node::governing(node, s.policies).is_some_and(|g| g.name_any() != name) {
+            return None;
+        }
+        Some(
+            match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
+                None => marking::Stage::Untouched,
+                Some(RebootPhase::Pending | RebootPhase::Waiting) => marking::Stage::Waiting,
+                Some(RebootPhase::Settling | RebootPhase::Done) => marking::Stage::Done,
+                Some(RebootPhase::Failed) => marking::Stage::Failed,
+                Some(_) => marking::Stage::Held,
+            },
+        )
     };
+    let valid = problems.is_empty();
+    let nodes = selected.iter().map(|n| n.as_ref());
+    let withheld = rollout::mark(&mut effects, nodes, &wanted, valid, stage_of);
+    let empty = RebootPolicyStatus::default();
+    let old = p.status.as_ref().unwrap_or(&empty);
     let mut status = status(
         s,
         old,
         d.entries,
         valid,
-        &problems,
+        problems,
         &d.not_returned,
         selected.len(),
     );
@@ -451,12 +335,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         status.notifications.as_ref(),
     );
     let write = (p.status.as_ref() != Some(&status)).then(|| Effect::WritePolicyStatus {
-        policy: name.clone(),
+        policy: name.to_string(),
         resource_version: p.resource_version(),
         status: Box::new(status),
     });
     let who = format!("RebootPolicy {name}");
-    rollout::end(write, told, d.effects, &who, &admitted, d.wake)
+    rollout::end(write, told, effects, &who, admitted, d.wake)
 }
 
 /// The status from the entries: counts and the two conditions.

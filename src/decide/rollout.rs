@@ -10,18 +10,21 @@
 //! of a pass — so a fix to any of it is made once and reaches both (the
 //! retry defect of the findings existed in both copies).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
+use super::budget::Member;
 use super::command_check::Check;
-use super::disrupt::Alerts;
+use super::disrupt::{self, Alerts};
 use super::health::{self, Health};
 use super::{Effect, Plan, Then, marking};
-use crate::api::common::{Gates, NotificationStatus};
+use crate::api::common::{Budget, Gates, NotificationStatus};
 use crate::api::nodemaintenance::NodeMaintenance;
+use crate::api::pod::Pod;
 
 /// A person paused the node (reboots) or the object (upgrades).
 pub const WAIT_PAUSED: &str = "Paused";
@@ -189,17 +192,103 @@ pub fn settle(s: &Settling) -> (Settled, Option<String>, Option<Timestamp>) {
     )
 }
 
+/// What one pass admits nodes within, built once and asked for each
+/// candidate in admission order: the window, the gates, and the budget
+/// over every selected node, which counts each node admitted in this pass
+/// at once ([`Admitting::take`]).
+pub struct Admitting<'a> {
+    /// The feature, as waiting nodes are told (`outside every reboot window`).
+    pub what: &'a str,
+    pub gates: &'a Gates,
+    pub budget: &'a Budget,
+    /// Prometheus's last answer, when the object has a Prometheus gate.
+    pub alerts: Option<&'a Alerts>,
+    /// A blocking-pod gate whose pods are not listed yet (see
+    /// [`disrupt::Admission::unlisted`]).
+    pub unlisted: Option<&'a str>,
+    pub window_open: bool,
+    /// Every selected node, as the budget counts it.
+    pub members: Vec<Member<'a>>,
+    /// Selected nodes that are NotReady and not this object's to wait for
+    /// (the `requireReady` gate's others).
+    pub others_not_ready: Vec<String>,
+}
+
+impl Admitting<'_> {
+    /// Why `node` waits, if a window, a gate or the budget holds it.
+    pub fn wait(&self, node: &Node, pods: &[Arc<Pod>]) -> Option<(&'static str, String)> {
+        disrupt::wait(&disrupt::Admission {
+            what: self.what,
+            window_open: self.window_open,
+            node,
+            gates: self.gates,
+            others_not_ready: &self.others_not_ready,
+            pods,
+            budget: self.budget,
+            members: &self.members,
+            alerts: self.alerts,
+            unlisted: self.unlisted,
+        })
+    }
+
+    /// `node` is admitted: from now on the budget counts it unavailable.
+    pub fn take(&mut self, node: &str) {
+        for m in self.members.iter_mut().filter(|m| m.name == node) {
+            m.unavailable = true;
+        }
+    }
+}
+
+/// The budget's members: every selected node, unavailable when it is
+/// NotReady, cordoned, or `held` says so (a NodeMaintenance on it, or an
+/// entry of this object that holds its slot).
+pub fn members<'a>(
+    selected: impl IntoIterator<Item = &'a Node>,
+    held: impl Fn(&str) -> bool,
+) -> Vec<Member<'a>> {
+    selected
+        .into_iter()
+        .map(|n| {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            Member {
+                name,
+                labels: n.metadata.labels.as_ref(),
+                unavailable: !disrupt::ready(n) || disrupt::unschedulable(n) || held(name),
+            }
+        })
+        .collect()
+}
+
+/// Selected nodes that are NotReady, other than the candidates and the
+/// nodes `own` says this object holds: what `requireReady` waits for.
+pub fn others_not_ready<'a>(
+    selected: impl IntoIterator<Item = &'a Node>,
+    candidates: &[&str],
+    own: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    selected
+        .into_iter()
+        .filter(|n| !disrupt::ready(n))
+        .map(|n| n.name_any())
+        .filter(|n| !candidates.contains(&n.as_str()) && !own(n))
+        .collect()
+}
+
 /// The object's marks on the nodes it selects, from each node's stage
-/// (`None`: another object governs the node and marks it). Returns what
-/// it could not mark because another object owns the key, for
-/// [`marking::report`].
+/// (`None`: another object governs the node and marks it); none while the
+/// object is invalid (`valid` false). Returns what it could not mark
+/// because another object owns the key, for [`marking::report`].
 pub fn mark<'n>(
     effects: &mut Vec<Effect>,
     nodes: impl IntoIterator<Item = &'n Node>,
     wanted: &marking::Marks,
+    valid: bool,
     stage_of: impl Fn(&Node) -> Option<marking::Stage>,
 ) -> Vec<String> {
     let mut withheld = Vec::new();
+    if !valid {
+        return withheld;
+    }
     for node in nodes {
         let Some(stage) = stage_of(node) else {
             continue;

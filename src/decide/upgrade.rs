@@ -18,6 +18,7 @@
 //! admits nothing more until its spec changes (a new generation retries
 //! the failed nodes).
 
+mod admit;
 pub mod channel;
 mod holders;
 mod hooks;
@@ -34,8 +35,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::budget::Member;
-use super::disrupt::{self, boot_id, owned_by, ready, unschedulable};
+use super::disrupt::{self, boot_id, owned_by, ready};
 use super::maintenance::annotation;
 use super::selector::{check_selector, selector_matches};
 use super::{Effect, Plan, marking, rollout, window};
@@ -215,15 +215,14 @@ fn problems(p: &UpgradePlan, target: &str) -> Vec<String> {
 
 /// One plan's next plan of effects: the new status (written first,
 /// guarded), then Jobs and NodeMaintenances to create or delete and
-/// events; then when to look again.
+/// events; then when to look again. The pass in order: what the schema
+/// could not check, the selected nodes by group, the nodes it holds or has
+/// finished, the group being upgraded, admissions, marks, the end.
 pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     let p = s.plan;
     let name = p.name_any();
-    let now = s.now;
-    let generation = p.metadata.generation.unwrap_or_default();
     let empty = UpgradePlanStatus::default();
     let old = p.status.as_ref().unwrap_or(&empty);
-
     let mut problems = problems(p, s.target());
     let windows: Vec<window::Parsed> = p
         .spec
@@ -231,10 +230,49 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         .iter()
         .filter_map(|w| window::parse(w).map_err(|e| problems.push(e)).ok())
         .collect();
-    let valid = problems.is_empty();
+    let selected = select(s, problems.is_empty());
+    let mut d = Decision {
+        s,
+        name: name.clone(),
+        generation: p.metadata.generation.unwrap_or_default(),
+        previous: old.nodes.iter().map(|e| (e.name.as_str(), e)).collect(),
+        entries: BTreeMap::new(),
+        effects: Vec::new(),
+        wake: None,
+    };
+    // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
+    d.effects
+        .extend(rollout::reclaim_gone(s.maintenances, s.nodes, |m| {
+            owned_by(m, OWNER_KIND, &name)
+        }));
+    let mut failure_pause: Option<String> = None;
+    let mut candidates: Vec<(usize, &Arc<Node>)> = Vec::new();
+    for &(g, node) in &selected {
+        match follow(&mut d, g, node) {
+            Followed::Candidate => candidates.push((g, node)),
+            Followed::FailedPausing => {
+                failure_pause.get_or_insert(node.name_any());
+            }
+            Followed::Done => {}
+        }
+    }
+    let current = current_group(&d, &selected);
+    let admission = admit::Admission {
+        selected: &selected,
+        windows: &windows,
+        problems: &problems,
+        failure_pause: failure_pause.as_deref(),
+        current,
+    };
+    let admitted = admit::admit(&mut d, &admission, candidates);
+    finish(d, &selected, &problems, failure_pause, current, &admitted)
+}
 
-    // The selected nodes with their group index, in admission order: group,
-    // then name (stable across decisions and restarts).
+/// The nodes the plan selects (none while it is invalid) with their group
+/// index, in admission order: group, then name (stable across decisions
+/// and restarts). A node in no group is not upgraded.
+fn select<'a>(s: &Snapshot<'a>, valid: bool) -> Vec<(usize, &'a Arc<Node>)> {
+    let p = s.plan;
     let group_of = |n: &Node| -> Option<usize> {
         if p.spec.groups.is_empty() {
             return Some(0);
@@ -254,268 +292,164 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         .filter_map(|n| Some((group_of(n)?, n)))
         .collect();
     selected.sort_by(|a, b| (a.0, &a.1.metadata.name).cmp(&(b.0, &b.1.metadata.name)));
-    let group_name = |g: usize| p.spec.groups.get(g).map(|g| g.name.clone());
+    selected
+}
 
-    let mut d = Decision {
-        s,
-        name: name.clone(),
-        generation,
-        previous: old.nodes.iter().map(|e| (e.name.as_str(), e)).collect(),
-        entries: BTreeMap::new(),
-        effects: Vec::new(),
-        wake: None,
-    };
+/// The name of group `g`, if the plan has groups.
+fn group_name(p: &UpgradePlan, g: usize) -> Option<String> {
+    p.spec.groups.get(g).map(|g| g.name.clone())
+}
 
-    // Our NodeMaintenances on nodes that are gone: the slot is reclaimed.
-    d.effects
-        .extend(rollout::reclaim_gone(s.maintenances, s.nodes, |m| {
-            owned_by(m, OWNER_KIND, &name)
-        }));
+/// What following one selected node found.
+enum Followed {
+    /// Not held and not finished: it may be admitted.
+    Candidate,
+    /// Failed, and the plan pauses on a failure (`onFailure: Pause`).
+    FailedPausing,
+    /// Followed or reported; nothing more this pass.
+    Done,
+}
 
-    // 1. Nodes we hold; failed and finished nodes.
-    let continue_on_failure = p.spec.on_failure == "Continue";
-    let mut failure_pause: Option<String> = None;
-    let mut candidates: Vec<(usize, &Arc<Node>)> = Vec::new();
-    for &(g, node) in &selected {
-        let n = node.name_any();
-        let ours = s
-            .maintenances
-            .iter()
-            .find(|m| m.spec.node_name == n && owned_by(m, OWNER_KIND, &name))
-            .map(|m| m.as_ref());
-        let prev = d.prev(&n);
-        let held = prev.is_some_and(|e| e.phase.admitted());
-        if held {
-            d.follow(node, ours, group_name(g));
-            if let Some(e) = d.entries.get(&n)
-                && e.phase == UpgradePhase::Failed
-                && !continue_on_failure
-            {
-                failure_pause.get_or_insert(n.clone());
-            }
-            continue;
-        }
-        if let Some(e) = prev.filter(|e| e.phase == UpgradePhase::Failed) {
-            // The same spec and version: stays failed. A channel's new
-            // version is a new attempt, as an edit of `version` is.
-            if e.attempt == Some(generation) && e.version.as_deref().is_none_or(|v| v == s.target())
-            {
-                d.entries.insert(n.clone(), e.clone());
-                if !continue_on_failure {
-                    failure_pause.get_or_insert(n.clone());
-                }
-                continue;
-            }
-            // The spec changed since it failed: a retry, admitted afresh
-            // once the failed attempt's NodeMaintenance is gone (below).
-        }
-        if let Some(m) = ours
-            && !at_version(node, &p.spec.version_from, s.target())
-        {
-            // Ours, yet not held: left by an attempt that failed, or by one
-            // that finished and whose give-back was refused, and the target
-            // moved on since (an edit, a channel's newer version). Given
-            // back first, every pass until it is gone (level-triggered);
-            // the node is admitted afresh after that, so the new attempt
-            // starts untouched: its before hooks on a node nobody holds,
-            // its own drain, its own slot. Taken again at once, it ran its
-            // before hooks on a cordoned node and adopted the old, drained
-            // NodeMaintenance (a create of its name is a 409).
-            if !m.is_deleting() {
-                d.give_back(m);
-            }
-            let msg = format!(
-                "the NodeMaintenance {} of an earlier attempt is given back first",
-                m.name_any()
-            );
-            d.set(
-                &n,
-                UpgradePhase::Waiting,
-                group_name(g),
-                Some(WAIT_IN_MAINTENANCE),
-                msg,
-            );
-            continue;
-        }
-        if s.target().is_empty() {
-            let c = s.channel.or(old.channel.as_ref());
-            let why = c
-                .and_then(|c| c.error.clone())
-                .unwrap_or_else(|| "not asked yet".into());
-            let msg = format!("the channel has named no version yet: {why}");
-            d.set(
-                &n,
-                UpgradePhase::Waiting,
-                group_name(g),
-                Some(WAIT_CHANNEL),
-                msg,
-            );
-            continue;
-        }
-        if at_version(node, &p.spec.version_from, s.target()) {
-            // Level-triggered give-back: `Done` was written before the
-            // give-back ran, and a refused delete left the node cordoned
-            // and the group unfinished. Every pass asks again.
-            if let Some(m) = ours.filter(|m| !m.is_deleting()) {
-                d.give_back(m);
-            }
-            let msg = format!("at version {}", s.target());
-            d.set(&n, UpgradePhase::Done, group_name(g), None, msg);
-            // The README lists `version` on every entry; a node found at
-            // the version had none.
-            if let Some(e) = d.entries.get_mut(&n) {
-                e.version = Some(s.target().to_string());
-            }
-            continue;
-        }
-        if let Some(other) = governing(node, s.plans).filter(|o| o.name_any() != name) {
-            // Two plans over one node would take turns upgrading it to
-            // their versions for ever: the older plan has it.
-            let msg = format!(
-                "also selected by the older UpgradePlan {}, which upgrades it",
-                other.name_any()
-            );
-            d.set(
-                &n,
-                UpgradePhase::Waiting,
-                group_name(g),
-                Some(WAIT_OTHER_PLAN),
-                msg,
-            );
-            continue;
-        }
-        candidates.push((g, node));
+/// One selected node: followed to its next step if the plan holds it;
+/// else kept failed, given back from an earlier attempt, reported waiting
+/// for the channel, found at the version or held by an older plan — or a
+/// candidate for admission.
+fn follow(d: &mut Decision, g: usize, node: &Arc<Node>) -> Followed {
+    let s = d.s;
+    let p = s.plan;
+    let (n, name, group) = (node.name_any(), d.name.clone(), group_name(p, g));
+    let pausing = p.spec.on_failure != "Continue";
+    let ours = s
+        .maintenances
+        .iter()
+        .find(|m| m.spec.node_name == n && owned_by(m, OWNER_KIND, &name))
+        .map(|m| m.as_ref());
+    let prev = d.prev(&n);
+    if prev.is_some_and(|e| e.phase.admitted()) {
+        d.follow(node, ours, group);
+        let failed = d
+            .entries
+            .get(&n)
+            .is_some_and(|e| e.phase == UpgradePhase::Failed);
+        return if failed && pausing {
+            Followed::FailedPausing
+        } else {
+            Followed::Done
+        };
     }
+    if let Some(e) = prev.filter(|e| e.phase == UpgradePhase::Failed) {
+        // The same spec and version: stays failed. A channel's new version
+        // is a new attempt, as an edit of `version` is; a retry is
+        // admitted afresh once the failed attempt's NodeMaintenance is
+        // gone (below).
+        if e.attempt == Some(d.generation) && e.version.as_deref().is_none_or(|v| v == s.target()) {
+            d.entries.insert(n, e.clone());
+            return if pausing {
+                Followed::FailedPausing
+            } else {
+                Followed::Done
+            };
+        }
+    }
+    let at_target = at_version(node, &p.spec.version_from, s.target());
+    if let Some(m) = ours
+        && !at_target
+    {
+        // Ours, yet not held: left by an attempt that failed, or by one
+        // that finished and whose give-back was refused, and the target
+        // moved on since (an edit, a channel's newer version). Given back
+        // first, every pass until it is gone (level-triggered); the node is
+        // admitted afresh after that, so the new attempt starts untouched:
+        // its before hooks on a node nobody holds, its own drain, its own
+        // slot. Taken again at once, it ran its before hooks on a cordoned
+        // node and adopted the old, drained NodeMaintenance (a create of
+        // its name is a 409).
+        if !m.is_deleting() {
+            d.give_back(m);
+        }
+        let msg = format!(
+            "the NodeMaintenance {} of an earlier attempt is given back first",
+            m.name_any()
+        );
+        let reason = Some(WAIT_IN_MAINTENANCE);
+        d.set(&n, UpgradePhase::Waiting, group, reason, msg);
+        return Followed::Done;
+    }
+    if s.target().is_empty() {
+        let old = p.status.as_ref().and_then(|st| st.channel.as_ref());
+        let why = s
+            .channel
+            .or(old)
+            .and_then(|c| c.error.clone())
+            .unwrap_or_else(|| "not asked yet".into());
+        let msg = format!("the channel has named no version yet: {why}");
+        d.set(&n, UpgradePhase::Waiting, group, Some(WAIT_CHANNEL), msg);
+        return Followed::Done;
+    }
+    if at_target {
+        // Level-triggered give-back: `Done` was written before the
+        // give-back ran, and a refused delete left the node cordoned and
+        // the group unfinished. Every pass asks again.
+        if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+            d.give_back(m);
+        }
+        let msg = format!("at version {}", s.target());
+        d.set(&n, UpgradePhase::Done, group, None, msg);
+        // The README lists `version` on every entry; a node found at the
+        // version had none.
+        if let Some(e) = d.entries.get_mut(&n) {
+            e.version = Some(s.target().to_string());
+        }
+        return Followed::Done;
+    }
+    if let Some(other) = governing(node, s.plans).filter(|o| o.name_any() != name) {
+        // Two plans over one node would take turns upgrading it to their
+        // versions for ever: the older plan has it.
+        let msg = format!(
+            "also selected by the older UpgradePlan {}, which upgrades it",
+            other.name_any()
+        );
+        d.set(&n, UpgradePhase::Waiting, group, Some(WAIT_OTHER_PLAN), msg);
+        return Followed::Done;
+    }
+    Followed::Candidate
+}
 
-    // 2. The group being upgraded: the first with a node not finished.
-    // Done means given back too: its NodeMaintenance gone, which happens
-    // only after the agent uncordoned it (the finalizer goes last).
+/// The group being upgraded: the first with a node not finished. Done
+/// means given back too: its NodeMaintenance gone, which happens only
+/// after the agent uncordoned it (the finalizer goes last).
+fn current_group(d: &Decision, selected: &[(usize, &Arc<Node>)]) -> Option<usize> {
+    let s = d.s;
+    let continue_on_failure = s.plan.spec.on_failure == "Continue";
     let finished = |e: Option<&NodeUpgrade>| {
         e.is_some_and(|e| {
             (e.phase == UpgradePhase::Done
                 && !s
                     .maintenances
                     .iter()
-                    .any(|m| m.spec.node_name == e.name && owned_by(m, OWNER_KIND, &name)))
+                    .any(|m| m.spec.node_name == e.name && owned_by(m, OWNER_KIND, &d.name)))
                 || (e.phase == UpgradePhase::Failed && continue_on_failure)
         })
     };
-    let current = selected
+    selected
         .iter()
         .find(|(_, n)| !finished(d.entries.get(n.name_any().as_str())))
-        .map(|(g, _)| *g);
+        .map(|(g, _)| *g)
+}
 
-    // 3. Admit candidates of the current group within limits.
-    let mut members: Vec<Member> = selected
-        .iter()
-        .map(|(_, n)| {
-            let nn = n.metadata.name.as_deref().unwrap_or_default();
-            Member {
-                name: nn,
-                labels: n.metadata.labels.as_ref(),
-                unavailable: !ready(n)
-                    || unschedulable(n)
-                    || s.maintenances.iter().any(|m| m.spec.node_name == nn)
-                    || d.entries.get(nn).is_some_and(|e| e.phase.admitted()),
-            }
-        })
-        .collect();
-    let window_open = window::open(&windows, now);
-    if let Some(t) = window::next_change(&windows, now) {
-        d.wake_at(t);
-    }
-    let others_not_ready: Vec<String> = selected
-        .iter()
-        .filter(|(_, n)| !ready(n))
-        .filter(|(_, n)| !candidates.iter().any(|(_, c)| c.name_any() == n.name_any()))
-        .map(|(_, n)| n.name_any())
-        .filter(|n| !d.entries.get(n).is_some_and(|e| e.phase.admitted()))
-        .collect();
-    let mut admitted = Vec::new();
-    for (g, node) in candidates {
-        let n = node.name_any();
-        let other_nm = s.maintenances.iter().find(|m| {
-            m.spec.node_name == n && !owned_by(m, OWNER_KIND, &name) && disrupt::holds_node(m)
-        });
-        let wait: Option<(&str, String)> = if !valid {
-            Some((
-                WAIT_INVALID,
-                format!("the plan cannot be used: {}", problems.join("; ")),
-            ))
-        } else if p.spec.paused {
-            Some((WAIT_PAUSED, "the plan is paused".into()))
-        } else if let Some(f) = &failure_pause {
-            Some((
-                WAIT_FAILURE,
-                format!(
-                    "paused after node {f} failed (onFailure: Pause); change the spec to retry, e.g. pause and unpause the plan"
-                ),
-            ))
-        } else if let Some(other) = exclusive_with(p, s.plans, s.maintenances) {
-            Some((
-                WAIT_EXCLUSIVE,
-                format!("the exclusive UpgradePlan {other} is upgrading a node"),
-            ))
-        } else if Some(g) != current {
-            let waits_for = current.and_then(group_name).unwrap_or_default();
-            Some((WAIT_GROUP, format!("waits for group {waits_for} to finish")))
-        } else if let Some(m) = other_nm {
-            Some((
-                WAIT_IN_MAINTENANCE,
-                format!("in maintenance (NodeMaintenance {})", m.name_any()),
-            ))
-        } else if boot_id(node).is_none() {
-            Some((
-                WAIT_NOT_READY,
-                "the node reports no boot ID, so its upgrade could not be tracked".into(),
-            ))
-        } else if let Some(other) = boot_id(node)
-            .and_then(|b| node::issued_for(node, s.target(), b))
-            .filter(|o| *o != name)
-        {
-            // Another plan's attempt in this boot is not repeated: a
-            // plan deleted after its upgrade failed gave the node back,
-            // and the next plan drained it and ran the command again.
-            Some((
-                WAIT_ISSUED,
-                format!(
-                    "the upgrade to {} already ran on it in this boot (UpgradePlan {other}) and it does not report that version; not run again until the node reboots",
-                    s.target()
-                ),
-            ))
-        } else if let Some(w) = agent_check(&mut d, node, p) {
-            Some(w)
-        } else {
-            disrupt::wait(&disrupt::Admission {
-                what: "upgrade",
-                window_open,
-                node,
-                gates: &p.spec.gates,
-                others_not_ready: &others_not_ready,
-                pods: &(s.pods_on)(&n),
-                budget: &p.spec.budget,
-                members: &members,
-                alerts: s.alerts,
-                unlisted: s.gates_unlisted,
-            })
-        };
-        match wait {
-            Some((reason, msg)) => {
-                d.set(&n, UpgradePhase::Waiting, group_name(g), Some(reason), msg)
-            }
-            None => {
-                for m in members.iter_mut().filter(|m| m.name == n) {
-                    m.unavailable = true;
-                }
-                d.admit(node, group_name(g));
-                admitted.push(n);
-            }
-        }
-    }
-
-    // The plan's marks on its nodes, from each entry's phase. A failed
-    // node stays in maintenance (for a person): it keeps the labels of
-    // being held.
+/// The end of the pass: the plan's marks on its nodes from each entry's
+/// phase (a failed node stays in maintenance, for a person: it keeps the
+/// marks of being held), the status, what it tells, the steps' effects.
+fn finish(
+    d: Decision,
+    selected: &[(usize, &Arc<Node>)],
+    problems: &[String],
+    failure_pause: Option<String>,
+    current: Option<usize>,
+    admitted: &[String],
+) -> Plan {
+    let (s, name) = (d.s, d.name.as_str());
+    let p = s.plan;
     let owner = format!("{OWNER_KIND}/{name}");
     let wanted = marking::Marks {
         labels: &p.spec.node_labels,
@@ -524,26 +458,25 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         version: s.target(),
         owner: &owner,
     };
-    let withheld = if valid {
-        let stage_of = |node: &Node| {
-            if governing(node, s.plans).is_some_and(|g| g.name_any() != name) {
-                return None;
-            }
-            Some(
-                match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
-                    None => marking::Stage::Untouched,
-                    Some(UpgradePhase::Pending | UpgradePhase::Waiting) => marking::Stage::Waiting,
-                    Some(UpgradePhase::Settling | UpgradePhase::Done) => marking::Stage::Done,
-                    Some(_) => marking::Stage::Held,
-                },
-            )
-        };
-        let nodes = selected.iter().map(|(_, n)| n.as_ref());
-        rollout::mark(&mut d.effects, nodes, &wanted, stage_of)
-    } else {
-        Vec::new()
+    let mut effects = d.effects;
+    let stage_of = |node: &Node| {
+        if governing(node, s.plans).is_some_and(|g| g.name_any() != name) {
+            return None;
+        }
+        Some(
+            match d.entries.get(node.name_any().as_str()).map(|e| e.phase) {
+                None => marking::Stage::Untouched,
+                Some(UpgradePhase::Pending | UpgradePhase::Waiting) => marking::Stage::Waiting,
+                Some(UpgradePhase::Settling | UpgradePhase::Done) => marking::Stage::Done,
+                Some(_) => marking::Stage::Held,
+            },
+        )
     };
-    let mut status = status(s, old, d.entries, &problems, failure_pause, current);
+    let nodes = selected.iter().map(|(_, n)| n.as_ref());
+    let withheld = rollout::mark(&mut effects, nodes, &wanted, problems.is_empty(), stage_of);
+    let empty = UpgradePlanStatus::default();
+    let old = p.status.as_ref().unwrap_or(&empty);
+    let mut status = status(s, old, d.entries, problems, failure_pause, current);
     marking::report(&mut status.conditions, s.now, &withheld);
     let insecure = |st: Option<&UpgradePlanStatus>| {
         st.and_then(|st| st.conditions.as_ref())
@@ -563,13 +496,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
         note: PLAIN_HTTP.into(),
     });
     let write = (p.status.as_ref() != Some(&status)).then(|| Effect::WriteUpgradeStatus {
-        plan: name.clone(),
+        plan: name.to_string(),
         resource_version: p.resource_version(),
         status: Box::new(status),
     });
     let who = format!("UpgradePlan {name}");
     let said = told.into_iter().chain(insecure_event);
-    rollout::end(write, said, d.effects, &who, &admitted, d.wake)
+    rollout::end(write, said, effects, &who, admitted, d.wake)
 }
 
 /// Before a node is taken: its agent must have said the plan's commands

@@ -1,0 +1,110 @@
+//! The drain's half of a maintenance decision: what becomes of each pod on
+//! the node, and once nothing is due, the progress reported, the owner's
+//! `Skip` applied past the deadline, and when to look again.
+
+use super::*;
+
+/// What becomes of each pod on the node: kubectl drain's filters, the
+/// drain's pod selector, and past the deadline the owner's escalation. An
+/// UpgradePlan's own upgrade Job stays on the node it upgrades.
+pub(super) fn fates(
+    s: &Snapshot,
+    p: &NodeMaintenance,
+    opts: &DrainOptions,
+    timed_out: bool,
+) -> Vec<(Arc<Pod>, Fate)> {
+    let upgrading = (owner_of(p) == Some(crate::api::upgrade::OWNER_KIND))
+        .then(|| {
+            p.owner_references()
+                .iter()
+                .find(|o| o.kind == crate::api::upgrade::OWNER_KIND)
+                .map(|o| o.name.as_str())
+        })
+        .flatten();
+    s.pods
+        .iter()
+        .map(|pod| {
+            let selected = opts
+                .pod_selector
+                .as_ref()
+                .is_none_or(|sel| crate::decide::selector::selector_matches(sel, pod.labels()));
+            let fate = match drain::fate(pod, upgrading) {
+                _ if !selected => Fate::Skip("not selected by the drain's pod selector"),
+                // Past the deadline, Force deletes what eviction could not
+                // move, PodDisruptionBudgets notwithstanding.
+                Fate::Evict if timed_out && opts.on_timeout == Escalation::Force => {
+                    Fate::Delete("drain timeout (onTimeout Force): deleted despite its PDB")
+                }
+                f => f,
+            };
+            (pod.clone(), fate)
+        })
+        .collect()
+}
+
+/// Nothing to evict now: the drain's progress written (or held back
+/// while it changes fast), `onTimeout: Skip` applied past the deadline, or
+/// a wait for the next retry, lease renewal or deadline.
+pub(super) fn report_and_wait(
+    s: &Snapshot,
+    p: &NodeMaintenance,
+    fates: &[(Arc<Pod>, Fate)],
+    opts: &DrainOptions,
+    timed_out: bool,
+) -> Step {
+    let name = p.name_any();
+    let (status, announce) = progress_status(s, p, fates, opts.timeout);
+    // Skip gives the node back undrained: the maintenance fails, which
+    // undoes its cordon, and its owner reports why.
+    if timed_out && opts.on_timeout == Escalation::Skip && fates.iter().any(|(_, f)| f.is_pending())
+    {
+        let blockers = status
+            .last_error
+            .clone()
+            .unwrap_or_else(|| "pods still terminating".into());
+        return Step::Fail {
+            nm: name,
+            reason: REASON_DRAIN_TIMEOUT,
+            message: format!(
+                "drain did not finish within {} s; skipped (onTimeout Skip), the node is given back undrained; blocked by {blockers}",
+                opts.timeout.as_secs()
+            ),
+        };
+    }
+    let hold = if same_status(p.status.as_ref(), &status) {
+        None
+    } else {
+        match progress_hold(p.status.as_ref(), &status, s.now) {
+            Some(until) => Some(until),
+            None => {
+                return Step::WriteStatus {
+                    nm: name,
+                    status: Box::new(status),
+                    announce,
+                };
+            }
+        }
+    };
+    // Wake for the next retry or lease renewal, or to write the progress
+    // held back; pod events wake us earlier.
+    let mut wake: Vec<Timestamp> = fates
+        .iter()
+        .filter(|(_, f)| f.is_pending())
+        .filter_map(|(pod, _)| attempt(s, pod).and_then(|a| a.retry_at))
+        // A retry time that has passed belongs to a pod still Terminating
+        // (a finalizer, a lost kubelet): nothing is due for it, and waking
+        // "now" requeued the node at 0 ms for as long as the pod stayed.
+        // Its going is a pod event; the drain deadline is below.
+        .filter(|at| *at > s.now)
+        .collect();
+    wake.extend(s.lease_renew_at);
+    wake.extend(hold);
+    // A drain timeout has to be noticed even if no pod event arrives.
+    if let Some(deadline) = drain_deadline(p, opts.timeout)
+        && deadline > s.now
+        && fates.iter().any(|(_, f)| f.is_pending())
+    {
+        wake.push(deadline);
+    }
+    Step::Wait(wake.into_iter().min().map(|t| duration_until(s.now, t)))
+}
