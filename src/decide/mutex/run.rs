@@ -3,6 +3,7 @@
 //! pools paused, waiting nodes labelled per rule, selectors moved — level
 //! by level, each effect only where the world differs.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -124,10 +125,12 @@ fn validate(s: &RunSnapshot, ns: &str) -> Result<Parts, String> {
     Ok(Parts { rules, targets })
 }
 
-/// The run's next state, with its conditions and effects added to `run`.
+/// The run's next state, with its conditions and effects added to `run`:
+/// the configuration validated, the upgrade checked, which run (this
+/// version's, or a new one), the preparation (pools paused, nodes
+/// labelled, selectors moved), then the nodes' turns.
 fn step(run: &mut Run, ns: &str, prev: Option<&RunProgress>) -> Option<RunProgress> {
     let s = run.s;
-    let now = s.now;
     let parts = match validate(s, ns) {
         Ok(p) => p,
         Err(e) => {
@@ -141,68 +144,9 @@ fn step(run: &mut Run, ns: &str, prev: Option<&RunProgress>) -> Option<RunProgre
         "FetchSucceeded",
         "All MutexRules, MutexTargets and the canary MachineConfigPool were found.",
     );
-    let Some(cv) = s.cluster_version else {
-        let msg = format!("no {VERSION_KIND} named {CLUSTER_VERSION_NAME} ({VERSION_GROUP}/v1)");
-        run.cond("UpgradeChecked", false, "CheckFailed", &msg);
+    let Some(upgrade) = check_upgrade(run) else {
         return prev.cloned();
     };
-    let Some(desired) = cv.desired.clone() else {
-        let msg =
-            format!("{VERSION_KIND} {CLUSTER_VERSION_NAME} has no spec.desiredUpdate.version");
-        run.cond("UpgradeChecked", false, "CheckFailed", &msg);
-        return prev.cloned();
-    };
-    let workers: Vec<&Arc<Node>> = s
-        .nodes
-        .iter()
-        .filter(|n| n.labels().contains_key(WORKER_LABEL))
-        .collect();
-    let reported = |n: &Node| -> String {
-        n.labels()
-            .get(VERSION_LABEL)
-            .cloned()
-            .unwrap_or_else(|| "0.0.0".into())
-    };
-    let behind: Vec<String> = workers
-        .iter()
-        .filter(|n| version_lt(&reported(n), &desired))
-        .map(|n| n.name_any())
-        .collect();
-    let skew = !behind.is_empty();
-    run.cond(
-        "UpgradeChecked",
-        true,
-        "CheckSucceeded",
-        &format!(
-            "{} of {} workers are behind version {desired}",
-            behind.len(),
-            workers.len()
-        ),
-    );
-    let completed = cv.history_state.as_deref() == Some("Completed");
-    if skew && completed {
-        run.cond(
-            "UpgradeReady",
-            true,
-            "UpgradeReady",
-            "An upgrade is available",
-        );
-    } else if skew {
-        let msg = format!(
-            "an upgrade to {desired} is available; waiting for the cluster version's update to complete (history state {})",
-            cv.history_state.as_deref().unwrap_or("unknown")
-        );
-        run.cond("UpgradeReady", false, "UpgradeNotReady", &msg);
-    } else {
-        run.cond(
-            "UpgradeReady",
-            false,
-            "UpgradeNotReady",
-            "No worker is behind the desired version.",
-        );
-    }
-
-    let generation = s.run.metadata.generation.unwrap_or_default();
     let pools = s.pools.cloned().unwrap_or_default();
     let target_pools: Vec<String> = parts
         .targets
@@ -215,75 +159,8 @@ fn step(run: &mut Run, ns: &str, prev: Option<&RunProgress>) -> Option<RunProgre
         .iter()
         .map(|r| rule_label(&r.name_any(), &r.namespace().unwrap_or_default()))
         .collect();
-
-    // Which run: the one in progress for this version, or a new one.
-    let current = prev.filter(|p| p.version == desired).cloned();
-    let mut p = match current {
-        Some(p) if p.step == FAILED && p.generation != generation => {
-            // The spec changed since it failed: retry from the failed node.
-            RunProgress {
-                step: JOBS.into(),
-                generation,
-                rule: 0,
-                job: None,
-                since: now.to_string(),
-                message: None,
-                ..p
-            }
-        }
-        Some(p) => p,
-        None if !skew => {
-            if prev.is_none_or(|p| p.step == DONE) {
-                run.cond(
-                    "UpgradeAvailable",
-                    false,
-                    "UpgradeUnavailable",
-                    "An upgrade is not available.",
-                );
-            }
-            return prev.cloned();
-        }
-        None => {
-            // A new run: freeze the node order, remember the selectors.
-            let mut nodes = Vec::new();
-            for t in &parts.targets {
-                for n in t
-                    .status
-                    .as_ref()
-                    .map(|s| s.nodes.clone())
-                    .unwrap_or_default()
-                {
-                    if !nodes.contains(&n) {
-                        nodes.push(n);
-                    }
-                }
-            }
-            let mut saved = prev.map(|p| p.saved_selectors.clone()).unwrap_or_default();
-            if prev.is_none_or(|p| p.step == DONE) {
-                saved.clear();
-                for name in target_pools.iter().chain([&canary]) {
-                    let exprs = expressions(pools.get(name));
-                    saved.insert(name.clone(), exprs);
-                }
-            }
-            run.event(
-                false,
-                "RunStarted",
-                format!("upgrade to {desired}: {} node(s) take turns", nodes.len()),
-            );
-            RunProgress {
-                version: desired.clone(),
-                generation,
-                nodes,
-                current: 0,
-                step: PREPARING.into(),
-                rule: 0,
-                job: None,
-                since: now.to_string(),
-                message: None,
-                saved_selectors: saved,
-            }
-        }
+    let Some(mut p) = progress(run, prev, &parts, &upgrade, &target_pools, &canary, &pools) else {
+        return prev.cloned();
     };
     if p.step == DONE {
         run.cond(
@@ -301,17 +178,211 @@ fn step(run: &mut Run, ns: &str, prev: Option<&RunProgress>) -> Option<RunProgre
         "UpgradeAvailable",
         true,
         "UpgradeAvailable",
-        &format!("An upgrade to {desired} is available."),
+        &format!("An upgrade to {} is available.", upgrade.desired),
     );
-
     if p.step == FINISHING {
         return Some(finish(run, p, &target_pools, &canary, &pools));
     }
+    let prepared = prepare(run, &p, &labels, &target_pools, &canary, &pools);
+    if p.step == PREPARING {
+        if !prepared {
+            return Some(p);
+        }
+        p.step = JOBS.into();
+        p.since = s.now.to_string();
+    }
+    if !upgrade.ready() && p.step == JOBS && p.rule == 0 && p.job.is_none() {
+        // Prepared; node work waits until the upgrade is ready.
+        p.message = Some("waiting for UpgradeReady".into());
+        return Some(p);
+    }
+    Some(advance(
+        run,
+        p,
+        &parts,
+        &labels,
+        &target_pools,
+        &canary,
+        &pools,
+    ))
+}
 
-    // Preparation, level-triggered: pools paused, nodes not yet released
-    // labelled, selectors moved. Each effect only where the world differs.
+/// What the cluster version says of an upgrade.
+struct Upgrade {
+    desired: String,
+    /// A worker is behind the desired version.
+    skew: bool,
+    /// The cluster version's own update completed.
+    completed: bool,
+}
+
+impl Upgrade {
+    fn ready(&self) -> bool {
+        self.skew && self.completed
+    }
+}
+
+/// The desired version against the workers' (`UpgradeChecked`) and
+/// whether an upgrade is ready (`UpgradeReady`); `None` when the cluster
+/// version cannot say.
+fn check_upgrade(run: &mut Run) -> Option<Upgrade> {
+    let s = run.s;
+    let Some(cv) = s.cluster_version else {
+        let msg = format!("no {VERSION_KIND} named {CLUSTER_VERSION_NAME} ({VERSION_GROUP}/v1)");
+        run.cond("UpgradeChecked", false, "CheckFailed", &msg);
+        return None;
+    };
+    let Some(desired) = cv.desired.clone() else {
+        let msg =
+            format!("{VERSION_KIND} {CLUSTER_VERSION_NAME} has no spec.desiredUpdate.version");
+        run.cond("UpgradeChecked", false, "CheckFailed", &msg);
+        return None;
+    };
+    let workers: Vec<&Arc<Node>> = s
+        .nodes
+        .iter()
+        .filter(|n| n.labels().contains_key(WORKER_LABEL))
+        .collect();
+    let reported = |n: &Node| -> String {
+        n.labels()
+            .get(VERSION_LABEL)
+            .cloned()
+            .unwrap_or_else(|| "0.0.0".into())
+    };
+    let behind = workers
+        .iter()
+        .filter(|n| version_lt(&reported(n), &desired))
+        .count();
+    let msg = format!(
+        "{behind} of {} workers are behind version {desired}",
+        workers.len()
+    );
+    run.cond("UpgradeChecked", true, "CheckSucceeded", &msg);
+    let upgrade = Upgrade {
+        skew: behind > 0,
+        completed: cv.history_state.as_deref() == Some("Completed"),
+        desired,
+    };
+    if upgrade.ready() {
+        run.cond(
+            "UpgradeReady",
+            true,
+            "UpgradeReady",
+            "An upgrade is available",
+        );
+    } else if upgrade.skew {
+        let msg = format!(
+            "an upgrade to {} is available; waiting for the cluster version's update to complete (history state {})",
+            upgrade.desired,
+            cv.history_state.as_deref().unwrap_or("unknown")
+        );
+        run.cond("UpgradeReady", false, "UpgradeNotReady", &msg);
+    } else {
+        run.cond(
+            "UpgradeReady",
+            false,
+            "UpgradeNotReady",
+            "No worker is behind the desired version.",
+        );
+    }
+    Some(upgrade)
+}
+
+/// Which run: the one in progress for this version (a failed one retried
+/// from its failed node once the spec changed), or a new one when a
+/// worker is behind — its node order frozen and the pools' selectors
+/// remembered. `None`: no run, and none is needed.
+fn progress(
+    run: &mut Run,
+    prev: Option<&RunProgress>,
+    parts: &Parts,
+    upgrade: &Upgrade,
+    target_pools: &[String],
+    canary: &String,
+    pools: &BTreeMap<String, PoolView>,
+) -> Option<RunProgress> {
+    let s = run.s;
+    let (now, desired) = (s.now, &upgrade.desired);
+    let generation = s.run.metadata.generation.unwrap_or_default();
+    match prev.filter(|p| &p.version == desired).cloned() {
+        Some(p) if p.step == FAILED && p.generation != generation => Some(RunProgress {
+            step: JOBS.into(),
+            generation,
+            rule: 0,
+            job: None,
+            since: now.to_string(),
+            message: None,
+            ..p
+        }),
+        Some(p) => Some(p),
+        None if !upgrade.skew => {
+            if prev.is_none_or(|p| p.step == DONE) {
+                run.cond(
+                    "UpgradeAvailable",
+                    false,
+                    "UpgradeUnavailable",
+                    "An upgrade is not available.",
+                );
+            }
+            None
+        }
+        None => {
+            let mut nodes = Vec::new();
+            for t in &parts.targets {
+                for n in t
+                    .status
+                    .as_ref()
+                    .map(|s| s.nodes.clone())
+                    .unwrap_or_default()
+                {
+                    if !nodes.contains(&n) {
+                        nodes.push(n);
+                    }
+                }
+            }
+            let mut saved = prev.map(|p| p.saved_selectors.clone()).unwrap_or_default();
+            if prev.is_none_or(|p| p.step == DONE) {
+                saved.clear();
+                for name in target_pools.iter().chain([canary]) {
+                    saved.insert(name.clone(), expressions(pools.get(name)));
+                }
+            }
+            run.event(
+                false,
+                "RunStarted",
+                format!("upgrade to {desired}: {} node(s) take turns", nodes.len()),
+            );
+            Some(RunProgress {
+                version: desired.clone(),
+                generation,
+                nodes,
+                current: 0,
+                step: PREPARING.into(),
+                rule: 0,
+                job: None,
+                since: now.to_string(),
+                message: None,
+                saved_selectors: saved,
+            })
+        }
+    }
+}
+
+/// The preparation, level-triggered: target pools paused, nodes not yet
+/// released labelled per rule, the pools' selectors moved (targets select
+/// the waiting nodes, the canary the released ones). Each effect only
+/// where the world differs; `true` once all three hold.
+fn prepare(
+    run: &mut Run,
+    p: &RunProgress,
+    labels: &[String],
+    target_pools: &[String],
+    canary: &String,
+    pools: &BTreeMap<String, PoolView>,
+) -> bool {
+    let s = run.s;
     let mut prepared = true;
-    for name in &target_pools {
+    for name in target_pools {
         if !pools.get(name).is_some_and(|v| v.paused) {
             prepared = false;
             run.effects
@@ -378,7 +449,7 @@ fn step(run: &mut Run, ns: &str, prev: Option<&RunProgress>) -> Option<RunProgre
     for (name, op) in target_pools
         .iter()
         .map(|t| (t, "Exists"))
-        .chain([(&canary, "DoesNotExist")])
+        .chain([(canary, "DoesNotExist")])
     {
         let w = want(op);
         if expressions(pools.get(name)) != w {
@@ -404,26 +475,5 @@ fn step(run: &mut Run, ns: &str, prev: Option<&RunProgress>) -> Option<RunProgre
             "Moving the pools' selectors."
         },
     );
-    if p.step == PREPARING {
-        if prepared && labelled && moved {
-            p.step = JOBS.into();
-            p.since = now.to_string();
-        } else {
-            return Some(p);
-        }
-    }
-    if !(skew && completed) && p.step == JOBS && p.rule == 0 && p.job.is_none() {
-        // Prepared; node work waits until the upgrade is ready.
-        p.message = Some("waiting for UpgradeReady".into());
-        return Some(p);
-    }
-    Some(advance(
-        run,
-        p,
-        &parts,
-        &labels,
-        &target_pools,
-        &canary,
-        &pools,
-    ))
+    prepared && labelled && moved
 }
