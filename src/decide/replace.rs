@@ -227,33 +227,7 @@ pub fn decide(s: &Snapshot) -> Plan {
         return Plan::steps(vec![record.clone()]);
     }
     // 1. Annotate nodes with what the provider answered.
-    let annotate: Vec<Effect> = s
-        .nodes
-        .iter()
-        .filter_map(|n| {
-            let pid = provider_id(n)?;
-            let mut add = serde_json::Map::new();
-            if annotation(n, SCALING_GROUP_ANNOTATION).is_none()
-                && let Some(Ok(g)) = s.facts.group_of.get(pid)
-            {
-                add.insert(SCALING_GROUP_ANNOTATION.into(), json!(g));
-            }
-            if annotation(n, IMAGE_ANNOTATION).is_none()
-                && let Some(Ok(i)) = s.facts.image_of.get(pid)
-            {
-                add.insert(IMAGE_ANNOTATION.into(), json!(i));
-            }
-            // Unguarded (the architecture map's exception): facts about
-            // the instance, set only where absent, in keys only we write.
-            // Guarded, the write met the new node's first status updates
-            // (kubelet or kwok) and lost a 409 and a round in every wave.
-            (!add.is_empty()).then(|| Effect::PatchNode {
-                node: n.name_any(),
-                resource_version: None,
-                patch: json!({ "metadata": { "annotations": add } }),
-            })
-        })
-        .collect();
+    let annotate = provider_annotations(s);
     if !annotate.is_empty() {
         return Plan::steps(annotate);
     }
@@ -271,18 +245,7 @@ pub fn decide(s: &Snapshot) -> Plan {
 
     let c = classify(s);
     let extra = extra(s, &c);
-    let surge = if has_outdated_control_planes(s, &c) {
-        1
-    } else {
-        // Constellation's maxNodeBudget when its CLI set it (where-
-        // features-meet.md C2), else ours; at least one, at most 100.
-        let spec = &s.nv.spec;
-        let asked = spec
-            .max_node_budget
-            .filter(|b| *b > 0)
-            .map_or(spec.max_surge.max(1) as usize, |b| b as usize);
-        asked.clamp(1, 100)
-    };
+    let surge = surge_size(s, &c);
     let budget = surge.saturating_sub(extra);
     let mut wake: Option<Duration> = Some(LEAVE_POLL).filter(|_| !s.pending.is_empty());
     let (message, overdue_wake) = message(s, &c);
@@ -311,29 +274,9 @@ pub fn decide(s: &Snapshot) -> Plan {
         return Plan::steps(vec![write_requests(s.nv, &open)]);
     }
 
-    // 4. The autoscaler is off while anything is being replaced, by this
-    // NodeVersion or another: it is on only when all are done.
+    // 4. The autoscaler: off while anything is being replaced.
     let done = c.all_up_to_date(s.pending.len()) && surge_requests(s.nv).is_empty();
-    let wanted = if !done || s.others_busy {
-        Some(false)
-    } else if s.others_unknown {
-        None
-    } else {
-        Some(true)
-    };
-    let toggles: Vec<Effect> = s
-        .strategies
-        .iter()
-        .filter_map(|st| wanted.filter(|w| st.spec.enabled != *w).map(|w| (st, w)))
-        .map(|(st, enabled)| Effect::PatchObject {
-            kind: Kind::AutoscalingStrategy,
-            namespace: None,
-            name: st.name_any(),
-            patch: json!({ "spec": { "enabled": enabled }, "metadata": { "resourceVersion": st.resource_version() } }),
-            status: false,
-            strategic: false,
-        })
-        .collect();
+    let toggles = autoscaler_toggles(s, done);
     if !toggles.is_empty() {
         return Plan::steps(toggles);
     }
@@ -349,33 +292,8 @@ pub fn decide(s: &Snapshot) -> Plan {
     if let Some(plan) = unpair(&c) {
         return plan;
     }
-    // 7. Heirs inherit labels; donors are drained once their heir is
-    // Ready, then deleted. Every pair moves in the same round (each heir's
-    // labels go before its donor's drain, in order within the batch).
-    let mut fx = Vec::new();
-    for (heir, donor) in pairs(&c) {
-        let want = inherited(donor);
-        let missing: BTreeMap<&String, &String> = want
-            .iter()
-            .filter(|(k, v)| heir.labels().get(k.as_str()) != Some(*v))
-            .map(|(k, v)| (*k, *v))
-            .collect();
-        if !missing.is_empty() {
-            fx.push(Effect::PatchNode {
-                node: heir.name_any(),
-                resource_version: heir.resource_version(),
-                patch: json!({ "metadata": { "labels": missing } }),
-            });
-        }
-        if !ready(heir) {
-            continue;
-        }
-        match retire(s, donor) {
-            Retire::Act(more) => fx.extend(more),
-            Retire::Wait(d) => wake = super::earliest(wake, d),
-            Retire::Gone => {}
-        }
-    }
+    // 7. Heirs inherit labels; donors are drained, then deleted.
+    let fx = inherit_and_retire(s, &c, &mut wake);
     if !fx.is_empty() {
         return Plan::steps(fx).with(events);
     }
@@ -419,6 +337,110 @@ pub fn decide(s: &Snapshot) -> Plan {
         return Plan::steps(fx).with(events);
     }
     Plan::wait(wake).with(events)
+}
+
+/// What the provider answered about each node's instance (its scaling
+/// group, its image), annotated where absent.
+fn provider_annotations(s: &Snapshot) -> Vec<Effect> {
+    s.nodes
+        .iter()
+        .filter_map(|n| {
+            let pid = provider_id(n)?;
+            let mut add = serde_json::Map::new();
+            if annotation(n, SCALING_GROUP_ANNOTATION).is_none()
+                && let Some(Ok(g)) = s.facts.group_of.get(pid)
+            {
+                add.insert(SCALING_GROUP_ANNOTATION.into(), json!(g));
+            }
+            if annotation(n, IMAGE_ANNOTATION).is_none()
+                && let Some(Ok(i)) = s.facts.image_of.get(pid)
+            {
+                add.insert(IMAGE_ANNOTATION.into(), json!(i));
+            }
+            // Unguarded (the architecture map's exception): facts about
+            // the instance, set only where absent, in keys only we write.
+            // Guarded, the write met the new node's first status updates
+            // (kubelet or kwok) and lost a 409 and a round in every wave.
+            (!add.is_empty()).then(|| Effect::PatchNode {
+                node: n.name_any(),
+                resource_version: None,
+                patch: json!({ "metadata": { "annotations": add } }),
+            })
+        })
+        .collect()
+}
+
+/// How many surge nodes may be out at once: one while a control-plane node
+/// is outdated; else Constellation's maxNodeBudget when its CLI set it
+/// (where-features-meet.md C2), else ours; at least one, at most 100.
+fn surge_size(s: &Snapshot, c: &Classes) -> usize {
+    if has_outdated_control_planes(s, c) {
+        1
+    } else {
+        let spec = &s.nv.spec;
+        let asked = spec
+            .max_node_budget
+            .filter(|b| *b > 0)
+            .map_or(spec.max_surge.max(1) as usize, |b| b as usize);
+        asked.clamp(1, 100)
+    }
+}
+
+/// The autoscaler is off while anything is being replaced, by this
+/// NodeVersion or another: it is on only when all are done (`done`: this
+/// one is). The strategies whose `enabled` differs, patched.
+fn autoscaler_toggles(s: &Snapshot, done: bool) -> Vec<Effect> {
+    let wanted = if !done || s.others_busy {
+        Some(false)
+    } else if s.others_unknown {
+        None
+    } else {
+        Some(true)
+    };
+    s
+        .strategies
+        .iter()
+        .filter_map(|st| wanted.filter(|w| st.spec.enabled != *w).map(|w| (st, w)))
+        .map(|(st, enabled)| Effect::PatchObject {
+            kind: Kind::AutoscalingStrategy,
+            namespace: None,
+            name: st.name_any(),
+            patch: json!({ "spec": { "enabled": enabled }, "metadata": { "resourceVersion": st.resource_version() } }),
+            status: false,
+            strategic: false,
+        })
+        .collect()
+}
+
+/// Heirs inherit labels; donors are drained once their heir is Ready, then
+/// deleted. Every pair moves in the same round (each heir's labels go
+/// before its donor's drain, in order within the batch).
+fn inherit_and_retire(s: &Snapshot, c: &Classes, wake: &mut Option<Duration>) -> Vec<Effect> {
+    let mut fx = Vec::new();
+    for (heir, donor) in pairs(c) {
+        let want = inherited(donor);
+        let missing: BTreeMap<&String, &String> = want
+            .iter()
+            .filter(|(k, v)| heir.labels().get(k.as_str()) != Some(*v))
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        if !missing.is_empty() {
+            fx.push(Effect::PatchNode {
+                node: heir.name_any(),
+                resource_version: heir.resource_version(),
+                patch: json!({ "metadata": { "labels": missing } }),
+            });
+        }
+        if !ready(heir) {
+            continue;
+        }
+        match retire(s, donor) {
+            Retire::Act(more) => fx.extend(more),
+            Retire::Wait(d) => *wake = super::earliest(*wake, d),
+            Retire::Gone => {}
+        }
+    }
+    fx
 }
 
 /// The leaves, node and maintenance deletes of donors ready to go now:
