@@ -168,6 +168,12 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
     for node in &selected {
         follow_held(&mut d, node);
     }
+    // A node it holds that left its selector (a person relabelled it):
+    // its reboot is finished, then it is given back. Dropped from the
+    // status, it stayed cordoned by a NodeMaintenance nothing followed.
+    for node in held_unselected(&d, &selected) {
+        follow_held(&mut d, node);
+    }
     let admitted = admit::admit(&mut d, &selected, &windows, &problems);
     signals_unreadable(&mut d, &selected);
     // History: verified and failed nodes stay listed while selected.
@@ -258,6 +264,23 @@ fn follow_held(d: &mut Decision, node: &Arc<Node>) {
     if held {
         d.follow(node, ours, &others);
     }
+}
+
+/// Nodes the policy holds (its NodeMaintenance live on them) that it no
+/// longer selects. An admission whose NodeMaintenance was never created
+/// took nothing: it is dropped, not carried out on a node the policy no
+/// longer selects.
+fn held_unselected<'a>(d: &Decision<'a>, selected: &[&Arc<Node>]) -> Vec<&'a Arc<Node>> {
+    let s = d.s;
+    s.nodes
+        .iter()
+        .filter(|n| !selected.iter().any(|x| x.name_any() == n.name_any()))
+        .filter(|n| {
+            nms_on(s, &n.name_any())
+                .iter()
+                .any(|m| owned_by(m, &d.name) && !m.is_deleting())
+        })
+        .collect()
 }
 
 /// Nodes whose agent cannot read the host's reboot signal (this policy's

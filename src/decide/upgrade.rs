@@ -256,6 +256,13 @@ pub fn decide<'a>(s: &'a Snapshot<'a>) -> Plan {
             Followed::Done => {}
         }
     }
+    // A node it holds that left its selector (a person relabelled it):
+    // finished, then given back (a failed one stays in maintenance for a
+    // person, listed). Dropped from the status, it stayed cordoned by a
+    // NodeMaintenance nothing followed.
+    for node in held_unselected(&d, &selected) {
+        follow_unselected(&mut d, node);
+    }
     let current = current_group(&d, &selected);
     let admission = admit::Admission {
         selected: &selected,
@@ -413,6 +420,52 @@ fn follow(d: &mut Decision, g: usize, node: &Arc<Node>) -> Followed {
         return Followed::Done;
     }
     Followed::Candidate
+}
+
+/// Nodes the plan holds (its NodeMaintenance live on them) that it no
+/// longer selects. An admission that has not taken its node yet (before
+/// hooks, a create that failed) is dropped, not carried out on a node the
+/// plan no longer selects.
+fn held_unselected<'a>(d: &Decision<'a>, selected: &[(usize, &Arc<Node>)]) -> Vec<&'a Arc<Node>> {
+    let s = d.s;
+    s.nodes
+        .iter()
+        .filter(|n| !selected.iter().any(|(_, x)| x.name_any() == n.name_any()))
+        .filter(|n| ours(s, &n.name_any(), &d.name).is_some())
+        .collect()
+}
+
+/// The plan's live NodeMaintenance on `node`.
+fn ours<'a>(s: &Snapshot<'a>, node: &str, plan: &str) -> Option<&'a NodeMaintenance> {
+    s.maintenances
+        .iter()
+        .find(|m| m.spec.node_name == node && owned_by(m, OWNER_KIND, plan) && !m.is_deleting())
+        .map(|m| m.as_ref())
+}
+
+/// A held node the plan no longer selects: an upgrade under way is
+/// followed to its end; a failed node keeps its entry (held for a
+/// person); anything else of the plan's on it is given back.
+fn follow_unselected(d: &mut Decision, node: &Arc<Node>) {
+    let n = node.name_any();
+    let ours = ours(d.s, &n, &d.name);
+    match d.prev(&n) {
+        Some(e) if e.phase.admitted() => {
+            let group = e.group.clone();
+            d.follow(node, ours, group);
+        }
+        Some(e) if e.phase == UpgradePhase::Failed => {
+            d.entries.insert(n, e.clone());
+        }
+        prev => {
+            if let Some(m) = ours {
+                d.give_back(m);
+            }
+            if let Some(e) = prev {
+                d.entries.insert(n, e.clone());
+            }
+        }
+    }
 }
 
 /// The group being upgraded: the first with a node not finished. Done

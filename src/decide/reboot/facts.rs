@@ -31,13 +31,23 @@ pub fn needed_since(node: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
 }
 
 /// Was the need on `node` stamped in an earlier boot (its
-/// [`NEEDED_BOOT_ANNOTATION`] names another boot)? Then a reboot since
-/// served it — ours, or one nobody asked for — as kured's sentinel is gone
-/// after any reboot; no clock is read.
+/// [`NEEDED_BOOT_ANNOTATION`] names another boot), or was a reboot issued
+/// for this very need (the node's [`ISSUED_ANNOTATION`], whichever policy
+/// wrote it) in an earlier boot? Then a reboot since served it — ours, or
+/// one nobody asked for — as kured's sentinel is gone after any reboot; no
+/// clock is read. The record is the node's, so a node relabelled from one
+/// policy to another after its command failed and its host rebooted anyway
+/// is not rebooted for the same need again (found by the random worlds).
 pub fn need_outlived(node: &Node) -> bool {
-    annotation(node, NEEDED_ANNOTATION).is_some()
-        && annotation(node, NEEDED_BOOT_ANNOTATION)
-            .is_some_and(|stamped_in| boot_id(node).is_some_and(|now| now != stamped_in))
+    let Some(stamp) = annotation(node, NEEDED_ANNOTATION) else {
+        return false;
+    };
+    let earlier = |boot: &str| boot_id(node).is_some_and(|now| now != boot);
+    let stamped_earlier = annotation(node, NEEDED_BOOT_ANNOTATION).is_some_and(earlier);
+    let issued_earlier = annotation(node, ISSUED_ANNOTATION)
+        .and_then(|r| r.split_once("@need="))
+        .is_some_and(|(boot, need)| need == stamp && earlier(boot));
+    stamped_earlier || issued_earlier
 }
 
 /// Is the need on `node` one the verified reboot of `entry` (Settling or

@@ -208,6 +208,25 @@ impl<'a> Decision<'a> {
                 // took the node meanwhile: the admission is withdrawn and
                 // its slot freed.
                 self.in_maintenance(&n, crate::decide::disrupt::taken_meanwhile(other));
+            } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
+                && let Some(g) = super::node::governing(node, self.s.policies)
+                    .filter(|g| g.name_any() != self.name)
+            {
+                // Admitted, not taken yet, and an older policy selects the
+                // node now (a person relabelled it): the admission is
+                // withdrawn before it takes the node, which is the older
+                // policy's to reboot.
+                let msg = format!(
+                    "also selected by the older RebootPolicy {}, which reboots it; the admission is withdrawn",
+                    g.name_any()
+                );
+                self.set(
+                    &n,
+                    RebootPhase::Waiting,
+                    None,
+                    Some(super::WAIT_OTHER_POLICY),
+                    msg,
+                );
             } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
                 // Admitted, not taken yet (or our create is not in the store
                 // yet: creating again is a harmless 409).

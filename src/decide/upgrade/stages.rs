@@ -174,6 +174,26 @@ impl<'a> Decision<'a> {
     /// Take the node: its NodeMaintenance drains it.
     fn drain(&mut self, e: &NodeUpgrade) {
         let p = self.s.plan;
+        // Not taken yet, and an older plan selects the node now (a person
+        // relabelled it): the admission is withdrawn before it takes the
+        // node, which is the older plan's to upgrade.
+        if self.ours(&e.name).is_none()
+            && let Some(node) = self.s.nodes.iter().find(|n| n.name_any() == e.name)
+            && let Some(g) = governing(node, self.s.plans).filter(|g| g.name_any() != self.name)
+        {
+            let msg = format!(
+                "also selected by the older UpgradePlan {}, which upgrades it; the admission is withdrawn",
+                g.name_any()
+            );
+            let group = e.group.clone();
+            return self.set(
+                &e.name,
+                UpgradePhase::Waiting,
+                group,
+                Some(WAIT_OTHER_PLAN),
+                msg,
+            );
+        }
         // Admitted, but another disruption took the node before our
         // create went through: the admission is withdrawn.
         let mine =

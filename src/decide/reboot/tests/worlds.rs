@@ -721,6 +721,7 @@ impl World {
             }
         }
         self.check_given_back();
+        self.check_visibly_held();
         self.settle();
         self.mark_writers.clear();
     }

@@ -36,6 +36,9 @@ pub(super) struct Faults {
     pub refused: BTreeMap<&'static str, usize>,
     /// Passes in a row each finished node was still held, per owner/node.
     held: BTreeMap<String, u32>,
+    /// Passes in a row a feature's NodeMaintenance held a node its live
+    /// owner's status did not list, per NodeMaintenance.
+    unlisted: BTreeMap<String, u32>,
     /// Wake-ups under a second with no effect, per policy.
     quick: BTreeMap<String, u32>,
     /// Reboot commands per node and need.
@@ -176,6 +179,60 @@ impl World {
             assert!(
                 *n <= GIVE_BACK_PASSES,
                 "{k}: finished, yet its NodeMaintenance still holds the node after {n} passes"
+            );
+        }
+    }
+
+    /// Every node a feature holds is visibly held: while its owner stands,
+    /// a NodeMaintenance it created (not Failed) names a node the owner's
+    /// status lists, within [`GIVE_BACK_PASSES`] (a status write may be
+    /// refused meanwhile). A node relabelled out of a selector mid-reboot
+    /// dropped out of its policy's status while its NodeMaintenance held
+    /// it cordoned for ever.
+    pub(super) fn check_visibly_held(&mut self) {
+        let mut unlisted = Vec::new();
+        for m in self.nms.iter().filter(|m| !failed(m) && !m.is_deleting()) {
+            let node = &m.spec.node_name;
+            let listed = match crate::decide::maintenance::owner_of(m) {
+                Some(OWNER_KIND) => self
+                    .policies
+                    .iter()
+                    .find(|p| owned_by(m, &p.name_any()))
+                    .map(|p| {
+                        p.status
+                            .iter()
+                            .flat_map(|s| s.nodes.iter())
+                            .any(|e| &e.name == node)
+                    }),
+                Some(crate::api::upgrade::OWNER_KIND) => self
+                    .plans
+                    .iter()
+                    .find(|p| {
+                        crate::decide::disrupt::owned_by(
+                            m,
+                            crate::api::upgrade::OWNER_KIND,
+                            &p.name_any(),
+                        )
+                    })
+                    .map(|p| {
+                        p.status
+                            .iter()
+                            .flat_map(|s| s.nodes.iter())
+                            .any(|e| &e.name == node)
+                    }),
+                _ => None,
+            };
+            if listed == Some(false) && self.nodes.iter().any(|n| &n.name_any() == node) {
+                unlisted.push(m.name_any());
+            }
+        }
+        self.faults.unlisted.retain(|k, _| unlisted.contains(k));
+        for k in unlisted {
+            let n = self.faults.unlisted.entry(k.clone()).or_default();
+            *n += 1;
+            assert!(
+                *n <= GIVE_BACK_PASSES,
+                "{k}: holds its node, yet its owner's status has not listed the node for {n} passes (held without a reason)"
             );
         }
     }

@@ -1,7 +1,7 @@
 //! What people do in the random worlds, between decisions: ask for a
 //! node's reboot, pause or unpause one, withdraw a need, and create or
 //! delete an administrator's NodeMaintenance (some ending Failed at once),
-//! delete a node.
+//! relabel a node into the other pool, delete a node.
 
 use super::*;
 
@@ -80,6 +80,24 @@ impl World {
                 }
                 self.nms.push(m);
             }
+        }
+        // A person relabels a node into the other pool, whatever holds it
+        // (policies and plans select by pool).
+        if self.rng.chance(3) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let labels = self.nodes[i]
+                .metadata
+                .labels
+                .get_or_insert_with(Default::default);
+            let other = if labels.get("pool").map(String::as_str) == Some("a") {
+                "b"
+            } else {
+                "a"
+            };
+            labels.insert("pool".into(), other.into());
+            let name = self.nodes[i].name_any();
+            self.trace
+                .push(format!("node {name} relabelled into pool {other}"));
         }
         // A node is deleted now and then (scaled in, or replaced by hand),
         // whatever holds it; what held it must be given back.
