@@ -421,6 +421,16 @@ fn a_held_node(
     (env, names, fleet)
 }
 
+/// Wait until node `a` is cordoned (by its reboot's maintenance).
+async fn cordoned_by_its_reboot(env: &TestEnv, a: &str) {
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    wait_for("a cordoned by the reboot's maintenance", LONG, || async {
+        let n = nodes.get(a).await.ok()?;
+        (n.spec?.unschedulable == Some(true)).then_some(())
+    })
+    .await;
+}
+
 #[test]
 fn deleting_a_policy_gives_its_nodes_back() {
     let (env, names, fleet) = a_held_node("rb-delete", None);
@@ -429,11 +439,7 @@ fn deleting_a_policy_gives_its_nodes_back() {
     let cluster = cluster_role(&env, &[]);
     block_on(async {
         let nodes: Api<Node> = Api::all(env.client.clone());
-        wait_for("a cordoned by the reboot's maintenance", LONG, || async {
-            let n = nodes.get(a).await.ok()?;
-            (n.spec?.unschedulable == Some(true)).then_some(())
-        })
-        .await;
+        cordoned_by_its_reboot(&env, a).await;
         // `unmaintain` does not take a node from the feature holding it:
         // the policy would take it again at once. It names the holder and
         // fails, and the NodeMaintenance stays.
@@ -461,6 +467,65 @@ fn deleting_a_policy_gives_its_nodes_back() {
         .await;
     });
     assert_eq!(fleet.commands(a), 0, "not rebooted\n{}", cluster.log_text());
+}
+
+/// A person relabels a node out of the policy's selector while the policy
+/// holds it (its drain blocked by a PodDisruptionBudget): the policy still
+/// finishes that reboot, once, and gives the node back. (It dropped the
+/// node from its status and its NodeMaintenance held it cordoned for
+/// ever: found by the random worlds once people relabel nodes.)
+#[test]
+fn a_node_relabelled_out_of_the_selector_while_held_is_rebooted_once_and_given_back() {
+    let (env, names, fleet) = a_held_node("rb-relabel", None);
+    let a = &names[0];
+    const POOL: &str = "nodekeeper.test/pool";
+    let relabel = |pool: &str| {
+        block_on(async {
+            Api::<Node>::all(env.client.clone())
+                .patch(
+                    a,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {POOL: pool}}})),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("relabelling {a}: {e}"));
+        })
+    };
+    relabel("a");
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"nodeSelector": {"matchLabels": {POOL: "a"}}}),
+    ));
+    let cluster = cluster_role(&env, &[]);
+    block_on(cordoned_by_its_reboot(&env, a));
+    relabel("b");
+    // The drain may finish now.
+    block_on(async {
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+            env.client.clone(),
+            &env.ns,
+        )
+        .delete("held", &DeleteParams::default())
+        .await
+        .expect("deleting the PDB");
+    });
+    let one = vec![a.clone()];
+    fleet.serve(&one, LONG, || block_on(settled(&env.client, &one)));
+    assert_eq!(
+        fleet.commands(a),
+        1,
+        "rebooted once\n{}",
+        cluster.log_text()
+    );
+    // Given back, and no longer the policy's: its entry goes.
+    block_on(wait_for("a no longer listed", LONG, || async {
+        let p = Api::<RebootPolicy>::all(env.client.clone())
+            .get(&policy)
+            .await
+            .ok()?;
+        p.entry(a).is_none().then_some(())
+    }));
 }
 
 /// A person stops an admitted reboot before its command: `reboot-paused`

@@ -532,6 +532,28 @@ fn job_names_are_stable_per_admission_and_fit_the_label_limit() {
     let _ = LabelSelector::default();
 }
 
+/// `plan`'s decision among `plans` over `nodes`, nothing else in the
+/// cluster (no NodeMaintenance, Job or pod).
+fn decide_among(plan: &UpgradePlan, plans: &[Arc<UpgradePlan>], nodes: &[Arc<Node>]) -> Plan {
+    let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+    decide(&Snapshot {
+        plan,
+        nodes,
+        maintenances: &[],
+        jobs: &HashMap::new(),
+        job_errors: &HashMap::new(),
+        pods_on: &pods_on,
+        now: now(),
+        plans,
+        failing: None,
+        alerts: None,
+        health: None,
+        gates_unlisted: None,
+        notified: None,
+        channel: None,
+    })
+}
+
 #[test]
 fn a_node_two_plans_select_is_the_older_plans() {
     let mut older = plan();
@@ -550,25 +572,7 @@ fn a_node_two_plans_select_is_the_older_plans() {
         ));
     let plans = [Arc::new(older.clone()), Arc::new(younger.clone())];
     let nodes = [checked(&Arc::new(node("a", "v1", false)), &older)];
-    let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
-    let decide_for = |p: &UpgradePlan| {
-        decide(&Snapshot {
-            plan: p,
-            nodes: &nodes,
-            maintenances: &[],
-            jobs: &HashMap::new(),
-            job_errors: &HashMap::new(),
-            pods_on: &pods_on,
-            now: now(),
-            plans: &plans,
-            failing: None,
-            alerts: None,
-            health: None,
-            gates_unlisted: None,
-            notified: None,
-            channel: None,
-        })
-    };
+    let decide_for = |p: &UpgradePlan| decide_among(p, &plans, &nodes);
     let status_of = |plan: Plan| match &plan.effects[0] {
         Effect::WriteUpgradeStatus { status, .. } => status.nodes[0].clone(),
         other => panic!("{other:?}"),
@@ -644,24 +648,7 @@ fn an_admission_not_carried_out_is_withdrawn_when_an_older_plan_governs_the_node
     let younger = w.plan.clone();
     let plans = [Arc::new(older.clone()), Arc::new(younger.clone())];
     let nodes = [checked(&w.nodes[0], &younger)];
-    let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
-    let fx = decide(&Snapshot {
-        plan: &younger,
-        nodes: &nodes,
-        maintenances: &[],
-        jobs: &HashMap::new(),
-        job_errors: &HashMap::new(),
-        pods_on: &pods_on,
-        now: now(),
-        plans: &plans,
-        failing: None,
-        alerts: None,
-        health: None,
-        gates_unlisted: None,
-        notified: None,
-        channel: None,
-    })
-    .effects;
+    let fx = decide_among(&younger, &plans, &nodes).effects;
     assert!(
         !fx.iter()
             .any(|e| matches!(e, Effect::CreateMaintenance { .. })),
