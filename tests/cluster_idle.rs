@@ -284,7 +284,9 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
     });
     let from = audit_offset();
     let calls_before = cloud.calls().len();
+    let cpu_before = support::cpu_seconds(agent.child.id());
     std::thread::sleep(IDLE);
+    let cpu = support::cpu_seconds(agent.child.id()) - cpu_before;
     let (leases, requests): (Vec<_>, Vec<_>) = requests_of(&user, from)
         .into_iter()
         .partition(|r| r.resource == "leases");
@@ -304,8 +306,15 @@ fn an_idle_cluster_role_with_every_kind_and_bad_objects_makes_only_its_lease_req
     let log = agent.log_text();
     let per_second = requests.len() as f64 / IDLE.as_secs_f64();
     println!(
-        "idle cluster role: {} requests beyond its lease in {} s ({per_second:.2}/s), {calls} provider calls",
+        "idle cluster role: {} requests beyond its lease in {} s ({per_second:.2}/s), {calls} provider calls, {cpu:.2} CPU seconds ({:.4} cores)",
         requests.len(),
+        IDLE.as_secs(),
+        cpu / IDLE.as_secs_f64()
+    );
+    // No busy loop: a spin costs a core; idle is a few lease renewals.
+    assert!(
+        cpu / IDLE.as_secs_f64() < 0.05,
+        "the idle cluster role used {cpu:.2} CPU seconds in {} s",
         IDLE.as_secs()
     );
     assert!(

@@ -38,15 +38,20 @@ pub fn needed_since(node: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
 /// clock is read. The record is the node's, so a node relabelled from one
 /// policy to another after its command failed and its host rebooted anyway
 /// is not rebooted for the same need again (found by the random worlds).
+/// Only a stamp that is a time names one ask: a hand-written `now` or
+/// `true` written again after a reboot is a new need (the reboot
+/// benchmark asks every node twice with `now`).
 pub fn need_outlived(node: &Node) -> bool {
     let Some(stamp) = annotation(node, NEEDED_ANNOTATION) else {
         return false;
     };
     let earlier = |boot: &str| boot_id(node).is_some_and(|now| now != boot);
     let stamped_earlier = annotation(node, NEEDED_BOOT_ANNOTATION).is_some_and(earlier);
-    let issued_earlier = annotation(node, ISSUED_ANNOTATION)
-        .and_then(|r| r.split_once("@need="))
-        .is_some_and(|(boot, need)| need == stamp && earlier(boot));
+    let one_ask = stamp.parse::<k8s_openapi::jiff::Timestamp>().is_ok();
+    let issued_earlier = one_ask
+        && annotation(node, ISSUED_ANNOTATION)
+            .and_then(|r| r.split_once("@need="))
+            .is_some_and(|(boot, need)| need == stamp && earlier(boot));
     stamped_earlier || issued_earlier
 }
 

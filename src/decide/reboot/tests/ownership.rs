@@ -168,4 +168,8 @@ fn a_need_whose_reboot_was_issued_in_an_earlier_boot_is_served_under_any_policy(
         &format!("boot-1@need={stamp}"),
     );
     assert!(!crate::decide::reboot::need_outlived(&same_boot));
+    // A literal written again after the reboot is a new ask, not this one.
+    let again = annotate(node("n1", "boot-2"), NEEDED_ANNOTATION, "now");
+    let again = annotate(again, ISSUED_ANNOTATION, "boot-1@need=now");
+    assert!(!crate::decide::reboot::need_outlived(&again));
 }
