@@ -272,14 +272,18 @@ fn follow_held(d: &mut Decision, node: &Arc<Node>) {
 /// longer selects.
 fn held_unselected<'a>(d: &Decision<'a>, selected: &[&Arc<Node>]) -> Vec<&'a Arc<Node>> {
     let s = d.s;
+    // Only nodes with a NodeMaintenance of ours can be held: few, so the
+    // cluster's nodes are not compared with the selected ones at scale.
+    let ours: std::collections::BTreeSet<&str> = s
+        .maintenances
+        .iter()
+        .filter(|m| owned_by(m, &d.name) && !m.is_deleting())
+        .map(|m| m.spec.node_name.as_str())
+        .collect();
     s.nodes
         .iter()
-        .filter(|n| !selected.iter().any(|x| x.name_any() == n.name_any()))
-        .filter(|n| {
-            nms_on(s, &n.name_any())
-                .iter()
-                .any(|m| owned_by(m, &d.name) && !m.is_deleting())
-        })
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| ours.contains(x)))
+        .filter(|n| !selected.iter().any(|x| x.metadata.name == n.metadata.name))
         .collect()
 }
 

@@ -428,10 +428,22 @@ fn follow(d: &mut Decision, g: usize, node: &Arc<Node>) -> Followed {
 /// plan no longer selects.
 fn held_unselected<'a>(d: &Decision<'a>, selected: &[(usize, &Arc<Node>)]) -> Vec<&'a Arc<Node>> {
     let s = d.s;
+    // Only nodes with a NodeMaintenance of ours can be held: few, so the
+    // cluster's nodes are not compared with the selected ones at scale.
+    let held: std::collections::BTreeSet<&str> = s
+        .maintenances
+        .iter()
+        .filter(|m| owned_by(m, OWNER_KIND, &d.name) && !m.is_deleting())
+        .map(|m| m.spec.node_name.as_str())
+        .collect();
     s.nodes
         .iter()
-        .filter(|n| !selected.iter().any(|(_, x)| x.name_any() == n.name_any()))
-        .filter(|n| ours(s, &n.name_any(), &d.name).is_some())
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| held.contains(x)))
+        .filter(|n| {
+            !selected
+                .iter()
+                .any(|(_, x)| x.metadata.name == n.metadata.name)
+        })
         .collect()
 }
 
