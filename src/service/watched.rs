@@ -32,6 +32,7 @@ use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
 use crate::error::Result;
+use crate::runtime::Latch;
 
 /// A watch's objects as they change (errors logged and dropped by
 /// [`watch_ok`]; each watch backs off on its own).
@@ -89,42 +90,139 @@ pub async fn start(
     wakes: Wakes<'_>,
 ) -> Result<Watched> {
     let cluster_role = matches!(scope, Scope::AllNodes { .. });
-    let (kick, replace_kick) = (wakes.scheduler, wakes.replace);
+    let kick = wakes.scheduler;
+    let both = vec![kick.clone(), wakes.replace.clone()];
     let fresh = Arc::new(Fresh::default());
     let arrivals = Arc::new(Arrivals::default());
 
-    let node_wc = match scope {
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_events = node_watch(client, scope, node_writer, synced, &fresh, both.clone());
+    let (pod_reconcile, pod_reconciles) = smol::channel::unbounded::<ObjectRef<Node>>();
+    let (pods, pod_events) = pod_watch(pod_client, scope, synced, pod_reconcile, kick);
+    let maintenance_events = {
+        let nm_wc = roles::maintenance_watch(client, scope).await;
+        let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
+        watcher(Api::<NodeMaintenance>::all(client.clone()), nm_wc)
+            .backoff(WatchBackoff::default())
+            .inspect(move |ev| order.note(ev))
+            .reflect(early.maintenances)
+            .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
+            .inspect(super::passes::on_event(cluster_role, both))
+            .touched_objects()
+            .filter(|r| watch_ok(r, "NodeMaintenances"))
+    };
+    let policy_events = {
+        let fresh = fresh.clone();
+        let forget = move |name: &str| fresh.policies.forget(name);
+        every(
+            client,
+            early.policies,
+            &synced.policies,
+            forget,
+            cluster_role,
+            kick,
+        )
+    };
+    let (plans, plan_writer) = reflector::store::<UpgradePlan>();
+    let plan_events = {
+        let fresh = fresh.clone();
+        let forget = move |name: &str| fresh.plans.forget(name);
+        every(
+            client,
+            plan_writer,
+            &synced.plans,
+            forget,
+            cluster_role,
+            kick,
+        )
+    };
+    let job_resource = ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&());
+    let job_writer = Writer::<DynamicObject>::new(job_resource.clone());
+    let jobs = job_writer.as_reader();
+    let job_events = job_watch(
+        client,
+        cluster_role,
+        &job_resource,
+        job_writer,
+        synced,
+        kick,
+    );
+    let (mutex_stores, mutex_events) = mutex_watches(client, scope, synced).await?;
+    // Constellation's APIs: any cluster role given a provider plugin.
+    let (replace_stores, replace_events) = if cluster_role {
+        replace::start(client, provider, synced.replace.clone()).await?
+    } else {
+        synced.replace.open();
+        (None, Box::pin(smol::stream::pending()) as watch::Trigger)
+    };
+
+    Ok(Watched {
+        nodes,
+        node_events,
+        pods,
+        pod_events,
+        pod_reconciles,
+        maintenance_events: Box::pin(maintenance_events),
+        plans,
+        policy_events,
+        plan_events,
+        jobs,
+        job_events,
+        job_resource,
+        mutex_stores,
+        mutex_events,
+        replace_stores,
+        replace_events,
+        fresh,
+        arrivals,
+    })
+}
+
+/// The Nodes the role sees: its own (node role), or every node or its
+/// pool's, slimmed (cluster role). Heartbeats update the store but wake
+/// nothing in the cluster role.
+fn node_watch(
+    client: &Client,
+    scope: &Scope,
+    writer: Writer<Node>,
+    synced: &Synced,
+    fresh: &Arc<Fresh>,
+    wakes: Vec<Kick>,
+) -> Objects<Node> {
+    let cluster_role = matches!(scope, Scope::AllNodes { .. });
+    let wc = match scope {
         Scope::Node(n) => watch_config().fields(&format!("metadata.name={n}")),
         Scope::AllNodes {
             selector: Some(sel),
         } => watch_config().labels(sel),
         Scope::AllNodes { selector: None } => watch_config(),
     };
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let node_events = {
-        let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
-        let changes = watch::NodeChanges::default();
-        watcher(Api::<Node>::all(client.clone()), node_wc)
-            .backoff(WatchBackoff::default())
-            .modify(slim_node)
-            .reflect(node_writer)
-            .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
-            // Heartbeats update the store but trigger nothing.
-            .filter(move |ev| !cluster_role || changes.matters(ev))
-            .inspect(super::passes::on_event(
-                cluster_role,
-                vec![kick.clone(), replace_kick.clone()],
-            ))
-            .touched_objects()
-            .filter(|r| watch_ok(r, "nodes"))
-    };
+    let (latch, fresh) = (synced.nodes.clone(), fresh.clone());
+    let changes = watch::NodeChanges::default();
+    let events = watcher(Api::<Node>::all(client.clone()), wc)
+        .backoff(WatchBackoff::default())
+        .modify(slim_node)
+        .reflect(writer)
+        .inspect(move |ev| observe(ev, &latch, |name| fresh.nodes.forget(name)))
+        .filter(move |ev| !cluster_role || changes.matters(ev))
+        .inspect(super::passes::on_event(cluster_role, wakes))
+        .touched_objects()
+        .filter(|r| watch_ok(r, "nodes"));
+    Box::pin(events)
+}
 
-    // The node role watches its own node's pods for its whole life; the
-    // cluster role only the pods of nodes it drains and of its gates
-    // (`pod_watches.rs`), whose events come back on `pod_reconciles` (a
-    // node's) or kick the scheduler (a gate's).
-    let (pod_reconcile, pod_reconciles) = smol::channel::unbounded::<ObjectRef<Node>>();
-    let (pods, pod_events): (Arc<pod_watches::PodWatches>, watch::Trigger) = match scope {
+/// The node role watches its own node's pods for its whole life; the
+/// cluster role only the pods of nodes it drains and of its gates
+/// (`pod_watches.rs`), whose events come back on `reconcile` (a node's)
+/// or kick the scheduler (a gate's).
+fn pod_watch(
+    pod_client: &Client,
+    scope: &Scope,
+    synced: &Synced,
+    reconcile: smol::channel::Sender<ObjectRef<Node>>,
+    kick: &Kick,
+) -> (Arc<pod_watches::PodWatches>, watch::Trigger) {
+    match scope {
         Scope::Node(n) => {
             let (store, pod_writer) = reflector::store::<Pod>();
             let latch = synced.pods.clone();
@@ -141,109 +239,73 @@ pub async fn start(
         }
         Scope::AllNodes { .. } => {
             synced.pods.open();
-            let pods = pod_watches::scoped(pod_client.clone(), pod_reconcile, kick.clone());
+            let pods = pod_watches::scoped(pod_client.clone(), reconcile, kick.clone());
             (Arc::new(pods), Box::pin(smol::stream::pending()))
         }
-    };
+    }
+}
 
-    let nm_wc = roles::maintenance_watch(client, scope).await;
-    let maintenance_events = {
-        let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
-        watcher(Api::<NodeMaintenance>::all(client.clone()), nm_wc)
-            .backoff(WatchBackoff::default())
-            .inspect(move |ev| order.note(ev))
-            .reflect(early.maintenances)
-            .inspect(move |ev| observe(ev, &latch, |name| fresh.maintenances.forget(name)))
-            .inspect(super::passes::on_event(
-                cluster_role,
-                vec![kick.clone(), replace_kick.clone()],
-            ))
-            .touched_objects()
-            .filter(|r| watch_ok(r, "NodeMaintenances"))
-    };
+/// A kind both roles watch whole (RebootPolicies, UpgradePlans): its
+/// events wake the own node's reconcile, and the scheduler in the cluster
+/// role.
+fn every<K>(
+    client: &Client,
+    writer: Writer<K>,
+    latch: &Latch,
+    forget: impl Fn(&str) + Send + 'static,
+    cluster_role: bool,
+    kick: &Kick,
+) -> Objects<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let latch = latch.clone();
+    let what = K::plural(&()).to_string();
+    let events = watcher(Api::<K>::all(client.clone()), watch_config())
+        .backoff(WatchBackoff::default())
+        .reflect(writer)
+        .inspect(move |ev| observe(ev, &latch, &forget))
+        .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
+        .touched_objects()
+        .filter(move |r| watch_ok(r, &what));
+    Box::pin(events)
+}
 
-    let policy_events = {
-        let (latch, fresh) = (synced.policies.clone(), fresh.clone());
-        watcher(Api::<RebootPolicy>::all(client.clone()), watch_config())
-            .backoff(WatchBackoff::default())
-            .reflect(early.policies)
-            .inspect(move |ev| observe(ev, &latch, |name| fresh.policies.forget(name)))
-            .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
-            .touched_objects()
-            .filter(|r| watch_ok(r, "RebootPolicies"))
-    };
-
-    let (plans, plan_writer) = reflector::store::<UpgradePlan>();
-    let plan_events = {
-        let (latch, fresh) = (synced.plans.clone(), fresh.clone());
-        watcher(Api::<UpgradePlan>::all(client.clone()), watch_config())
-            .backoff(WatchBackoff::default())
-            .reflect(plan_writer)
-            .inspect(move |ev| observe(ev, &latch, |name| fresh.plans.forget(name)))
-            .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
-            .touched_objects()
-            .filter(|r| watch_ok(r, "UpgradePlans"))
-    };
-
-    // Hook Jobs: the cluster role's, by their managed-by label. The node
-    // role runs none and may not list them.
-    let job_resource = ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&());
-    let job_writer = Writer::<DynamicObject>::new(job_resource.clone());
-    let jobs = job_writer.as_reader();
-    let job_events: Objects<DynamicObject> = if cluster_role {
-        let latch = synced.jobs.clone();
-        let jobs_wc = watch_config().labels(&format!(
-            "{}={}",
-            crate::decide::jobs::MANAGED_BY_LABEL,
-            crate::decide::jobs::MANAGED_BY
-        ));
-        Box::pin(
-            watcher(
-                Api::<DynamicObject>::all_with(client.clone(), &job_resource),
-                jobs_wc,
-            )
-            .backoff(WatchBackoff::default())
-            .modify(slim_job)
-            .reflect(job_writer)
-            .inspect(move |ev| observe(ev, &latch, |_| {}))
-            .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
-            .touched_objects()
-            .filter(|r| watch_ok(r, "Jobs")),
-        )
-    } else {
+/// Hook Jobs: the cluster role's, by their managed-by label, slimmed. The
+/// node role runs none and may not list them.
+fn job_watch(
+    client: &Client,
+    cluster_role: bool,
+    resource: &ApiResource,
+    writer: Writer<DynamicObject>,
+    synced: &Synced,
+    kick: &Kick,
+) -> Objects<DynamicObject> {
+    if !cluster_role {
         synced.jobs.open();
-        Box::pin(smol::stream::pending())
-    };
-
-    let (mutex_stores, mutex_events) = mutex_watches(client, scope, synced).await?;
-    // Constellation's APIs: any cluster role given a provider plugin.
-    let (replace_stores, replace_events) = if cluster_role {
-        replace::start(client, provider, synced.replace.clone()).await?
-    } else {
-        synced.replace.open();
-        (None, Box::pin(smol::stream::pending()) as watch::Trigger)
-    };
-
-    Ok(Watched {
-        nodes,
-        node_events: Box::pin(node_events),
-        pods,
-        pod_events,
-        pod_reconciles,
-        maintenance_events: Box::pin(maintenance_events),
-        plans,
-        policy_events: Box::pin(policy_events),
-        plan_events: Box::pin(plan_events),
-        jobs,
-        job_events,
-        job_resource,
-        mutex_stores,
-        mutex_events,
-        replace_stores,
-        replace_events,
-        fresh,
-        arrivals,
-    })
+        return Box::pin(smol::stream::pending());
+    }
+    let latch = synced.jobs.clone();
+    let wc = watch_config().labels(&format!(
+        "{}={}",
+        crate::decide::jobs::MANAGED_BY_LABEL,
+        crate::decide::jobs::MANAGED_BY
+    ));
+    let events = watcher(Api::<DynamicObject>::all_with(client.clone(), resource), wc)
+        .backoff(WatchBackoff::default())
+        .modify(slim_job)
+        .reflect(writer)
+        .inspect(move |ev| observe(ev, &latch, |_| {}))
+        .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
+        .touched_objects()
+        .filter(|r| watch_ok(r, "Jobs"));
+    Box::pin(events)
 }
 
 /// The mutex operator's APIs: only an unscoped cluster role runs them,

@@ -34,7 +34,6 @@ pub(super) fn advance(
     let now = s.now;
     // Bounded: each turn either waits (returns) or moves one step on.
     for _ in 0..(4 * (p.nodes.len() + 1) * (parts.rules.len() + 2)) {
-        let total = p.nodes.len();
         let Some(n) = usize::try_from(p.current)
             .ok()
             .and_then(|c| p.nodes.get(c))
@@ -49,136 +48,171 @@ pub(super) fn advance(
             next_node(&mut p, now);
             continue;
         };
-        match p.step.as_str() {
-            JOBS | CLEANUP => {
-                let cleanup = p.step == CLEANUP;
-                let spec_of = |r: &MutexRule| -> Option<serde_json::Value> {
-                    if cleanup {
-                        r.spec.cleanup_job_spec.clone()
-                    } else {
-                        Some(r.spec.job_spec.clone())
-                    }
-                };
-                // Skip rules without a Job for this step.
-                let at = |i: i32| usize::try_from(i).ok().and_then(|i| parts.rules.get(i));
-                while at(p.rule).is_some_and(|r| spec_of(r).is_none()) {
-                    p.rule += 1;
-                }
-                let Some(rule) = at(p.rule).cloned() else {
-                    if cleanup {
-                        next_node(&mut p, now);
-                    } else {
-                        let msg = format!(
-                            "Jobs for {n} have run successfully.\nNode is {} of {total}",
-                            p.current + 1
-                        );
-                        run.cond("JobRun", true, "JobRunSucceeded", &msg);
-                        // Release: the node leaves the paused target pool
-                        // for the canary pool, whose MCO upgrades it.
-                        let remove: serde_json::Map<String, serde_json::Value> = labels
-                            .iter()
-                            .map(|l| (l.clone(), serde_json::Value::Null))
-                            .collect();
-                        run.effects.push(Effect::PatchNode {
-                            node: n.clone(),
-                            resource_version: None,
-                            patch: json!({"metadata": {"labels": remove}}),
-                        });
-                        run.event(
-                            false,
-                            "NodeReleased",
-                            format!("node {n} released into pool {canary}"),
-                        );
-                        p.step = UPGRADING.into();
-                        p.rule = 0;
-                        p.job = None;
-                        p.since = now.to_string();
-                    }
-                    continue;
-                };
-                let Some(job) = job_for(s.run, &rule, &n, &p, cleanup) else {
-                    let msg = format!("MutexRule {}: its Job spec cannot be used", rule.name_any());
-                    return fail(run, p, "JobRun", "JobRunFailed", msg);
-                };
-                let key = jobs::key(&job);
-                let what = if cleanup { "cleanup Job" } else { "Job" };
-                if p.job.as_deref() != Some(key.as_str()) {
-                    // Recorded first (status is written before effects).
-                    p.job = Some(key.clone());
-                    p.since = now.to_string();
-                    p.message = Some(format!(
-                        "{what} {key} for node {n} (MutexRule {})",
-                        rule.name_any()
-                    ));
-                    run.effects.push(Effect::CreateJob { job: Box::new(job) });
-                    return p;
-                }
-                let state = match s.jobs.get(&key) {
-                    Some(j) => j.clone(),
-                    None => match s.job_errors.get(&key) {
-                        Some(e) => JobState::Failed(format!("could not be created: {e}")),
-                        None => {
-                            run.effects.push(Effect::CreateJob { job: Box::new(job) });
-                            return p;
-                        }
-                    },
-                };
-                match state {
-                    JobState::Running => return p,
-                    JobState::Complete => {
-                        p.rule += 1;
-                        p.job = None;
-                    }
-                    JobState::Failed(why) => {
-                        let msg = format!("{what} {key} for node {n} failed: {why}");
-                        return fail(run, p, "JobRun", "JobRunFailed", msg);
-                    }
-                }
-            }
+        let turn = match p.step.as_str() {
+            JOBS | CLEANUP => rule_jobs(run, p, parts, &n, labels, canary),
             UPGRADING => {
-                let v = node
-                    .labels()
-                    .get(VERSION_LABEL)
-                    .cloned()
-                    .unwrap_or_default();
-                if !v.is_empty() && !version_lt(&v, &p.version) {
-                    let msg = format!("Node {n} reports version {v}.");
-                    run.cond("NodeUpgrade", true, "NodeUpgradeSucceeded", &msg);
-                    run.event(false, "NodeUpgraded", msg);
-                    p.step = CLEANUP.into();
-                    p.rule = 0;
-                    p.job = None;
-                    p.since = now.to_string();
-                    continue;
-                }
-                let limit = s
-                    .run
-                    .spec
-                    .upgrade_timeout_seconds
-                    .unwrap_or(DEFAULT_UPGRADE_TIMEOUT);
-                let since: Timestamp = p.since.parse().unwrap_or(now);
-                let due = since
-                    .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(limit))
-                    .unwrap_or(now);
-                if now >= due {
-                    let msg = format!(
-                        "node {n} did not report version {} within {limit} s (it reports {})",
-                        p.version,
-                        if v.is_empty() { "none" } else { &v }
-                    );
-                    return fail(run, p, "NodeUpgrade", "NodeUpgradeFailed", msg);
-                }
-                run.wake = Some(crate::decide::duration_until(now, due));
-                p.message = Some(format!(
-                    "node {n} released; waiting for version {}",
-                    p.version
-                ));
-                return p;
+                let v = node.labels().get(VERSION_LABEL).cloned();
+                upgrading(run, p, &n, &v.unwrap_or_default())
             }
-            _ => return p,
+            _ => Turn::Stop(p),
+        };
+        match turn {
+            Turn::Again(next) => p = next,
+            Turn::Stop(p) => return p,
         }
     }
     p
+}
+
+/// What one step of [`advance`] leaves: the run moved on and the next step
+/// may follow in this pass, or the run waits (or failed) until the next.
+enum Turn {
+    Again(RunProgress),
+    Stop(RunProgress),
+}
+
+/// The node's rule Jobs (or cleanup Jobs), one at a time in rule order;
+/// when all have run, the node is released (or, after cleanup, the next
+/// node starts).
+fn rule_jobs(
+    run: &mut Run,
+    mut p: RunProgress,
+    parts: &Parts,
+    n: &str,
+    labels: &[String],
+    canary: &str,
+) -> Turn {
+    let s = run.s;
+    let now = s.now;
+    let cleanup = p.step == CLEANUP;
+    let spec_of = |r: &MutexRule| -> Option<serde_json::Value> {
+        if cleanup {
+            r.spec.cleanup_job_spec.clone()
+        } else {
+            Some(r.spec.job_spec.clone())
+        }
+    };
+    // Skip rules without a Job for this step.
+    let at = |i: i32| usize::try_from(i).ok().and_then(|i| parts.rules.get(i));
+    while at(p.rule).is_some_and(|r| spec_of(r).is_none()) {
+        p.rule += 1;
+    }
+    let Some(rule) = at(p.rule).cloned() else {
+        if cleanup {
+            next_node(&mut p, now);
+        } else {
+            release(run, &mut p, n, labels, canary);
+        }
+        return Turn::Again(p);
+    };
+    let Some(job) = job_for(s.run, &rule, n, &p, cleanup) else {
+        let msg = format!("MutexRule {}: its Job spec cannot be used", rule.name_any());
+        return Turn::Stop(fail(run, p, "JobRun", "JobRunFailed", msg));
+    };
+    let key = jobs::key(&job);
+    let what = if cleanup { "cleanup Job" } else { "Job" };
+    if p.job.as_deref() != Some(key.as_str()) {
+        // Recorded first (status is written before effects).
+        p.job = Some(key.clone());
+        p.since = now.to_string();
+        p.message = Some(format!(
+            "{what} {key} for node {n} (MutexRule {})",
+            rule.name_any()
+        ));
+        run.effects.push(Effect::CreateJob { job: Box::new(job) });
+        return Turn::Stop(p);
+    }
+    let state = match s.jobs.get(&key) {
+        Some(j) => j.clone(),
+        None => match s.job_errors.get(&key) {
+            Some(e) => JobState::Failed(format!("could not be created: {e}")),
+            None => {
+                run.effects.push(Effect::CreateJob { job: Box::new(job) });
+                return Turn::Stop(p);
+            }
+        },
+    };
+    match state {
+        JobState::Running => Turn::Stop(p),
+        JobState::Complete => {
+            p.rule += 1;
+            p.job = None;
+            Turn::Again(p)
+        }
+        JobState::Failed(why) => {
+            let msg = format!("{what} {key} for node {n} failed: {why}");
+            Turn::Stop(fail(run, p, "JobRun", "JobRunFailed", msg))
+        }
+    }
+}
+
+/// Every rule Job of the node has run: it leaves the paused target pool
+/// for the canary pool, whose MCO upgrades it.
+fn release(run: &mut Run, p: &mut RunProgress, n: &str, labels: &[String], canary: &str) {
+    let msg = format!(
+        "Jobs for {n} have run successfully.\nNode is {} of {}",
+        p.current + 1,
+        p.nodes.len()
+    );
+    run.cond("JobRun", true, "JobRunSucceeded", &msg);
+    let remove: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|l| (l.clone(), serde_json::Value::Null))
+        .collect();
+    run.effects.push(Effect::PatchNode {
+        node: n.into(),
+        resource_version: None,
+        patch: json!({"metadata": {"labels": remove}}),
+    });
+    run.event(
+        false,
+        "NodeReleased",
+        format!("node {n} released into pool {canary}"),
+    );
+    p.step = UPGRADING.into();
+    p.rule = 0;
+    p.job = None;
+    p.since = run.s.now.to_string();
+}
+
+/// The released node, until it reports the run's version (then its
+/// cleanup) or the upgrade timeout fails the run.
+fn upgrading(run: &mut Run, mut p: RunProgress, n: &str, v: &str) -> Turn {
+    let s = run.s;
+    let now = s.now;
+    if !v.is_empty() && !version_lt(v, &p.version) {
+        let msg = format!("Node {n} reports version {v}.");
+        run.cond("NodeUpgrade", true, "NodeUpgradeSucceeded", &msg);
+        run.event(false, "NodeUpgraded", msg);
+        p.step = CLEANUP.into();
+        p.rule = 0;
+        p.job = None;
+        p.since = now.to_string();
+        return Turn::Again(p);
+    }
+    let limit = s
+        .run
+        .spec
+        .upgrade_timeout_seconds
+        .unwrap_or(DEFAULT_UPGRADE_TIMEOUT);
+    let since: Timestamp = p.since.parse().unwrap_or(now);
+    let due = since
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(limit))
+        .unwrap_or(now);
+    if now >= due {
+        let msg = format!(
+            "node {n} did not report version {} within {limit} s (it reports {})",
+            p.version,
+            if v.is_empty() { "none" } else { v }
+        );
+        return Turn::Stop(fail(run, p, "NodeUpgrade", "NodeUpgradeFailed", msg));
+    }
+    run.wake = Some(crate::decide::duration_until(now, due));
+    p.message = Some(format!(
+        "node {n} released; waiting for version {}",
+        p.version
+    ));
+    Turn::Stop(p)
 }
 
 fn next_node(p: &mut RunProgress, now: Timestamp) {

@@ -164,82 +164,11 @@ impl<'a> Decision<'a> {
             return;
         };
         let changed = boot.is_some_and(|b| b != before);
-        // A person may stop an admitted reboot until its command is issued:
-        // `reboot-paused` on the node, or the need withdrawn
-        // (`reboot-required --clear`). The node is given back undisrupted
-        // beyond its drain; the node role checks the same before it issues.
-        if !changed
-            && !issued_in(node, &Ask::need(node, &before))
-            && (paused(node) || !needs_reboot(node))
-        {
-            if let Some(m) = ours.filter(|m| !m.is_deleting()) {
-                self.give_back(m);
-            }
-            if paused(node) {
-                let msg = "paused by a reboot-paused annotation; given back before its reboot";
-                self.set(
-                    &n,
-                    RebootPhase::Waiting,
-                    None,
-                    Some(super::WAIT_PAUSED),
-                    msg.into(),
-                );
-            } else {
-                self.event(
-                    node,
-                    false,
-                    "RebootWithdrawn",
-                    "the reboot was no longer needed before its command; given back",
-                );
-            }
+        if !changed && self.stopped_before_issue(node, ours, &before) {
             return;
         }
-        let draining = format!("draining through NodeMaintenance {}", maintenance_name(&n));
         let Some(m) = ours else {
-            if changed && ready(node) {
-                // Given back by someone else after it rebooted: verified.
-                self.verified(node, &before);
-            } else if changed {
-                self.verifying(node, &before);
-            } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
-                && let Some(other) = others.first()
-            {
-                // Admitted, but our create failed and another disruption
-                // took the node meanwhile: the admission is withdrawn and
-                // its slot freed.
-                self.in_maintenance(&n, crate::decide::disrupt::taken_meanwhile(other));
-            } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
-                && let Some(g) = super::node::governing(node, self.s.policies)
-                    .filter(|g| g.name_any() != self.name)
-            {
-                // Admitted, not taken yet, and an older policy selects the
-                // node now (a person relabelled it): the admission is
-                // withdrawn before it takes the node, which is the older
-                // policy's to reboot.
-                let msg = format!(
-                    "also selected by the older RebootPolicy {}, which reboots it; the admission is withdrawn",
-                    g.name_any()
-                );
-                self.set(
-                    &n,
-                    RebootPhase::Waiting,
-                    None,
-                    Some(super::WAIT_OTHER_POLICY),
-                    msg,
-                );
-            } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
-                // Admitted, not taken yet (or our create is not in the store
-                // yet: creating again is a harmless 409).
-                let nm = maintenance_for(self.s.policy, node, &before);
-                self.effects
-                    .push(Effect::CreateMaintenance { nm: Box::new(nm) });
-                self.set(&n, RebootPhase::Draining, Some(&before), None, draining);
-            } else if issued_in(node, &Ask::need(node, &before)) {
-                self.rebooting(node, &before, false);
-            } else {
-                let msg = "admission withdrawn: its NodeMaintenance was deleted before the reboot";
-                self.set(&n, RebootPhase::Pending, None, None, msg.into());
-            }
+            self.follow_given_back(node, &before, changed, others);
             return;
         };
         if m.is_deleting() {
@@ -249,66 +178,181 @@ impl<'a> Decision<'a> {
             return;
         }
         match m.phase() {
-            Some(Phase::Failed) if !changed => {
-                self.give_back(m);
-                if let Some(admin) = others.iter().find(|o| owner_of(o).is_none()) {
-                    let msg = format!("preempted by NodeMaintenance {}", admin.name_any());
-                    self.in_maintenance(&n, msg);
-                } else {
-                    let why = m.status.as_ref().and_then(|st| st.last_error.clone());
-                    let why = why.unwrap_or_else(|| "the NodeMaintenance failed".into());
-                    self.event(node, true, "RebootFailed", &format!("not rebooted: {why}"));
-                    self.set(
-                        &n,
-                        RebootPhase::Failed,
-                        Some(&before),
-                        None,
-                        format!("not rebooted: {why}"),
-                    );
-                }
-            }
-            Some(Phase::Succeeded) | Some(Phase::Failed) => {
-                if changed && ready(node) {
-                    self.verified(node, &before);
-                    self.give_back(m);
-                } else if changed {
-                    self.verifying(node, &before);
-                } else if let Some(why) = failure_in(node, &Ask::need(node, &before))
-                    && let Some(due) = self.still_may_return(&n)
-                {
-                    // A command that says it failed may have taken the host
-                    // down anyway (ssh exits 255 as the connection drops):
-                    // given back now, the node was uncordoned while it went
-                    // down and rebooted a second time after. A new boot ID
-                    // before the return deadline means it rebooted.
-                    let msg = format!(
-                        "the reboot command reported a failure ({why}); waiting for a new boot ID until the return deadline before calling it failed"
-                    );
-                    self.set(&n, RebootPhase::Rebooting, Some(&before), None, msg);
-                    self.wake_at(due);
-                } else if let Some(why) = failure_in(node, &Ask::need(node, &before)) {
-                    let why = why.to_string();
-                    self.give_back(m);
-                    self.event(
-                        node,
-                        true,
-                        "RebootFailed",
-                        &format!("the reboot command failed: {why}"),
-                    );
-                    self.set(
-                        &n,
-                        RebootPhase::Failed,
-                        Some(&before),
-                        None,
-                        format!("reboot command failed: {why}"),
-                    );
-                } else {
-                    self.rebooting(node, &before, true);
-                }
-            }
+            Some(Phase::Failed) if !changed => self.drain_failed(node, m, &before, others),
+            Some(Phase::Succeeded) | Some(Phase::Failed) => self.drained(node, m, &before, changed),
             Some(Phase::Running) | None => {
+                let draining = format!("draining through NodeMaintenance {}", maintenance_name(&n));
                 self.set(&n, RebootPhase::Draining, Some(&before), None, draining);
             }
+        }
+    }
+
+    /// A person may stop an admitted reboot until its command is issued:
+    /// `reboot-paused` on the node, or the need withdrawn
+    /// (`reboot-required --clear`). The node is given back undisrupted
+    /// beyond its drain; the node role checks the same before it issues.
+    /// True when it was stopped so.
+    fn stopped_before_issue(
+        &mut self,
+        node: &Node,
+        ours: Option<&NodeMaintenance>,
+        before: &str,
+    ) -> bool {
+        let n = node.name_any();
+        let stopped = paused(node) || !needs_reboot(node);
+        if !stopped || issued_in(node, &Ask::need(node, before)) {
+            return false;
+        }
+        if let Some(m) = ours.filter(|m| !m.is_deleting()) {
+            self.give_back(m);
+        }
+        if paused(node) {
+            let msg = "paused by a reboot-paused annotation; given back before its reboot";
+            self.set(
+                &n,
+                RebootPhase::Waiting,
+                None,
+                Some(super::WAIT_PAUSED),
+                msg.into(),
+            );
+        } else {
+            self.event(
+                node,
+                false,
+                "RebootWithdrawn",
+                "the reboot was no longer needed before its command; given back",
+            );
+        }
+        true
+    }
+
+    /// A node whose NodeMaintenance of ours is gone: rebooted and given
+    /// back by someone else, admitted but not taken yet, or withdrawn.
+    fn follow_given_back(
+        &mut self,
+        node: &Node,
+        before: &str,
+        changed: bool,
+        others: &[&Arc<NodeMaintenance>],
+    ) {
+        let n = node.name_any();
+        let prev = self.prev(&n);
+        let draining = format!("draining through NodeMaintenance {}", maintenance_name(&n));
+        if changed && ready(node) {
+            // Given back by someone else after it rebooted: verified.
+            self.verified(node, before);
+        } else if changed {
+            self.verifying(node, before);
+        } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
+            && let Some(other) = others.first()
+        {
+            // Admitted, but our create failed and another disruption
+            // took the node meanwhile: the admission is withdrawn and
+            // its slot freed.
+            self.in_maintenance(&n, crate::decide::disrupt::taken_meanwhile(other));
+        } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
+            && let Some(g) =
+                super::node::governing(node, self.s.policies).filter(|g| g.name_any() != self.name)
+        {
+            // Admitted, not taken yet, and an older policy selects the
+            // node now (a person relabelled it): the admission is
+            // withdrawn before it takes the node, which is the older
+            // policy's to reboot.
+            let msg = format!(
+                "also selected by the older RebootPolicy {}, which reboots it; the admission is withdrawn",
+                g.name_any()
+            );
+            self.set(
+                &n,
+                RebootPhase::Waiting,
+                None,
+                Some(super::WAIT_OTHER_POLICY),
+                msg,
+            );
+        } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
+            // Admitted, not taken yet (or our create is not in the store
+            // yet: creating again is a harmless 409).
+            let nm = maintenance_for(self.s.policy, node, before);
+            self.effects
+                .push(Effect::CreateMaintenance { nm: Box::new(nm) });
+            self.set(&n, RebootPhase::Draining, Some(before), None, draining);
+        } else if issued_in(node, &Ask::need(node, before)) {
+            self.rebooting(node, before, false);
+        } else {
+            let msg = "admission withdrawn: its NodeMaintenance was deleted before the reboot";
+            self.set(&n, RebootPhase::Pending, None, None, msg.into());
+        }
+    }
+
+    /// Our drain failed before any reboot: given back, and the failure
+    /// reported (or the node left to an administrator's maintenance that
+    /// preempted it).
+    fn drain_failed(
+        &mut self,
+        node: &Node,
+        m: &NodeMaintenance,
+        before: &str,
+        others: &[&Arc<NodeMaintenance>],
+    ) {
+        let n = node.name_any();
+        self.give_back(m);
+        if let Some(admin) = others.iter().find(|o| owner_of(o).is_none()) {
+            let msg = format!("preempted by NodeMaintenance {}", admin.name_any());
+            self.in_maintenance(&n, msg);
+        } else {
+            let why = m.status.as_ref().and_then(|st| st.last_error.clone());
+            let why = why.unwrap_or_else(|| "the NodeMaintenance failed".into());
+            self.event(node, true, "RebootFailed", &format!("not rebooted: {why}"));
+            self.set(
+                &n,
+                RebootPhase::Failed,
+                Some(before),
+                None,
+                format!("not rebooted: {why}"),
+            );
+        }
+    }
+
+    /// Drained (or failed after the reboot): verified once the node is
+    /// back in a new boot, else waiting for the command or its failure.
+    fn drained(&mut self, node: &Node, m: &NodeMaintenance, before: &str, changed: bool) {
+        let n = node.name_any();
+        if changed && ready(node) {
+            self.verified(node, before);
+            self.give_back(m);
+        } else if changed {
+            self.verifying(node, before);
+        } else if let Some(why) = failure_in(node, &Ask::need(node, before))
+            && let Some(due) = self.still_may_return(&n)
+        {
+            // A command that says it failed may have taken the host
+            // down anyway (ssh exits 255 as the connection drops):
+            // given back now, the node was uncordoned while it went
+            // down and rebooted a second time after. A new boot ID
+            // before the return deadline means it rebooted.
+            let msg = format!(
+                "the reboot command reported a failure ({why}); waiting for a new boot ID until the return deadline before calling it failed"
+            );
+            self.set(&n, RebootPhase::Rebooting, Some(before), None, msg);
+            self.wake_at(due);
+        } else if let Some(why) = failure_in(node, &Ask::need(node, before)) {
+            let why = why.to_string();
+            self.give_back(m);
+            self.event(
+                node,
+                true,
+                "RebootFailed",
+                &format!("the reboot command failed: {why}"),
+            );
+            self.set(
+                &n,
+                RebootPhase::Failed,
+                Some(before),
+                None,
+                format!("reboot command failed: {why}"),
+            );
+        } else {
+            self.rebooting(node, before, true);
         }
     }
 

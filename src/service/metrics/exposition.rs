@@ -93,7 +93,23 @@ pub(super) fn render((nms, policies): &Stores) -> String {
             let _ = writeln!(out, "{name}{labels} {v}");
         }
     };
-    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    process_metrics(&mut metric);
+    traffic_metrics(&mut metric);
+    watched_gauges(&mut metric, nms, policies);
+    if CLUSTER_GAUGES.load(Ordering::SeqCst) {
+        cluster_gauges(&mut metric, nms, policies);
+    }
+    reboot_metrics(&mut metric);
+    histograms(&mut out);
+    out
+}
+
+fn load(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// Which nodekeeper runs, whether it is ready, and how much work it did.
+fn process_metrics(metric: &mut impl FnMut(&str, &str, &str, &[(String, u64)])) {
     let c = &COUNTERS;
     metric(
         "nodekeeper_build_info",
@@ -140,6 +156,12 @@ pub(super) fn render((nms, policies): &Stores) -> String {
         "Errors of node reconciles and of per-object decisions, by kind.",
         &errors,
     );
+}
+
+/// What it asked of others and did to pods: API requests, Events,
+/// provider calls, evictions.
+fn traffic_metrics(metric: &mut impl FnMut(&str, &str, &str, &[(String, u64)])) {
+    let c = &COUNTERS;
     let requests: Vec<(String, u64)> = crate::service::requests::REQUESTS
         .snapshot()
         .into_iter()
@@ -201,6 +223,15 @@ pub(super) fn render((nms, policies): &Stores) -> String {
         "Evictions or deletions the API refused (mostly PodDisruptionBudgets); retried.",
         &[(String::new(), load(&c.refusals))],
     );
+}
+
+/// What its watch caches hold, whether it leads, and drains past their
+/// deadline.
+fn watched_gauges(
+    metric: &mut impl FnMut(&str, &str, &str, &[(String, u64)]),
+    nms: &Store<NodeMaintenance>,
+    policies: &Store<RebootPolicy>,
+) {
     let mut watched = vec![
         ("{kind=\"nodemaintenances\"}".to_string(), nms.len() as u64),
         (
@@ -268,9 +299,10 @@ pub(super) fn render((nms, policies): &Stores) -> String {
             &overdue,
         );
     }
-    if CLUSTER_GAUGES.load(Ordering::SeqCst) {
-        cluster_gauges(&mut metric, nms, policies);
-    }
+}
+
+/// Reboots admitted, verified, failed and refused; notifications.
+fn reboot_metrics(metric: &mut impl FnMut(&str, &str, &str, &[(String, u64)])) {
     let r = &REBOOTS;
     for (name, help, c) in [
         (
@@ -323,6 +355,11 @@ pub(super) fn render((nms, policies): &Stores) -> String {
         "Times a node needing a reboot started waiting, by reason.",
         &refused,
     );
+}
+
+/// The two histograms: reboot durations and the work's durations.
+fn histograms(out: &mut String) {
+    let r = &REBOOTS;
     let mut cumulative = 0;
     let mut buckets: Vec<(String, u64)> = Vec::new();
     for (i, c) in r.duration_buckets.iter().enumerate() {
@@ -363,5 +400,4 @@ pub(super) fn render((nms, policies): &Stores) -> String {
             "nodekeeper_work_duration_seconds_sum{{kind=\"{name}\"}} {sum}\nnodekeeper_work_duration_seconds_count{{kind=\"{name}\"}} {cumulative}"
         );
     }
-    out
 }
