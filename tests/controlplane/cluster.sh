@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The local test control plane: etcd + kube-apiserver + kube-controller-manager
+# The local test control plane: etcd (or kine) + kube-apiserver + kube-controller-manager
 # + kube-scheduler + kwok (simulated kubelets). Everything listens on loopback
 # except the API server, which also serves on this machine's address so that
 # pods on real nodes reach it through the `kubernetes` Service (see
@@ -22,6 +22,11 @@
 # kube-controller-manager, kube-scheduler, kwok, etcd and kubectl;
 # NODEKEEPER_KUBELET_BIN a folder holding kubelet and kube-proxy.
 #
+# NODEKEEPER_DATASTORE=kine stores the cluster in kine over sqlite, as k3s
+# does by default, instead of etcd (tests/upstream/build.sh kine builds it;
+# NODEKEEPER_KINE_BIN names a ready one). A running cluster of the other
+# datastore is stopped and started afresh.
+#
 # The kubeconfig lands at $NODEKEEPER_CLUSTER_DIR/kubeconfig
 # (default ~/.cache/nodekeeper/cluster/kubeconfig); component logs beside it.
 set -euo pipefail
@@ -41,7 +46,11 @@ etcd_port=${NODEKEEPER_ETCD_PORT:-16379}
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: error: $*" >&2; exit 1; }
 
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+datastore=${NODEKEEPER_DATASTORE:-etcd}
+[[ $datastore == etcd || $datastore == kine ]] || die "NODEKEEPER_DATASTORE=$datastore: etcd or kine"
+components=("$datastore" kube-apiserver kube-controller-manager kube-scheduler kwok)
+# Every component any cluster may run, for stopping whatever runs.
+every_component=(kwok kube-scheduler kube-controller-manager kube-apiserver etcd kine)
 
 upstream=$here/../upstream/build.sh
 
@@ -252,12 +261,16 @@ wait_for() {
 }
 
 etcd_healthy() { curl -sf --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"'; }
+# kine answers health over gRPC only; a listening port is enough here, the
+# API server's readyz checks the store itself.
+kine_listening() { (exec 3<>"/dev/tcp/127.0.0.1/$etcd_port") 2>/dev/null; }
 
 cmd_up() {
   # A cluster started by an older version of this script (no webhook
   # client certificate, audited users with rights of their own) is started
   # afresh.
   if running && healthy && [[ -f $cluster_dir/pki/admission.yaml ]] &&
+    [[ $(cat "$cluster_dir/datastore" 2>/dev/null || echo etcd) == "$datastore" ]] &&
     ! grep -q 'system:masters,nodekeeper:audited' "$cluster_dir/pki/tokens.csv"; then
     echo "$(kubeconfig)"
     return
@@ -276,23 +289,7 @@ cmd_up() {
   local p=$cluster_dir/pki kc=$cluster_dir/kubeconfig
   log "starting control plane from $bins"
 
-  # etcd's data lives in memory when /dev/shm exists: the cluster is throwaway
-  # and fsync on a shared disk is the slowest part of every write.
-  local data=$cluster_dir/etcd-data
-  if [[ -d /dev/shm && -w /dev/shm ]]; then
-    data=/dev/shm/nodekeeper-etcd-$(id -u)-$port
-    echo "$data" >"$cluster_dir/etcd-data.path"
-  fi
-  rm -rf "$data"
-  start etcd "$bins/etcd" --name=default --data-dir="$data" \
-    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
-    --listen-peer-urls="http://127.0.0.1:$((etcd_port + 1))" \
-    --initial-advertise-peer-urls="http://127.0.0.1:$((etcd_port + 1))" \
-    --initial-cluster="default=http://127.0.0.1:$((etcd_port + 1))" \
-    --listen-metrics-urls="http://127.0.0.1:$((etcd_port + 2))" \
-    --unsafe-no-fsync --quota-backend-bytes=4294967296
-  wait_for etcd 30 etcd_healthy
-
+  start_datastore "$bins"
   start_apiserver "$bins"
   wait_for kube-apiserver 90 healthy
 
@@ -317,6 +314,38 @@ cmd_up() {
   running || fail_start "a component exited right after start"
   log "up in $SECONDS s; KUBECONFIG=$kc"
   echo "$kc"
+}
+
+# etcd, or kine over sqlite (k3s's default parameters, from kine's
+# sqlite driver), on the same port. The data lives in memory when /dev/shm
+# exists: the cluster is throwaway and fsync on a shared disk is the
+# slowest part of every write.
+start_datastore() {
+  local bins=$1 data=$cluster_dir/$datastore-data
+  if [[ -d /dev/shm && -w /dev/shm ]]; then
+    data=/dev/shm/nodekeeper-$datastore-$(id -u)-$port
+  fi
+  echo "$data" >"$cluster_dir/data.path"
+  echo "$datastore" >"$cluster_dir/datastore"
+  rm -rf "$data"
+  if [[ $datastore == kine ]]; then
+    local kine
+    kine=$("$upstream" kine) || fail_start "kine could not be built"
+    mkdir -p "$data"
+    start kine "$kine" --listen-address="127.0.0.1:$etcd_port" \
+      --metrics-bind-address="127.0.0.1:$((etcd_port + 2))" \
+      --endpoint="sqlite://$data/state.db?_journal_mode=WAL&_busy_timeout=30000&_synchronous=NORMAL&_txlock=immediate&_stmt_cache_size=20&cache=shared"
+    wait_for kine 30 kine_listening
+    return
+  fi
+  start etcd "$bins/etcd" --name=default --data-dir="$data" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-cluster="default=http://127.0.0.1:$((etcd_port + 1))" \
+    --listen-metrics-urls="http://127.0.0.1:$((etcd_port + 2))" \
+    --unsafe-no-fsync --quota-backend-bytes=4294967296
+  wait_for etcd 30 etcd_healthy
 }
 
 # kube-apiserver, also restarted alone by `restart-apiserver` (tests that
@@ -372,7 +401,7 @@ cmd_down() {
   # down after 5 s. Waits (5 s at most) until none runs, so its ports are
   # free when this returns.
   local c pid pids=()
-  for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  for c in "${every_component[@]}"; do
     if [[ -f $cluster_dir/$c.pid ]]; then
       pid=$(cat "$cluster_dir/$c.pid")
       kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null || true
@@ -385,14 +414,17 @@ cmd_down() {
     [[ -n $alive ]] || break
     sleep 0.1
   done
-  for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  for c in "${every_component[@]}"; do
     rm -f "$cluster_dir/$c.pid"
   done
-  if [[ -f $cluster_dir/etcd-data.path ]]; then
-    rm -rf "$(cat "$cluster_dir/etcd-data.path")"
-    rm -f "$cluster_dir/etcd-data.path"
-  fi
-  rm -rf "$cluster_dir/etcd-data"
+  local f
+  for f in data.path etcd-data.path; do
+    if [[ -f $cluster_dir/$f ]]; then
+      rm -rf "$(cat "$cluster_dir/$f")"
+      rm -f "$cluster_dir/$f"
+    fi
+  done
+  rm -rf "$cluster_dir/etcd-data" "$cluster_dir/kine-data" "$cluster_dir/datastore"
   log "down"
 }
 

@@ -12,7 +12,7 @@
 # on 2 cores); here once, and the build schedules every program's packages
 # and links together.
 #
-#   tests/upstream/build.sh [controlplane|kubelet|helm|prometheus]
+#   tests/upstream/build.sh [controlplane|kubelet|helm|prometheus|kine]
 #
 # Prints the folder holding everything, or with an argument what that part's
 # user needs: the control plane's folder (with kwok.yaml), the kubelet's
@@ -23,11 +23,19 @@
 #   NODEKEEPER_KUBELET_BIN       kubelet and kube-proxy
 #   NODEKEEPER_HELM_BIN          a helm binary
 #   NODEKEEPER_PROMETHEUS_BIN    prometheus and promtool
+#   NODEKEEPER_KINE_BIN          a kine binary
+#
+# kine (k3s's datastore: etcd's API over sqlite, for the control plane's
+# kine lane) is built from its own module, ./kine, into its own folder,
+# only when asked for: it requires newer etcd and grpc than the Kubernetes
+# release pins, and in the one module it would change what every other
+# program is built from.
 set -euo pipefail
 
 K8S_VERSION=v1.37.1
 ETCD_VERSION=v3.7.0 # what k8s.io/kubernetes $K8S_VERSION requires
 KWOK_VERSION=v0.8.0
+KINE_VERSION=v0.17.5 # in kine/go.mod; keep in step with it
 HELM_VERSION=v4.3.1
 PROMETHEUS_VERSION=3.16.0
 PROMETHEUS_MODULE=v0.316.0 # the Go module version of Prometheus $PROMETHEUS_VERSION
@@ -101,6 +109,24 @@ build_all() {
   log "built in $((SECONDS - start)) s"
 }
 
+# kine, pure Go (CGO_ENABLED=0 builds its sqlite driver from
+# modernc.org/sqlite, where k3s links the C one).
+build_kine() {
+  local kdir=$cache_root/bin/kine-${KINE_VERSION}_r1 start=$SECONDS
+  if [[ ! -f $kdir/.complete ]]; then
+    command -v go >/dev/null || die "Go is needed to build kine (or name a ready one: NODEKEEPER_KINE_BIN)"
+    go_env
+    mkdir -p "$kdir"
+    log "building kine $KINE_VERSION into $kdir (first run on this machine; later runs reuse it)"
+    (cd "$here/kine" && GOGC=400 go build -mod=readonly -trimpath -gcflags=all=-dwarf=false \
+      -ldflags="-s -w -X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION" \
+      -o "$kdir/" github.com/k3s-io/kine) >&2 || die "building kine failed (see the go output above)"
+    touch "$kdir/.complete"
+    log "built kine in $((SECONDS - start)) s"
+  fi
+  echo "$kdir/kine"
+}
+
 # kwok runs no stages unless given some; kwokctl injects its defaults
 # (node-initialize, heartbeat with lease, pod ready/complete/delete). We take
 # the very same files from the kwok module we build.
@@ -162,5 +188,13 @@ prometheus)
     echo "$dir"
   fi
   ;;
-*) die "usage: $0 [controlplane|kubelet|helm|prometheus]" ;;
+kine)
+  if [[ -n ${NODEKEEPER_KINE_BIN:-} ]]; then
+    [[ -x $NODEKEEPER_KINE_BIN && ! -d $NODEKEEPER_KINE_BIN ]] || die "NODEKEEPER_KINE_BIN=$NODEKEEPER_KINE_BIN is not an executable"
+    echo "$NODEKEEPER_KINE_BIN"
+  else
+    build_kine
+  fi
+  ;;
+*) die "usage: $0 [controlplane|kubelet|helm|prometheus|kine]" ;;
 esac
