@@ -457,3 +457,191 @@ fn nodes_waiting_for_their_reboot_say_maintenance_planned() {
         cluster.log_text()
     );
 }
+
+/// Nodes someone else holds outside any NodeMaintenance, as an independent
+/// watch sees them: one `kubectl drain --report-node-conditions` drains
+/// (cordoned, `DrainInProgress=True` reason `KubectlDrainStarted`), one
+/// shutting down (`GracefulNodeShutdownInProgress=True`), one a person
+/// cordoned. All need a reboot, the budget allows every node: the free
+/// node is rebooted, the held ones wait `HeldByOther` with no
+/// NodeMaintenance, are never uncordoned, and the drainer's condition is
+/// never rewritten; nodekeeper's own condition (`MaintenancePlanned`,
+/// the reboot waiting) sits beside the other writer's. Once the person
+/// uncordons their node, it is rebooted too.
+#[test]
+fn nodes_someone_else_holds_are_never_taken_nor_uncordoned() {
+    use nodekeeper::api::reboot::{RebootPhase, RebootPolicy};
+    use serde_json::json;
+    use support::machines::{Fleet, annotate, create_policy, nodes as fleet_nodes, settled};
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("kep-foreign").await;
+        let names = fleet_nodes(&mut env, 4).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let (kubectl, shutdown, by_hand, free) = (&names[0], &names[1], &names[2], &names[3]);
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let condition = |type_: &str, reason: &str| {
+        json!({"status": {"conditions": [{
+            "type": type_, "status": "True", "reason": reason,
+            "message": "written by another tool", "lastTransitionTime": "2026-11-28T00:00:00Z",
+        }]}})
+    };
+    block_on(async {
+        let cordon = json!({"spec": {"unschedulable": true}});
+        let pp = PatchParams::default();
+        for (n, patch) in [(kubectl, &cordon), (by_hand, &cordon)] {
+            nodes
+                .patch(n, &pp, &Patch::Merge(patch))
+                .await
+                .expect("cordon");
+        }
+        for (n, type_, reason) in [
+            (kubectl, DRAIN_IN_PROGRESS, "KubectlDrainStarted"),
+            (
+                shutdown,
+                "GracefulNodeShutdownInProgress",
+                "ShutdownInProgress",
+            ),
+        ] {
+            nodes
+                .patch_status(n, &pp, &Patch::Strategic(condition(type_, reason)))
+                .await
+                .expect("write a condition as another tool");
+        }
+    });
+    // The independent watch: every NodeMaintenance named for a node, and
+    // every (cordoned, DrainInProgress) a node was seen with.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+    let seen: Seen = Default::default();
+    let watch_nodes = {
+        let (seen, client, id) = (seen.clone(), env.client.clone(), env.id.clone());
+        smol::spawn(async_compat::Compat::new(async move {
+            let wc = watcher::Config::default().labels(&format!("{}={id}", support::GROUP_LABEL));
+            let mut events = std::pin::pin!(watcher(Api::<Node>::all(client), wc));
+            while let Some(ev) = events.next().await {
+                let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev else {
+                    continue;
+                };
+                let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+                let drain = lifecycle(&n)
+                    .get(DRAIN_IN_PROGRESS)
+                    .cloned()
+                    .unwrap_or_default();
+                let line = format!("cordoned={cordoned} drain={drain}");
+                if let Ok(mut seen) = seen.lock() {
+                    seen.push((n.metadata.name.clone().unwrap_or_default(), line));
+                }
+            }
+        }))
+    };
+    let watch_nms = {
+        let (seen, client) = (seen.clone(), env.client.clone());
+        smol::spawn(async_compat::Compat::new(async move {
+            let wc = watcher::Config::default();
+            let mut events = std::pin::pin!(watcher(Api::<NodeMaintenance>::all(client), wc));
+            while let Some(ev) = events.next().await {
+                let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = ev else {
+                    continue;
+                };
+                if let Ok(mut seen) = seen.lock() {
+                    seen.push((m.spec.node_name.clone(), "maintenance".into()));
+                }
+            }
+        }))
+    };
+    let fluo = "flatcar-linux-update.v1.flatcar-linux.net/reboot-needed";
+    block_on(async {
+        for n in &names {
+            annotate(&env.client, n, fluo, Some("true")).await;
+        }
+    });
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": "100%"}}),
+    ));
+    let mut cluster = support::machines::cluster_role(&env, &[]);
+    let policies: Api<RebootPolicy> = Api::all(env.client.clone());
+    let held_says = |node: &str| {
+        block_on(wait_for(
+            &format!("{node} held by another"),
+            LONG,
+            || async {
+                let p = policies.get(&policy).await.ok()?;
+                let e = p.entry(node)?;
+                (e.phase == RebootPhase::Waiting && e.reason.as_deref() == Some("HeldByOther"))
+                    .then(|| e.message.clone().unwrap_or_default())
+            },
+        ))
+    };
+    fleet.serve(std::slice::from_ref(free), LONG * 2, || {
+        block_on(settled(&env.client, std::slice::from_ref(free)))
+    });
+    assert!(held_says(kubectl).contains("reason KubectlDrainStarted"));
+    assert!(held_says(shutdown).contains("shutting down"));
+    assert!(held_says(by_hand).contains("cordoned by someone else"));
+    // The person gives their node back: now it is rebooted.
+    block_on(nodes.patch(
+        by_hand,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"unschedulable": null}})),
+    ))
+    .expect("uncordon by hand");
+    fleet.serve(std::slice::from_ref(by_hand), LONG * 2, || {
+        block_on(settled(&env.client, std::slice::from_ref(by_hand)))
+    });
+    cluster.signal("TERM");
+    assert!(cluster.wait_exit(Duration::from_secs(15)).success());
+    drop((watch_nodes, watch_nms));
+
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    let of = |node: &str| -> Vec<String> {
+        seen.iter()
+            .filter(|(n, _)| n == node)
+            .map(|(_, l)| l.clone())
+            .collect()
+    };
+    for held in [kubectl, shutdown] {
+        assert!(
+            !of(held).contains(&"maintenance".to_string()),
+            "{held} taken: {seen:#?}"
+        );
+    }
+    assert!(of(free).contains(&"maintenance".to_string()), "{seen:#?}");
+    // The drainer's node: cordoned and its condition the drainer's, always.
+    let lines = of(kubectl);
+    assert!(!lines.is_empty());
+    assert!(
+        lines
+            .iter()
+            .all(|l| l == "cordoned=true drain=True/KubectlDrainStarted"),
+        "{lines:#?}"
+    );
+    // The node shutting down: the other writer's condition and
+    // nodekeeper's, side by side, each its writer's.
+    let n = block_on(nodes.get(shutdown)).expect("get node");
+    let conditions = n.status.and_then(|s| s.conditions).unwrap_or_default();
+    let of_type = |t: &str| {
+        let c = conditions.iter().find(|c| c.type_ == t);
+        c.map(|c| format!("{}/{}", c.status, c.reason.as_deref().unwrap_or_default()))
+    };
+    let other = of_type("GracefulNodeShutdownInProgress");
+    assert_eq!(
+        other.as_deref(),
+        Some("True/ShutdownInProgress"),
+        "{conditions:#?}"
+    );
+    let ours = of_type(MAINTENANCE_PLANNED);
+    assert_eq!(
+        ours.as_deref(),
+        Some("True/RebootRequested"),
+        "{conditions:#?}"
+    );
+    assert!(
+        !cluster.log_text().contains("forbidden"),
+        "{}",
+        cluster.log_text()
+    );
+}

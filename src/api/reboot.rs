@@ -327,8 +327,8 @@ pub struct NodeReboot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// A machine-readable reason for Waiting (`Budget`, `Window`,
-    /// `BlockingPod`, `NotReady`, `Paused`, `InMaintenance`, `Gate`) and
-    /// for a node that did not come back (`NotReturned`).
+    /// `BlockingPod`, `NotReady`, `Paused`, `InMaintenance`, `HeldByOther`,
+    /// `Gate`) and for a node that did not come back (`NotReturned`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -177,7 +177,9 @@ fn current<'a>(
         .find(|c| c.type_ == type_)
 }
 
-fn is_ours(c: &k8s_openapi::api::core::v1::NodeCondition) -> bool {
+/// Did nodekeeper write this condition (its message prefix and one of its
+/// reasons)?
+pub fn is_ours(c: &k8s_openapi::api::core::v1::NodeCondition) -> bool {
     c.message
         .as_deref()
         .is_some_and(|m| m.starts_with(MESSAGE_PREFIX))

@@ -30,6 +30,10 @@ use crate::api::pod::Pod;
 pub const WAIT_PAUSED: &str = "Paused";
 /// Another disruption's NodeMaintenance holds the node.
 pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
+/// Someone else holds the node outside any NodeMaintenance: it is shutting
+/// down, drained by `kubectl drain`, or cordoned by a person or Talos
+/// ([`crate::decide::disrupt::foreign_holder`]).
+pub const WAIT_HELD_BY_OTHER: &str = "HeldByOther";
 /// The object's spec has a problem the schema could not catch.
 pub const WAIT_INVALID: &str = "InvalidSpec";
 /// The node's agent has not said yet whether it can run the command.

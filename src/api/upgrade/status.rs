@@ -103,8 +103,8 @@ pub struct NodeUpgrade {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// Machine-readable: why Waiting (`Budget`, `Window`, `Paused`, `Group`,
-    /// `BlockingPod`, `NotReady`, `InMaintenance`, `Gate`, `InvalidSpec`,
-    /// `Failure`), or what failed (`HookFailed`, `DrainFailed`,
+    /// `BlockingPod`, `NotReady`, `InMaintenance`, `HeldByOther`, `Gate`,
+    /// `InvalidSpec`, `Failure`), or what failed (`HookFailed`, `DrainFailed`,
     /// `CommandFailed`, `UpgradeTimeout`, `VerifyTimeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

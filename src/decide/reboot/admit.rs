@@ -124,6 +124,9 @@ fn wait(
         let msg = format!("in maintenance (NodeMaintenance {})", m.name_any());
         return Some((WAIT_IN_MAINTENANCE, msg));
     }
+    if let Some(who) = disrupt::foreign_holder(node) {
+        return Some((rollout::WAIT_HELD_BY_OTHER, who));
+    }
     if !problems.is_empty() {
         let msg = format!("the policy cannot be used: {}", problems.join("; "));
         return Some((WAIT_INVALID, msg));

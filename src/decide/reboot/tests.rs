@@ -703,6 +703,7 @@ fn an_admission_whose_create_was_lost_is_created_again() {
     );
 }
 
+pub(crate) mod foreign_holders;
 mod give_back;
 mod node_role;
 mod ownership;

@@ -107,6 +107,9 @@ fn wait(
         let msg = format!("in maintenance (NodeMaintenance {})", m.name_any());
         return Some((WAIT_IN_MAINTENANCE, msg));
     }
+    if let Some(who) = disrupt::foreign_holder(node) {
+        return Some((rollout::WAIT_HELD_BY_OTHER, who));
+    }
     let Some(boot) = boot_id(node) else {
         let msg = "the node reports no boot ID, so its upgrade could not be tracked";
         return Some((WAIT_NOT_READY, msg.into()));

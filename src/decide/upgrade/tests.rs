@@ -684,6 +684,7 @@ fn a_plan_that_selects_no_node_says_so() {
 }
 
 mod failures;
+mod foreign_holders;
 mod give_back;
 
 /// `gates.settleSeconds` and `gates.health` hold an upgraded node's slot
