@@ -285,3 +285,16 @@ pub async fn require_node(client: &Client, name: &str) -> Result<Node> {
         .map_err(Error::kube(format!("reading node {name}")))?
         .ok_or_else(|| Error::NodeNotFound(name.to_string()))
 }
+
+/// Whether the API server serves the EvictionRequest API (KEP-4563,
+/// `lifecycle.k8s.io/v1alpha1`, alpha behind a gate in 1.37). Detected
+/// and said once; nodekeeper does not use it yet: no release ships the
+/// controller that turns a request into an eviction, so a drain evicts
+/// through the Eviction API as `kubectl drain` does. One discovery
+/// request, which every authenticated identity may make.
+pub async fn eviction_requests_served(client: &Client) -> bool {
+    client
+        .list_api_group_resources("lifecycle.k8s.io/v1alpha1")
+        .await
+        .is_ok_and(|l| l.resources.iter().any(|r| r.name == "evictionrequests"))
+}

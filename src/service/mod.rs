@@ -229,6 +229,11 @@ impl Clients {
             "talking {} to the API server; up to {evictions_in_flight} evictions in flight",
             if http2 { "HTTP/2" } else { "HTTP/1.1" }
         );
+        if config.node.is_none() && connect::eviction_requests_served(&api).await {
+            log::info!(
+                "the API server serves EvictionRequests (lifecycle.k8s.io/v1alpha1); drains still evict through the Eviction API"
+            );
+        }
         let pods = if http2 {
             connect::connect_with(config.kubeconfig.as_deref(), connect::Transport::Http1Only)
                 .await?

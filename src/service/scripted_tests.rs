@@ -532,3 +532,25 @@ fn a_gone_owners_node_is_given_back_only_once_the_api_server_says_it_is_gone() {
         );
     });
 }
+
+#[test]
+fn eviction_requests_are_detected_from_discovery_and_their_absence_is_no_error() {
+    run(async {
+        let served = Arc::new(Script::default());
+        let list = json!({"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": "lifecycle.k8s.io/v1alpha1",
+            "resources": [{"name": "evictionrequests", "singularName": "evictionrequest",
+                "namespaced": true, "kind": "EvictionRequest", "verbs": ["create", "get", "list"]}]});
+        served.on(
+            "GET",
+            "/apis/lifecycle.k8s.io/v1alpha1",
+            &[Reply::Json(200, list)],
+        );
+        let found = super::connect::eviction_requests_served(&client(served.clone())).await;
+        assert!(found);
+        assert_eq!(crate::runtime::lock(&served.seen).len(), 1, "one request");
+        // Not served (the gate off, or before 1.37): a 404, no error.
+        let absent = Arc::new(Script::default());
+        assert!(!super::connect::eviction_requests_served(&client(absent)).await);
+    });
+}
