@@ -43,8 +43,9 @@ lint:
 # containerd, tests/realnode/node.sh) and two that boot a real Debian image
 # with systemd as PID 1 (tests/osimage), started for the run and stopped
 # after it. They run the static binary's image. tests/run-suite runs the test modules
-# in four lanes at once, each lane on a control plane of its own (which
-# modules may share one: its header); `just test --serial` runs them one
+# in six lanes at once, each lane on a control plane of its own (which
+# modules may share one: its header; one lane stores its cluster in kine
+# as k3s does, one runs Kubernetes v1.34); `just test --serial` runs them one
 # after another on one cluster, as `cargo test` would.
 [doc('All tests: unit, integration on the local control plane, real nodes and rebooting machines.')]
 test *args: build-static-all cluster-up
@@ -54,6 +55,20 @@ test *args: build-static-all cluster-up
     export NODEKEEPER_IMAGE_BIN="$PWD/{{static_bin}}"
     export NODEKEEPER_ARM64_BIN="$PWD/{{static_bin_arm64}}"
     tests/run-suite {{args}}
+
+# The version lane (the core of each feature: NMO's scenarios, the
+# manifests, the schema's refusals, lifecycle conditions, a reboot wave,
+# an upgrade plan) on every supported minor, one after another; each
+# minor's control plane is built once per machine (~6 min each, cold).
+[doc('The core tests on Kubernetes v1.34, v1.35, v1.36 and v1.37, one after another.')]
+test-versions: build-static-all
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export NODEKEEPER_IMAGE_BIN="$PWD/{{static_bin}}"
+    for v in v1.34 v1.35 v1.36 v1.37; do
+      echo "== test-versions: Kubernetes $v" >&2
+      tests/run-suite --lane version --k8s "$v"
+    done
 
 # OCI image archives without a container daemon (agent image and Talos
 # extension, each for linux/amd64 and linux/arm64) into target/image, plus

@@ -22,6 +22,10 @@
 # kube-controller-manager, kube-scheduler, kwok, etcd and kubectl;
 # NODEKEEPER_KUBELET_BIN a folder holding kubelet and kube-proxy.
 #
+# NODEKEEPER_K8S=v1.34 (or v1.35, v1.36) runs that minor's kube-apiserver,
+# kube-controller-manager and kube-scheduler (tests/upstream/build.sh
+# controlplane-v1.34); the default is the main build's, v1.37.
+#
 # NODEKEEPER_DATASTORE=kine stores the cluster in kine over sqlite, as k3s
 # does by default, instead of etcd (tests/upstream/build.sh kine builds it;
 # NODEKEEPER_KINE_BIN names a ready one). A running cluster of the other
@@ -54,8 +58,11 @@ every_component=(kwok kube-scheduler kube-controller-manager kube-apiserver etcd
 
 upstream=$here/../upstream/build.sh
 
+k8s=${NODEKEEPER_K8S:-}
+[[ -z $k8s || $k8s =~ ^v1\.[0-9]+$ ]] || die "NODEKEEPER_K8S=$k8s: a minor such as v1.34"
+
 # The control plane's folder (kwok.yaml beside the binaries).
-cmd_build() { "$upstream" controlplane; }
+cmd_build() { "$upstream" "controlplane${k8s:+-$k8s}"; }
 
 # The real nodes' kubelet and kube-proxy, of the control plane's release.
 cmd_build_kubelet() { "$upstream" kubelet; }
@@ -271,6 +278,7 @@ cmd_up() {
   # afresh.
   if running && healthy && [[ -f $cluster_dir/pki/admission.yaml ]] &&
     [[ $(cat "$cluster_dir/datastore" 2>/dev/null || echo etcd) == "$datastore" ]] &&
+    [[ $(cat "$cluster_dir/k8s" 2>/dev/null) == "$k8s" ]] &&
     ! grep -q 'system:masters,nodekeeper:audited' "$cluster_dir/pki/tokens.csv"; then
     echo "$(kubeconfig)"
     return
@@ -327,6 +335,7 @@ start_datastore() {
   fi
   echo "$data" >"$cluster_dir/data.path"
   echo "$datastore" >"$cluster_dir/datastore"
+  echo "$k8s" >"$cluster_dir/k8s"
   rm -rf "$data"
   if [[ $datastore == kine ]]; then
     local kine
@@ -424,7 +433,7 @@ cmd_down() {
       rm -f "$cluster_dir/$f"
     fi
   done
-  rm -rf "$cluster_dir/etcd-data" "$cluster_dir/kine-data" "$cluster_dir/datastore"
+  rm -rf "$cluster_dir/etcd-data" "$cluster_dir/kine-data" "$cluster_dir/datastore" "$cluster_dir/k8s"
   log "down"
 }
 

@@ -12,7 +12,7 @@
 # on 2 cores); here once, and the build schedules every program's packages
 # and links together.
 #
-#   tests/upstream/build.sh [controlplane|kubelet|helm|prometheus|kine]
+#   tests/upstream/build.sh [controlplane|kubelet|helm|prometheus|kine|controlplane-vX.Y]
 #
 # Prints the folder holding everything, or with an argument what that part's
 # user needs: the control plane's folder (with kwok.yaml), the kubelet's
@@ -24,6 +24,12 @@
 #   NODEKEEPER_HELM_BIN          a helm binary
 #   NODEKEEPER_PROMETHEUS_BIN    prometheus and promtool
 #   NODEKEEPER_KINE_BIN          a kine binary
+#
+# controlplane-vX.Y (the version lanes: v1.34, v1.35, v1.36) builds
+# kube-apiserver, kube-controller-manager and kube-scheduler of that minor
+# from its own module, ./k8s-vX.Y (one module cannot hold two releases of
+# k8s.io/kubernetes), into its own folder, beside links to the main
+# build's etcd, kwok, kubectl and kwok.yaml.
 #
 # kine (k3s's datastore: etcd's API over sqlite, for the control plane's
 # kine lane) is built from its own module, ./kine, into its own folder,
@@ -127,6 +133,33 @@ build_kine() {
   echo "$kdir/kine"
 }
 
+# The control plane of another minor, for the version lanes.
+build_minor() {
+  local minor=$1 mod=$here/k8s-$1 version kdir start=$SECONDS stamp="-s -w" pkg
+  [[ -f $mod/go.mod ]] || die "no module for Kubernetes $minor (tests/upstream/k8s-$minor)"
+  version=$(sed -n 's|^require k8s.io/kubernetes \(v[0-9.]*\)$|\1|p' "$mod/go.mod")
+  [[ -n $version ]] || die "$mod/go.mod names no k8s.io/kubernetes version"
+  kdir=$cache_root/bin/k8s-${version}_r1
+  if [[ ! -f $kdir/.complete ]]; then
+    build_all
+    go_env
+    mkdir -p "$kdir"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      stamp+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor#v1.} -X $pkg.gitTreeState=clean"
+    done
+    log "building the control plane of Kubernetes $version into $kdir (first run on this machine; later runs reuse it)"
+    (cd "$mod" && GOGC=400 go build -mod=readonly -trimpath -gcflags=all=-dwarf=false \
+      -ldflags="$stamp" -o "$kdir/" \
+      k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler) >&2 || die "building Kubernetes $version failed (see the go output above)"
+    ln -sf "$dir/etcd" "$dir/kwok" "$dir/kubectl" "$dir/kwok.yaml" "$kdir/"
+    touch "$kdir/.complete"
+    log "built Kubernetes $version in $((SECONDS - start)) s"
+  fi
+  echo "$kdir"
+}
+
 # kwok runs no stages unless given some; kwokctl injects its defaults
 # (node-initialize, heartbeat with lease, pod ready/complete/delete). We take
 # the very same files from the kwok module we build.
@@ -196,5 +229,8 @@ kine)
     build_kine
   fi
   ;;
-*) die "usage: $0 [controlplane|kubelet|helm|prometheus|kine]" ;;
+controlplane-v1.*)
+  build_minor "${1#controlplane-}"
+  ;;
+*) die "usage: $0 [controlplane|kubelet|helm|prometheus|kine|controlplane-vX.Y]" ;;
 esac
