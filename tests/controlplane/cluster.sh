@@ -26,6 +26,9 @@
 # kube-controller-manager and kube-scheduler (tests/upstream/build.sh
 # controlplane-v1.34); the default is the main build's, v1.37.
 #
+# NODEKEEPER_FEATURE_GATES (e.g. NodeLifecycleConditions=true) is passed
+# to kube-apiserver and kube-controller-manager as --feature-gates.
+#
 # NODEKEEPER_DATASTORE=kine stores the cluster in kine over sqlite, as k3s
 # does by default, instead of etcd (tests/upstream/build.sh kine builds it;
 # NODEKEEPER_KINE_BIN names a ready one). A running cluster of the other
@@ -59,6 +62,7 @@ every_component=(kwok kube-scheduler kube-controller-manager kube-apiserver etcd
 upstream=$here/../upstream/build.sh
 
 k8s=${NODEKEEPER_K8S:-}
+gates=${NODEKEEPER_FEATURE_GATES:-}
 [[ -z $k8s || $k8s =~ ^v1\.[0-9]+$ ]] || die "NODEKEEPER_K8S=$k8s: a minor such as v1.34"
 
 # The control plane's folder (kwok.yaml beside the binaries).
@@ -279,6 +283,7 @@ cmd_up() {
   if running && healthy && [[ -f $cluster_dir/pki/admission.yaml ]] &&
     [[ $(cat "$cluster_dir/datastore" 2>/dev/null || echo etcd) == "$datastore" ]] &&
     [[ $(cat "$cluster_dir/k8s" 2>/dev/null) == "$k8s" ]] &&
+    [[ $(cat "$cluster_dir/gates" 2>/dev/null) == "$gates" ]] &&
     ! grep -q 'system:masters,nodekeeper:audited' "$cluster_dir/pki/tokens.csv"; then
     echo "$(kubeconfig)"
     return
@@ -310,7 +315,7 @@ cmd_up() {
     --cluster-signing-cert-file="$p/ca.crt" --cluster-signing-key-file="$p/ca.key" \
     --controllers='*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller,-persistentvolume-expander-controller,-ttl-controller' \
     --concurrent-deployment-syncs=10 --concurrent-replicaset-syncs=10 \
-    --kube-api-qps=500 --kube-api-burst=1000
+    --kube-api-qps=500 --kube-api-burst=1000 ${gates:+--feature-gates="$gates"}
   start kube-scheduler "$bins/kube-scheduler" \
     --kubeconfig="$kc" --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc" \
     --leader-elect=false --secure-port=0 --kube-api-qps=500 --kube-api-burst=1000
@@ -336,6 +341,7 @@ start_datastore() {
   echo "$data" >"$cluster_dir/data.path"
   echo "$datastore" >"$cluster_dir/datastore"
   echo "$k8s" >"$cluster_dir/k8s"
+  echo "$gates" >"$cluster_dir/gates"
   rm -rf "$data"
   if [[ $datastore == kine ]]; then
     local kine
@@ -378,7 +384,7 @@ start_apiserver() {
     --allow-privileged=true \
     --audit-policy-file="$p/audit-policy.yaml" --audit-log-path="$cluster_dir/logs/audit.log" \
     --audit-log-mode=blocking \
-    --admission-control-config-file="$p/admission.yaml"
+    --admission-control-config-file="$p/admission.yaml" ${gates:+--feature-gates="$gates"}
 }
 
 cmd_restart_apiserver() {
@@ -433,7 +439,7 @@ cmd_down() {
       rm -f "$cluster_dir/$f"
     fi
   done
-  rm -rf "$cluster_dir/etcd-data" "$cluster_dir/kine-data" "$cluster_dir/datastore" "$cluster_dir/k8s"
+  rm -rf "$cluster_dir/etcd-data" "$cluster_dir/kine-data" "$cluster_dir/datastore" "$cluster_dir/k8s" "$cluster_dir/gates"
   log "down"
 }
 
