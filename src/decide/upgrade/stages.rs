@@ -194,6 +194,21 @@ impl<'a> Decision<'a> {
                 msg,
             );
         }
+        // Not taken yet, and someone else took the node meanwhile (a
+        // person's cordon, another drainer): the admission is withdrawn.
+        if self.ours(&e.name).is_none()
+            && let Some(node) = self.s.nodes.iter().find(|n| n.name_any() == e.name)
+            && let Some(who) = crate::decide::disrupt::foreign_holder(node)
+        {
+            let group = e.group.clone();
+            return self.set(
+                &e.name,
+                UpgradePhase::Waiting,
+                group,
+                Some(crate::decide::rollout::WAIT_HELD_BY_OTHER),
+                format!("{who}; the admission is withdrawn"),
+            );
+        }
         // Admitted, but another disruption took the node before our
         // create went through: the admission is withdrawn.
         let mine =

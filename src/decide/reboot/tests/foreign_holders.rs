@@ -84,3 +84,33 @@ fn nodes_someone_else_holds_wait_held_by_other_and_are_never_taken() {
         }
     }
 }
+
+/// An admission recorded but not carried out (its create was lost) on a
+/// node someone else cordoned or drains since is withdrawn, `HeldByOther`:
+/// never taken by the create's retry. Found by the random worlds once
+/// someone else holds nodes there.
+#[test]
+fn an_admission_not_carried_out_is_withdrawn_when_someone_else_takes_the_node() {
+    for (held, says) in [
+        (cordoned(node("n1", "boot-1")), "cordoned by someone else"),
+        (
+            with_condition(
+                node("n1", "boot-1"),
+                DRAIN_IN_PROGRESS,
+                "OtherDrainer",
+                "drained by another tool",
+            ),
+            "reason OtherDrainer",
+        ),
+    ] {
+        let p = with_entry(
+            policy(1),
+            entry("n1", RebootPhase::Draining, "boot-1", now()),
+        );
+        let plan = World::new(p, vec![held]).plan();
+        assert!(created(&plan).is_empty(), "taken by the create's retry");
+        let (phase, msg) = phase_of(&status_of(&plan), "n1");
+        assert_eq!(phase, RebootPhase::Waiting);
+        assert!(msg.contains(says) && msg.contains("withdrawn"), "{msg}");
+    }
+}

@@ -5,7 +5,8 @@
 //! nodes cannot run the upgrade command, some upgrades fail, a plan may be
 //! deleted mid-run; `worlds/jobs.rs`: some upgrade through a Job, some
 //! have hook Jobs), nodes deleted now and then, an administrator's
-//! NodeMaintenances coming and going,
+//! NodeMaintenances coming and going, someone else (a person's cordon,
+//! another drainer's `DrainInProgress`) holding a node for a while,
 //! decisions taken on a stale copy of a policy or plan (the guarded status
 //! write must refuse them), and everything deleted at the end. Each step runs the same pure functions
 //! the service calls (`decide`, `node::decide`, `orphans`) in a random
@@ -17,7 +18,8 @@
 //! none is created on a node that already has one (so at most one
 //! disruption at a time, across kinds); an admission never
 //! leaves more of a policy's nodes unavailable than its budget; the
-//! policy that admits a node is the oldest that selects it; a node gets at
+//! policy that admits a node is the oldest that selects it; no feature
+//! takes a node someone else holds; a node gets at
 //! most one reboot command per boot, and none while a person has paused
 //! it or withdrawn its need; and once every policy is gone, every node is
 //! given back (no feature NodeMaintenance, nothing cordoned, nothing
@@ -111,6 +113,12 @@ struct World {
     real: faults::RealWorld,
     /// `NODEKEEPER_WORLD_TRACE` is set: every status entry is traced.
     verbose: bool,
+    /// Nodes someone else holds (`worlds/people.rs`): cordoned by a person
+    /// (true) or drained by another tool (false, its `DrainInProgress`).
+    /// No feature may take one while it holds.
+    held_by_others: BTreeMap<String, bool>,
+    /// How often someone else took a node.
+    others_took: usize,
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -244,6 +252,8 @@ impl World {
             admitted_now: Default::default(),
             real: Default::default(),
             verbose: std::env::var("NODEKEEPER_WORLD_TRACE").is_ok(),
+            held_by_others: BTreeMap::new(),
+            others_took: 0,
         }
         .with_real_world()
     }
@@ -349,6 +359,17 @@ impl World {
                     .unwrap_or_default();
                 if kind == crate::api::upgrade::OWNER_KIND {
                     self.check_plan_admission(who, &n, &owner);
+                }
+                if let Some(by_hand) = self.held_by_others.get(&node) {
+                    let how = if *by_hand {
+                        "a person cordoned"
+                    } else {
+                        "another tool drains"
+                    };
+                    assert!(
+                        kind != OWNER_KIND && kind != crate::api::upgrade::OWNER_KIND,
+                        "{who} took {node}, which {how} (HeldByOther)"
+                    );
                 }
                 if kind == OWNER_KIND
                     && let Some(p) = self.policies.iter().find(|p| p.name_any() == owner)
@@ -497,6 +518,7 @@ impl World {
         for x in &mut self.nodes {
             let name = x.name_any();
             if !self.nms.iter().any(|m| m.spec.node_name == name)
+                && self.held_by_others.get(&name) != Some(&true)
                 && let Some(spec) = x.spec.as_mut()
             {
                 spec.unschedulable = None;
@@ -660,7 +682,8 @@ impl World {
             let name = x.name_any();
             let down = self.down.contains_key(&name);
             if let Some(spec) = x.spec.as_mut() {
-                spec.unschedulable = held.contains(&name).then_some(true);
+                let by_hand = self.held_by_others.get(&name) == Some(&true);
+                spec.unschedulable = (held.contains(&name) || by_hand).then_some(true);
             }
             if let Some(c) = x.status.as_mut().and_then(|s| s.conditions.as_mut()) {
                 c[0].status = if down { "False" } else { "True" }.into();
@@ -801,6 +824,7 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
                 w.policies.clear();
                 w.plans.clear();
                 w.nms.retain(|m| !m.name_any().starts_with("admin-"));
+                w.others_let_go();
                 for _ in 0..5 {
                     let effects = orphans(&World::arcs(&w.nms), &[]);
                     w.run("give-back", &effects);
@@ -811,6 +835,7 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
                     w.give_back_plans();
                     w.settle();
                     w.nms.retain(|m| !m.name_any().starts_with("admin-"));
+                    w.others_let_go();
                 }
                 assert!(
                     w.nms.is_empty(),
@@ -829,6 +854,7 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
         );
         commands += w.commands.len();
         *totals.entry("asked again").or_default() += w.asked_again;
+        *totals.entry("held by someone else").or_default() += w.others_took;
         *totals.entry("retried in one boot").or_default() +=
             w.boot_commands.values().filter(|(run, _)| *run > 1).count();
         upgrades::tally(&w, &mut totals);

@@ -1,7 +1,10 @@
 //! What people do in the random worlds, between decisions: ask for a
 //! node's reboot, pause or unpause one, withdraw a need, and create or
 //! delete an administrator's NodeMaintenance (some ending Failed at once),
-//! relabel a node into the other pool, delete a node.
+//! relabel a node into the other pool, delete a node; and someone else —
+//! a person with `kubectl cordon`, another drainer writing the KEP's
+//! `DrainInProgress` — holds a node for a while, which no feature may
+//! take meanwhile (`HeldByOther`).
 
 use super::*;
 
@@ -26,6 +29,9 @@ impl World {
                 }
                 self.asked_again += 1;
             }
+        }
+        if self.rng.chance(5) {
+            self.someone_else();
         }
         // A person deletes a running Job to stop it.
         if self.rng.chance(25) {
@@ -57,10 +63,11 @@ impl World {
             if self.nms.iter().any(|m| m.name_any() == admin) {
                 self.nms.retain(|m| m.name_any() != admin);
                 self.uncordon_free();
-            } else if !self
-                .nms
-                .iter()
-                .any(|m| m.spec.node_name == node && !failed(m))
+            } else if !self.held_by_others.contains_key(&node)
+                && !self
+                    .nms
+                    .iter()
+                    .any(|m| m.spec.node_name == node && !failed(m))
             {
                 let mut m = NodeMaintenance::new(
                     &admin,
@@ -105,7 +112,87 @@ impl World {
             let i = self.rng.below(self.nodes.len() as u64) as usize;
             let gone = self.nodes.remove(i).name_any();
             self.down.remove(&gone);
+            self.held_by_others.remove(&gone);
             self.trace.push(format!("node {gone} deleted"));
         }
+    }
+}
+
+impl World {
+    /// Someone else takes a node nothing holds, or lets one go: a person
+    /// cordons it by hand, or another drainer marks it `DrainInProgress`
+    /// (reason `OtherDrainer`, not nodekeeper's message).
+    fn someone_else(&mut self) {
+        let i = self.rng.below(self.nodes.len() as u64) as usize;
+        let name = self.nodes[i].name_any();
+        if self.held_by_others.contains_key(&name) {
+            self.let_go(i);
+            return;
+        }
+        if self.nms.iter().any(|m| m.spec.node_name == name) {
+            return;
+        }
+        let by_hand = self.rng.chance(50);
+        if by_hand {
+            if let Some(spec) = self.nodes[i].spec.as_mut() {
+                spec.unschedulable = Some(true);
+            }
+        } else if let Some(c) = self.nodes[i]
+            .status
+            .as_mut()
+            .and_then(|s| s.conditions.as_mut())
+        {
+            c.push(k8s_openapi::api::core::v1::NodeCondition {
+                type_: crate::decide::node_conditions::DRAIN_IN_PROGRESS.into(),
+                status: "True".into(),
+                reason: Some("OtherDrainer".into()),
+                message: Some("drained by another tool".into()),
+                ..Default::default()
+            });
+        }
+        self.held_by_others.insert(name.clone(), by_hand);
+        self.others_took += 1;
+        self.trace.push(format!(
+            "node {name} held by someone else ({})",
+            if by_hand {
+                "cordoned"
+            } else {
+                "DrainInProgress"
+            }
+        ));
+    }
+
+    /// Someone else lets node `i` go: uncordoned, or its condition gone.
+    fn let_go(&mut self, i: usize) {
+        let name = self.nodes[i].name_any();
+        self.held_by_others.remove(&name);
+        if let Some(c) = self.nodes[i]
+            .status
+            .as_mut()
+            .and_then(|s| s.conditions.as_mut())
+        {
+            c.retain(|c| c.type_ != crate::decide::node_conditions::DRAIN_IN_PROGRESS);
+        }
+        // `kubectl uncordon`, unless a NodeMaintenance holds the node
+        // meanwhile (then the next settle keeps it cordoned).
+        let held = self
+            .nms
+            .iter()
+            .any(|m| m.spec.node_name == name && !failed(m));
+        if !held && let Some(spec) = self.nodes[i].spec.as_mut() {
+            spec.unschedulable = None;
+        }
+        self.trace
+            .push(format!("node {name} let go by someone else"));
+    }
+
+    /// At the end of a world, everyone else lets go.
+    pub(super) fn others_let_go(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self.held_by_others.contains_key(&self.nodes[i].name_any()) {
+                self.let_go(i);
+            }
+        }
+        self.held_by_others.clear();
     }
 }
