@@ -1836,6 +1836,49 @@ fn reboot_required_after_a_failed_reboot_runs_the_command_again() {
     });
 }
 
+/// The same literal need written again after its reboot is a new ask
+/// (only a time stamp names one ask): a person, a script or `just
+/// bench-reboot` writes `nodekeeper.io/reboot-needed=now`, the node reboots
+/// and the need is cleared; `now` written again reboots it once more, and
+/// then no more. (A first version of the served-need rule read the second
+/// `now` as the first and never rebooted: the benchmark hung, the gate did
+/// not notice.)
+#[test]
+fn the_same_literal_need_written_again_after_its_reboot_reboots_once_more() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("rb-literal").await;
+        let names = nodes(&mut env, 1).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    block_on(create_policy(&env, &fleet, json!({})));
+    let cluster = cluster_role(&env, &[]);
+    let need = "nodekeeper.io/reboot-needed";
+    let done = |reboots: u32| {
+        block_on(async {
+            let node = Api::<Node>::all(env.client.clone()).get(a).await.ok();
+            let cleared = node.is_some_and(|n| {
+                n.metadata
+                    .annotations
+                    .is_none_or(|ann| !ann.contains_key(need))
+            });
+            fleet.commands(a) >= reboots && cleared && settled(&env.client, &names).await
+        })
+    };
+    for round in 1..=2 {
+        block_on(annotate(&env.client, a, need, Some("now")));
+        fleet.serve(&names, LONG, || done(round));
+        assert_eq!(
+            fleet.commands(a),
+            round,
+            "round {round}: one reboot per ask\n{}",
+            cluster.log_text()
+        );
+    }
+}
+
 /// where-features-meet.md, findings 2 and 6, on the real control plane. A
 /// RebootPolicy holds node a (its reboot never comes back) with the
 /// `during` label an UpgradePlan done with a uses too: one owner per key,

@@ -151,6 +151,7 @@ fn take(d: &mut Decision, node: &Node) -> String {
         "admitted; draining through NodeMaintenance {}",
         nm.name_any()
     );
+    d.effects.extend(stamp_need_boot(node, &boot));
     d.effects
         .push(Effect::CreateMaintenance { nm: Box::new(nm) });
     d.event(node, false, "RebootAdmitted", &what);

@@ -95,11 +95,32 @@ pub fn stale_need(node: &Node, entry: &NodeReboot) -> bool {
     match (annotation(node, NEEDED_ANNOTATION), entry.need.as_deref()) {
         // Markers without a stamp (CoreOS, FLUO): their agents clear them.
         (None, _) => true,
-        // The stamp the reboot was admitted on: served. Another: new.
-        (Some(now), Some(served)) => now == served,
+        // The stamp the reboot was admitted on: served. Another: new. A
+        // literal (`now`) carries its boot once admitted (see
+        // [`stamp_need_boot`]): one without it was written after our clear.
+        (Some(now), Some(served)) => now == served && needed_since(node).is_some(),
         // A status written before the need was recorded: by the clocks.
         (Some(_), None) => needed_since(node).is_none_or(|t| t <= entry.since.0),
     }
+}
+
+/// A need written without its boot (a hand-written `now` or `true`) tied
+/// to the boot it is admitted in, before its NodeMaintenance is created:
+/// once the node has booted since, the need is served ([`need_outlived`])
+/// and cleared, while the same literal written again after the clear is a
+/// new ask (it carries no boot). Without it, a second `now` on a node
+/// whose last reboot was Done under the same policy read as the first and
+/// was cleared without a reboot.
+pub fn stamp_need_boot(node: &Node, boot: &str) -> Option<crate::decide::Effect> {
+    annotation(node, NEEDED_ANNOTATION)?;
+    if annotation(node, NEEDED_BOOT_ANNOTATION).is_some() {
+        return None;
+    }
+    Some(crate::decide::Effect::PatchNode {
+        node: node.name_any(),
+        resource_version: None,
+        patch: json!({"metadata": {"annotations": {NEEDED_BOOT_ANNOTATION: boot}}}),
+    })
 }
 
 /// What `reboot-required NODE` writes at `stamp` (the person's clock): a

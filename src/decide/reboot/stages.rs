@@ -286,6 +286,7 @@ impl<'a> Decision<'a> {
             // Admitted, not taken yet (or our create is not in the store
             // yet: creating again is a harmless 409).
             let nm = maintenance_for(self.s.policy, node, before);
+            self.effects.extend(stamp_need_boot(node, before));
             self.effects
                 .push(Effect::CreateMaintenance { nm: Box::new(nm) });
             self.set(&n, RebootPhase::Draining, Some(before), None, draining);

@@ -433,7 +433,7 @@ fn a_new_boot_and_ready_is_verified_given_back_and_settles() {
             .iter()
             .any(|e| matches!(e, Effect::DeleteMaintenance { nm, .. } if nm == "reboot-a"))
     );
-    assert!(plan.effects.iter().any(|e| matches!(e, Effect::PatchNode { patch, .. } if patch["metadata"]["annotations"][NEEDED_ANNOTATION].is_null())));
+    assert!(plan.effects.iter().any(|e| matches!(e, Effect::PatchNode { patch, .. } if patch["metadata"]["annotations"].get(NEEDED_ANNOTATION).is_some_and(serde_json::Value::is_null))));
     assert!(created(&plan).is_empty(), "a settles in its slot; b waits");
     // After the settle time, with the maintenance gone: Done and b goes.
     let p2 = with_entry(policy(1), entry("a", RebootPhase::Settling, "b0", now()));

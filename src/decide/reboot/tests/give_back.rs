@@ -15,7 +15,7 @@ fn deletes_ours(plan: &Plan, node: &str) -> bool {
 fn clears_need(plan: &Plan, node: &str) -> bool {
     plan.effects.iter().any(|e| {
         matches!(e, Effect::PatchNode { node: n, patch, .. }
-            if n == node && patch["metadata"]["annotations"][NEEDED_ANNOTATION].is_null())
+            if n == node && patch["metadata"]["annotations"].get(NEEDED_ANNOTATION).is_some_and(serde_json::Value::is_null))
     })
 }
 
@@ -119,4 +119,42 @@ fn a_need_stamped_in_an_earlier_boot_was_served_by_any_reboot_since() {
     let a = annotate(node("a", "b1"), NEEDED_BOOT_ANNOTATION, "b0");
     let plan = World::new(p, vec![a]).plan();
     assert!(created(&plan).is_empty());
+}
+
+/// A literal need (`now`, as a person or `just bench-reboot` writes it) is
+/// tied to its boot when admitted, before the node is taken; after the
+/// verified reboot that literal is served and cleared, and the same
+/// literal written again after the clear is a new ask. (It was cleared
+/// without a reboot: the stamp `now` equalled the one admitted.)
+#[test]
+fn the_same_literal_need_written_again_after_its_reboot_is_a_new_ask() {
+    let a = annotate(node("a", "b0"), NEEDED_ANNOTATION, "now");
+    let plan = World::new(policy(1), vec![a]).plan();
+    let stamp = plan.effects.iter().position(|e| {
+        matches!(e, Effect::PatchNode { node, patch, .. }
+            if node == "a" && patch["metadata"]["annotations"][NEEDED_BOOT_ANNOTATION] == "b0")
+    });
+    let create = plan
+        .effects
+        .iter()
+        .position(|e| matches!(e, Effect::CreateMaintenance { .. }));
+    assert!(
+        stamp.is_some() && stamp < create,
+        "tied to its boot before it is taken: {:?}",
+        plan.effects
+    );
+    let mut e = entry("a", RebootPhase::Done, "b0", now());
+    e.need = Some("now".into());
+    let p = with_entry(policy(1), e);
+    // Rebooted, the clear not through yet: served, cleared again.
+    let old = annotate(node("a", "b1"), NEEDED_ANNOTATION, "now");
+    let old = annotate(old, NEEDED_BOOT_ANNOTATION, "b0");
+    let plan = World::new(p.clone(), vec![old]).plan();
+    assert!(created(&plan).is_empty(), "a second reboot for one need");
+    assert!(clears_need(&plan, "a"));
+    // Cleared, then `now` written again: a new ask.
+    let again = annotate(node("a", "b1"), NEEDED_ANNOTATION, "now");
+    let plan = World::new(p, vec![again]).plan();
+    assert_eq!(created(&plan), ["a"]);
+    assert!(!clears_need(&plan, "a"));
 }

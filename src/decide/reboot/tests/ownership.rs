@@ -157,7 +157,7 @@ fn a_need_whose_reboot_was_issued_in_an_earlier_boot_is_served_under_any_policy(
     );
     let cleared = plan.effects.iter().any(|e| {
         matches!(e, Effect::PatchNode { node, patch, .. }
-            if node == "n1" && patch["metadata"]["annotations"][NEEDED_ANNOTATION].is_null())
+            if node == "n1" && patch["metadata"]["annotations"].get(NEEDED_ANNOTATION).is_some_and(serde_json::Value::is_null))
     });
     assert!(cleared, "{:?}", plan.effects);
     // In the boot the command was issued in, it is not served.
