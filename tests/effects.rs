@@ -7,7 +7,6 @@ use crate::support;
 use kube::{Api, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, OWNER_LABEL};
 use nodekeeper::decide::{Effect, Outcome};
-use nodekeeper::effects::Interpreter;
 use support::{TestEnv, block_on, install_crds};
 
 #[test]
@@ -15,24 +14,10 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
     block_on(async {
         install_crds();
         let env = TestEnv::new("effects").await;
-        let effects = Interpreter {
-            client: env.client.clone(),
-            events: nodekeeper::effects::events::Events::new(
-                env.client.clone(),
-                "nodekeeper-test",
-                None,
-            ),
-            evictions: nodekeeper::effects::evict::Permits::new(
-                nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
-            ),
-            exec: nodekeeper::effects::host::Exec::Direct,
-            records: support::scratch().join("effects-records"),
-            talos: nodekeeper::effects::talos::Machined {
-                socket: support::scratch().join("no-machined.sock"),
-            },
-            provider: None,
-            gate: nodekeeper::effects::gate::LeaderGate::always(),
-        };
+        let effects = support::interpreter(
+            env.client.clone(),
+            nodekeeper::effects::talos::Machined::new(support::scratch().join("no-machined.sock")),
+        );
         let name = format!("{}-owned", env.id);
         let mut nm = NodeMaintenance::new(
             &name,

@@ -18,6 +18,7 @@ use std::time::Duration;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use nodekeeper::api::upgrade::{UpgradePhase, UpgradePlan, UpgradePlanSpec};
+use nodekeeper::decide::{Effect, HostAction, Outcome};
 use nodekeeper::effects::talos::Machined;
 use serde_json::{Value, json};
 use support::machines::*;
@@ -115,9 +116,7 @@ impl StandIn {
     }
 
     fn client(&self) -> Machined {
-        Machined {
-            socket: self.socket.clone(),
-        }
+        Machined::new(self.socket.clone())
     }
 }
 
@@ -293,15 +292,67 @@ fn the_talos_client_speaks_machineds_wire_format() {
     drop(old);
 
     // Nothing listening: one line naming the socket.
-    let gone = Machined {
-        socket: dir.join("gone.sock"),
-    };
+    let gone = Machined::new(dir.join("gone.sock"));
     let err = block_on(gone.reboot(limit)).expect_err("no machined");
     assert!(err.starts_with("Talos Reboot: UNAVAILABLE: "), "{err}");
     assert!(
         gone.reachable()
             .is_err_and(|e| e.contains("--talos-socket"))
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Talos action run again with the same id — the pass after a failed
+/// write of its result to the node — is given the first run's result: no
+/// second Pull and Upgrade, no second Reboot. Another id runs again.
+#[test]
+fn a_talos_action_run_again_by_its_id_is_not_called_twice() {
+    let dir = support::scratch().join(format!("nk-talos-{:x}", support::rand_u64()));
+    std::fs::create_dir_all(&dir).expect("a scratch dir");
+    let stand_in = StandIn::start(
+        &dir.join("m.sock"),
+        "1.13.0",
+        &dir.join("reboots"),
+        &dir.join("os-image"),
+        &[],
+    );
+    let env = block_on(TestEnv::new("talos-once"));
+    let effects = support::interpreter(env.client.clone(), stand_in.client());
+    let run = |id: &str, action: HostAction| {
+        let e = Effect::RunHost {
+            node: "n".into(),
+            id: id.into(),
+            action,
+            record: nodekeeper::decide::HostRecord {
+                annotation: "nodekeeper.io/test-result",
+                failed: "failed".into(),
+                succeeded: None,
+            },
+            timeout: Duration::from_secs(30),
+        };
+        match block_on(effects.perform(&e)) {
+            Ok(Outcome::HostRan { ok, output }) => assert!(ok, "{output}\n{}", stand_in.log_text()),
+            other => panic!("{other:?}"),
+        }
+    };
+    let upgrade = HostAction::TalosUpgrade {
+        image: "registry.example/siderolabs/installer:v1.13.1".into(),
+        legacy: false,
+    };
+    run("up-1", upgrade.clone());
+    run("up-1", upgrade.clone());
+    run("reboot-1", HostAction::TalosReboot);
+    run("reboot-1", HostAction::TalosReboot);
+    assert_eq!(
+        stand_in.methods(),
+        [
+            "ImageService/Pull",
+            "LifecycleService/Upgrade",
+            "MachineService/Reboot"
+        ]
+    );
+    run("up-2", upgrade);
+    assert_eq!(stand_in.methods().len(), 5, "another id runs again");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

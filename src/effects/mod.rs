@@ -151,10 +151,16 @@ impl Interpreter {
                     HostAction::Command(argv) => {
                         host_run::command(id, argv, *timeout, self.exec, &self.records).await
                     }
-                    HostAction::TalosReboot => self.talos.reboot(*timeout).await,
+                    HostAction::TalosReboot => self
+                        .talos
+                        .once(id, async {
+                            self.talos.reboot(*timeout).await.map(|()| String::new())
+                        })
+                        .await
+                        .map(drop),
                     HostAction::TalosUpgrade { image, legacy } => self
                         .talos
-                        .upgrade(image, *legacy, *timeout)
+                        .once(id, self.talos.upgrade(image, *legacy, *timeout))
                         .await
                         .map(|last| {
                             log::info!("Talos upgrade to {image}: {last}");

@@ -47,9 +47,67 @@ type Answer = Result<Vec<Vec<u8>>, String>;
 #[derive(Debug, Clone)]
 pub struct Machined {
     pub socket: PathBuf,
+    /// The actions this agent ran, with their results (see [`Ran`]).
+    ran: Ran,
+}
+
+/// How many results [`Ran`] keeps: an agent runs a few actions per boot.
+const RAN_KEPT: usize = 16;
+
+/// The results of the actions this agent ran in its life, by the action's
+/// id (its once-per-boot token). host-run's records do this for commands
+/// on the host; a Talos action has no host record, so when a pass runs an
+/// action again because its result's write to the node failed, it is
+/// given the result instead of a second Pull and Upgrade. An agent that
+/// restarts mid-call starts afresh, which is right: machined cancels a
+/// call whose caller went away, and refuses a second upgrade while one
+/// runs.
+#[derive(Debug, Clone, Default)]
+struct Ran(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<RanResult>>>);
+
+/// One action's id and result.
+type RanResult = (String, Result<String, String>);
+
+impl Ran {
+    fn get(&self, id: &str) -> Option<Result<String, String>> {
+        let ran = self.0.lock().ok()?;
+        ran.iter().find(|(i, _)| i == id).map(|(_, r)| r.clone())
+    }
+
+    fn put(&self, id: &str, result: &Result<String, String>) {
+        if let Ok(mut ran) = self.0.lock() {
+            if ran.len() >= RAN_KEPT {
+                ran.pop_front();
+            }
+            ran.push_back((id.to_string(), result.clone()));
+        }
+    }
 }
 
 impl Machined {
+    /// The client of the machined serving `socket`.
+    pub fn new(socket: PathBuf) -> Machined {
+        Machined {
+            socket,
+            ran: Ran::default(),
+        }
+    }
+
+    /// Run the action `id` once in this agent's life: a second run of the
+    /// same id is given the first one's result (see [`Ran`]).
+    pub async fn once<F>(&self, id: &str, action: F) -> Result<String, String>
+    where
+        F: std::future::Future<Output = Result<String, String>>,
+    {
+        if let Some(result) = self.ran.get(id) {
+            log::info!("Talos action {id} ran before in this agent's life: its result again");
+            return result;
+        }
+        let result = action.await;
+        self.ran.put(id, &result);
+        result
+    }
+
     /// Whether the socket is there (the agent's command check, and what
     /// `reboot.method: Auto` is told by the node agent).
     pub fn reachable(&self) -> Result<(), String> {
@@ -300,9 +358,7 @@ mod tests {
 
     #[test]
     fn a_missing_socket_is_one_line_naming_the_flag() {
-        let m = Machined {
-            socket: "/nonexistent/machine.sock".into(),
-        };
+        let m = Machined::new("/nonexistent/machine.sock".into());
         assert!(m.reachable().is_err_and(|e| e.contains("--talos-socket")));
     }
 }

@@ -383,9 +383,7 @@ fn context(
             evictions: crate::effects::evict::Permits::new(clients.evictions_in_flight),
             exec: config.host_exec,
             records: config.command_records.clone(),
-            talos: crate::effects::talos::Machined {
-                socket: config.talos_socket.clone(),
-            },
+            talos: crate::effects::talos::Machined::new(config.talos_socket.clone()),
             provider: config.provider.clone(),
             gate,
         },

@@ -161,9 +161,7 @@ fn context(script: &Arc<Script>, nms: &[NodeMaintenance], gate: gate::LeaderGate
         evictions: evict::Permits::new(4),
         exec: host::Exec::default(),
         records: PathBuf::from("/nonexistent"),
-        talos: talos::Machined {
-            socket: PathBuf::from("/nonexistent"),
-        },
+        talos: talos::Machined::new(PathBuf::from("/nonexistent")),
         provider: None,
         gate,
     };

@@ -805,3 +805,23 @@ impl Refusal {
     /// Allow the writes again.
     pub fn lift(self) {}
 }
+
+/// The effects' interpreter as a node agent has it, on the test's client,
+/// with `talos` as its machined client.
+pub fn interpreter(
+    client: kube::Client,
+    talos: nodekeeper::effects::talos::Machined,
+) -> nodekeeper::effects::Interpreter {
+    nodekeeper::effects::Interpreter {
+        client: client.clone(),
+        events: nodekeeper::effects::events::Events::new(client, "nodekeeper-test", None),
+        evictions: nodekeeper::effects::evict::Permits::new(
+            nodekeeper::effects::evict::HTTP2_IN_FLIGHT,
+        ),
+        exec: nodekeeper::effects::host::Exec::Direct,
+        records: scratch().join("effects-records"),
+        talos,
+        provider: None,
+        gate: nodekeeper::effects::gate::LeaderGate::always(),
+    }
+}

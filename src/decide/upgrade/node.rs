@@ -71,10 +71,11 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
             // as the host's process (an agent that restarted meanwhile
             // lost sight of it). Running it again attaches to that run by
             // its id and publishes its result; it never starts a second.
-            // A Talos upgrade has no such record: machined ran it on the
-            // lost agent's call, which cancels it, and refuses a second
-            // while one runs, so asking again waits for it and installs
-            // once more (the same image) — never two at once.
+            // A Talos action is kept by the agent that ran it
+            // (`effects::talos::Ran`): the same agent is given the result.
+            // An agent restarted meanwhile calls machined again — the lost
+            // agent's call was cancelled with it, and machined refuses a
+            // second while one runs — never two at once.
             let result = annotation(node, RESULT_ANNOTATION).unwrap_or_default();
             if !result.starts_with(&format!("{t} ")) {
                 return vec![run(node, &t, plan, version)];
