@@ -17,7 +17,10 @@
 //!   node-scoped pod watch whose reader falls behind, and each reopening
 //!   is a pause in what the agent sees of its drain (the cluster role
 //!   opens one per drained node: one per drain is its normal);
-//! - CPU: the nodekeeper processes' user and system time meanwhile;
+//! - CPU: the nodekeeper processes' user and system time meanwhile, and
+//!   the API server's (what the drainer cost it); bytes the drainer's
+//!   processes read and wrote (`/proc/PID/io`) — counts that the shared
+//!   machine's noise cannot blur as it blurs the wall clock;
 //! - where the time that is ours goes: *to first eviction*, from the
 //!   drainer's first request on the NodeMaintenance (its finalizer) to its
 //!   first eviction, both as the API server received them (audit log): the
@@ -147,6 +150,12 @@ struct Run {
     pod_watches: usize,
     /// CPU time the nodekeeper processes used meanwhile (0 for the floor).
     cpu_ms: u64,
+    /// CPU time the API server used meanwhile: what the drainer cost it.
+    apiserver_cpu_ms: u64,
+    /// Bytes the drainer's processes read and wrote meanwhile (their
+    /// `/proc/PID/io` rchar + wchar: the API traffic, and a few log
+    /// lines); 0 where the benchmark drains itself.
+    bytes: u64,
     /// From the drainer's first request on the NodeMaintenance to its first
     /// eviction, as the API server received them (None for the floor).
     to_first_eviction: Option<Duration>,
@@ -231,6 +240,7 @@ fn main() {
                 .collect(),
         };
         let mut run = 0;
+        let apiserver = apiserver_pid();
         // The floor's own client: the agents' HTTP/2 transport and the
         // benchmark identity, so the audit log counts its requests too.
         let floor_client = nodekeeper::service::connect::connect(Some(&bench_kubeconfig))
@@ -316,6 +326,8 @@ fn main() {
                 )
                 .await;
                 let cpu_before: u64 = agents.iter().map(|a| cpu_ms(a.id())).sum();
+                let io_before: u64 = agents.iter().map(|a| io_bytes(a.id())).sum();
+                let apiserver_before = cpu_ms(apiserver);
                 let mut row = match who {
                     Who::Floor => floors::floor(&client, &floor_client, &node, &audit_log).await,
                     Who::Protocol => {
@@ -328,6 +340,8 @@ fn main() {
                     _ => measure(&client, &env.id, run, &node, &audit_log, None).await,
                 };
                 row.cpu_ms = agents.iter().map(|a| cpu_ms(a.id())).sum::<u64>() - cpu_before;
+                row.bytes = agents.iter().map(|a| io_bytes(a.id())).sum::<u64>() - io_before;
+                row.apiserver_cpu_ms = cpu_ms(apiserver).saturating_sub(apiserver_before);
                 // The node stays cordoned until the replacements all run on
                 // the other node, which the next run then drains.
                 wait_for(
@@ -581,6 +595,8 @@ async fn measure(
         requests: audit_ids_since(audit, audit_start),
         pod_watches: support::audit_count_since(audit, audit_start, "watch", "pods"),
         cpu_ms: 0,
+        apiserver_cpu_ms: 0,
+        bytes: 0,
         to_first_eviction: to_first_eviction(audit, audit_start, &name),
     }
 }
@@ -642,6 +658,33 @@ where
             return;
         }
     }
+}
+
+/// The local control plane's API server process (tests/controlplane
+/// writes its PID beside the kubeconfig).
+fn apiserver_pid() -> u32 {
+    let dir = support::cluster()
+        .parent()
+        .map(std::path::Path::to_path_buf);
+    dir.and_then(|d| std::fs::read_to_string(d.join("kube-apiserver.pid")).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no kube-apiserver.pid beside {}",
+                support::cluster().display()
+            )
+        })
+}
+
+/// Bytes a process read and wrote through system calls so far
+/// (`/proc/PID/io`: rchar + wchar; sockets included).
+fn io_bytes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines()
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(k, _)| *k == "rchar" || *k == "wchar")
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .sum()
 }
 
 /// User and system CPU time of a process so far, in ms (/proc's clock

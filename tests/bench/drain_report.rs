@@ -226,6 +226,8 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
         );
     }
 
+    print_costs(results);
+
     // Each round's Succeeded over the same round's floor (and protocol),
     // with the median's 90 % interval: the rounds here spread by a third
     // or more, so a median alone cannot say whether 1.15 is met.
@@ -250,5 +252,90 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
                 format!("{med:.2} ({lo:.2}–{hi:.2})")
             });
         println!("  {:<29} ÷ floor {floor}; ÷ protocol {protocol}", m.label);
+    }
+}
+
+/// What each drain cost, per setting: requests, the drainer's CPU, the API
+/// server's CPU and the bytes the drainer exchanged (medians, the CPU
+/// figures with their 90 % intervals), and the targets against the
+/// protocol and NMO, judged on the intervals (met only when they do not
+/// overlap the bound). Counts, not times: two shared cores blur the wall
+/// clock far more than these. The API server's CPU includes what every
+/// drain causes whoever drains (the ReplicaSets' new pods, kwok's status
+/// writes): the floor's row is that share.
+fn print_costs(results: &[Measured]) {
+    let med = |m: &Measured, f: fn(&Run) -> f64| median(m.rows.iter().map(f).collect());
+    let interval =
+        |m: &Measured, f: fn(&Run) -> f64| median_interval(m.rows.iter().map(f).collect());
+    let cpu = |r: &Run| r.cpu_ms as f64;
+    let api = |r: &Run| r.apiserver_cpu_ms as f64;
+    let protocol_requests = results
+        .iter()
+        .find(|m| m.who == Who::Protocol)
+        .map(|m| med(m, |r| r.requests as f64));
+    let nmo = results.iter().find(|m| m.label.starts_with("medik8s"));
+    // Ours (lo, hi) against a bound (lo, hi) scaled by `k`.
+    let judge = |ours: Option<(f64, f64, f64)>, theirs: Option<(f64, f64, f64)>, k: f64| match (
+        ours, theirs,
+    ) {
+        (Some((_, _, hi)), Some((_, tlo, _))) if hi <= tlo * k => "met",
+        (Some((_, lo, _)), Some((_, _, thi))) if lo > thi * k => "NOT met",
+        (Some(_), Some(_)) => "undecided",
+        _ => "–",
+    };
+    println!();
+    println!(
+        "costs per drain (medians; targets: requests ≤ the protocol's + 5, CPU ≤ ½ NMO's, the API server's CPU ≤ NMO's, judged on the 90 % intervals):"
+    );
+    println!(
+        "| setting                       | requests | drainer CPU (90 % interval) | API server CPU (90 % interval) | bytes exchanged | targets |"
+    );
+    println!(
+        "|-------------------------------|----------|-----------------------------|--------------------------------|-----------------|---------|"
+    );
+    let show = |i: Option<(f64, f64, f64)>| {
+        i.map_or("–".to_string(), |(v, lo, hi)| {
+            format!("{v:.0} ms ({lo:.0}–{hi:.0})")
+        })
+    };
+    for m in results {
+        let requests = med(m, |r| r.requests as f64);
+        let ours = !m.who.bench_drains();
+        let bytes = if ours {
+            format!("{:.0} KiB", med(m, |r| r.bytes as f64) / 1024.0)
+        } else {
+            "–".to_string()
+        };
+        let mut verdicts = Vec::new();
+        if ours && !m.label.starts_with("medik8s") {
+            if let Some(p) = protocol_requests {
+                let met = if requests <= p + 5.0 {
+                    "met"
+                } else {
+                    "NOT met"
+                };
+                verdicts.push(format!("requests {met}"));
+            }
+            if let Some(n) = nmo {
+                let c = judge(interval(m, cpu), interval(n, cpu), 0.5);
+                let a = judge(interval(m, api), interval(n, api), 1.0);
+                verdicts.push(format!("CPU {c}, API server {a}"));
+            }
+        }
+        println!(
+            "| {:<29} | {requests:>8.0} | {:>27} | {:>30} | {bytes:>15} | {} |",
+            m.label,
+            if ours {
+                show(interval(m, cpu))
+            } else {
+                "–".to_string()
+            },
+            show(interval(m, api)),
+            if verdicts.is_empty() {
+                "–".to_string()
+            } else {
+                verdicts.join(", ")
+            },
+        );
     }
 }
