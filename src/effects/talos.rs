@@ -47,7 +47,7 @@ type Answer = Result<Vec<Vec<u8>>, String>;
 #[derive(Debug, Clone)]
 pub struct Machined {
     pub socket: PathBuf,
-    /// The actions this agent ran, with their results (see [`Ran`]).
+    /// The actions this agent ran, with their results (see `Ran`).
     ran: Ran,
 }
 
@@ -94,7 +94,7 @@ impl Machined {
     }
 
     /// Run the action `id` once in this agent's life: a second run of the
-    /// same id is given the first one's result (see [`Ran`]).
+    /// same id is given the first one's result (see `Ran`).
     pub async fn once<F>(&self, id: &str, action: F) -> Result<String, String>
     where
         F: std::future::Future<Output = Result<String, String>>,
