@@ -339,6 +339,124 @@ fn a_failing_before_hook_stops_the_node_and_pauses_the_plan_unless_ignored() {
     }
 }
 
+/// Someone else takes a node after its admission but before our drain: a
+/// person cordons it by hand while its before hook runs. When the hook
+/// completes the admission is withdrawn (`Waiting`, `HeldByOther`): no NodeMaintenance ever names the node while
+/// the person holds it, their cordon is never lifted by us, and the other
+/// node is upgraded meanwhile. Once the person uncordons it, the node is
+/// upgraded, once. NodeMaintenances and cordons come from the independent
+/// timeline, not from the plan's status.
+#[test]
+fn a_node_cordoned_by_hand_during_its_before_hook_is_withdrawn_not_taken() {
+    install_crds();
+    install_agent_identity();
+    let (env, names) = block_on(async {
+        let mut env = TestEnv::new("up-withdraw").await;
+        let names = nodes(&mut env, 2, 0).await;
+        (env, names)
+    });
+    let fleet = fleet_with_agents(&env, &names);
+    let timeline = Timeline::start(env.client.clone(), &env.id, &env.id);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    // The hook's pod waits for a node labelled `gate-<id>=open`: the test
+    // holds the hooks running until it opens the gate.
+    let gate = format!("gate-{}", env.id);
+    let held = json!({"job": {"template": {"spec": {"nodeSelector": {gate.clone(): "open"}}}}});
+    let plan = block_on(create_plan(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 2}, "hooks": {"before": [hook(&env, "held", held)]}}),
+    ));
+    let nodes_api: Api<Node> = Api::all(env.client.clone());
+    let set = |node: &str, patch: serde_json::Value| {
+        block_on(nodes_api.patch(node, &PatchParams::default(), &Patch::Merge(patch)))
+            .unwrap_or_else(|e| panic!("patching {node}: {e}"))
+    };
+    // Both nodes admitted (the budget allows both), each in its before
+    // hook with its Job created.
+    block_on(async {
+        for n in &names {
+            wait_phase(&env.client, &plan, n, UpgradePhase::PreHooks).await;
+        }
+        wait_for("two hook Jobs", LONG, || async {
+            (jobs(&env.client, &plan).await.len() == 2).then_some(())
+        })
+        .await;
+    });
+    let (taken, other) = (names[0].clone(), names[1].clone());
+    // A person cordons the first (`kubectl cordon`); then the hooks
+    // complete (each pod runs off its own node; the hook tolerates the
+    // cordon).
+    set(&taken, json!({"spec": {"unschedulable": true}}));
+    timeline.push(format!("person cordons {taken}"));
+    for n in &names {
+        set(n, json!({"metadata": {"labels": {gate.clone(): "open"}}}));
+    }
+    let withdrawn = block_on(async {
+        let api: Api<UpgradePlan> = Api::all(env.client.clone());
+        wait_for(&format!("{taken} withdrawn"), LONG, || async {
+            let e = api.get(&plan).await.ok()?.entry(&taken)?.clone();
+            (e.phase == UpgradePhase::Waiting && e.reason.as_deref() == Some("HeldByOther"))
+                .then(|| e.message.unwrap_or_default())
+        })
+        .await
+    });
+    // The withdrawal says "…; the admission is withdrawn"; the passes
+    // after it, which find the node held before admitting it, say who
+    // holds it only.
+    assert!(
+        withdrawn.contains("cordoned by someone else"),
+        "{withdrawn}"
+    );
+    // The other node is upgraded meanwhile.
+    serve(&fleet, &timeline, &names, Duration::from_secs(120), || {
+        block_on(async {
+            plan_of(&env.client, &plan)
+                .await
+                .entry(&other)
+                .is_some_and(|e| e.phase == UpgradePhase::Done)
+        })
+    });
+    let context = || format!("{:#?}\n{}", timeline.events(), cluster.log_text());
+    // Still the person's: cordoned, with no mark of ours, never a
+    // NodeMaintenance, never a command.
+    let node = block_on(nodes_api.get(&taken)).expect("reading the node");
+    assert_eq!(
+        node.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "{}",
+        context()
+    );
+    assert!(
+        !node
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(nodekeeper::api::nodemaintenance::APPLIED_ANNOTATION),
+        "{}",
+        context()
+    );
+    assert_eq!(timeline.count(&format!("nm {taken} ")), 0, "{}", context());
+    assert!(runs(&fleet, &taken).is_empty(), "{}", context());
+    assert_eq!(block_on(maintenances_on(&env.client, &taken)), 0);
+
+    // The person gives it back: now it is upgraded, once.
+    set(&taken, json!({"spec": {"unschedulable": null}}));
+    timeline.push(format!("person uncordons {taken}"));
+    serve(&fleet, &timeline, &names, Duration::from_secs(120), || {
+        all_done(&env.client, &plan, &names)
+    });
+    timeline.stop();
+    let given = timeline
+        .first(&format!("person uncordons {taken}"))
+        .expect("recorded");
+    let nm = timeline.first(&format!("nm {taken} ")).expect("its drain");
+    assert!(nm > given, "{}", context());
+    for n in &names {
+        assert_eq!(runs(&fleet, n), ["v2"], "{n}: upgraded once\n{}", context());
+    }
+}
+
 /// SIGKILL the cluster role while a hook runs and while a node upgrades,
 /// and every node agent as its command runs (the harness restarts them):
 /// no Job runs twice for a stage, no node is upgraded twice.

@@ -7,10 +7,11 @@
 //! restarted (SIGKILL, then a fresh start), as it is when the host's
 //! software changes under it.
 //!
-//! [`Timeline`] watches the plan's hook Jobs and the group's nodes on its
-//! own and records, in order, when each Job appeared (with its stage and
-//! node), when a node became unavailable (cordoned or NotReady) and
-//! available again; the serve loop adds each upgrade command. Ordering and
+//! [`Timeline`] watches the plan's hook Jobs, the group's nodes and every
+//! NodeMaintenance on its own and records, in order, when each Job appeared
+//! (with its stage and node), when a node became unavailable (cordoned or
+//! NotReady) and available again, when a NodeMaintenance first named a
+//! node (`nm <node> <name>`); the serve loop adds each upgrade command. Ordering and
 //! budget claims are asserted from it, never from the plan's status.
 
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use nodekeeper::api::nodemaintenance::NodeMaintenance;
 use nodekeeper::api::upgrade::{UpgradePhase, UpgradePlan, UpgradePlanSpec};
 use nodekeeper::runtime::Latch;
 use serde_json::json;
@@ -278,8 +280,8 @@ impl Timeline {
                     _ => None,
                 });
                 let nodes = watcher(
-                    Api::<Node>::all(client),
-                    cfg.labels(&format!("{GROUP_LABEL}={group}")),
+                    Api::<Node>::all(client.clone()),
+                    cfg.clone().labels(&format!("{GROUP_LABEL}={group}")),
                 )
                 .filter_map(|e| match e.ok()? {
                     watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
@@ -288,13 +290,24 @@ impl Timeline {
                     }
                     _ => None,
                 });
+                let nms = watcher(Api::<NodeMaintenance>::all(client), cfg).filter_map(|e| match e
+                    .ok(
+                )? {
+                    watcher::Event::Apply(m) | watcher::Event::InitApply(m) => Some((
+                        rv_of(&m),
+                        format!("nm {} {}", m.spec.node_name, m.name_any()),
+                    )),
+                    _ => None,
+                });
+                let nodes = smol::stream::or(nodes, nms);
                 let mut all = std::pin::pin!(smol::stream::or(jobs, nodes));
                 let mut last: BTreeMap<String, String> = BTreeMap::new();
                 let run = async {
                     while let Some((rv, ev)) = all.next().await {
-                        // Jobs once each; node states on change only.
+                        // Jobs and maintenances once each; node states on
+                        // change only.
                         let (key, state) = match ev.split_once(' ') {
-                            Some(("job", rest)) => (ev.clone(), rest.to_string()),
+                            Some(("job" | "nm", rest)) => (ev.clone(), rest.to_string()),
                             Some((state, node)) => (node.to_string(), state.to_string()),
                             None => continue,
                         };
