@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::api::common::Notification;
+use crate::api::common::{Notification, NotificationStatus};
 use crate::api::reboot::{NodeReboot, RebootPhase};
 use crate::api::upgrade::{NodeUpgrade, UpgradePhase};
 
@@ -136,25 +136,31 @@ pub struct Tracker {
 
 impl Tracker {
     /// The entries whose event is new. An object seen for the first time
-    /// counts entries at or before `through` (its status's record) as
-    /// handled, and every entry as handled when it has no record (its
-    /// notifications were just added: its history is not news). A node's
-    /// entry older than the newest seen is a store behind our own writes;
-    /// `NodeReturned` is told once however many phases say it (Settling,
-    /// then Done).
+    /// counts entries at or before its status's record (`through`) as
+    /// handled; with no record at all, every entry (its notifications were
+    /// just added: its history is not news); with a record that has no
+    /// `through` yet, none (nothing was told, so everything is news: the
+    /// first event's status write may have gone through unanswered just
+    /// before a hand-over). A node's entry older than the newest seen is a
+    /// store behind our own writes; `NodeReturned` is told once however
+    /// many phases say it (Settling, then Done).
     pub fn new_events(
         &mut self,
         uid: &str,
-        through: Option<Timestamp>,
+        record: Option<&NotificationStatus>,
         entries: &[Entry],
     ) -> Vec<Entry> {
         let first = !self.objects.contains_key(uid);
+        let handled = |since: Timestamp| match record {
+            None => true,
+            Some(r) => r.through.as_ref().is_some_and(|t| since <= t.0),
+        };
         let nodes = self.objects.entry(uid.to_string()).or_default();
         let mut out = Vec::new();
         for e in entries {
             let Some(event) = e.event else { continue };
             let seen = nodes.entry(e.node.clone()).or_default();
-            let old = first && through.is_none_or(|t| e.since <= t);
+            let old = first && handled(e.since);
             let newest = seen.iter().map(|(_, t)| *t).max();
             let stale = newest.is_some_and(|t| e.since < t);
             let known = seen.contains(&(event, e.since));
@@ -317,6 +323,7 @@ pub fn targets(spec: Option<&Vec<Notification>>, default: Option<&str>) -> Vec<T
 mod tests {
     use super::*;
     use crate::api::common::TEMPLATE_RULE;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).unwrap_or(Timestamp::UNIX_EPOCH)
@@ -362,9 +369,27 @@ mod tests {
             entry("a", Some(Event::NodeReturned), 1),
             entry("b", Some(Event::RebootIssued), 7),
         ];
+        let record = NotificationStatus {
+            through: Some(Time(at(5))),
+            ..Default::default()
+        };
         assert_eq!(
-            events(&t.new_events("uid", Some(at(5)), &now)),
+            events(&t.new_events("uid", Some(&record), &now)),
             vec![("b".into(), Some(Event::RebootIssued))]
+        );
+    }
+
+    /// A record without `through`: nothing was told yet, so a new leader
+    /// tells what it finds (the first event's status write went through
+    /// unanswered, then the leader died: found by the random worlds).
+    #[test]
+    fn a_record_with_nothing_told_yet_makes_everything_news() {
+        let mut t = Tracker::default();
+        let now = [entry("b", Some(Event::DrainStarted), 7)];
+        let record = NotificationStatus::default();
+        assert_eq!(
+            events(&t.new_events("uid", Some(&record), &now)),
+            vec![("b".into(), Some(Event::DrainStarted))]
         );
     }
 

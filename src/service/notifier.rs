@@ -118,8 +118,7 @@ impl Notifier {
             }
             return;
         }
-        let through = record.and_then(|r| r.through.as_ref()).map(|t| t.0);
-        let new = state.tracker.new_events(&uid, through, &entries);
+        let new = state.tracker.new_events(&uid, record, &entries);
         let object = state.objects.entry(uid.clone()).or_insert_with(|| Object {
             status: record.cloned().unwrap_or_default(),
             ..Default::default()

@@ -8,7 +8,10 @@
 //! NodeMaintenances coming and going, someone else (a person's cordon,
 //! another drainer's `DrainInProgress`) holding a node for a while,
 //! decisions taken on a stale copy of a policy or plan (the guarded status
-//! write must refuse them), and everything deleted at the end. Each step runs the same pure functions
+//! write must refuse them), the notifier reading every status and the
+//! cluster role's process dying now and then (`worlds/notices.rs`: told
+//! at most once per hand-over, nothing stored lost), and everything
+//! deleted at the end. Each step runs the same pure functions
 //! the service calls (`decide`, `node::decide`, `orphans`) in a random
 //! order and applies their effects to the world as the API server would
 //! (resourceVersion guards included).
@@ -42,6 +45,7 @@ use crate::decide::Outcome;
 mod faults;
 use faults::Fault;
 mod jobs;
+mod notices;
 mod people;
 mod planned;
 mod upgrades;
@@ -119,6 +123,9 @@ struct World {
     held_by_others: BTreeMap<String, bool>,
     /// How often someone else took a node.
     others_took: usize,
+    /// What the notifier told, and what the statuses stored
+    /// (`worlds/notices.rs`).
+    notices: notices::Notices,
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -254,6 +261,7 @@ impl World {
             verbose: std::env::var("NODEKEEPER_WORLD_TRACE").is_ok(),
             held_by_others: BTreeMap::new(),
             others_took: 0,
+            notices: Default::default(),
         }
         .with_real_world()
     }
@@ -530,12 +538,12 @@ impl World {
         self.admitted_now.clear();
         for e in effects {
             let fault = self.fault(e);
-            if fault != Some(Fault::Refused)
-                && fault != Some(Fault::Lost)
-                && let Err(why) = self.apply(who, e)
-            {
-                self.trace.push(why);
-                return;
+            if fault != Some(Fault::Refused) && fault != Some(Fault::Lost) {
+                if let Err(why) = self.apply(who, e) {
+                    self.trace.push(why);
+                    return;
+                }
+                self.notice_written(e, fault.is_none());
             }
             // A create whose answer was lost, done on the server or not.
             if matches!(fault, Some(Fault::Lost | Fault::AppliedLost))
@@ -563,6 +571,7 @@ impl World {
             Some(old) if stale => old.clone(),
             _ => self.policies[i].clone(),
         };
+        let notified = self.notice_policy(&p);
         let nodes = Self::arcs(&self.nodes);
         let nms = self.seen_by_cluster();
         let policies = Self::arcs(&self.policies);
@@ -579,7 +588,7 @@ impl World {
             alerts: None,
             health: None,
             gates_unlisted: None,
-            notified: None,
+            notified: notified.as_ref(),
         });
         if self.verbose {
             for e in &plan.effects {
@@ -701,6 +710,7 @@ impl World {
         }
         self.forget_ended_admissions();
         self.people();
+        self.notifier_step();
         self.admin_plans();
         self.stale = self
             .policies
@@ -818,6 +828,7 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
                 for _ in 0..STEPS {
                     w.step();
                 }
+                w.assert_nothing_lost();
                 // Faults stop; whatever failed meanwhile must converge.
                 w.faults.on = false;
                 // Every policy and plan goes; what they held comes back.
@@ -855,6 +866,8 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
         commands += w.commands.len();
         *totals.entry("asked again").or_default() += w.asked_again;
         *totals.entry("held by someone else").or_default() += w.others_took;
+        *totals.entry("notified").or_default() += w.notices.told();
+        *totals.entry("notifier hand-overs").or_default() += w.notices.handovers;
         *totals.entry("retried in one boot").or_default() +=
             w.boot_commands.values().filter(|(run, _)| *run > 1).count();
         upgrades::tally(&w, &mut totals);

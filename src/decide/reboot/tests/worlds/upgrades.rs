@@ -92,6 +92,7 @@ impl World {
             Some(old) if stale => old.clone(),
             _ => self.plans[i].clone(),
         };
+        let notified = self.notice_plan(&p);
         let nodes = Self::arcs(&self.nodes);
         let nms = self.seen_by_cluster();
         let plans = Self::arcs(&self.plans);
@@ -109,7 +110,7 @@ impl World {
             alerts: None,
             health: None,
             gates_unlisted: None,
-            notified: None,
+            notified: notified.as_ref(),
             channel: p.spec.channel.as_ref().and(self.channel.as_ref()),
         });
         self.run(&format!("plan {name}"), &plan.effects);
