@@ -159,3 +159,200 @@ fn an_unreadable_record_with_an_empty_spec_governs_no_node_and_says_why() {
     assert!(!reading.hold && reading.record.is_some());
     assert_eq!(gov.spec.node_selector, Some(pool("gpu")));
 }
+
+/// The rollout fields a NodeVersion governs with, as one comparable value.
+type Rollout = (Option<LabelSelector>, i32, i64, i64, i64);
+
+fn rollout(spec: &NodeVersionSpec) -> Rollout {
+    (
+        spec.node_selector.clone(),
+        spec.max_surge,
+        spec.join_timeout_seconds,
+        spec.leave_timeout_seconds,
+        spec.drain_timeout_seconds,
+    )
+}
+
+/// The record annotation's fields, read by the test itself (JSON, each
+/// absent field at its default).
+fn record_of(nv: &NodeVersion) -> Option<Rollout> {
+    let raw = nv.annotations().get(RECORD_ANNOTATION)?;
+    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let d = NodeVersionSpec::default_rollout();
+    let int = |k: &str, d: i64| v[k].as_i64().unwrap_or(d);
+    Some((
+        serde_json::from_value(v["nodeSelector"].clone()).ok(),
+        int("maxSurge", d.max_surge.into()) as i32,
+        int("joinTimeoutSeconds", d.join_timeout_seconds),
+        int("leaveTimeoutSeconds", d.leave_timeout_seconds),
+        int("drainTimeoutSeconds", d.drain_timeout_seconds),
+    ))
+}
+
+/// Random worlds of people and a peer's client around one NodeVersion:
+/// a person edits some of nodekeeper's fields (keeping the others, as the
+/// README says), clears them all (the defaults, and the annotation
+/// deleted), or writes a broken annotation; Constellation's CLI writes a
+/// new image back without our fields; the cluster role reads a fresh or a
+/// stale copy and writes its record guarded by the resourceVersion, the
+/// write refused or answered-lost now and then. Invariants after every
+/// pass, on the stored object: a spec that carries our fields governs; a
+/// spec that lost them is governed by the stored record and the status
+/// says so (never every node, never silently); a broken record with an
+/// empty spec holds the NodeVersion; and a fresh pass over an unchanged
+/// object writes nothing (no flip-flop).
+#[test]
+fn random_worlds_of_people_and_constellations_client_keep_the_rollout_fields() {
+    use crate::decide::reboot::tests::world_tools::{Rng, replaying, world_seeds};
+    let pools = ["gpu", "cpu", "edge"];
+    for seed in world_seeds(500) {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rv = 7u64;
+        let mut stored = nv("img-0", 1);
+        let mut stale = stored.clone();
+        // The resourceVersion a fresh pass left with nothing more to write.
+        let mut settled: Option<String> = None;
+        // The fields the last stored record write carried.
+        let mut written: Option<Rollout> = None;
+        let mut trace: Vec<String> = Vec::new();
+        let mut world = (&mut trace, 0usize);
+        replaying(
+            seed,
+            &mut world,
+            |w| w.0,
+            12,
+            |w| {
+                let trace = &mut *w.0;
+                for step in 0..60 {
+                    let before = stored.clone();
+                    let mut bump = |nv: &mut NodeVersion| {
+                        rv += 1;
+                        nv.metadata.resource_version = Some(rv.to_string());
+                    };
+                    match rng.below(10) {
+                        // A person edits one to three fields, keeping the rest.
+                        0 | 1 => {
+                            for _ in 0..1 + rng.below(3) {
+                                let s = &mut stored.spec;
+                                match rng.below(4) {
+                                    0 => {
+                                        let p = pools[rng.below(3) as usize];
+                                        s.node_selector = Some(pool(p));
+                                    }
+                                    1 => s.max_surge = 1 + rng.below(4) as i32,
+                                    2 => s.drain_timeout_seconds = 60 * (1 + rng.below(30) as i64),
+                                    _ => s.join_timeout_seconds = 60 * (1 + rng.below(30) as i64),
+                                }
+                            }
+                            bump(&mut stored);
+                            trace.push(format!(
+                                "{step}: a person edits: {:?}",
+                                rollout(&stored.spec)
+                            ));
+                        }
+                        // A person clears them, as the README says: the
+                        // defaults, and the record deleted.
+                        2 if rng.chance(30) => {
+                            let image = stored.spec.image.clone().unwrap_or_default();
+                            stored = written_by_constellation(&stored, &image);
+                            if let Some(a) = stored.metadata.annotations.as_mut() {
+                                a.remove(RECORD_ANNOTATION);
+                            }
+                            bump(&mut stored);
+                            trace.push(format!("{step}: a person clears the fields"));
+                            written = None;
+                        }
+                        // Constellation's CLI: GET, a new image, PUT.
+                        3 | 4 => {
+                            let image = format!("img-{step}");
+                            stored = written_by_constellation(&stored, &image);
+                            bump(&mut stored);
+                            trace.push(format!("{step}: Constellation writes {image}"));
+                        }
+                        // Now and then a broken annotation.
+                        5 if rng.chance(10) => {
+                            stored
+                                .metadata
+                                .annotations
+                                .get_or_insert_with(Default::default)
+                                .insert(RECORD_ANNOTATION.into(), "{broken".into());
+                            bump(&mut stored);
+                            trace.push(format!("{step}: a person breaks the record"));
+                        }
+                        _ => {}
+                    }
+                    // The cluster role's pass, on a fresh or a stale copy.
+                    let read = if rng.chance(15) {
+                        stale.clone()
+                    } else {
+                        stored.clone()
+                    };
+                    let (_, reading) = governing(&read);
+                    if read.resource_version() == stored.resource_version()
+                        && reading.record.is_none()
+                    {
+                        settled = stored.resource_version();
+                    }
+                    if let Some(Effect::PatchObject { patch, .. }) = &reading.record {
+                        // The API server's guard: the write names the
+                        // resourceVersion it read (none: unguarded).
+                        let guard = patch["metadata"]["resourceVersion"].as_str();
+                        let fresh =
+                            guard.is_none_or(|g| Some(g.to_string()) == stored.resource_version());
+                        let fault = rng.below(10);
+                        if fresh && fault != 0 {
+                            stored = recorded(&stored, &reading);
+                            bump(&mut stored);
+                            settled = stored.resource_version();
+                            written = record_of(&stored);
+                        }
+                        trace.push(format!(
+                            "{step}: record write on a {} copy: {}",
+                            if fresh { "fresh" } else { "stale" },
+                            if !fresh {
+                                "refused (409)"
+                            } else if fault == 0 {
+                                "failed"
+                            } else {
+                                "stored"
+                            }
+                        ));
+                    }
+                    // The invariants, on what is stored now.
+                    let (gov, reading) = governing(&stored);
+                    let spec = rollout(&stored.spec);
+                    let empty = spec == rollout(&NodeVersionSpec::default_rollout());
+                    let raw = stored.annotations().get(RECORD_ANNOTATION).cloned();
+                    if !empty {
+                        assert_eq!(rollout(&gov.spec), spec, "the spec's own fields govern");
+                        assert!(!reading.hold && reading.note.is_none(), "{reading:?}");
+                    } else if let Some(rec) = record_of(&stored) {
+                        assert_eq!(
+                            rollout(&gov.spec),
+                            rec,
+                            "the record governs a spec that lost it"
+                        );
+                        assert_eq!(
+                            Some(&rec),
+                            written.as_ref(),
+                            "the record is the last one written"
+                        );
+                        if rec != spec {
+                            assert!(reading.note.is_some(), "a loss said nowhere: {rec:?}");
+                        }
+                    } else if raw.is_some() {
+                        assert!(reading.hold && reading.note.is_some(), "{reading:?}");
+                    } else {
+                        assert!(quiet(&reading), "no fields, no record: {reading:?}");
+                    }
+                    // Unchanged since a fresh pass stored its record (or had
+                    // none to write): nothing more to write.
+                    if stored.resource_version() == settled {
+                        assert!(reading.record.is_none(), "a write in an unchanged world");
+                    }
+                    stale = before;
+                }
+            },
+        );
+    }
+}
