@@ -160,7 +160,16 @@
 //!   marks of an object that no longer governs the node are removed,
 //!   level-triggered ([`decide::marking`];
 //!   `reboot::two_features_share_a_mark_without_a_fight_and_a_deleted_policy_takes_its_marks`,
-//!   the random worlds above).
+//!   the random worlds above). An object asking for a key another owns is
+//!   *withheld* that key and says so (`MarksWithheld`, `MarkOwnedBy`), but
+//!   does not wait for it: an `after` key is kept by its owner for good, so
+//!   waiting on it would hold the node for ever (a change from the first
+//!   design, which had the second object wait).
+//! - **Notifications at least once, nothing recorded lost**: the notifier
+//!   reads statuses, never effects; a new leader resumes after the stored
+//!   `status.notifications.through` (a record without one: nothing told
+//!   yet, all news), so an event told just before a leader died may be
+//!   told once more ([`decide::notify`]; the random worlds' notifier).
 //! - **Nothing from outside reaches an argv, an image or a label
 //!   unchecked**: `{version}` is filled only with a [`decide::version::Version`]
 //!   (`decide::upgrade::channel::tests::an_answer_that_is_not_a_version_is_refused`,
