@@ -11,8 +11,12 @@
 //! as the nodes and then the pods arrive is what those stores cost; then
 //! restarted on the full cluster (start to `/readyz`, requests, memory);
 //! then one NodeMaintenance at a time (cordon latency and drain of the
-//! node's 30 pods, 3 rounds), then 20 at once (times, memory, the pods it
-//! holds meanwhile and after).
+//! node's 30 pods, 3 rounds), then 100 at once (times, memory, the pods it
+//! holds meanwhile and after); then a RebootPolicy whose health gate
+//! selects 3 000 Deployments (realistic pod templates, no replicas: the
+//! gate's cost is the list, not the pods) while one node holds its slot
+//! (no agent runs there, so it stays `Rebooting` and the gate is listed
+//! every 5 s): requests, CPU and memory over 30 s of it.
 //!
 //! **Node role**: 100 agents, one process each, on the first 100 nodes:
 //! start to all ready, API requests over an idle minute (from the API
@@ -35,13 +39,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use nodekeeper::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
+use nodekeeper::api::reboot::{RebootPolicy, RebootPolicySpec};
 use nodekeeper::service::connect::{Transport, connect_with};
+use serde_json::json;
 use smol::stream::StreamExt;
+use support::machines::{annotate, maintenances_on, set_boot};
 use support::{
     Agent, GROUP_LABEL, block_on, create_namespace, free_port, http_get, install_crds, rss_kib,
     wait_for,
@@ -51,7 +59,12 @@ const NAMESPACES: usize = 10;
 const CREATE_IN_FLIGHT: usize = 200;
 const CORDON_ROUNDS: usize = 3;
 /// NodeMaintenances the cluster role is given at once.
-const CLUSTER_BURST: usize = 20;
+const CLUSTER_BURST: usize = 100;
+/// Deployments a health gate selects while a node holds a slot.
+const GATED_DEPLOYMENTS: usize = 3000;
+/// How long the cluster role is watched while the gate lists them (the
+/// gate lists every `service::health::EVERY`, 5 s).
+const GATE_WINDOW: Duration = Duration::from_secs(30);
 /// How long the agents are watched while NodeMaintenances elsewhere appear.
 const ELSEWHERE_WINDOW: Duration = Duration::from_secs(5);
 
@@ -168,7 +181,8 @@ fn main() {
         let pod_selector = format!("nodekeeper.test/scale={id}");
         wait_for(
             &format!("{total_pods} pods Running"),
-            Duration::from_secs(1200),
+            // kwok starts about 100 pods a second here.
+            Duration::from_secs(1200.max(total_pods as u64 / 40)),
             || async {
                 let waiting = Api::<Pod>::all(client.clone())
                     .list(
@@ -321,6 +335,15 @@ fn main() {
             "cluster role: pods held after the maintenances were deleted",
             held_after.to_string(),
         );
+        let gated = &node_names[nodes_n - CORDON_ROUNDS - burst_n - 1];
+        let gate = GateRun {
+            client: &client,
+            id: &id,
+            namespaces: &namespaces,
+            audit: &audit,
+            pid: role.child.id(),
+        };
+        gate.measure(gated, &mut out).await;
         stop(&mut role);
 
         // 100 node agents.
@@ -507,7 +530,7 @@ impl Report {
             println!("set-up: {s}");
         }
         println!(
-            "targets: cluster role ≤ 100 MiB; node role idle requests 0 (watches only), RSS ≤ 10 MiB"
+            "targets: cluster role peak ≤ 48 MiB (¾ of its Deployment's 64 MiB limit); node role idle requests 0 (watches only), RSS ≤ 10 MiB"
         );
         println!("| measure | result |");
         println!("|---|---|");
@@ -727,10 +750,32 @@ async fn create_node(client: &Client, id: &str, name: &str) {
 /// not what this benchmark measures, and binding 30 000 pods through it
 /// would take most of the run.
 async fn create_pod(client: &Client, id: &str, ns: &str, name: &str, node: &str) {
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let mut pod = app_pod(id, ns);
+    pod["metadata"]["name"] = name.into();
+    pod["metadata"]["namespace"] = ns.into();
+    pod["spec"]["nodeName"] = node.into();
+    let pod: Pod = serde_json::from_value(pod).expect("a pod object");
+    for attempt in 0.. {
+        match Api::<Pod>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &pod)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => return,
+            Err(e) if attempt < 5 => {
+                eprintln!("creating pod {ns}/{name}: {e} (retrying)");
+                nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("creating pod {ns}/{name}: {e}"),
+        }
+    }
+}
+
+/// The pod every app of the benchmark runs, as its Deployment's template
+/// and as the pods bound to nodes.
+fn app_pod(id: &str, ns: &str) -> serde_json::Value {
+    serde_json::json!({
         "metadata": {
-            "name": name,
-            "namespace": ns,
             "labels": {
                 "app.kubernetes.io/name": "app",
                 "app.kubernetes.io/instance": ns,
@@ -744,7 +789,6 @@ async fn create_pod(client: &Client, id: &str, ns: &str, name: &str, node: &str)
             },
         },
         "spec": {
-            "nodeName": node,
             "terminationGracePeriodSeconds": 0,
             "containers": [{
                 "name": "app",
@@ -773,22 +817,7 @@ async fn create_pod(client: &Client, id: &str, ns: &str, name: &str, node: &str)
                 {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
             ],
         },
-    }))
-    .expect("a pod object");
-    for attempt in 0.. {
-        match Api::<Pod>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &pod)
-            .await
-        {
-            Ok(_) => return,
-            Err(kube::Error::Api(s)) if s.code == 409 => return,
-            Err(e) if attempt < 5 => {
-                eprintln!("creating pod {ns}/{name}: {e} (retrying)");
-                nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("creating pod {ns}/{name}: {e}"),
-        }
-    }
+    })
 }
 
 async fn ready_nodes(client: &Client, selector: &str) -> usize {
@@ -1027,7 +1056,7 @@ impl Cleanup {
         let client = self.client.clone();
         wait_for(
             "the benchmark's namespaces deleted",
-            Duration::from_secs(900),
+            Duration::from_secs(900.max(nodes.len() as u64)),
             || async {
                 for ns in &self.namespaces {
                     if Api::<Namespace>::all(client.clone())
@@ -1043,5 +1072,185 @@ impl Cleanup {
             },
         )
         .await;
+    }
+}
+
+/// The health gate's row: a RebootPolicy whose gate selects
+/// [`GATED_DEPLOYMENTS`] Deployments while one node of it holds its slot.
+struct GateRun<'a> {
+    client: &'a Client,
+    id: &'a str,
+    namespaces: &'a [String],
+    audit: &'a Path,
+    /// The cluster role's process.
+    pid: u32,
+}
+
+impl GateRun<'_> {
+    async fn measure(&self, node: &str, out: &mut Report) {
+        let t = Instant::now();
+        let (client, id, namespaces) = (self.client, self.id, self.namespaces);
+        concurrently((0..GATED_DEPLOYMENTS).collect(), CREATE_IN_FLIGHT, |i| {
+            let (client, id) = (client.clone(), id.to_string());
+            let ns = namespaces[i % namespaces.len()].clone();
+            async move { create_deployment(&client, &id, &ns, i).await }
+        })
+        .await;
+        out.setup(format!(
+            "{GATED_DEPLOYMENTS} Deployments for the health gate: created in {:.1} s",
+            t.elapsed().as_secs_f64()
+        ));
+        let policy = format!("{id}-gate");
+        self.hold_a_slot(&policy, node).await;
+
+        // The window: the peak is reset first (writing 5 to clear_refs
+        // resets VmHWM), so the peak read after it is the window's own.
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5");
+        let before = rss_kib(self.pid, "VmRSS");
+        let from = mark(self.audit);
+        let cpu = support::cpu_seconds(self.pid);
+        nodekeeper::runtime::sleep(GATE_WINDOW).await; // the measurement window itself
+        let cpu = support::cpu_seconds(self.pid) - cpu;
+        let lists = support::audit_count_since(self.audit, from.offset, "list", "deployments");
+        let requests = audit_verbs_since(self.audit, from);
+        let what = format!(
+            "cluster role: health gate over {GATED_DEPLOYMENTS} Deployments, a node holding its slot, {} s",
+            GATE_WINDOW.as_secs()
+        );
+        out.row(
+            &format!("{what}: requests ({lists} Deployment list pages)"),
+            requests_text(&requests),
+        );
+        out.row(
+            &format!("{what}: CPU"),
+            format!(
+                "{:.2} s ({:.1} % of a core)",
+                cpu,
+                cpu * 100.0 / GATE_WINDOW.as_secs_f64()
+            ),
+        );
+        out.row(
+            &format!("{what}: RSS before / peak in the window"),
+            format!("{} / {}", kib(before), kib(rss_kib(self.pid, "VmHWM"))),
+        );
+        self.give_back(&policy, node).await;
+    }
+
+    /// A policy over `node` alone, gated on the Deployments, and a reboot
+    /// asked of the node; no agent runs there to reboot it, so once
+    /// admitted it holds its slot (`Draining`, then `Rebooting`) for as
+    /// long as the policy stands.
+    async fn hold_a_slot(&self, policy: &str, node: &str) {
+        let (client, id) = (self.client, self.id);
+        Api::<Node>::all(client.clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"nodekeeper.test/gated": id}}})),
+            )
+            .await
+            .expect("labelling the gated node");
+        let spec: RebootPolicySpec = serde_json::from_value(json!({
+            // The pool's label too: a cluster role scoped by
+            // `--node-selector` handles only policies that name its pool.
+            "nodeSelector": {"matchLabels": {GROUP_LABEL: id, "nodekeeper.test/gated": id}},
+            "budget": {"maxUnavailable": 1},
+            "reboot": {"command": ["/bin/true"]},
+            "detect": {"sentinelFile": ""},
+            "gates": {"health": {"workloads": [
+                {"selector": {"matchLabels": {"nodekeeper.test/gate": id}}}
+            ]}},
+        }))
+        .expect("a policy spec");
+        let created = Api::<RebootPolicy>::all(client.clone())
+            .create(&PostParams::default(), &RebootPolicy::new(policy, spec))
+            .await
+            .expect("creating the gated RebootPolicy");
+        // What the node's agent would say after looking at its host: the
+        // reboot command runs there (the cluster role admits only then).
+        let check = format!("{} ok", nodekeeper::decide::command_check::key(&created));
+        annotate(
+            client,
+            node,
+            nodekeeper::api::reboot::CHECK_ANNOTATION,
+            Some(&check),
+        )
+        .await;
+        // A reboot is verified by the boot ID, which kwok's nodes lack.
+        set_boot(client, node, &format!("{node}-boot-1")).await;
+        annotate(client, node, "nodekeeper.io/reboot-needed", Some("now")).await;
+        wait_for(
+            "the gated node holding its slot",
+            Duration::from_secs(120),
+            || async {
+                let p = Api::<RebootPolicy>::all(client.clone())
+                    .get(policy)
+                    .await
+                    .ok()?;
+                let status = p.status?;
+                let entry = status.nodes.iter().find(|e| e.name == node)?;
+                entry.phase.holds_slot().then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Delete the policy (its finalizer is the cluster role's, which gives
+    /// the node back) and wait until nothing holds the node.
+    async fn give_back(&self, policy: &str, node: &str) {
+        let client = self.client;
+        let _ = Api::<RebootPolicy>::all(client.clone())
+            .delete(policy, &DeleteParams::default())
+            .await;
+        wait_for(
+            "the gated node given back",
+            Duration::from_secs(120),
+            || async {
+                let gone = Api::<RebootPolicy>::all(client.clone())
+                    .get_opt(policy)
+                    .await
+                    .ok()?
+                    .is_none();
+                (gone && maintenances_on(client, node).await == 0).then_some(())
+            },
+        )
+        .await;
+        annotate(client, node, "nodekeeper.io/reboot-needed", None).await;
+    }
+}
+
+/// A Deployment the health gate selects: the benchmark's app template, no
+/// replicas (the gate's cost is its list, not pods).
+async fn create_deployment(client: &Client, id: &str, ns: &str, i: usize) {
+    let app = format!("app-{i:04}");
+    let mut template = app_pod(id, ns);
+    template["metadata"]["labels"] =
+        json!({"app.kubernetes.io/name": app, "app.kubernetes.io/instance": ns});
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{id}-{app}"),
+            "namespace": ns,
+            "labels": {"nodekeeper.test/gate": id, "app.kubernetes.io/name": app},
+        },
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
+            "template": template,
+        },
+    }))
+    .expect("a Deployment object");
+    for attempt in 0.. {
+        match Api::<Deployment>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &deployment)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => return,
+            Err(e) if attempt < 5 => {
+                eprintln!("creating Deployment {ns}/{app}: {e} (retrying)");
+                nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("creating Deployment {ns}/{app}: {e}"),
+        }
     }
 }
