@@ -17,6 +17,10 @@
 //!   next NodeMaintenance created, p50 and p95 (target ≤ 200 ms);
 //! - API requests per node reboot (the agents' and cluster role's, from
 //!   the API server's audit log, which records only the bench identity);
+//! - the wave's critical path: the chain of reboots its end waited for,
+//!   each node's cycle on it and the admission gaps between them, so the
+//!   wave's excess over the ideal splits into nodes rebooting side by side
+//!   being slower than one alone and admission;
 //! - peak RSS of a node agent and of the cluster role (after both rows).
 
 #[path = "../support/mod.rs"]
@@ -49,9 +53,9 @@ const SINGLE_RUNS: usize = 3;
 /// What the bench's own watch saw, with the time it saw it.
 #[derive(Default)]
 struct Seen {
-    /// When each NodeMaintenance was first seen (names repeat: one per
-    /// node, created again for each reboot).
-    created: Vec<(String, Instant)>,
+    /// When each NodeMaintenance was first seen, and its node (names
+    /// repeat: one per node, created again for each reboot).
+    created: Vec<(String, String, Instant)>,
     /// Per node: times it became available again (Ready, uncordoned, no
     /// NodeMaintenance) after being unavailable.
     freed: Vec<(String, Instant)>,
@@ -108,7 +112,7 @@ fn observe(client: Client, group: String, seen: Arc<Mutex<Seen>>) {
                     }
                     (false, Some(node)) => {
                         if !s.nms.contains_key(&name) {
-                            s.created.push((name.clone(), at));
+                            s.created.push((name.clone(), node.clone(), at));
                         }
                         s.nms.insert(name, node);
                     }
@@ -143,9 +147,68 @@ async fn policy(env: &TestEnv, fleet: &Fleet, name: &str, labels: serde_json::Va
 struct Row {
     down: Duration,
     cycle: Duration,
+    /// One node's cycle alone from its NodeMaintenance's creation.
+    nm_cycle: Duration,
     wave: Duration,
     latencies: Vec<f64>,
     requests: usize,
+    path: CriticalPath,
+}
+
+/// The chain of reboots the wave's end waited for: from the last node
+/// back, each node's NodeMaintenance, and the node whose return freed the
+/// slot it took. The wave is `first + Σ cycles + Σ gaps`: what it exceeds
+/// the ideal by is either cycles slower than one node's alone (nodes
+/// rebooting side by side) or admission gaps.
+#[derive(Default)]
+struct CriticalPath {
+    /// From the policy's creation to the chain's first NodeMaintenance.
+    first: Duration,
+    /// Each node's NodeMaintenance created → node back, in wave order.
+    cycles: Vec<Duration>,
+    /// A slot freed → the next NodeMaintenance created on the chain.
+    gaps: Vec<Duration>,
+}
+
+fn critical_path(s: &Seen, start: Instant, end: Instant) -> CriticalPath {
+    let mut path = CriticalPath::default();
+    let Some((mut node, mut back)) = s
+        .freed
+        .iter()
+        .find(|(_, t)| *t == end)
+        .map(|(n, t)| (n.clone(), *t))
+    else {
+        return path;
+    };
+    // This node's NodeMaintenance of the wave, the last before it came back.
+    while let Some(created) = s
+        .created
+        .iter()
+        .filter(|(_, n, t)| *n == node && *t > start && *t < back)
+        .map(|(_, _, t)| *t)
+        .max()
+    {
+        path.cycles.push(back - created);
+        // The slot it took: the latest return before its admission.
+        match s
+            .freed
+            .iter()
+            .filter(|(_, t)| *t > start && *t <= created)
+            .max_by_key(|(_, t)| *t)
+        {
+            Some((n, t)) => {
+                path.gaps.push(created - *t);
+                (node, back) = (n.clone(), *t);
+            }
+            None => {
+                path.first = created - start;
+                break;
+            }
+        }
+    }
+    path.cycles.reverse();
+    path.gaps.reverse();
+    path
 }
 
 fn main() {
@@ -210,7 +273,7 @@ fn main() {
     for (round, down) in downs.into_iter().enumerate() {
         *fleet.down.lock().unwrap() = down;
         // One node's cycle, alone.
-        let mut cycles = Vec::new();
+        let (mut cycles, mut nm_cycles) = (Vec::new(), Vec::new());
         for (i, n) in names.iter().take(SINGLE_RUNS).enumerate() {
             block_on(annotate(
                 &env.client,
@@ -227,11 +290,24 @@ fn main() {
             ));
             let one = [n.clone()];
             fleet.serve(&one, Duration::from_secs(300), || back(n, start).is_some());
-            cycles.push(back(n, start).map(|t| t - start).unwrap_or_default());
+            let returned = back(n, start).unwrap_or(start);
+            cycles.push(returned - start);
+            let created = seen
+                .lock()
+                .unwrap()
+                .created
+                .iter()
+                .filter(|(_, m, t)| m == n && *t > start)
+                .map(|(_, _, t)| *t)
+                .min()
+                .unwrap_or(start);
+            nm_cycles.push(returned.saturating_duration_since(created));
             delete_policy(&env, &name);
         }
         cycles.sort();
+        nm_cycles.sort();
         let cycle = cycles[cycles.len() / 2];
+        let nm_cycle = nm_cycles[nm_cycles.len() / 2];
 
         // The wave.
         block_on(async {
@@ -256,7 +332,7 @@ fn main() {
             for (n, t) in s.freed.iter().filter(|(_, t)| *t > start) {
                 eprintln!("freed {n} at +{:.2} s", (*t - start).as_secs_f64());
             }
-            for (m, t) in s.created.iter().filter(|(_, t)| *t > start) {
+            for (m, _, t) in s.created.iter().filter(|(_, _, t)| *t > start) {
                 eprintln!("created {m} at +{:.2} s", (*t - start).as_secs_f64());
             }
         }
@@ -268,10 +344,11 @@ fn main() {
         let mut created: Vec<Instant> = s
             .created
             .iter()
-            .map(|(_, t)| *t)
+            .map(|(_, _, t)| *t)
             .filter(|t| *t > start)
             .collect();
         created.sort();
+        let path = critical_path(&s, start, end);
         let mut latencies: Vec<f64> = created
             .iter()
             .skip(BUDGET)
@@ -288,9 +365,11 @@ fn main() {
         rows.push(Row {
             down,
             cycle,
+            nm_cycle,
             wave: end - start,
             latencies,
             requests,
+            path,
         });
     }
     let node_rss = names
@@ -347,6 +426,36 @@ fn print_table(rows: &[Row], bin: &std::path::Path, node_rss: u64, cluster_rss: 
             pct(0.5),
             pct(0.95),
             r.requests as f64 / NODES as f64,
+        );
+    }
+    println!();
+    println!(
+        "the wave's critical path (the chain of reboots its end waited for; wave = first admission + cycles + gaps):"
+    );
+    println!(
+        "| down | first admission | cycles on the path | Σ cycles − {rounds} × one node's alone | gaps on the path (Σ) |"
+    );
+    println!(
+        "|------|-----------------|--------------------|-------------------|----------------------|"
+    );
+    for r in rows {
+        let p = &r.path;
+        let secs = |v: &[Duration]| {
+            v.iter()
+                .map(|d| format!("{:.2}", d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let cycles: Duration = p.cycles.iter().sum();
+        let gaps: Duration = p.gaps.iter().sum();
+        println!(
+            "| {:>3} s | {:>13.0} ms | {} s | {:+.2} s | {} s ({:.2} s) |",
+            r.down.as_secs(),
+            p.first.as_secs_f64() * 1e3,
+            secs(&p.cycles),
+            cycles.as_secs_f64() - (r.nm_cycle * rounds).as_secs_f64(),
+            secs(&p.gaps),
+            gaps.as_secs_f64(),
         );
     }
     println!(
