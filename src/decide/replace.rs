@@ -248,6 +248,7 @@ pub fn decide(s: &Snapshot) -> Plan {
     let surge = surge_size(s, &c);
     let budget = surge.saturating_sub(extra);
     let mut wake: Option<Duration> = Some(LEAVE_POLL).filter(|_| !s.pending.is_empty());
+    wake = super::earliest(wake, lifecycle::image_retry(s));
     let (message, overdue_wake) = message(s, &c);
     wake = super::earliest(wake, overdue_wake);
     let status = status(s, &c, budget, message);

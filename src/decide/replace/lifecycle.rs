@@ -313,7 +313,7 @@ pub fn scaling_groups(s: &Snapshot) -> Option<Plan> {
                 status: serde_json::to_value(&status).unwrap_or_default(),
             }]));
         }
-        let key = format!("set-scaling-group-image/{}", id.to_lowercase());
+        let key = image_key(id);
         if !same && backing_off(s, &key).is_none() {
             return Some(
                 Plan::steps(vec![Effect::Provider {
@@ -329,6 +329,28 @@ pub fn scaling_groups(s: &Snapshot) -> Option<Plan> {
         }
     }
     None
+}
+
+/// The provider write that sets a group's image (its failures and backoff).
+fn image_key(group_id: &str) -> String {
+    format!("set-scaling-group-image/{}", group_id.to_lowercase())
+}
+
+/// When a group's image, whose setting failed and is backing off, is to be
+/// set again. [`scaling_groups`] skips such a group until then, and the
+/// surge waits for its image: without this wake nothing looked again after
+/// the backoff (the provider answers no event), and a rollout whose one
+/// `set-scaling-group-image` timed out stalled until something unrelated
+/// changed.
+pub fn image_retry(s: &Snapshot) -> Option<Duration> {
+    let want = s.nv.spec.image.as_deref().filter(|i| !i.is_empty())?;
+    following(s)
+        .filter_map(|g| {
+            let id = g.spec.group_id.as_deref()?;
+            let current = s.facts.group_image.get(&id.to_lowercase())?.as_ref().ok()?;
+            (!eq(Some(current), Some(want))).then(|| backing_off(s, &image_key(id)))?
+        })
+        .min()
 }
 
 /// The cluster-autoscaler's command for a strategy and the groups:
