@@ -22,6 +22,7 @@ pub mod ask;
 mod classify;
 mod discovery;
 mod fields;
+mod groups;
 mod lifecycle;
 mod retire;
 mod surge;
@@ -239,7 +240,7 @@ pub fn decide(s: &Snapshot) -> Plan {
         return before_calls(plan, drained_donors(s, &classify(s)));
     }
     // 3. ScalingGroups follow the image.
-    if let Some(plan) = lifecycle::scaling_groups(s) {
+    if let Some(plan) = groups::scaling_groups(s) {
         return plan;
     }
 
@@ -248,7 +249,7 @@ pub fn decide(s: &Snapshot) -> Plan {
     let surge = surge_size(s, &c);
     let budget = surge.saturating_sub(extra);
     let mut wake: Option<Duration> = Some(LEAVE_POLL).filter(|_| !s.pending.is_empty());
-    wake = super::earliest(wake, lifecycle::image_retry(s));
+    wake = super::earliest(wake, groups::image_retry(s));
     let (message, overdue_wake) = message(s, &c);
     wake = super::earliest(wake, overdue_wake);
     let status = status(s, &c, budget, message);

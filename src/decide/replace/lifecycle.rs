@@ -1,8 +1,9 @@
 //! The life of the kinds around a rollout, pure: PendingNodes (status from
 //! the provider, a join past its deadline turned into a leave, a leave
-//! driving the instance's deletion), ScalingGroups (their image follows
-//! the NodeVersion), AutoscalingStrategies (the autoscaler Deployment's
-//! replicas and command) and JoiningNodes (components stamped on the node).
+//! driving the instance's deletion), ScalingGroups no NodeVersion follows,
+//! AutoscalingStrategies (the autoscaler Deployment's replicas and command)
+//! and JoiningNodes (components stamped on the node). The groups a
+//! NodeVersion follows are `groups.rs`'.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use super::{Kind, Snapshot, backing_off, delete_key, deleting, eq, following, plus, state};
+use super::{Kind, Snapshot, backing_off, delete_key, deleting, plus, state};
 use crate::api::constellation::*;
 use crate::decide::{Effect, Plan, duration_until, set_condition};
 
@@ -270,87 +271,6 @@ fn nv_ref(s: &Snapshot) -> k8s_openapi::api::core::v1::ObjectReference {
         uid: s.nv.uid(),
         ..Default::default()
     }
-}
-
-/// ScalingGroups following the NodeVersion: status from the provider's
-/// answer, and the group's image set to the NodeVersion's when it differs.
-pub fn scaling_groups(s: &Snapshot) -> Option<Plan> {
-    let want = s.nv.spec.image.as_deref().filter(|i| !i.is_empty())?;
-    for g in following(s) {
-        let Some(id) = g.spec.group_id.as_deref() else {
-            continue;
-        };
-        let Some(Ok(current)) = s.facts.group_image.get(&id.to_lowercase()) else {
-            continue;
-        };
-        let same = eq(Some(current), Some(want));
-        let mut status = g.status.clone().unwrap_or_default();
-        status.image_reference = Some(current.clone());
-        if same {
-            set_condition(
-                &mut status.conditions,
-                s.now,
-                CONDITION_OUTDATED,
-                "False",
-                "ScalingGroupNodeImageUpToDate",
-                "Scaling group will use the latest image when creating new nodes",
-            );
-        } else {
-            set_condition(
-                &mut status.conditions,
-                s.now,
-                CONDITION_OUTDATED,
-                "True",
-                "ScalingGroupNodeImageOutOfDate",
-                "Scaling group will not use the latest image when creating new nodes",
-            );
-        }
-        if g.status.as_ref() != Some(&status) {
-            return Some(Plan::steps(vec![Effect::WriteObjectStatus {
-                kind: Kind::ScalingGroup,
-                name: g.name_any(),
-                resource_version: g.resource_version(),
-                status: serde_json::to_value(&status).unwrap_or_default(),
-            }]));
-        }
-        let key = image_key(id);
-        if !same && backing_off(s, &key).is_none() {
-            return Some(
-                Plan::steps(vec![Effect::Provider {
-                    key,
-                    verb: "set-scaling-group-image",
-                    request: json!({ "groupId": id, "image": want }),
-                }])
-                .info(format!(
-                    "scaling group {}: image set to {want}",
-                    g.name_any()
-                )),
-            );
-        }
-    }
-    None
-}
-
-/// The provider write that sets a group's image (its failures and backoff).
-fn image_key(group_id: &str) -> String {
-    format!("set-scaling-group-image/{}", group_id.to_lowercase())
-}
-
-/// When a group's image, whose setting failed and is backing off, is to be
-/// set again. [`scaling_groups`] skips such a group until then, and the
-/// surge waits for its image: without this wake nothing looked again after
-/// the backoff (the provider answers no event), and a rollout whose one
-/// `set-scaling-group-image` timed out stalled until something unrelated
-/// changed.
-pub fn image_retry(s: &Snapshot) -> Option<Duration> {
-    let want = s.nv.spec.image.as_deref().filter(|i| !i.is_empty())?;
-    following(s)
-        .filter_map(|g| {
-            let id = g.spec.group_id.as_deref()?;
-            let current = s.facts.group_image.get(&id.to_lowercase())?.as_ref().ok()?;
-            (!eq(Some(current), Some(want))).then(|| backing_off(s, &image_key(id)))?
-        })
-        .min()
 }
 
 /// The cluster-autoscaler's command for a strategy and the groups:
