@@ -248,9 +248,12 @@
 //! - The kube `Client` runs on our own connector ([`service::connect`]):
 //!   HTTP/2 by ALPN, so watches and every eviction share one connection;
 //!   kube's 429 retries are off (a 429 is a PDB's answer the drain reports).
-//! - Pods and nodes are held slim; Jobs, workloads and the mutex kinds
-//!   untyped: the cluster role holds every node, and the binary's size
-//!   budget is 8 MiB.
+//! - Pods and nodes are held slim (a node: metadata, spec, conditions and
+//!   system info); Jobs, workloads and the mutex kinds untyped: the cluster
+//!   role holds every node, and the binary's size budget is 8 MiB. Work
+//!   that waits for a shared limit waits before it exists: an eviction
+//!   takes its permit before its task is spawned, so 100 drains at once
+//!   hold 110 requests, not 3 000 parked tasks.
 //! - The reboot admission record is the RebootPolicy's status (one guarded
 //!   write), not a lock object; settling holds one slot, not every slot.
 //! - Host commands run as the host's processes (`host-run`: PID 1's

@@ -728,19 +728,25 @@ async fn create_node(client: &Client, id: &str, name: &str) {
         },
     }))
     .expect("a node object");
-    // Retried: 1000 creates at once may meet a busy API server.
+    create(Api::all(client.clone()), &node, &format!("node {name}")).await;
+}
+
+/// Create `object`, retried: thousands of creates at once may meet a busy
+/// API server. One that exists already (a retry of a create that went
+/// through) is done.
+async fn create<K>(api: Api<K>, object: &K, what: &str)
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     for attempt in 0.. {
-        match Api::<Node>::all(client.clone())
-            .create(&PostParams::default(), &node)
-            .await
-        {
+        match api.create(&PostParams::default(), object).await {
             Ok(_) => return,
             Err(kube::Error::Api(s)) if s.code == 409 => return,
             Err(e) if attempt < 5 => {
-                eprintln!("creating node {name}: {e} (retrying)");
+                eprintln!("creating {what}: {e} (retrying)");
                 nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
             }
-            Err(e) => panic!("creating node {name}: {e}"),
+            Err(e) => panic!("creating {what}: {e}"),
         }
     }
 }
@@ -755,20 +761,8 @@ async fn create_pod(client: &Client, id: &str, ns: &str, name: &str, node: &str)
     pod["metadata"]["namespace"] = ns.into();
     pod["spec"]["nodeName"] = node.into();
     let pod: Pod = serde_json::from_value(pod).expect("a pod object");
-    for attempt in 0.. {
-        match Api::<Pod>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &pod)
-            .await
-        {
-            Ok(_) => return,
-            Err(kube::Error::Api(s)) if s.code == 409 => return,
-            Err(e) if attempt < 5 => {
-                eprintln!("creating pod {ns}/{name}: {e} (retrying)");
-                nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("creating pod {ns}/{name}: {e}"),
-        }
-    }
+    let api = Api::namespaced(client.clone(), ns);
+    create(api, &pod, &format!("pod {ns}/{name}")).await;
 }
 
 /// The pod every app of the benchmark runs, as its Deployment's template
@@ -1239,18 +1233,6 @@ async fn create_deployment(client: &Client, id: &str, ns: &str, i: usize) {
         },
     }))
     .expect("a Deployment object");
-    for attempt in 0.. {
-        match Api::<Deployment>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &deployment)
-            .await
-        {
-            Ok(_) => return,
-            Err(kube::Error::Api(s)) if s.code == 409 => return,
-            Err(e) if attempt < 5 => {
-                eprintln!("creating Deployment {ns}/{app}: {e} (retrying)");
-                nodekeeper::runtime::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("creating Deployment {ns}/{app}: {e}"),
-        }
-    }
+    let api = Api::namespaced(client.clone(), ns);
+    create(api, &deployment, &format!("Deployment {ns}/{app}")).await;
 }
