@@ -329,6 +329,7 @@ fn reserved_label_keys() {
 }
 
 mod fields;
+mod groups;
 mod objects;
 mod reports;
 mod stuck_donors;
