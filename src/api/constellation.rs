@@ -427,12 +427,12 @@ impl Kind {
     }
 }
 
-/// The CRDs, as checked in (see `api::CRDS_JSON`).
-pub(crate) const CRDS_JSON: &str = include_str!("constellation-crds.json");
+/// The CRDs, as checked in (see `api::CRDS`).
+pub(crate) const CRDS: super::Embedded = super::embedded!("constellation-crds.json");
 
 /// The CRDs as YAML, for `nodekeeper crds --constellation`.
 pub fn crds_yaml() -> crate::error::Result<String> {
-    super::as_yaml(CRDS_JSON)
+    super::as_yaml(&CRDS)
 }
 
 #[cfg(test)]
@@ -453,10 +453,6 @@ pub fn crds()
 mod tests {
     #[test]
     fn checked_in_crds_match_the_types() {
-        crate::api::check_generated(
-            super::crds(),
-            "src/api/constellation-crds.json",
-            super::CRDS_JSON,
-        );
+        crate::api::check_generated(super::crds(), &super::CRDS);
     }
 }

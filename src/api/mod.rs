@@ -13,28 +13,54 @@ pub mod reboot;
 pub mod upgrade;
 
 /// Every CRD nodekeeper serves, in install order: the output of [`crds`],
-/// checked in and embedded as compact JSON, printed as YAML by
-/// [`crate::yaml`] ([`crds_yaml`]). Generating them at run time would link
-/// schemars and every type's schema code (~250 KiB of an 8 MiB budget) for
-/// one subcommand; embedding the YAML instead of JSON cost 44 KB more. A
+/// checked in as compact JSON (`crds.json`), embedded deflated (build.rs)
+/// and printed as YAML by [`crate::yaml`] ([`crds_yaml`]). Generating them
+/// at run time would link schemars and every type's schema code (~250 KiB
+/// of an 8 MiB budget) for one subcommand; embedding the YAML instead of
+/// JSON cost 44 KB more, and the JSON itself 96 KB more than deflated. A
 /// unit test fails when the file is stale.
-const CRDS_JSON: &str = include_str!("crds.json");
+const CRDS: Embedded = embedded!("crds.json");
 
-/// The CRDs of `CRDS_JSON` as YAML documents, for `kubectl apply`.
+/// A checked-in CRD file as the binary carries it: deflated by build.rs.
+pub(crate) struct Embedded {
+    /// The file's name under `src/api`, for an error.
+    file: &'static str,
+    deflated: &'static [u8],
+}
+
+/// The [`Embedded`] form of a checked-in CRD file of `src/api`.
+macro_rules! embedded {
+    ($file:literal) => {
+        $crate::api::Embedded {
+            file: $file,
+            deflated: include_bytes!(concat!(env!("OUT_DIR"), "/", $file, ".deflate")),
+        }
+    };
+}
+pub(crate) use embedded;
+
+/// The CRDs of `crds.json` as YAML documents, for `kubectl apply`.
 pub fn crds_yaml() -> crate::error::Result<String> {
-    as_yaml(CRDS_JSON)
+    as_yaml(&CRDS)
 }
 
 /// Checked-in compact JSON (a list of documents) as YAML documents.
-pub(crate) fn as_yaml(json: &str) -> crate::error::Result<String> {
-    let docs: Vec<serde_json::Value> = serde_json::from_str(json).map_err(|e| {
-        crate::error::Error::Invalid(format!("the embedded CRDs are not valid JSON: {e}"))
-    })?;
-    Ok(crate::yaml::documents(&docs))
+pub(crate) fn as_yaml(crds: &Embedded) -> crate::error::Result<String> {
+    Ok(crate::yaml::documents(&documents(crds)?))
+}
+
+/// The documents of an embedded CRD file.
+fn documents(crds: &Embedded) -> crate::error::Result<Vec<serde_json::Value>> {
+    let bad = |why: String| {
+        crate::error::Error::Invalid(format!("the embedded {} is damaged: {why}", crds.file))
+    };
+    let json = miniz_oxide::inflate::decompress_to_vec(crds.deflated)
+        .map_err(|e| bad(format!("{e:?}")))?;
+    serde_json::from_slice(&json).map_err(|e| bad(e.to_string()))
 }
 
 /// Every CRD nodekeeper serves, generated from the types (tests only; see
-/// [`CRDS_JSON`]).
+/// [`CRDS`]).
 #[cfg(test)]
 pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
@@ -47,14 +73,17 @@ pub fn crds()
     ]
 }
 
-/// Compare generated CRDs with their checked-in compact JSON; with
-/// `NODEKEEPER_REGENERATE=1`, write the file instead.
+/// Compare generated CRDs with their checked-in compact JSON, as the
+/// binary embeds it (so the deflated bytes are proven to inflate back to
+/// the file); with `NODEKEEPER_REGENERATE=1`, write the file instead.
 #[cfg(test)]
 pub(crate) fn check_generated(
     crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
-    file: &str,
-    checked_in: &str,
+    embedded: &Embedded,
 ) {
+    let file = format!("src/api/{}", embedded.file);
+    let inflated = miniz_oxide::inflate::decompress_to_vec(embedded.deflated).unwrap_or_default();
+    let checked_in = String::from_utf8_lossy(&inflated);
     let docs: Vec<serde_json::Value> = crds
         .iter()
         .map(|c| {
@@ -65,7 +94,7 @@ pub(crate) fn check_generated(
         .collect();
     let generated = format!("{}\n", serde_json::Value::Array(docs));
     if std::env::var_os("NODEKEEPER_REGENERATE").is_some() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(&file);
         std::fs::write(&path, &generated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         return;
     }
@@ -155,7 +184,7 @@ mod tests {
                 walk(&at, child, missing);
             }
         }
-        let crds: Vec<Value> = serde_json::from_str(super::CRDS_JSON).unwrap_or_default();
+        let crds = super::documents(&super::CRDS).unwrap_or_default();
         let mut missing = Vec::new();
         for crd in &crds {
             let kind = crd["spec"]["names"]["kind"].as_str().unwrap_or_default();
@@ -182,12 +211,38 @@ mod tests {
     }
 
     #[test]
-    fn checked_in_crds_match_the_types() {
-        super::check_generated(super::crds(), "src/api/crds.json", super::CRDS_JSON);
-        super::check_generated(
-            super::mutex::crds(),
-            "src/api/mutex-crds.json",
-            super::mutex::CRDS_JSON,
+    fn every_embedded_crd_file_inflates_to_its_yaml_documents() {
+        for (embedded, n) in [
+            (&super::CRDS, super::crds().len()),
+            (&super::mutex::CRDS, super::mutex::crds().len()),
+            (
+                &super::constellation::CRDS,
+                super::constellation::crds().len(),
+            ),
+        ] {
+            let yaml = super::as_yaml(embedded).unwrap_or_default();
+            assert_eq!(
+                yaml.matches("kind: CustomResourceDefinition").count(),
+                n,
+                "{}",
+                embedded.file
+            );
+        }
+        let damaged = super::Embedded {
+            file: "crds.json",
+            deflated: &super::CRDS.deflated[..100],
+        };
+        let err = super::as_yaml(&damaged).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("the embedded crds.json is damaged")),
+            "{err:?}"
         );
+    }
+
+    #[test]
+    fn checked_in_crds_match_the_types() {
+        super::check_generated(super::crds(), &super::CRDS);
+        super::check_generated(super::mutex::crds(), &super::mutex::CRDS);
     }
 }
