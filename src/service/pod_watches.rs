@@ -315,9 +315,13 @@ async fn initial_events(api: &Api<Pod>, params: &WatchParams, what: &str) -> Ini
     let mut events = match api.watch(params, "0").await {
         Ok(s) => s.boxed(),
         Err(kube::Error::Api(status)) if status.code == 400 || status.code == 422 => {
+            // The server's message ("sendInitialEvents is forbidden
+            // unless the WatchList feature gate is enabled") reads like an
+            // RBAC refusal, which it is not: say what it means.
             log::debug!(
-                "watch of {what} with initial events refused: {}",
-                status.message
+                "watch of {what}: the API server does not stream lists ({} {}); a list and a watch instead",
+                status.code,
+                status.reason
             );
             return Initial::Refused;
         }
