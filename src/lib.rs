@@ -264,10 +264,12 @@
 //!   background; no decision waits on the network.
 //! - Watches list with a consistent read (an `Any` list can loop on 410
 //!   after an API server restart), but for one: the pods of a node the
-//!   cluster role starts to drain list from the watch cache as it is and
-//!   watch on from there, handing over to a consistent relist at the
+//!   cluster role starts to drain come from the watch cache as it is, as
+//!   one streaming watch (`sendInitialEvents`; a list and a watch where
+//!   the server refuses it), handing over to a consistent relist at the
 //!   first error — the first eviction no longer waits for the cache to
-//!   catch up with etcd ([`service::pod_watches`]).
+//!   catch up with etcd, and a drain costs one request less
+//!   ([`service::pod_watches`]).
 
 pub mod api;
 pub mod cli;
