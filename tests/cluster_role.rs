@@ -276,6 +276,25 @@ fn a_policy_whose_writes_are_refused_is_reported_and_every_other_object_goes_on(
     });
 }
 
+/// How many requests the API server dispatched under the shipped leader
+/// FlowSchema at the `leader-election` priority level: its own counter, not
+/// nodekeeper's word.
+fn leader_election_dispatches() -> f64 {
+    let out = support::kubectl(&["get", "--raw", "/metrics"], None);
+    assert!(
+        out.status.success(),
+        "the API server's /metrics: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body = String::from_utf8_lossy(&out.stdout);
+    let schema = format!("flow_schema=\"{}\"", nodekeeper::deploy::LEADER_FLOW_SCHEMA);
+    body.lines()
+        .filter(|l| l.starts_with("apiserver_flowcontrol_dispatched_requests_total{"))
+        .filter(|l| l.contains(&schema) && l.contains("priority_level=\"leader-election\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Defect: without POD_NAME the leader identity was the host name, so two
 /// cluster roles on one machine both led and both acted.
 /// Two cluster roles of one pool elect one leader, and a leader stopped
@@ -307,6 +326,7 @@ fn two_cluster_roles_on_one_host_elect_one_leader() {
         };
         let selector = format!("{GROUP_LABEL}={}", env.id);
         let lease_name = nodekeeper::cli::run::leader_lease_name(Some(&selector));
+        let dispatched_before = leader_election_dispatches();
         let first = pool(&selector);
         wait_for("the first cluster role leading", LIMIT, || async {
             first.log_text().contains("leading as").then_some(())
@@ -365,6 +385,15 @@ fn two_cluster_roles_on_one_host_elect_one_leader() {
             "the second took the lease {handover:#} after SIGTERM to the first:\nfirst:\n{}\nsecond:\n{}",
             first.log_text(),
             second.log_text()
+        );
+        // The renewals went to the API server's leader-election priority
+        // level through the shipped FlowSchema, not to workload-low in one
+        // flow with the cluster role's evictions.
+        let dispatched = leader_election_dispatches() - dispatched_before;
+        assert!(
+            dispatched >= 3.0,
+            "{dispatched} lease requests dispatched under {} at leader-election",
+            nodekeeper::deploy::LEADER_FLOW_SCHEMA
         );
         for (who, agent) in [("first", &first), ("second", &second), ("other", &other)] {
             let log = agent.log_text();

@@ -29,7 +29,7 @@ pub use rbac::{
 };
 pub use webhook::webhook;
 use workloads::*;
-pub use workloads::{NOTIFY_ROLE, daemonset, deployment, notify_rbac};
+pub use workloads::{LEADER_FLOW_SCHEMA, NOTIFY_ROLE, daemonset, deployment, notify_rbac};
 
 use crate::api::nodemaintenance::{
     APPLIED_ANNOTATION, CORDONED_ANNOTATION, EXCLUDE_REMEDIATION_LABEL, LEASE_NAMESPACE,
@@ -242,7 +242,7 @@ pub const TARGETS: [(&str, &str, Option<&str>); 14] = [
     ("daemonset", "the node agent as a DaemonSet", None),
     (
         "deployment",
-        "cluster mode (--all-nodes): its ServiceAccount, RBAC and a leader-elected Deployment",
+        "cluster mode (--all-nodes): its ServiceAccount, RBAC, a leader-elected Deployment and the FlowSchema that gives its leader Lease the API server's leader-election priority",
         None,
     ),
     (

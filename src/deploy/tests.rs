@@ -15,6 +15,36 @@ fn every_target_renders_with_defaults() {
     }
 }
 
+/// The leader FlowSchema follows the namespace: its subject is the
+/// cluster role's ServiceAccount there, and it matches that namespace's
+/// leases only (the medik8s node leases stay ordinary work).
+#[test]
+fn the_leader_flow_schema_names_the_cluster_account_and_its_namespace() {
+    let o = Options {
+        namespace: "ops".into(),
+        ..Options::default()
+    };
+    let docs = super::workloads::deployment(&o);
+    let schema = docs
+        .iter()
+        .find(|d| d["kind"] == "FlowSchema")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(schema["metadata"]["name"], LEADER_FLOW_SCHEMA);
+    let rule = &schema["spec"]["rules"][0];
+    assert_eq!(
+        rule["subjects"],
+        json!([{"kind": "ServiceAccount",
+                "serviceAccount": {"name": CLUSTER_ACCOUNT, "namespace": "ops"}}])
+    );
+    assert_eq!(rule["resourceRules"][0]["namespaces"], json!(["ops"]));
+    assert_eq!(rule["resourceRules"][0]["resources"], json!(["leases"]));
+    assert_eq!(
+        schema["spec"]["priorityLevelConfiguration"]["name"],
+        "leader-election"
+    );
+}
+
 /// The notifications' Secrets: the cluster role may `get` those names and
 /// nothing else; none named, no Role at all; the default goes to `run`.
 #[test]

@@ -144,6 +144,38 @@ pub fn daemonset(o: &Options) -> Value {
     }})
 }
 
+/// The FlowSchema that gives the cluster role's leader Lease the API
+/// server's `leader-election` priority level, as `system-leader-election`
+/// gives the controller manager's and the scheduler's. Without it the
+/// renewals fall under the default `service-accounts` schema into
+/// `workload-low`, in one flow with the cluster role's own evictions: on an
+/// overloaded server a renewal queued behind a burst's evictions missed its
+/// 10 s deadline and the leader stepped down mid-burst (bench-scale at 5 000
+/// nodes). Only the leader namespace's leases: the medik8s node leases are
+/// per-node work, not election. A cluster role whose `--leader-namespace` is
+/// elsewhere needs that namespace added here; a schema naming a priority
+/// level the server lacks is marked Dangling and skipped, never an error.
+pub const LEADER_FLOW_SCHEMA: &str = "nodekeeper-leader-election";
+
+fn leader_flow_schema(o: &Options) -> Value {
+    json!({"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+    "metadata": {"name": LEADER_FLOW_SCHEMA, "labels": labels()},
+    "spec": {
+      // Before the catch-all service-accounts (9000); beside
+      // workload-leader-election (200), which does this for kube-system's.
+      "matchingPrecedence": 200,
+      "priorityLevelConfiguration": {"name": "leader-election"},
+      "distinguisherMethod": {"type": "ByUser"},
+      "rules": [{
+        "subjects": [{"kind": "ServiceAccount",
+                      "serviceAccount": {"name": CLUSTER_ACCOUNT, "namespace": o.namespace}}],
+        "resourceRules": [{"verbs": ["get", "list", "watch", "create", "update"],
+                           "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                           "namespaces": [o.namespace]}]
+      }]
+    }})
+}
+
 /// Cluster mode: its own identity, the leader Lease it needs, and two
 /// replicas of which one leads.
 pub fn deployment(o: &Options) -> Vec<Value> {
@@ -166,6 +198,7 @@ pub fn deployment(o: &Options) -> Vec<Value> {
                "metadata": {"name": "nodekeeper-leader", "namespace": o.namespace, "labels": labels()},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodekeeper-leader"},
                "subjects": [{"kind": "ServiceAccount", "name": CLUSTER_ACCOUNT, "namespace": o.namespace}]}),
+        leader_flow_schema(o),
     ]);
     docs.extend(notify_rbac(o));
     let sel =

@@ -281,6 +281,18 @@ pub fn audited_identity_for(args: &[&str]) -> (PathBuf, String) {
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nodekeeper-leader"},
             "subjects": subject,
         }));
+        // The shipped FlowSchema's priority for its leases, as for the
+        // ServiceAccount: under load a renewal must not queue behind the
+        // role's own evictions here either (bench-scale).
+        let mut schema = nodekeeper::deploy::deployment(&nodekeeper::deploy::Options::default())
+            .into_iter()
+            .find(|d| d["kind"] == "FlowSchema")
+            .expect("the deployment target has the leader FlowSchema");
+        schema["metadata"] = serde_json::json!({"name": format!("{user}-leader-election")});
+        let rule = &mut schema["spec"]["rules"][0];
+        rule["subjects"] = serde_json::json!([{"kind": "User", "user": {"name": user}}]);
+        rule["resourceRules"][0]["namespaces"] = serde_json::json!([namespace]);
+        apply(&schema);
     }
     (path, user)
 }
