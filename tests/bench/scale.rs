@@ -6,8 +6,10 @@
 //! a config map and an emptyDir), created straight onto their nodes over
 //! one HTTP/2 connection, 200 requests in flight. kwok runs them.
 //!
-//! **Cluster role** (`run --all-nodes`, the static binary, the audited bench
-//! identity): started on the empty cluster, so the resident memory it adds
+//! **Cluster role** (`run --all-nodes`, the static binary, an audited
+//! identity with the shipped RBAC and the shipped FlowSchema's priority for
+//! its lease, so its requests meet the API server's priority and fairness as
+//! a ServiceAccount's do): started on the empty cluster, so the resident memory it adds
 //! as the nodes and then the pods arrive is what those stores cost; then
 //! restarted on the full cluster (start to `/readyz`, requests, memory);
 //! then one NodeMaintenance at a time (cordon latency and drain of the
@@ -18,9 +20,11 @@
 //! (no agent runs there, so it stays `Rebooting` and the gate is listed
 //! every 5 s): requests, CPU and memory over 30 s of it.
 //!
-//! **Node role**: 100 agents, one process each, on the first 100 nodes:
-//! start to all ready, API requests over an idle minute (from the API
-//! server's audit log, which records only the bench identity), memory per
+//! **Node role**: 100 agents, one process each, on the first 100 nodes, all
+//! as one audited identity with the node agent's shipped RBAC (as every
+//! DaemonSet pod is one ServiceAccount): start to all ready, API requests
+//! over an idle minute (from the API server's audit log, which records only
+//! the audited identities and the bench's), memory per
 //! agent, what 10 and then 100 NodeMaintenances on other nodes cost the
 //! agents (requests, CPU, objects held: an agent watches only its own
 //! node's), and the time for every node to be cordoned and drained when 100
@@ -85,7 +89,6 @@ fn main() {
         setting("NODEKEEPER_SCALE_AGENTS", 100).min(nodes_n.saturating_sub(CORDON_ROUNDS));
     let idle = Duration::from_secs(setting("NODEKEEPER_SCALE_IDLE", 60) as u64);
     let kubeconfig = support::cluster().to_path_buf();
-    let bench_kubeconfig = kubeconfig.with_file_name("kubeconfig-bench");
     let audit = kubeconfig.with_file_name("logs").join("audit.log");
     install_crds();
     block_on(async move {
@@ -127,9 +130,14 @@ fn main() {
             .map(|s| s.to_string())
             .collect()
         };
+        // As users run it: the shipped RBAC and the shipped FlowSchema's
+        // priority for its lease, through the API server's priority and
+        // fairness (the bench identity is system:masters, which is exempt).
         let port = free_port();
         let args = cluster_args(port);
-        let mut role = start(&bin, &bench_kubeconfig, &args);
+        let role_args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (role_kubeconfig, _) = support::audited_identity_for(&role_args);
+        let mut role = start(&bin, &role_kubeconfig, &args);
         wait_ready(&[port], Duration::from_secs(60)).await;
         let base = rss_kib(role.child.id(), "VmRSS");
         println!("cluster role ready on the empty cluster: RSS {}", kib(base));
@@ -250,7 +258,7 @@ fn main() {
         let audit_start = mark(&audit);
         let port = free_port();
         let t = Instant::now();
-        let mut role = start(&bin, &bench_kubeconfig, &cluster_args(port));
+        let mut role = start(&bin, &role_kubeconfig, &cluster_args(port));
         wait_ready(&[port], Duration::from_secs(300)).await;
         let start_to_ready = t.elapsed();
         let requests = audit_verbs_since(&audit, audit_start);
@@ -349,6 +357,10 @@ fn main() {
         // 100 node agents.
         let owned: Vec<String> = node_names[..agents_n].to_vec();
         let ports = free_ports(owned.len());
+        // One audited identity for all: every DaemonSet pod's token is one
+        // user too (one flow for the API server's fairness).
+        let (agent_kubeconfig, _) =
+            support::audited_identity_for(&["run", "--node", owned[0].as_str()]);
         let t = Instant::now();
         let mut agents: Vec<Agent> = owned
             .iter()
@@ -357,7 +369,7 @@ fn main() {
                 let addr = format!("127.0.0.1:{port}");
                 start(
                     &bin,
-                    &bench_kubeconfig,
+                    &agent_kubeconfig,
                     &["run", "--node", node, "--metrics-address", &addr].map(String::from),
                 )
             })
