@@ -30,11 +30,25 @@ pub enum Acquired {
 /// own monotonic clock: the record expires `leaseDurationSeconds` after
 /// it was last seen to change, as client-go decides, so a clock skewed
 /// against the holder's can neither take a live lease early nor wait out a
-/// dead one late.
+/// dead one late. And the leader's own last write, which its next renewal
+/// updates without reading first.
 #[derive(Debug, Default)]
-pub struct Observed(Mutex<Option<(String, Instant)>>);
+pub struct Observed {
+    seen: Mutex<Option<(String, Instant)>>,
+    written: Mutex<Option<Lease>>,
+}
 
 impl Observed {
+    /// Our last write of the lease, taken (a renewal that fails reads the
+    /// lease again).
+    fn take_written(&self) -> Option<Lease> {
+        crate::runtime::lock(&self.written).take()
+    }
+
+    fn wrote(&self, lease: Lease) {
+        *crate::runtime::lock(&self.written) = Some(lease);
+    }
+
     /// Has the record `lease` shows stood unchanged for its whole duration?
     fn expired(&self, lease: &Lease) -> bool {
         let spec = lease.spec.as_ref();
@@ -46,7 +60,7 @@ impl Observed {
             spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
             lease.metadata.resource_version
         );
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         match &*seen {
             Some((r, at)) if *r == record => {
                 at.elapsed() >= Duration::from_secs(seconds.max(0) as u64)
@@ -120,6 +134,25 @@ pub async fn acquire(
             ..Default::default()
         }),
     };
+    // The leader's renewal, as client-go's fast path: the lease as we last
+    // wrote it, updated in one request. Anyone else's write since fails it
+    // with 409, and the read below judges the lease as it is. Under load
+    // a read and a write took two of a 10 s deadline's round trips of
+    // 1.4 s each, and the leader of a burst at 5 000 nodes stepped down.
+    if let Some(o) = observed
+        && let Some(mut mine) = o.take_written()
+    {
+        let spec = mine.spec.get_or_insert_with(Default::default);
+        spec.renew_time = Some(MicroTime(now));
+        spec.lease_duration_seconds = Some(seconds);
+        match api.replace(name, &PostParams::default(), &mine).await {
+            Ok(written) => {
+                o.wrote(written);
+                return Ok(Acquired::Held { until });
+            }
+            Err(e) => log::debug!("{}: renewing from our last write: {e}; reading it", ctx()),
+        }
+    }
     let mut attempt = 0;
     let mut lease = loop {
         attempt += 1;
@@ -138,7 +171,12 @@ pub async fn acquire(
         };
         // It exists: ours to renew, free to take, or someone else's.
         let conflict = match created {
-            Ok(_) => return Ok(Acquired::Held { until }),
+            Ok(written) => {
+                if let Some(o) = observed {
+                    o.wrote(written);
+                }
+                return Ok(Acquired::Held { until });
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => kube::Error::Api(s),
             Err(e) => return Err(Error::kube(ctx())(e)),
         };
@@ -170,9 +208,13 @@ pub async fn acquire(
     spec.lease_duration_seconds = Some(seconds);
     spec.renew_time = Some(MicroTime(now));
     // replace() carries resourceVersion: a concurrent writer gets a 409.
-    api.replace(name, &PostParams::default(), &lease)
+    let written = api
+        .replace(name, &PostParams::default(), &lease)
         .await
         .map_err(Error::kube(ctx()))?;
+    if let Some(o) = observed {
+        o.wrote(written);
+    }
     Ok(Acquired::Held { until })
 }
 
@@ -321,7 +363,7 @@ mod observed_tests {
         assert!(!o.expired(&old), "first sight is never expired");
         assert!(!o.expired(&old), "seen unchanged for less than 15 s");
         // Unchanged for the whole duration by our own clock: expired.
-        if let Some(seen) = o.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        if let Some(seen) = o.seen.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             seen.1 = Instant::now() - Duration::from_secs(16);
         }
         assert!(o.expired(&old));
