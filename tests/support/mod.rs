@@ -416,7 +416,22 @@ where
 
 /// Poll `check` every 100 ms until it yields `Some`, or panic after `limit`
 /// naming what we waited for. Tests may poll; the product may not.
-pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    wait_for_every(what, limit, Duration::from_millis(100), check).await
+}
+
+/// [`wait_for`], looking every `every`: for checks that cost the API
+/// server a lot (bench-scale's over 150 000 pods).
+pub async fn wait_for_every<T, F, Fut>(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut check: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -430,7 +445,7 @@ where
             start.elapsed() < limit,
             "timed out after {limit:?} waiting for {what}"
         );
-        nodekeeper::runtime::sleep(Duration::from_millis(100)).await;
+        nodekeeper::runtime::sleep(every).await;
     }
 }
 
