@@ -327,24 +327,7 @@ fn daemonset_pods_are_left_alone() {
 
 /// A pod created directly on the node (no scheduler), as the kubelet does.
 async fn bound_pod(w: &World, name: &str, node: &str, f: impl FnOnce(&mut Pod)) -> Pod {
-    let mut spec = w.env.pod_spec();
-    spec.node_name = Some(node.into());
-    spec.node_selector = None;
-    let mut pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("app".to_string(), name.to_string())].into()),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        ..Default::default()
-    };
-    f(&mut pod);
-    let api: Api<Pod> = Api::namespaced(w.env.client.clone(), &w.env.ns);
-    api.create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    w.wait_running(&format!("app={name}"), 1).await.remove(0)
+    w.env.bound_pod(name, node, f).await
 }
 
 #[test]

@@ -129,19 +129,7 @@ async fn run(role: &str) {
         support::machines::cluster_role(&env, &[])
     };
     let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let name = format!("{}-m", env.id);
-    nms.create(
-        &PostParams::default(),
-        &NodeMaintenance::new(
-            &name,
-            NodeMaintenanceSpec {
-                node_name: a.clone(),
-                reason: Some("firmware".into()),
-            },
-        ),
-    )
-    .await
-    .expect("create nm");
+    let name = env.maintain("m", &a, "firmware").await;
 
     let nodes: Api<Node> = Api::all(env.client.clone());
     let held = "True/AdminRequested".to_string();

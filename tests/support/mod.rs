@@ -279,6 +279,47 @@ impl TestEnv {
         }
     }
 
+    /// A pod `app=<name>` created straight onto `node` (no scheduler, as a
+    /// static or pre-bound pod is), changed by `f` first; returns it once
+    /// it runs.
+    pub async fn bound_pod(&self, name: &str, node: &str, f: impl FnOnce(&mut Pod)) -> Pod {
+        let mut spec = self.pod_spec();
+        spec.node_name = Some(node.into());
+        spec.node_selector = None;
+        let mut pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some([("app".to_string(), name.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            ..Default::default()
+        };
+        f(&mut pod);
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+        self.wait_running(&format!("app={name}"), 1).await.remove(0)
+    }
+
+    /// A NodeMaintenance `<id>-<suffix>` for `node`.
+    pub async fn maintain(&self, suffix: &str, node: &str, reason: &str) -> String {
+        let name = format!("{}-{suffix}", self.id);
+        let nm = nodekeeper::api::nodemaintenance::NodeMaintenance::new(
+            &name,
+            nodekeeper::api::nodemaintenance::NodeMaintenanceSpec {
+                node_name: node.into(),
+                reason: Some(reason.into()),
+            },
+        );
+        Api::<nodekeeper::api::nodemaintenance::NodeMaintenance>::all(self.client.clone())
+            .create(&PostParams::default(), &nm)
+            .await
+            .expect("create NodeMaintenance");
+        name
+    }
+
     /// A PodDisruptionBudget over the pods labelled `app=<app>`.
     pub fn pdb(&self, name: &str, app: &str, min_available: i32) -> PodDisruptionBudget {
         PodDisruptionBudget {
