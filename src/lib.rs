@@ -40,12 +40,16 @@
 //! - `api/`: the CRD types, one file per API family ([`api::nodemaintenance`]
 //!   in medik8s's exact shape; [`api::reboot`]; [`api::upgrade`];
 //!   [`api::mutex`] and [`api::constellation`], served for their projects;
-//!   [`api::pod`], the slim pod every store holds) and [`api::common`], the
+//!   [`api::pod`], the slim pod every store holds; [`api::drain_rule`],
+//!   Cluster API's MachineDrainRule for every drain) and [`api::common`], the
 //!   blocks every feature shares (budgets, windows, gates, drain settings,
 //!   node labels, notifications). Field documentation is the schemas'.
 //! - `decide/`: pure decisions. [`decide::maintenance`] is the
 //!   NodeMaintenance life; [`decide::drain`] which pods go and how (kubectl
-//!   drain's rules, PDB blockers, retries); [`decide::reboot`] and
+//!   drain's rules, PDB blockers, retries), [`decide::drain_rules`] each
+//!   pod's DrainRule placement and the tier draining now, and
+//!   [`decide::drain_plan`] the two together as one drain's plan, which the
+//!   maintenance acts on and `drain --dry-run` prints; [`decide::reboot`] and
 //!   [`decide::upgrade`] the cluster role's admissions and per-node stages
 //!   and the node role's half (`node.rs`), both built of one skeleton's
 //!   parts in [`decide::rollout`] (the reasons both report, the agent's
@@ -93,7 +97,8 @@
 //!   half ([`service::reboots`], [`service::upgrades`], [`service::mutex`],
 //!   [`service::replace`]), `service::node_controller` (what triggers a
 //!   node's reconcile, how many run at once, how one is retried) and
-//!   [`service::reconcile`] (one node's reconcile),
+//!   [`service::reconcile`] (one node's reconcile, with the DrainRules and
+//!   namespace labels its drain reads from [`service::drain_rules`]),
 //!   [`service::connect`] (credentials, the HTTP/2 client, start-up checks),
 //!   [`service::metrics`], and beside the loop the opt-in webhook
 //!   ([`service::admission`]).

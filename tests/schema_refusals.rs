@@ -88,6 +88,24 @@ fn selectors_that_cannot_be_used_are_refused_in_every_kind_with_the_field_named(
             "{nodeSelector: SEL}",
             "spec.nodeSelector",
         ),
+        (
+            NK,
+            "DrainRule",
+            "{drain: {behavior: Drain}, pods: [{selector: SEL}]}",
+            "spec.pods[0].selector",
+        ),
+        (
+            NK,
+            "DrainRule",
+            "{drain: {behavior: Drain}, pods: [{namespaceSelector: SEL}]}",
+            "spec.pods[0].namespaceSelector",
+        ),
+        (
+            NK,
+            "DrainRule",
+            "{drain: {behavior: Skip}, nodes: [{selector: SEL}]}",
+            "spec.nodes[0].selector",
+        ),
     ];
     // (what is wrong, the selector, what the refusal must say)
     let bad: Vec<(&str, &str, &str)> = vec![
@@ -333,6 +351,65 @@ fn reboot_methods_and_upgrade_strategies_are_refused_with_the_field_named() {
                 failures.push(format!("{kind} {spec}: refused without {why:?}: {said}"))
             }
             _ => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// DrainRules that cannot mean anything, refused as Cluster API refuses
+/// MachineDrainRules (its CRD's rules and its webhook's order check), with
+/// the field named.
+#[test]
+fn drain_rules_that_cannot_mean_anything_are_refused_with_the_field_named() {
+    install_crds();
+    const NK: &str = "nodekeeper.io/v1alpha1";
+    let cases: [(&str, &str, &str); 6] = [
+        (
+            "an order with Skip",
+            "{drain: {behavior: Skip, order: 3}}",
+            "order can only be set if behavior is Drain",
+        ),
+        (
+            "an order with WaitCompleted",
+            "{drain: {behavior: WaitCompleted, order: -1}}",
+            "order can only be set if behavior is Drain",
+        ),
+        (
+            "an unknown behavior",
+            "{drain: {behavior: Evict}}",
+            "spec.drain.behavior: Unsupported value: \"Evict\"",
+        ),
+        (
+            "no drain at all",
+            "{pods: [{selector: {matchLabels: {a: b}}}]}",
+            "spec.drain: Required value",
+        ),
+        (
+            "an empty entry of pods",
+            "{drain: {behavior: Skip}, pods: [{}]}",
+            "an entry of pods needs a selector or a namespaceSelector",
+        ),
+        (
+            "the same entry twice",
+            "{drain: {behavior: Skip}, pods: [{selector: {matchLabels: {a: b}}}, {selector: {matchLabels: {a: b}}}]}",
+            "entries in pods must be unique",
+        ),
+    ];
+    let mut failures = Vec::new();
+    let (ok, said) = dry_run(&manifest(
+        NK,
+        "DrainRule",
+        "{drain: {behavior: Drain, order: -5}, pods: [{selector: {matchLabels: {a: b}}}], nodes: [{selector: {matchLabels: {pool: db}}}]}",
+    ));
+    if !ok {
+        failures.push(format!("a right DrainRule refused: {said}"));
+    }
+    for (what, spec, must_say) in cases {
+        let (ok, said) = dry_run(&manifest(NK, "DrainRule", spec));
+        if ok {
+            failures.push(format!("{what} accepted"));
+        } else if !said.contains(must_say) {
+            failures.push(format!("{what}: refused without saying why: {said}"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

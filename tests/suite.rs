@@ -32,6 +32,7 @@ mod cluster;
 mod cluster_idle;
 mod cluster_role;
 mod demo;
+mod drain_rules;
 mod effects;
 mod helm;
 mod http2;

@@ -6,6 +6,7 @@
 
 pub mod common;
 pub mod constellation;
+pub mod drain_rule;
 pub mod mutex;
 pub mod nodemaintenance;
 pub mod pod;
@@ -70,6 +71,7 @@ pub fn crds()
         nodemaintenance::NodeMaintenance::crd(),
         reboot::RebootPolicy::crd(),
         upgrade::UpgradePlan::crd(),
+        drain_rule::DrainRule::crd(),
     ]
 }
 

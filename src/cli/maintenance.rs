@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use crate::api::pod::Pod;
 use argh::FromArgs;
@@ -15,8 +16,10 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use smol::stream::StreamExt;
 
+use crate::api::drain_rule::DrainRule;
 use crate::api::nodemaintenance::{NodeMaintenance, NodeMaintenanceSpec, Phase};
 use crate::decide::drain::{self, Fate};
+use crate::decide::drain_plan;
 use crate::error::{Error, Result};
 use crate::service::{self, connect};
 
@@ -405,61 +408,120 @@ fn held_by(nm: &NodeMaintenance) -> String {
 /// `nodekeeper drain --dry-run NODE`: the plan, changing nothing.
 pub async fn drain_dry_run(args: DrainArgs) -> Result<ExitCode> {
     let client = connect::connect(args.kubeconfig.as_deref()).await?;
-    super::named_node(&client, &args.node).await?;
+    let node = super::named_node(&client, &args.node).await?;
     let pods: Api<Pod> = Api::all(client.clone());
-    let pods = pods
+    let pods: Vec<Arc<Pod>> = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={}", args.node)))
         .await
         .map_err(Error::kube(format!("listing pods on {}", args.node)))?
-        .items;
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
     let pdbs: Api<PodDisruptionBudget> = Api::all(client.clone());
     let pdbs = pdbs
         .list(&ListParams::default())
         .await
         .map_err(Error::kube("listing PodDisruptionBudgets"))?
         .items;
-    super::args::out(format_args!("{}", plan_table(&args.node, &pods, &pdbs)));
+    let book = rule_book(&client, &node, &pods).await?;
+    let labels = node.metadata.labels.unwrap_or_default();
+    let planned = drain_plan::plan(&pods, &labels, &book, drain_plan::Drain::default());
+    super::args::out(format_args!("{}", plan_table(&args.node, &planned, &pdbs)));
     Ok(ExitCode::SUCCESS)
 }
 
-/// The dry-run table, sorted by action then pod.
-pub fn plan_table(node: &str, pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> String {
-    let mut rows: Vec<(&str, String, String)> = pods
+/// The DrainRules, and the labels of the namespaces they select by, for
+/// a drain of `node` (as the service reads them, in one go).
+async fn rule_book(
+    client: &kube::Client,
+    node: &k8s_openapi::api::core::v1::Node,
+    pods: &[Arc<Pod>],
+) -> Result<drain_plan::RuleBook> {
+    let rules: Api<DrainRule> = Api::all(client.clone());
+    let rules: Vec<Arc<DrainRule>> = rules
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing DrainRules"))?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let empty = std::collections::BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    let mut namespaces = std::collections::HashMap::new();
+    if crate::decide::drain_rules::NodeRules::on(&rules, labels).need_namespaces() {
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let names: std::collections::BTreeSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.namespace.as_deref())
+            .collect();
+        for name in names {
+            let ns = api
+                .get_metadata(name)
+                .await
+                .map_err(Error::kube(format!("reading namespace {name}")))?;
+            namespaces.insert(name.to_string(), ns.metadata.labels.unwrap_or_default());
+        }
+    }
+    Ok(drain_plan::RuleBook { rules, namespaces })
+}
+
+/// The dry-run table, sorted by action then pod: what happens to each pod
+/// now, and the DrainRule and tier that decided it.
+pub fn plan_table(
+    node: &str,
+    planned: &[drain_plan::Planned],
+    pdbs: &[PodDisruptionBudget],
+) -> String {
+    let mut rows: Vec<(&str, String, String, String)> = planned
         .iter()
         .map(|p| {
-            let key = drain::pod_key(p);
-            match drain::fate(p, None) {
-                Fate::Evict => match drain::pdb_blocker(p, pdbs) {
-                    Some(b) => ("blocked", key, b),
-                    None => ("evict", key, String::new()),
+            let key = drain::pod_key(&p.pod);
+            let rule = p
+                .placement
+                .as_ref()
+                .map(|pl| format!("{} ({}, order {})", pl.by, pl.behavior.as_str(), pl.order))
+                .unwrap_or_else(|| "-".into());
+            let (action, detail) = match &p.fate {
+                Fate::Evict => match drain::pdb_blocker(&p.pod, pdbs) {
+                    Some(b) => ("blocked", b),
+                    None => ("evict", String::new()),
                 },
-                Fate::Delete(why) => ("delete", key, why.to_string()),
-                Fate::Terminating => ("wait", key, "already terminating".to_string()),
-                Fate::Skip(why) => ("skip", key, why.to_string()),
-            }
+                Fate::Delete(why) => ("delete", why.to_string()),
+                Fate::Terminating => ("wait", "already terminating".to_string()),
+                Fate::Held(why) => ("later", why.clone()),
+                Fate::Skip(why) => ("skip", why.to_string()),
+            };
+            (action, key, rule, detail)
         })
         .collect();
     let order = |a: &str| {
-        ["blocked", "evict", "delete", "wait", "skip"]
+        ["blocked", "evict", "delete", "wait", "later", "skip"]
             .iter()
             .position(|x| *x == a)
             .unwrap_or(9)
     };
     rows.sort_by(|a, b| order(a.0).cmp(&order(b.0)).then_with(|| a.1.cmp(&b.1)));
     let width = rows.iter().map(|r| r.1.len()).max().unwrap_or(3).max(3);
+    let rule_width = rows.iter().map(|r| r.2.len()).max().unwrap_or(4).max(4);
     let mut out = format!("drain plan for node {node} (dry run: nothing changed)\n");
-    out.push_str(&format!("{:<8} {:<width$} {}\n", "ACTION", "POD", "DETAIL"));
-    for (action, pod, detail) in &rows {
-        out.push_str(format!("{action:<8} {pod:<width$} {detail}").trim_end());
+    out.push_str(&format!(
+        "{:<8} {:<width$} {:<rule_width$} {}\n",
+        "ACTION", "POD", "RULE", "DETAIL"
+    ));
+    for (action, pod, rule, detail) in &rows {
+        out.push_str(format!("{action:<8} {pod:<width$} {rule:<rule_width$} {detail}").trim_end());
         out.push('\n');
     }
     let count = |a: &str| rows.iter().filter(|r| r.0 == a).count();
     out.push_str(&format!(
-        "{} to evict ({} blocked now), {} to delete, {} terminating, {} skipped\n",
+        "{} to evict ({} blocked now), {} to delete, {} terminating, {} later (a DrainRule tier or WaitCompleted), {} skipped\n",
         count("evict") + count("blocked"),
         count("blocked"),
         count("delete"),
         count("wait"),
+        count("later"),
         count("skip")
     ));
     out

@@ -4,6 +4,7 @@
 //! an eviction; and when to ask again after the API's answer. No I/O here:
 //! `effects/evict.rs` performs what this decides.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +24,12 @@ pub enum Fate {
     Delete(&'static str),
     /// Already terminating; drained once it is gone.
     Terminating,
-    /// Left alone, with the reason kubectl would give.
-    Skip(&'static str),
+    /// Waited for but not acted on now, and why: a pod of a later
+    /// DrainRule tier, a WaitCompleted pod still running, a pod whose rule
+    /// cannot be decided yet (`decide::drain_plan`).
+    Held(String),
+    /// Left alone, with the reason kubectl (or the DrainRule) gives.
+    Skip(Cow<'static, str>),
 }
 
 impl Fate {
@@ -129,14 +134,18 @@ pub fn fate(pod: &Pod, upgrading: Option<&str>) -> Fate {
         .as_ref()
         .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
     {
-        return Fate::Skip("mirror pod of a static pod (managed by the kubelet)");
+        return Fate::Skip(Cow::Borrowed(
+            "mirror pod of a static pod (managed by the kubelet)",
+        ));
     }
     let controller = meta
         .owner_references
         .as_ref()
         .and_then(|os| os.iter().find(|o| o.controller == Some(true)));
     if controller.is_some_and(|c| c.kind == "DaemonSet") {
-        return Fate::Skip("DaemonSet-managed (ignored, as --ignore-daemonsets)");
+        return Fate::Skip(Cow::Borrowed(
+            "DaemonSet-managed (ignored, as --ignore-daemonsets)",
+        ));
     }
     // The upgrade Job of an UpgradePlan (`strategy.type: Job`) runs on the
     // node its maintenance drained: evicting it would fail the upgrade.
@@ -155,7 +164,9 @@ pub fn fate(pod: &Pod, upgrading: Option<&str>) -> Fate {
         && upgrading.is_some_and(|plan| label(crate::api::upgrade::PLAN_LABEL) == Some(plan))
         && on.is_some_and(|n| label(crate::api::upgrade::NODE_LABEL) == Some(n))
     {
-        return Fate::Skip("this UpgradePlan's upgrade Job for this node");
+        return Fate::Skip(Cow::Borrowed(
+            "this UpgradePlan's upgrade Job for this node",
+        ));
     }
     if meta.deletion_timestamp.is_some() {
         return Fate::Terminating;

@@ -20,7 +20,8 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::drain::{self, Attempt, Fate};
+use super::drain::{Attempt, Fate};
+use super::drain_plan::{self, RuleBook};
 use super::duration_until;
 use super::node_conditions;
 use crate::api::common::{DrainOptions, Escalation, is_node_name};
@@ -54,6 +55,8 @@ pub struct Snapshot<'a> {
     pub maintenances: Vec<&'a NodeMaintenance>,
     /// Pods bound to this node.
     pub pods: &'a [Arc<Pod>],
+    /// The DrainRules, and the labels of the namespaces they need.
+    pub drain_rules: &'a RuleBook,
     /// Per pod UID.
     pub attempts: &'a HashMap<String, Attempt>,
     /// When we next have to renew the medik8s lease; `None` if we do not hold it.
@@ -516,5 +519,5 @@ mod tests;
 /// What other modules' tests borrow from these.
 #[cfg(test)]
 pub(crate) mod tests_support {
-    pub(crate) use super::tests::apply_conditions;
+    pub(crate) use super::tests::{apply_conditions, pod};
 }

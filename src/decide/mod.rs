@@ -19,6 +19,8 @@ pub mod claim;
 pub mod command_check;
 pub mod disrupt;
 pub mod drain;
+pub mod drain_plan;
+pub mod drain_rules;
 pub mod foreign;
 pub mod health;
 pub mod jobs;

@@ -44,6 +44,9 @@ pub struct Context {
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
+    pub drain_rules: Store<crate::api::drain_rule::DrainRule>,
+    /// Namespace labels read for DrainRules' namespace selectors.
+    pub namespace_labels: super::drain_rules::NamespaceLabels,
     /// Cluster role: hook Jobs (empty in the node role).
     pub jobs: Store<kube::api::DynamicObject>,
     /// Cluster role: Jobs the API server refused to create, by
@@ -137,6 +140,8 @@ impl Context {
             maintenances: stores.maintenances,
             policies: stores.policies,
             plans: stores.plans,
+            drain_rules: stores.drain_rules,
+            namespace_labels: Default::default(),
             jobs: stores.jobs,
             job_errors: Mutex::default(),
             upgrade_running: Mutex::default(),

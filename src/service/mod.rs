@@ -25,6 +25,7 @@ pub mod config;
 pub mod connect;
 pub mod contain;
 pub mod context;
+pub mod drain_rules;
 pub mod executor;
 pub mod failing;
 pub mod fresh;
@@ -127,6 +128,7 @@ pub async fn run(
         maintenances: nms,
         policies,
         plans: w.plans.clone(),
+        drain_rules: w.drain_rules.clone(),
         jobs: w.jobs.clone(),
         synced: synced.clone(),
         fresh: w.fresh.clone(),
@@ -484,6 +486,7 @@ pub async fn require_crds(client: &Client) -> Result<()> {
             ApiResource::erase::<NodeMaintenance>(&()),
             ApiResource::erase::<RebootPolicy>(&()),
             ApiResource::erase::<UpgradePlan>(&()),
+            ApiResource::erase::<crate::api::drain_rule::DrainRule>(&()),
         ],
     )
     .await

@@ -72,6 +72,26 @@ pub(super) fn node_controller(
         // them.
         .watches_stream(w.policy_events, move |_: RebootPolicy| own_policy())
         .watches_stream(w.plan_events, move |_: UpgradePlan| own_plan())
+        // A DrainRule changes the plan of every drain: the node role's
+        // own node; in the cluster role every node under maintenance.
+        .reconcile_on({
+            let (scope, nodes, ctx) = (scope.clone(), nodes.clone(), ctx.clone());
+            w.drain_rule_events.flat_map(move |_| {
+                let drained: Vec<ObjectRef<Node>> = match &scope {
+                    Scope::Node(_) => own_node(&scope, &nodes).into_iter().collect(),
+                    Scope::AllNodes { .. } => ctx
+                        .maintenances
+                        .state()
+                        .iter()
+                        .map(|m| m.spec.node_name.as_str())
+                        .collect::<std::collections::BTreeSet<&str>>()
+                        .into_iter()
+                        .map(ObjectRef::new)
+                        .collect(),
+                };
+                smol::stream::iter(drained)
+            })
+        })
         .watches_stream_with(w.job_events, |_: DynamicObject| None, w.job_resource)
         .reconcile_on(heartbeat)
         .reconcile_on(w.mutex_events.filter_map(move |_| {

@@ -262,12 +262,14 @@ async fn reconcile_node(
         } else {
             ctx.memory_as_is(node_name)
         };
+        let book = super::drain_rules::rule_book(ctx, node.as_deref(), &pods).await;
         let now = Timestamp::now();
         let snapshot = Snapshot {
             node_name,
             node: node.as_deref(),
             maintenances: nms.iter().map(|m| m.as_ref()).collect(),
             pods: &pods,
+            drain_rules: &book,
             attempts: &mem.attempts,
             lease_renew_at: mem.lease_renew_at,
             now,

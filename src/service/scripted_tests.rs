@@ -174,6 +174,7 @@ fn context(script: &Arc<Script>, nms: &[NodeMaintenance], gate: gate::LeaderGate
             maintenances,
             policies,
             plans,
+            drain_rules: kube::runtime::reflector::store::<crate::api::drain_rule::DrainRule>().0,
             jobs,
             synced: Synced::default(),
             fresh: Arc::new(Fresh::default()),

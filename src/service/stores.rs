@@ -13,6 +13,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
 use super::fresh::FreshCache;
+use crate::api::drain_rule::DrainRule;
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
@@ -27,6 +28,7 @@ pub struct Synced {
     pub maintenances: Latch,
     pub policies: Latch,
     pub plans: Latch,
+    pub drain_rules: Latch,
     /// Opened at once where Jobs are not watched (the node role).
     pub jobs: Latch,
     /// The mutex operator's kinds (opened at once where not watched).
@@ -42,6 +44,7 @@ impl Synced {
         self.maintenances.wait().await;
         self.policies.wait().await;
         self.plans.wait().await;
+        self.drain_rules.wait().await;
         self.jobs.wait().await;
         self.mutex.wait().await;
         self.replace.wait().await;
@@ -151,6 +154,7 @@ pub struct Stores {
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
+    pub drain_rules: Store<DrainRule>,
     pub jobs: Store<kube::api::DynamicObject>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,

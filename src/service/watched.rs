@@ -8,6 +8,7 @@
 //! | Pod | bound to its node | per drained node and per gate ([`super::pod_watches`]) | the node's reconcile; a gate's kick the scheduler |
 //! | NodeMaintenance | naming its node | every one (or the pool's) | the named node's reconcile; the scheduler and replacement |
 //! | RebootPolicy, UpgradePlan | every one | every one | the own node's reconcile; the scheduler |
+//! | DrainRule | every one | every one | the own node's reconcile; in the cluster role every drained node's |
 //! | Job (managed-by label) | not watched | every one, slim | the scheduler |
 //! | the mutex operator's kinds | not watched | where served, unscoped only | the scheduler |
 //! | Constellation's kinds | not watched | where served, with a provider | replacement, and MaintenancePlanned |
@@ -28,6 +29,7 @@ use super::roles::{self, Scope};
 use super::stores::{Arrivals, Fresh, Synced};
 use super::watch::{self, WatchBackoff, observe, slim_job, slim_node, watch_config, watch_ok};
 use super::{mutex, pod_watches, replace};
+use crate::api::drain_rule::DrainRule;
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
@@ -67,6 +69,8 @@ pub struct Watched {
     pub plans: Store<UpgradePlan>,
     pub policy_events: Objects<RebootPolicy>,
     pub plan_events: Objects<UpgradePlan>,
+    pub drain_rules: Store<DrainRule>,
+    pub drain_rule_events: Objects<DrainRule>,
     pub jobs: Store<DynamicObject>,
     pub job_events: Objects<DynamicObject>,
     pub job_resource: ApiResource,
@@ -136,6 +140,16 @@ pub async fn start(
             kick,
         )
     };
+    // Few objects, read by every drain; nodekeeper never writes them.
+    let (drain_rules, rule_writer) = reflector::store::<DrainRule>();
+    let drain_rule_events = every(
+        client,
+        rule_writer,
+        &synced.drain_rules,
+        |_: &str| {},
+        cluster_role,
+        kick,
+    );
     let job_resource = ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&());
     let job_writer = Writer::<DynamicObject>::new(job_resource.clone());
     let jobs = job_writer.as_reader();
@@ -166,6 +180,8 @@ pub async fn start(
         plans,
         policy_events,
         plan_events,
+        drain_rules,
+        drain_rule_events,
         jobs,
         job_events,
         job_resource,

@@ -4,9 +4,11 @@
 
 use super::*;
 
-/// What becomes of each pod on the node: kubectl drain's filters, the
-/// drain's pod selector, and past the deadline the owner's escalation. An
-/// UpgradePlan's own upgrade Job stays on the node it upgrades.
+/// What becomes of each pod on the node: the drain's plan
+/// (`decide::drain_plan`: kubectl drain's filters, the drain's pod
+/// selector, the DrainRules' tiers, and past the deadline the owner's
+/// escalation). An UpgradePlan's own upgrade Job stays on the node it
+/// upgrades.
 pub(super) fn fates(
     s: &Snapshot,
     p: &NodeMaintenance,
@@ -21,24 +23,19 @@ pub(super) fn fates(
                 .map(|o| o.name.as_str())
         })
         .flatten();
-    s.pods
-        .iter()
-        .map(|pod| {
-            let selected = opts
-                .pod_selector
-                .as_ref()
-                .is_none_or(|sel| crate::decide::selector::selector_matches(sel, pod.labels()));
-            let fate = match drain::fate(pod, upgrading) {
-                _ if !selected => Fate::Skip("not selected by the drain's pod selector"),
-                // Past the deadline, Force deletes what eviction could not
-                // move, PodDisruptionBudgets notwithstanding.
-                Fate::Evict if timed_out && opts.on_timeout == Escalation::Force => {
-                    Fate::Delete("drain timeout (onTimeout Force): deleted despite its PDB")
-                }
-                f => f,
-            };
-            (pod.clone(), fate)
-        })
+    let empty = std::collections::BTreeMap::new();
+    let node_labels = s
+        .node
+        .and_then(|n| n.metadata.labels.as_ref())
+        .unwrap_or(&empty);
+    let how = drain_plan::Drain {
+        upgrading,
+        pod_selector: opts.pod_selector.as_ref(),
+        force: timed_out && opts.on_timeout == Escalation::Force,
+    };
+    drain_plan::plan(s.pods, node_labels, s.drain_rules, how)
+        .into_iter()
+        .map(|planned| (planned.pod, planned.fate))
         .collect()
 }
 

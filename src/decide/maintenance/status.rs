@@ -106,10 +106,14 @@ pub(super) fn progress_status(
     let blockers: Vec<String> = fates
         .iter()
         .filter(|(_, f)| f.is_pending())
-        .filter_map(|(pod, _)| {
-            attempt(s, pod)
-                .and_then(|a| a.error.as_ref())
-                .map(|e| format!("pod {}: {e}", drain::pod_key(pod)))
+        .filter_map(|(pod, fate)| {
+            // Why a pod is held (a later tier, WaitCompleted), else the
+            // API's last refusal.
+            let why = match fate {
+                Fate::Held(why) => Some(why),
+                _ => attempt(s, pod).and_then(|a| a.error.as_ref()),
+            };
+            why.map(|e| format!("pod {}: {e}", drain::pod_key(pod)))
         })
         .collect();
     st.last_error = summarize(&blockers);

@@ -16,6 +16,7 @@ mod unlisted;
 /// Random worlds with faults: never uncordoned while held, always given
 /// back.
 mod world;
+mod world_rules;
 use crate::api::pod::PodStatus;
 use k8s_openapi::api::core::v1::{NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -93,7 +94,7 @@ fn deleting(mut m: NodeMaintenance) -> NodeMaintenance {
     m
 }
 
-fn pod(name: &str, owner: &str) -> Arc<Pod> {
+pub(crate) fn pod(name: &str, owner: &str) -> Arc<Pod> {
     Arc::new(Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -196,6 +197,7 @@ impl World {
             node: self.node.as_ref(),
             maintenances: self.nms.iter().collect(),
             pods: &self.pods,
+            drain_rules: RuleBook::empty(),
             attempts: &self.attempts,
             lease_renew_at: self.lease_renew_at,
             now: self.now,
@@ -624,6 +626,7 @@ fn a_stored_object_with_an_impossible_node_name_fails_with_a_message_not_a_looku
             node: None,
             maintenances: vec![&m],
             pods: &[],
+            drain_rules: RuleBook::empty(),
             attempts: &HashMap::new(),
             lease_renew_at: None,
             now: ts(10),

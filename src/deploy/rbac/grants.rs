@@ -16,7 +16,7 @@ const CLUSTER: &[Identity] = &[Identity::Cluster];
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 29] = [
+pub const GRANTS: [Grant; 31] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -60,6 +60,24 @@ pub const GRANTS: [Grant; 29] = [
         resource: "nodemaintenances",
         verbs: &["get", "list", "watch", "patch"],
         why: "watch NodeMaintenances; add and remove the finalizer",
+        only_with: None,
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "nodekeeper.io",
+        resource: "drainrules",
+        verbs: &["list", "watch"],
+        why: "watch DrainRules: how every drain treats the pods they select",
+        only_with: None,
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "",
+        resource: "namespaces",
+        verbs: &["get"],
+        why: "read the labels of a drained pod's namespace, only when a DrainRule selects by them",
         only_with: None,
     },
     Grant {

@@ -13,11 +13,17 @@
 //! pass, as the executor's error does. Now and then the process restarts
 //! and loses its memory (eviction attempts, the lease's renewal time).
 //!
+//! Each pod has a DrainRule behaviour and tier of the world's own table
+//! (`world_rules.rs`), and WaitCompleted pods finish by themselves now and
+//! then.
+//!
 //! Invariants, checked on the world's own reading and never from the
 //! product's status: the node is not uncordoned while a NodeMaintenance on
 //! it is live (not deleting, not Failed), begun or about to; a cordon a person
 //! set before any maintenance is never lifted; no pod is evicted or deleted
-//! unless a live NodeMaintenance drains the node; a pass ends in a wait
+//! unless a live NodeMaintenance drains the node, nor one the table says
+//! stays (Skip, WaitCompleted) or one of a later tier while a pod of an
+//! earlier one is still there; a pass ends in a wait
 //! within a bounded number of steps (no busy loop); and once every
 //! NodeMaintenance is deleted and the faults stop, within a few passes
 //! every one is gone (finalizer dropped), the node is back as the person
@@ -28,6 +34,7 @@
 
 use std::collections::BTreeMap;
 
+use super::world_rules::WorldRules;
 use super::*;
 use crate::decide::NodeMemory;
 use crate::decide::drain::Removal;
@@ -74,6 +81,8 @@ struct MaintenanceWorld {
     admin_cordoned: bool,
     nms: Vec<NodeMaintenance>,
     pods: Vec<WorldPod>,
+    /// The pods' DrainRules and the world's table of them.
+    rules: WorldRules,
     /// The medik8s lease: holder and until when.
     lease: Option<(String, Timestamp)>,
     memory: NodeMemory,
@@ -97,9 +106,14 @@ impl MaintenanceWorld {
                 ..Default::default()
             });
         }
-        let pods = (0..rng.below(5))
-            .map(|i| WorldPod {
-                pod: pod(&format!("p{i}"), "ReplicaSet"),
+        let mut arcs: Vec<Arc<Pod>> = (0..rng.below(5))
+            .map(|i| pod(&format!("p{i}"), "ReplicaSet"))
+            .collect();
+        let rules = WorldRules::random(&mut rng, &mut arcs);
+        let pods = arcs
+            .into_iter()
+            .map(|pod| WorldPod {
+                pod,
                 blocked: rng.chance(25),
                 terminating: None,
             })
@@ -117,6 +131,7 @@ impl MaintenanceWorld {
             admin_cordoned,
             nms: Vec::new(),
             pods,
+            rules,
             lease,
             memory: NodeMemory::default(),
             faults_on: true,
@@ -300,6 +315,8 @@ impl MaintenanceWorld {
                 Ok(Outcome::Done)
             }
             Effect::Drain { pods, .. } => {
+                let present: Vec<Arc<Pod>> = self.pods.iter().map(|w| w.pod.clone()).collect();
+                self.rules.check(pods, &present);
                 assert!(
                     self.live().is_some(),
                     "pods removed while no NodeMaintenance holds the node: {:?}",
@@ -350,11 +367,13 @@ impl MaintenanceWorld {
             let nms = self.nms.clone();
             let node = self.node.clone();
             let memory = self.memory.clone();
+            let book = self.rules.book.clone();
             let snapshot = Snapshot {
                 node_name: NODE,
                 node: node.as_ref(),
                 maintenances: nms.iter().collect(),
                 pods: &pods,
+                drain_rules: &book,
                 attempts: &memory.attempts,
                 lease_renew_at: memory.lease_renew_at,
                 now: self.now,
@@ -434,6 +453,8 @@ impl MaintenanceWorld {
             }
         }
         self.pods.retain(|w| w.terminating != Some(0));
+        self.rules
+            .finish_some(&mut self.rng, self.pods.iter_mut().map(|w| &mut w.pod));
         if people {
             if self.nms.len() < 3 && self.rng.chance(25) {
                 self.created += 1;

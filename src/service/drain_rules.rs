@@ -1,0 +1,103 @@
+//! What a drain reads beside its node's pods: the DrainRules from their
+//! store, and — only when a rule on the node selects by namespace labels —
+//! the labels of the namespaces of the node's pods. Those are read with one
+//! GET per namespace and remembered for a minute, not watched: a node
+//! agent watches only what names its node, and a drain needs a handful of
+//! namespaces once. A namespace that cannot be read is left out; its
+//! pods' placement waits (`decide::drain_plan` holds the drain's tiers and
+//! says why) and the read is tried again on the next pass.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::Api;
+
+use super::Context;
+use crate::api::pod::Pod;
+use crate::decide::drain_plan::RuleBook;
+use crate::decide::drain_rules::NodeRules;
+
+/// How long a namespace's labels are taken as read.
+const NAMESPACE_TTL: Duration = Duration::from_secs(60);
+/// One namespace read's deadline.
+const READ_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A namespace's labels.
+type Labels = BTreeMap<String, String>;
+
+/// Namespace labels read for drains, by name, with when.
+#[derive(Default)]
+pub struct NamespaceLabels {
+    read: Mutex<HashMap<String, (Instant, Labels)>>,
+}
+
+impl NamespaceLabels {
+    fn fresh(&self, name: &str) -> Option<BTreeMap<String, String>> {
+        let read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        read.get(name)
+            .filter(|(at, _)| at.elapsed() < NAMESPACE_TTL)
+            .map(|(_, labels)| labels.clone())
+    }
+
+    fn remember(&self, name: &str, labels: BTreeMap<String, String>) {
+        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        read.retain(|_, (at, _)| at.elapsed() < NAMESPACE_TTL);
+        read.insert(name.to_string(), (Instant::now(), labels));
+    }
+}
+
+/// The rule book for a drain of `node` with `pods` on it.
+pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) -> RuleBook {
+    let rules: Vec<Arc<crate::api::drain_rule::DrainRule>> = ctx.drain_rules.state();
+    let empty = BTreeMap::new();
+    let node_labels = node
+        .and_then(|n| n.metadata.labels.as_ref())
+        .unwrap_or(&empty);
+    if rules.is_empty() || !NodeRules::on(&rules, node_labels).need_namespaces() {
+        return RuleBook {
+            rules,
+            namespaces: HashMap::new(),
+        };
+    }
+    let names: BTreeSet<&str> = pods
+        .iter()
+        .filter_map(|p| p.metadata.namespace.as_deref())
+        .collect();
+    let mut namespaces = HashMap::new();
+    for name in names {
+        let labels = match ctx.namespace_labels.fresh(name) {
+            Some(labels) => Some(labels),
+            None => read(ctx, name).await,
+        };
+        if let Some(labels) = labels {
+            namespaces.insert(name.to_string(), labels);
+        }
+    }
+    RuleBook { rules, namespaces }
+}
+
+/// One namespace's labels, or `None` (logged) when it cannot be read now.
+async fn read(ctx: &Context, name: &str) -> Option<BTreeMap<String, String>> {
+    let api: Api<Namespace> = Api::all(ctx.effects.client.clone());
+    let got = crate::runtime::timeout(READ_DEADLINE, api.get_metadata(name)).await;
+    match got {
+        Ok(Ok(ns)) => {
+            let labels = ns.metadata.labels.unwrap_or_default();
+            ctx.namespace_labels.remember(name, labels.clone());
+            Some(labels)
+        }
+        Ok(Err(e)) => {
+            log::warn!("reading the labels of namespace {name} for a DrainRule: {e}");
+            None
+        }
+        Err(()) => {
+            log::warn!(
+                "reading the labels of namespace {name} for a DrainRule: no answer within {} s",
+                READ_DEADLINE.as_secs()
+            );
+            None
+        }
+    }
+}
