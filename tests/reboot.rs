@@ -1234,15 +1234,31 @@ fn the_health_gate_holds_the_next_node_until_a_deployment_is_available() {
         })
     };
     let seen_available = std::cell::Cell::new(false);
-    fleet.serve(&names, Duration::from_secs(120), || {
-        seen_available.set(seen_available.get() || available());
-        assert!(
-            seen_available.get() || fleet.commands(second) == 0,
-            "the second node was rebooted before the gated Deployment was available\n{}",
+    // Seen once in the gate (2026-11-29, scoped lane): the second node was
+    // never admitted in 120 s and nothing said why; the panic now shows
+    // the policy's entries, the Deployment's status and the role's log.
+    let explain = || {
+        let entries = [first, second].map(|n| format!("{n}: {:?}", entry(n)));
+        let status = block_on(async { deployments.get("gated").await.ok()?.status });
+        format!(
+            "policy entries: {entries:?}\nDeployment status: {status:?}\ncluster role's log:\n{}",
             cluster.log_text()
-        );
-        block_on(settled(&env.client, &names))
-    });
+        )
+    };
+    fleet.serve_or_explain(
+        &names,
+        Duration::from_secs(120),
+        || {
+            seen_available.set(seen_available.get() || available());
+            assert!(
+                seen_available.get() || fleet.commands(second) == 0,
+                "the second node was rebooted before the gated Deployment was available\n{}",
+                cluster.log_text()
+            );
+            block_on(settled(&env.client, &names))
+        },
+        explain,
+    );
     assert!(seen_available.get());
     assert_eq!(fleet.commands(second), 1);
     assert_eq!(entry(first).map(|e| e.phase), Some(RebootPhase::Done));

@@ -379,6 +379,18 @@ impl Fleet {
     /// or panic after `limit`. Each reboot runs on its own thread, so
     /// several machines reboot at once as they would.
     pub fn serve(self: &Arc<Self>, nodes: &[String], limit: Duration, done: impl Fn() -> bool) {
+        self.serve_or_explain(nodes, limit, done, String::new)
+    }
+
+    /// [`Fleet::serve`], and past `limit` the panic says what `explain`
+    /// tells of the world then (what the test's policy and objects show).
+    pub fn serve_or_explain(
+        self: &Arc<Self>,
+        nodes: &[String],
+        limit: Duration,
+        done: impl Fn() -> bool,
+        explain: impl Fn() -> String,
+    ) {
         let start = Instant::now();
         let mut threads = Vec::new();
         loop {
@@ -397,7 +409,8 @@ impl Fleet {
             }
             assert!(
                 start.elapsed() < limit,
-                "the reboots did not finish within {limit:?}"
+                "the reboots did not finish within {limit:?}\n{}",
+                explain()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
