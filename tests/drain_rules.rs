@@ -127,6 +127,31 @@ fn tiers_go_in_order_and_wait_completed_ends_when_the_pod_finishes() {
                 .await
                 .expect("create DrainRule");
         }
+        // The dry run shows the plan the drain will follow: the first tier
+        // evicted now, the rest later, each with its rule and order.
+        let kc = support::cluster().to_string_lossy().to_string();
+        let (ok, plan, err) =
+            support::run_cli(&["drain", "--dry-run", &node, "--kubeconfig", &kc], &[]);
+        assert!(ok.success(), "{err}");
+        let row = |pod: &str| {
+            plan.lines()
+                .find(|l| l.contains(&format!("{}/{pod} ", env.ns)))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(
+            row("early").starts_with("evict") && row("early").contains("a-early (Drain, order -1)"),
+            "{plan}"
+        );
+        assert!(
+            row("late").starts_with("later") && row("late").contains("b-late (Drain, order 5)"),
+            "{plan}"
+        );
+        assert!(
+            row("batch").starts_with("later") && row("batch").contains("WaitCompleted"),
+            "{plan}"
+        );
+        assert!(row("kept").starts_with("skip"), "{plan}");
         let stop = Latch::default();
         let (removed, watching) = watch_removals(env.client.clone(), env.ns.clone(), stop.clone());
         let _agent = Agent::start(&["run", "--node", &node]);

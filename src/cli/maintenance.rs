@@ -438,8 +438,9 @@ async fn rule_book(
     node: &k8s_openapi::api::core::v1::Node,
     pods: &[Arc<Pod>],
 ) -> Result<drain_plan::RuleBook> {
-    let rules: Api<DrainRule> = Api::all(client.clone());
-    let rules: Vec<Arc<DrainRule>> = rules
+    let resource = kube::api::ApiResource::erase::<DrainRule>(&());
+    let served: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    let served: Vec<Arc<kube::api::DynamicObject>> = served
         .list(&ListParams::default())
         .await
         .map_err(Error::kube("listing DrainRules"))?
@@ -447,6 +448,8 @@ async fn rule_book(
         .into_iter()
         .map(Arc::new)
         .collect();
+    // Parsed as the service parses them (held dynamic there).
+    let rules = crate::service::drain_rules::parsed(&served);
     let empty = std::collections::BTreeMap::new();
     let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
     let mut namespaces = std::collections::HashMap::new();

@@ -44,7 +44,8 @@ pub struct Context {
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
-    pub drain_rules: Store<crate::api::drain_rule::DrainRule>,
+    /// DrainRules as served (parsed by [`super::drain_rules`]).
+    pub drain_rules: Store<kube::api::DynamicObject>,
     /// Namespace labels read for DrainRules' namespace selectors.
     pub namespace_labels: super::drain_rules::NamespaceLabels,
     /// Cluster role: hook Jobs (empty in the node role).

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Api;
 
 use super::Context;
+use crate::api::drain_rule::DrainRule;
 use crate::api::pod::Pod;
 use crate::decide::drain_plan::RuleBook;
 use crate::decide::drain_rules::NodeRules;
@@ -50,7 +51,7 @@ impl NamespaceLabels {
 
 /// The rule book for a drain of `node` with `pods` on it.
 pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) -> RuleBook {
-    let rules: Vec<Arc<crate::api::drain_rule::DrainRule>> = ctx.drain_rules.state();
+    let rules = parsed(&ctx.drain_rules.state());
     let empty = BTreeMap::new();
     let node_labels = node
         .and_then(|n| n.metadata.labels.as_ref())
@@ -76,6 +77,29 @@ pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) ->
         }
     }
     RuleBook { rules, namespaces }
+}
+
+/// The rules as DrainRules; one that does not parse (stored before the
+/// schema refused it) is left out, said at debug level each time (a
+/// warning would repeat on every reconcile).
+pub fn parsed(served: &[Arc<kube::api::DynamicObject>]) -> Vec<Arc<DrainRule>> {
+    served
+        .iter()
+        .filter_map(|o| {
+            let rule =
+                serde_json::to_value(o.as_ref()).and_then(serde_json::from_value::<DrainRule>);
+            match rule {
+                Ok(r) => Some(Arc::new(r)),
+                Err(e) => {
+                    log::debug!(
+                        "DrainRule {}: left out, it does not parse: {e}",
+                        o.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 /// One namespace's labels, or `None` (logged) when it cannot be read now.

@@ -174,7 +174,10 @@ fn context(script: &Arc<Script>, nms: &[NodeMaintenance], gate: gate::LeaderGate
             maintenances,
             policies,
             plans,
-            drain_rules: kube::runtime::reflector::store::<crate::api::drain_rule::DrainRule>().0,
+            drain_rules: kube::runtime::reflector::store::Writer::<kube::api::DynamicObject>::new(
+                kube::api::ApiResource::erase::<crate::api::drain_rule::DrainRule>(&()),
+            )
+            .as_reader(),
             jobs,
             synced: Synced::default(),
             fresh: Arc::new(Fresh::default()),

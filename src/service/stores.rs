@@ -13,7 +13,6 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
 use super::fresh::FreshCache;
-use crate::api::drain_rule::DrainRule;
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::api::reboot::RebootPolicy;
 use crate::api::upgrade::UpgradePlan;
@@ -154,7 +153,7 @@ pub struct Stores {
     pub maintenances: Store<NodeMaintenance>,
     pub policies: Store<RebootPolicy>,
     pub plans: Store<UpgradePlan>,
-    pub drain_rules: Store<DrainRule>,
+    pub drain_rules: Store<kube::api::DynamicObject>,
     pub jobs: Store<kube::api::DynamicObject>,
     pub synced: Synced,
     pub fresh: Arc<Fresh>,

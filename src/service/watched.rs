@@ -69,8 +69,9 @@ pub struct Watched {
     pub plans: Store<UpgradePlan>,
     pub policy_events: Objects<RebootPolicy>,
     pub plan_events: Objects<UpgradePlan>,
-    pub drain_rules: Store<DrainRule>,
-    pub drain_rule_events: Objects<DrainRule>,
+    /// As the API serves them; [`super::drain_rules`] parses them.
+    pub drain_rules: Store<DynamicObject>,
+    pub drain_rule_events: Objects<DynamicObject>,
     pub jobs: Store<DynamicObject>,
     pub job_events: Objects<DynamicObject>,
     pub job_resource: ApiResource,
@@ -141,15 +142,7 @@ pub async fn start(
         )
     };
     // Few objects, read by every drain; nodekeeper never writes them.
-    let (drain_rules, rule_writer) = reflector::store::<DrainRule>();
-    let drain_rule_events = every(
-        client,
-        rule_writer,
-        &synced.drain_rules,
-        |_: &str| {},
-        cluster_role,
-        kick,
-    );
+    let (drain_rules, drain_rule_events) = drain_rule_watch(client, synced, cluster_role, kick);
     let job_resource = ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&());
     let job_writer = Writer::<DynamicObject>::new(job_resource.clone());
     let jobs = job_writer.as_reader();
@@ -291,6 +284,32 @@ where
         .touched_objects()
         .filter(move |r| watch_ok(r, &what));
     Box::pin(events)
+}
+
+/// DrainRules, held as the API serves them: the watcher and store of a
+/// typed kind were ~90 KB of the binary; the dynamic ones are the Jobs'.
+/// A drain parses the few rules when it reads them.
+fn drain_rule_watch(
+    client: &Client,
+    synced: &Synced,
+    cluster_role: bool,
+    kick: &Kick,
+) -> (Store<DynamicObject>, Objects<DynamicObject>) {
+    let resource = ApiResource::erase::<DrainRule>(&());
+    let writer = Writer::<DynamicObject>::new(resource.clone());
+    let store = writer.as_reader();
+    let latch = synced.drain_rules.clone();
+    let events = watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &resource),
+        watch_config(),
+    )
+    .backoff(WatchBackoff::default())
+    .reflect(writer)
+    .inspect(move |ev| observe(ev, &latch, |_| {}))
+    .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
+    .touched_objects()
+    .filter(|r| watch_ok(r, "DrainRules"));
+    (store, Box::pin(events))
 }
 
 /// Hook Jobs: the cluster role's, by their managed-by label, slimmed. The
