@@ -51,6 +51,11 @@ impl NamespaceLabels {
 
 /// The rule book for a drain of `node` with `pods` on it.
 pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) -> RuleBook {
+    // No pods, nothing to place: most reconciles (a node's heartbeat, a
+    // node with no maintenance) parse no rule.
+    if pods.is_empty() {
+        return RuleBook::default();
+    }
     let rules = parsed(&ctx.drain_rules.state());
     let empty = BTreeMap::new();
     let node_labels = node
