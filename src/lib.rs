@@ -100,6 +100,8 @@
 //!   [`service::reconcile`] (one node's reconcile, with the DrainRules and
 //!   namespace labels its drain reads from [`service::drain_rules`]),
 //!   [`service::connect`] (credentials, the HTTP/2 client, start-up checks),
+//!   [`service::kubeconfig`] (kubeconfig files read as kube-client reads them,
+//!   through one untyped [`service::yaml_tree`] for the binary's size),
 //!   [`service::metrics`], and beside the loop the opt-in webhook
 //!   ([`service::admission`]).
 //! - `deploy/`: every deployment artifact rendered from the code's types and

@@ -185,13 +185,13 @@ pub async fn host_kubeconfig(args: HostKubeconfigArgs) -> Result<ExitCode> {
         ));
     }
     let raw = match &args.kubeconfig {
-        Some(p) => kube::config::Kubeconfig::read_from(p),
-        None => kube::config::Kubeconfig::read(),
+        Some(p) => crate::service::kubeconfig::read_from(p),
+        None => crate::service::kubeconfig::read(),
     }
     .map_err(|e| {
         Error::NoCredentials(format!(
             "host-kubeconfig needs a kubeconfig to copy the cluster from: {}",
-            crate::error::first_line(&e.to_string())
+            crate::error::first_line(&e)
         ))
     })?;
     let context = raw

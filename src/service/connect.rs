@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::KubeConfigOptions;
 use kube::{Api, Client, Config};
 
 use crate::error::{Error, Result, first_line, kube_cause};
@@ -72,11 +72,11 @@ fn access_hint(path: &Path) -> String {
 pub async fn connect_with(kubeconfig: Option<&Path>, transport: Transport) -> Result<Client> {
     let mut config = match kubeconfig {
         Some(path) => {
-            let kc = Kubeconfig::read_from(path).map_err(|e| {
+            let kc = super::kubeconfig::read_from(path).map_err(|e| {
                 Error::NoCredentials(format!(
                     "cannot read kubeconfig {}: {}{}",
                     path.display(),
-                    first_line(&e.to_string()),
+                    first_line(&e),
                     access_hint(path)
                 ))
             })?;
@@ -90,12 +90,10 @@ pub async fn connect_with(kubeconfig: Option<&Path>, transport: Transport) -> Re
                     ))
                 })?
         }
-        None => Config::infer().await.map_err(|e| {
-            let kubeconfig = std::error::Error::source(&e)
-                .map(|s| first_line(&s.to_string()).to_string())
-                .unwrap_or_else(|| first_line(&e.to_string()).to_string());
+        None => super::kubeconfig::infer().await.map_err(|e| {
             Error::NoCredentials(format!(
-                "no usable kubeconfig ({kubeconfig}) and not running in a pod"
+                "no usable kubeconfig ({}) and not running in a pod",
+                first_line(&e)
             ))
         })?,
     };

@@ -31,6 +31,7 @@ pub mod failing;
 pub mod fresh;
 pub mod gate_answers;
 pub mod health;
+pub mod kubeconfig;
 pub mod leader;
 pub mod metrics;
 pub mod mutex;
@@ -50,6 +51,7 @@ pub mod stores;
 pub mod upgrades;
 pub mod watch;
 pub mod watched;
+pub mod yaml_tree;
 
 use std::future::Future;
 use std::sync::Arc;
