@@ -62,7 +62,8 @@
 //!   [`decide::budget`], [`decide::window`], [`decide::health`],
 //!   [`decide::marking`], [`decide::notify`], [`decide::disrupt`] (node facts,
 //!   why a node waits, the NodeMaintenance a feature takes a node with),
-//!   [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
+//!   [`decide::do_not_disrupt`] (Karpenter's opt-out on nodes and pods, which
+//!   admissions and drains honour), [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
 //!   [`decide::claim`], [`decide::foreign`], [`decide::node_conditions`]
 //!   (KEP-5683), [`decide::admission`] (the webhook's refusals),
 //!   [`decide::command_check`] (whether a node's agent can run a policy's
@@ -100,6 +101,8 @@
 //!   [`service::reconcile`] (one node's reconcile, with the DrainRules and
 //!   namespace labels its drain reads from [`service::drain_rules`]),
 //!   [`service::connect`] (credentials, the HTTP/2 client, start-up checks),
+//!   [`service::node_pods`] (the pods of nodes a reboot or upgrade is about
+//!   to take, read for do-not-disrupt),
 //!   [`service::kubeconfig`] (kubeconfig files read as kube-client reads them,
 //!   through one untyped [`service::yaml_tree`] for the binary's size),
 //!   [`service::metrics`], and beside the loop the opt-in webhook

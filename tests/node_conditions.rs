@@ -454,8 +454,11 @@ fn nodes_waiting_for_their_reboot_say_maintenance_planned() {
 /// node is rebooted, the held ones wait `HeldByOther` with no
 /// NodeMaintenance, are never uncordoned, and the drainer's condition is
 /// never rewritten; nodekeeper's own condition (`MaintenancePlanned`,
-/// the reboot waiting) sits beside the other writer's. Once the person
-/// uncordons their node, it is rebooted too.
+/// the reboot waiting) sits beside the other writer's. A fifth node has
+/// Karpenter's `karpenter.sh/do-not-disrupt: "true"`, a sixth a pod with
+/// it: both wait `DoNotDisrupt`, naming the node's or the pod's. Once the
+/// person uncordons their node and the annotations are removed, all three
+/// are rebooted, and only then.
 #[test]
 fn nodes_someone_else_holds_are_never_taken_nor_uncordoned() {
     use nodekeeper::api::reboot::{RebootPhase, RebootPolicy};
@@ -464,11 +467,17 @@ fn nodes_someone_else_holds_are_never_taken_nor_uncordoned() {
     install_crds();
     let (env, names, fleet) = block_on(async {
         let mut env = TestEnv::new("kep-foreign").await;
-        let names = fleet_nodes(&mut env, 4).await;
+        let names = fleet_nodes(&mut env, 6).await;
         let fleet = Fleet::new(env.client.clone(), None);
         (env, names, fleet)
     });
     let (kubectl, shutdown, by_hand, free) = (&names[0], &names[1], &names[2], &names[3]);
+    let (do_not_disrupt, pod_opted_out) = (&names[4], &names[5]);
+    const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+    block_on(env.bound_pod("keep", pod_opted_out, |p| {
+        let a = p.metadata.annotations.get_or_insert_default();
+        a.insert(DO_NOT_DISRUPT.into(), "true".into());
+    }));
     let nodes: Api<Node> = Api::all(env.client.clone());
     let condition = |type_: &str, reason: &str| {
         json!({"status": {"conditions": [{
@@ -541,6 +550,7 @@ fn nodes_someone_else_holds_are_never_taken_nor_uncordoned() {
     };
     let fluo = "flatcar-linux-update.v1.flatcar-linux.net/reboot-needed";
     block_on(async {
+        annotate(&env.client, do_not_disrupt, DO_NOT_DISRUPT, Some("true")).await;
         for n in &names {
             annotate(&env.client, n, fluo, Some("true")).await;
         }
@@ -552,33 +562,61 @@ fn nodes_someone_else_holds_are_never_taken_nor_uncordoned() {
     ));
     let mut cluster = support::machines::cluster_role(&env, &[]);
     let policies: Api<RebootPolicy> = Api::all(env.client.clone());
-    let held_says = |node: &str| {
+    let waits = |node: &str, reason: &str| {
         block_on(wait_for(
-            &format!("{node} held by another"),
+            &format!("{node} waiting, reason {reason}"),
             LONG,
             || async {
                 let p = policies.get(&policy).await.ok()?;
                 let e = p.entry(node)?;
-                (e.phase == RebootPhase::Waiting && e.reason.as_deref() == Some("HeldByOther"))
+                (e.phase == RebootPhase::Waiting && e.reason.as_deref() == Some(reason))
                     .then(|| e.message.clone().unwrap_or_default())
             },
         ))
     };
+    let held_says = |node: &str| waits(node, "HeldByOther");
     fleet.serve(std::slice::from_ref(free), LONG * 2, || {
         block_on(settled(&env.client, std::slice::from_ref(free)))
     });
     assert!(held_says(kubectl).contains("reason KubectlDrainStarted"));
     assert!(held_says(shutdown).contains("shutting down"));
     assert!(held_says(by_hand).contains("cordoned by someone else"));
-    // The person gives their node back: now it is rebooted.
-    block_on(nodes.patch(
-        by_hand,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"unschedulable": null}})),
-    ))
-    .expect("uncordon by hand");
-    fleet.serve(std::slice::from_ref(by_hand), LONG * 2, || {
-        block_on(settled(&env.client, std::slice::from_ref(by_hand)))
+    let says = waits(do_not_disrupt, "DoNotDisrupt");
+    assert!(
+        says.contains("karpenter.sh/do-not-disrupt=true on the node"),
+        "{says}"
+    );
+    let says = waits(pod_opted_out, "DoNotDisrupt");
+    let pod_says = format!("pod {}/keep has karpenter.sh/do-not-disrupt=true", env.ns);
+    assert_eq!(says, pod_says);
+    // The person gives their node back and the annotations are removed:
+    // now all three are rebooted.
+    if let Ok(mut seen) = seen.lock() {
+        for n in [do_not_disrupt, pod_opted_out] {
+            seen.push((n.clone(), "released".into()));
+        }
+    }
+    block_on(async {
+        let uncordon = json!({"spec": {"unschedulable": null}});
+        let pp = PatchParams::default();
+        nodes
+            .patch(by_hand, &pp, &Patch::Merge(&uncordon))
+            .await
+            .expect("uncordon by hand");
+        annotate(&env.client, do_not_disrupt, DO_NOT_DISRUPT, None).await;
+        let unmark = json!({"metadata": {"annotations": {DO_NOT_DISRUPT: null}}});
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client.clone(), &env.ns)
+            .patch("keep", &pp, &Patch::Merge(&unmark))
+            .await
+            .expect("remove the pod's do-not-disrupt");
+    });
+    let released = [
+        by_hand.clone(),
+        do_not_disrupt.clone(),
+        pod_opted_out.clone(),
+    ];
+    fleet.serve(&released, LONG * 2, || {
+        block_on(settled(&env.client, &released))
     });
     cluster.signal("TERM");
     assert!(cluster.wait_exit(Duration::from_secs(15)).success());
@@ -595,6 +633,16 @@ fn nodes_someone_else_holds_are_never_taken_nor_uncordoned() {
         assert!(
             !of(held).contains(&"maintenance".to_string()),
             "{held} taken: {seen:#?}"
+        );
+    }
+    // Under do-not-disrupt: taken only after the annotation was removed.
+    for n in [do_not_disrupt, pod_opted_out] {
+        let lines = of(n);
+        let released_at = lines.iter().position(|l| l == "released");
+        let first_taken = lines.iter().position(|l| l == "maintenance");
+        assert!(
+            released_at.is_some() && first_taken > released_at,
+            "{n}: {lines:#?}"
         );
     }
     assert!(of(free).contains(&"maintenance".to_string()), "{seen:#?}");

@@ -19,8 +19,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::Deserialize;
 
-/// The one annotation a drain reads: the kubelet's mark on mirror pods.
+/// An annotation a drain reads: the kubelet's mark on mirror pods.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Karpenter's opt-out, on pods and nodes (`decide::do_not_disrupt`).
+pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+
+/// The annotations kept; every other is dropped as the pod is read.
+const KEPT_ANNOTATIONS: [&str; 2] = [MIRROR_ANNOTATION, DO_NOT_DISRUPT];
 
 /// The parts of a pod nodekeeper reads. Field names follow the API (and
 /// `k8s_openapi`), so code reads `pod.spec.as_ref()?.node_name` either way.
@@ -29,7 +35,8 @@ pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 pub struct Pod {
     /// Name, namespace, uid, resourceVersion, labels (PDB and gate
     /// selectors), owner references, deletion timestamp, and of the
-    /// annotations only [`MIRROR_ANNOTATION`].
+    /// annotations only [`MIRROR_ANNOTATION`] and Karpenter's
+    /// `karpenter.sh/do-not-disrupt`.
     pub metadata: ObjectMeta,
     pub spec: Option<PodSpec>,
     pub status: Option<PodStatus>,
@@ -50,6 +57,10 @@ pub struct PodStatus {
     /// Finished pods (Succeeded, Failed) are deleted, not evicted; they and
     /// pods in phase Unknown do not hold a blocking-pod gate (kured's rule).
     pub phase: Option<String>,
+    /// When the kubelet started it: a do-not-disrupt duration counts from
+    /// here (`decide::do_not_disrupt`).
+    #[serde(rename = "startTime")]
+    pub start_time: Option<Time>,
 }
 
 /// The wire form: only the metadata fields we keep are read, so managed
@@ -80,13 +91,10 @@ struct MetaIn {
 impl From<PodIn> for Pod {
     fn from(p: PodIn) -> Pod {
         let m = p.metadata;
-        let annotations = m
-            .annotations
-            .and_then(|a| {
-                a.get_key_value(MIRROR_ANNOTATION)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-            })
-            .map(|kv| BTreeMap::from([kv]));
+        let annotations = m.annotations.and_then(|mut a| {
+            a.retain(|k, _| KEPT_ANNOTATIONS.contains(&k.as_str()));
+            (!a.is_empty()).then_some(a)
+        });
         Pod {
             metadata: ObjectMeta {
                 name: m.name,
@@ -139,7 +147,8 @@ mod tests {
                 "name": "web-1", "namespace": "shop", "uid": "u1",
                 "resourceVersion": "7",
                 "labels": {"app": "web"},
-                "annotations": {"kubernetes.io/config.mirror": "abc", "team": "shop"},
+                "annotations": {"kubernetes.io/config.mirror": "abc", "team": "shop",
+                    "karpenter.sh/do-not-disrupt": "1h"},
                 "managedFields": [{"manager": "kubelet", "operation": "Update",
                     "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}],
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
@@ -153,6 +162,7 @@ mod tests {
                 "volumes": [{"name": "cache", "emptyDir": {}}],
             },
             "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "startTime": "2026-11-29T11:00:00Z",
                 "conditions": [{"type": "Ready", "status": "True"}]},
         }))
         .unwrap();
@@ -168,10 +178,15 @@ mod tests {
         assert_eq!(meta.labels.as_ref().unwrap()["app"], "web");
         assert_eq!(
             meta.annotations,
-            Some(BTreeMap::from([(
-                MIRROR_ANNOTATION.to_string(),
-                "abc".to_string()
-            )]))
+            Some(BTreeMap::from([
+                (MIRROR_ANNOTATION.to_string(), "abc".to_string()),
+                ("karpenter.sh/do-not-disrupt".to_string(), "1h".to_string())
+            ]))
+        );
+        let started = pod.status.as_ref().and_then(|s| s.start_time.as_ref());
+        assert_eq!(
+            started.map(|t| t.0.to_string()).as_deref(),
+            Some("2026-11-29T11:00:00Z")
         );
         assert_eq!(meta.managed_fields, None);
         assert_eq!(

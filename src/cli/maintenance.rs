@@ -426,7 +426,11 @@ pub async fn drain_dry_run(args: DrainArgs) -> Result<ExitCode> {
         .items;
     let book = rule_book(&client, &node, &pods).await?;
     let labels = node.metadata.labels.unwrap_or_default();
-    let planned = drain_plan::plan(&pods, &labels, &book, drain_plan::Drain::default());
+    let how = drain_plan::Drain {
+        now: k8s_openapi::jiff::Timestamp::now(),
+        ..Default::default()
+    };
+    let planned = drain_plan::plan(&pods, &labels, &book, how);
     super::args::out(format_args!("{}", plan_table(&args.node, &planned, &pdbs)));
     Ok(ExitCode::SUCCESS)
 }

@@ -288,6 +288,7 @@ mod tests {
             },
             status: Some(PodStatus {
                 phase: Some("Running".into()),
+                ..Default::default()
             }),
             ..Default::default()
         }
@@ -357,6 +358,7 @@ mod tests {
         let mut done = pod(Some("Job"));
         done.status = Some(PodStatus {
             phase: Some("Succeeded".into()),
+            ..Default::default()
         });
         assert!(matches!(fate(&done, None), Fate::Delete(_)));
     }

@@ -1,6 +1,7 @@
 //! One drain's plan, pure: every pod's fate from kubectl's filters
 //! (`drain::fate`), the drain's pod selector, the DrainRules' behaviour and
-//! tier (`drain_rules`), and past the deadline the Force escalation. The
+//! tier (`drain_rules`), Karpenter's do-not-disrupt on a pod
+//! (`do_not_disrupt`), and past the deadline the Force escalation. The
 //! maintenance decision acts on it; `nodekeeper drain --dry-run` prints it.
 //! Written once so the two cannot disagree about a pod.
 
@@ -9,8 +10,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::do_not_disrupt;
 use super::drain::{self, Fate};
 use super::drain_rules::{NodeRules, Placement, current_tier};
 use super::selector::selector_matches;
@@ -43,8 +46,11 @@ pub struct Drain<'a> {
     /// Only pods this selects are drained (kured's `--drain-pod-selector`).
     pub pod_selector: Option<&'a LabelSelector>,
     /// Past the drain deadline with `onTimeout: Force`: the tier draining
-    /// now is deleted, PDBs and WaitCompleted notwithstanding.
+    /// now is deleted, PDBs, WaitCompleted and do-not-disrupt
+    /// notwithstanding.
     pub force: bool,
+    /// For do-not-disrupt durations.
+    pub now: Timestamp,
 }
 
 /// One pod in the plan: its fate, and the rule placement that decided it
@@ -60,6 +66,8 @@ pub struct Planned {
 const FORCED: &str = "drain timeout (onTimeout Force): deleted despite its PDB";
 const FORCED_WAITING: &str =
     "drain timeout (onTimeout Force): deleted before it completed (WaitCompleted)";
+const FORCED_OPTED_OUT: &str =
+    "drain timeout (onTimeout Force): deleted despite karpenter.sh/do-not-disrupt";
 
 /// Every pod's fate in one drain of a node with `node_labels`.
 pub fn plan(
@@ -87,8 +95,23 @@ pub fn plan(
     };
     first
         .into_iter()
-        .map(|p| tiered(p, tier, how.force))
+        .map(|p| opted_out(tiered(p, tier, how.force), how.now))
         .collect()
+}
+
+/// A pod Karpenter's do-not-disrupt holds is not evicted: it is waited
+/// for like a blocked one, until the annotation goes or its duration
+/// ends, or the owner's escalation past the drain deadline.
+fn opted_out(mut p: Planned, now: Timestamp) -> Planned {
+    let Some(hold) = do_not_disrupt::pod_hold(&p.pod, now) else {
+        return p;
+    };
+    p.fate = match p.fate {
+        Fate::Evict => Fate::Held(hold.why()),
+        Fate::Delete(FORCED) => Fate::Delete(FORCED_OPTED_OUT),
+        f => f,
+    };
+    p
 }
 
 /// Which tier drains now.

@@ -18,6 +18,7 @@ pub mod budget;
 pub mod claim;
 pub mod command_check;
 pub mod disrupt;
+pub mod do_not_disrupt;
 pub mod drain;
 pub mod drain_plan;
 pub mod drain_rules;

@@ -52,6 +52,11 @@ pub struct Snapshot<'a> {
     pub policies: &'a [Arc<RebootPolicy>],
     /// The pods bound to a node (for blocking-pod gates).
     pub pods_on: &'a dyn Fn(&str) -> Vec<Arc<Pod>>,
+    /// Every pod bound to a node, if this process has read them (`None`:
+    /// not yet; the service reads the nodes a decision asked about and
+    /// decides again): Karpenter's do-not-disrupt, the last check before a
+    /// node is taken ([`super::rollout::pods_hold`]).
+    pub node_pods: &'a dyn Fn(&str) -> Option<Vec<Arc<Pod>>>,
     pub now: Timestamp,
     /// This cluster role reboots nodes itself (no node agents), with
     /// `reboot.remoteCommand`.

@@ -31,9 +31,10 @@ pub const WAIT_PAUSED: &str = "Paused";
 /// Another disruption's NodeMaintenance holds the node.
 pub const WAIT_IN_MAINTENANCE: &str = "InMaintenance";
 /// Someone else holds the node outside any NodeMaintenance: it is shutting
-/// down, drained by `kubectl drain`, or cordoned by a person or Talos
+/// down, drained by `kubectl drain`, or cordoned by a person or Talos; or
+/// `karpenter.sh/do-not-disrupt` keeps features off it
 /// ([`crate::decide::disrupt::foreign_holder`]).
-pub const WAIT_HELD_BY_OTHER: &str = "HeldByOther";
+pub use super::disrupt::{WAIT_DO_NOT_DISRUPT, WAIT_HELD_BY_OTHER};
 /// The object's spec has a problem the schema could not catch.
 pub const WAIT_INVALID: &str = "InvalidSpec";
 /// The node's agent has not said yet whether it can run the command.
@@ -41,6 +42,26 @@ pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
 /// The node's agent cannot run the command (the maintenance-only install,
 /// a program missing on the host).
 pub const WAIT_COMMAND: &str = "CommandNotRunnable";
+
+/// Karpenter's do-not-disrupt on the node's pods, checked last before a
+/// node is taken (only a node every other limit admits has its pods
+/// read): it waits while a pod holds it, naming the pod and until when
+/// (`wake` is told when a duration ends), or while its pods are not read.
+pub fn pods_hold(
+    pods: Option<Vec<Arc<Pod>>>,
+    now: Timestamp,
+    wake: impl FnOnce(Timestamp),
+) -> Option<(&'static str, String)> {
+    let Some(pods) = pods else {
+        let msg = "its pods are not read yet (for karpenter.sh/do-not-disrupt)";
+        return Some((disrupt::WAIT_GATE, msg.into()));
+    };
+    let hold = super::do_not_disrupt::longest(&pods, now)?;
+    if let Some(t) = hold.until {
+        wake(t);
+    }
+    Some((WAIT_DO_NOT_DISRUPT, hold.message()))
+}
 
 /// The delete that gives a node back: our NodeMaintenance, guarded by its
 /// uid (a NodeMaintenance of that name created since is someone else's).

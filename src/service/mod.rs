@@ -36,6 +36,7 @@ pub mod leader;
 pub mod metrics;
 pub mod mutex;
 mod node_controller;
+pub mod node_pods;
 pub mod notifier;
 pub mod passes;
 pub mod planned;

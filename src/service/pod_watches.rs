@@ -358,7 +358,7 @@ async fn initial_events(api: &Api<Pod>, params: &WatchParams, what: &str) -> Ini
 /// A list of the pods from the API server's watch cache as it is
 /// (`resourceVersion=0`) and its version, for a server that does not
 /// stream; `None` when it fails.
-async fn list_from_cache(
+pub(super) async fn list_from_cache(
     api: &Api<Pod>,
     config: &watcher::Config,
     what: &str,
@@ -391,6 +391,25 @@ impl PodWatches {
         match self.node_watch(node) {
             Err(fixed) => Some(fixed.state_filter(|p| on_node(p, node))),
             Ok((store, listed)) => listed.is_open().then(|| store.state()),
+        }
+    }
+
+    /// Every pod on `node` if a cluster role's watch of it has listed;
+    /// `None` otherwise (nothing is started) and in the node role.
+    pub fn known_on(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
+        let Mode::Scoped(s) = &self.mode else {
+            return None;
+        };
+        let nodes = lock(&s.nodes);
+        let w = nodes.get(node)?;
+        w.listed.is_open().then(|| w.store.state())
+    }
+
+    /// The cluster role's client for pods (`None` in the node role).
+    pub fn client(&self) -> Option<&Client> {
+        match &self.mode {
+            Mode::Scoped(s) => Some(&s.client),
+            Mode::Fixed(_) => None,
         }
     }
 

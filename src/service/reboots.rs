@@ -72,20 +72,24 @@ async fn reconcile_policy(
         let maintenances = ctx.all_maintenances();
         let pods_on = |n: &str| ctx.pods_on(n);
         let policies = ctx.policies();
-        reboot::decide(&reboot::Snapshot {
-            policy,
-            nodes: &nodes,
-            maintenances: &maintenances,
-            policies: &policies,
-            pods_on: &pods_on,
-            now,
-            remote: !ctx.node_agents,
-            failing,
-            alerts: gates.alerts.as_ref(),
-            health: gates.health.as_ref(),
-            gates_unlisted: gates.unlisted.as_deref(),
-            notified: notified.as_ref(),
+        super::node_pods::deciding(ctx, |node_pods| {
+            reboot::decide(&reboot::Snapshot {
+                policy,
+                nodes: &nodes,
+                maintenances: &maintenances,
+                policies: &policies,
+                pods_on: &pods_on,
+                node_pods,
+                now,
+                remote: !ctx.node_agents,
+                failing,
+                alerts: gates.alerts.as_ref(),
+                health: gates.health.as_ref(),
+                gates_unlisted: gates.unlisted.as_deref(),
+                notified: notified.as_ref(),
+            })
         })
+        .await
     };
     let who = format!("RebootPolicy {}", policy.name_any());
     let then = executor::execute(ctx, &who, plan, |effect, outcome| {

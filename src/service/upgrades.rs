@@ -86,24 +86,29 @@ async fn reconcile_plan(
         let jobs = ctx.jobs_by_key();
         let job_errors = ctx.job_errors();
         let pods_on = |n: &str| ctx.pods_on(n);
-        upgrade::decide(&upgrade::Snapshot {
-            plan,
-            nodes: &nodes,
-            maintenances: &maintenances,
-            jobs: &jobs,
-            job_errors: &job_errors,
-            pods_on: &pods_on,
-            now,
-            // Fresh: an exclusive plan decided earlier in this pass may
-            // have admitted a node since `plans` was read.
-            plans: &ctx.plans(),
-            failing,
-            alerts: gates.alerts.as_ref(),
-            health: gates.health.as_ref(),
-            gates_unlisted: gates.unlisted.as_deref(),
-            notified: notified.as_ref(),
-            channel: channel.as_ref(),
+        // Fresh: an exclusive plan decided earlier in this pass may have
+        // admitted a node since `plans` was read.
+        let plans = ctx.plans();
+        super::node_pods::deciding(ctx, |node_pods| {
+            upgrade::decide(&upgrade::Snapshot {
+                plan,
+                nodes: &nodes,
+                maintenances: &maintenances,
+                jobs: &jobs,
+                job_errors: &job_errors,
+                pods_on: &pods_on,
+                node_pods,
+                now,
+                plans: &plans,
+                failing,
+                alerts: gates.alerts.as_ref(),
+                health: gates.health.as_ref(),
+                gates_unlisted: gates.unlisted.as_deref(),
+                notified: notified.as_ref(),
+                channel: channel.as_ref(),
+            })
         })
+        .await
     };
     let name = plan.name_any();
     let mut refused = false;

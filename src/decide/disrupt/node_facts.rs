@@ -43,7 +43,18 @@ pub const TALOS_CORDONED: &str = "talos.dev/cordoned";
 /// node down) sets `True` (KEP-5683).
 pub const GRACEFUL_SHUTDOWN: &str = "GracefulNodeShutdownInProgress";
 
-/// Who else holds the node, if anyone: it is shutting down
+/// Karpenter's opt-out ([`crate::decide::do_not_disrupt`]).
+pub use crate::decide::do_not_disrupt::ANNOTATION as DO_NOT_DISRUPT;
+
+/// Why a node is held by someone else: a person's or another tool's hold
+/// ([`foreign_holder`]).
+pub const WAIT_HELD_BY_OTHER: &str = "HeldByOther";
+/// Why a node is held by `karpenter.sh/do-not-disrupt` on it.
+pub const WAIT_DO_NOT_DISRUPT: &str = "DoNotDisrupt";
+
+/// Who else holds the node, if anyone, as a reason and a message:
+/// `karpenter.sh/do-not-disrupt: "true"` on it (`DoNotDisrupt`); or
+/// (`HeldByOther`) it is shutting down
 /// (`GracefulNodeShutdownInProgress=True`), someone else drains it
 /// (`DrainInProgress=True` with a reason nodekeeper did not write, such as
 /// `kubectl drain --report-node-conditions`' `KubectlDrain*`), or someone
@@ -51,7 +62,15 @@ pub const GRACEFUL_SHUTDOWN: &str = "GracefulNodeShutdownInProgress";
 /// a person, `kubectl drain`, Talos). A feature never takes such a node,
 /// and nodekeeper never uncordons what it did not cordon. The writers'
 /// reasons are untrusted text: only a short, plain token of each is shown.
-pub fn foreign_holder(node: &Node) -> Option<String> {
+pub fn foreign_holder(node: &Node) -> Option<(&'static str, String)> {
+    if crate::decide::do_not_disrupt::node_holds(node) {
+        let msg = format!("{DO_NOT_DISRUPT}=true on the node; left alone while it is there");
+        return Some((WAIT_DO_NOT_DISRUPT, msg));
+    }
+    held_by_other(node).map(|who| (WAIT_HELD_BY_OTHER, who))
+}
+
+fn held_by_other(node: &Node) -> Option<String> {
     let conditions = node
         .status
         .as_ref()

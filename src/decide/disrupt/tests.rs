@@ -200,6 +200,7 @@ fn blocking_pods_are_the_ones_kured_counts() {
             spec: None,
             status: phase.map(|p| PodStatus {
                 phase: Some(p.into()),
+                ..Default::default()
             }),
         })
     };

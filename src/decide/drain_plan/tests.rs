@@ -126,6 +126,7 @@ fn wait_completed_ends_at_completion() {
     let done = with(&job, |p| {
         p.status = Some(PodStatus {
             phase: Some("Succeeded".into()),
+            ..Default::default()
         })
     });
     assert_eq!(
@@ -135,6 +136,7 @@ fn wait_completed_ends_at_completion() {
     let failed = with(&job, |p| {
         p.status = Some(PodStatus {
             phase: Some("Failed".into()),
+            ..Default::default()
         })
     });
     assert_eq!(run(&[failed], &rules, false), named(&[("j", "skip")]));
@@ -235,5 +237,61 @@ fn nothing_is_evicted_out_of_order_while_a_placement_is_undecided() {
     assert_eq!(
         run(&pods, &rules, false),
         named(&[("d", "evict"), ("w", "held")])
+    );
+}
+
+/// A pod Karpenter's `karpenter.sh/do-not-disrupt` holds is waited for,
+/// never evicted, with why; past the deadline `Force` deletes it as it
+/// deletes a blocked pod. A duration that has ended holds nothing.
+#[test]
+fn do_not_disrupt_pods_are_held_until_the_escalation() {
+    let opted = |value: &str| {
+        with(&pod("k", "web"), |p| {
+            p.metadata.annotations.get_or_insert_default().insert(
+                crate::decide::do_not_disrupt::ANNOTATION.into(),
+                value.into(),
+            );
+        })
+    };
+    let pods = [opted("true"), pod("w", "web")];
+    assert_eq!(
+        run(&pods, &book(vec![]), false),
+        named(&[("k", "held"), ("w", "evict")])
+    );
+    let planned = plan(&pods, &BTreeMap::new(), &book(vec![]), Drain::default());
+    assert_eq!(
+        planned[0].fate,
+        Fate::Held("karpenter.sh/do-not-disrupt=true".into())
+    );
+    let forced = plan(
+        &pods,
+        &BTreeMap::new(),
+        &book(vec![]),
+        Drain {
+            force: true,
+            ..Drain::default()
+        },
+    );
+    assert_eq!(forced[0].fate, Fate::Delete(FORCED_OPTED_OUT));
+    // Started at the epoch (the test pods' start time is unset: a
+    // duration then holds, as in Karpenter); one that started long ago
+    // and has ended holds nothing.
+    let ended = with(&opted("1h"), |p| {
+        p.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            start_time: Some(Time(Timestamp::UNIX_EPOCH)),
+        })
+    });
+    let how = Drain {
+        now: "2026-11-29T12:00:00Z".parse().expect("time"),
+        ..Drain::default()
+    };
+    assert_eq!(
+        plan(&[ended], &BTreeMap::new(), &book(vec![]), how)[0].fate,
+        Fate::Evict
+    );
+    assert_eq!(
+        run(&[opted("1h")], &book(vec![]), false),
+        named(&[("k", "held")])
     );
 }

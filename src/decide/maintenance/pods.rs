@@ -32,6 +32,7 @@ pub(super) fn fates(
         upgrading,
         pod_selector: opts.pod_selector.as_ref(),
         force: timed_out && opts.on_timeout == Escalation::Force,
+        now: s.now,
     };
     drain_plan::plan(s.pods, node_labels, s.drain_rules, how)
         .into_iter()

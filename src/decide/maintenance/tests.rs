@@ -110,6 +110,7 @@ pub(crate) fn pod(name: &str, owner: &str) -> Arc<Pod> {
         },
         status: Some(PodStatus {
             phase: Some("Running".into()),
+            ..Default::default()
         }),
         ..Default::default()
     })

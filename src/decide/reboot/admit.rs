@@ -124,8 +124,8 @@ fn wait(
         let msg = format!("in maintenance (NodeMaintenance {})", m.name_any());
         return Some((WAIT_IN_MAINTENANCE, msg));
     }
-    if let Some(who) = disrupt::foreign_holder(node) {
-        return Some((rollout::WAIT_HELD_BY_OTHER, who));
+    if let Some(held) = disrupt::foreign_holder(node) {
+        return Some(held);
     }
     if !problems.is_empty() {
         let msg = format!("the policy cannot be used: {}", problems.join("; "));
@@ -138,7 +138,10 @@ fn wait(
     if let Some(wait) = agent_check(d, node) {
         return Some(wait);
     }
-    limits.wait(node, &(s.pods_on)(&n))
+    if let Some(w) = limits.wait(node, &(s.pods_on)(&n)) {
+        return Some(w);
+    }
+    rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_at(t))
 }
 
 /// Take `node`: its NodeMaintenance created, its entry Draining, an event;

@@ -270,18 +270,13 @@ impl<'a> Decision<'a> {
                 msg,
             );
         } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
-            && let Some(who) = crate::decide::disrupt::foreign_holder(node)
+            && let Some((reason, who)) = crate::decide::disrupt::foreign_holder(node)
         {
             // Admitted, not taken yet, and someone else took the node
-            // meanwhile (a person's cordon, another drainer): withdrawn.
+            // meanwhile (a person's cordon, another drainer,
+            // do-not-disrupt): withdrawn.
             let msg = format!("{who}; the admission is withdrawn");
-            self.set(
-                &n,
-                RebootPhase::Waiting,
-                None,
-                Some(crate::decide::rollout::WAIT_HELD_BY_OTHER),
-                msg,
-            );
+            self.set(&n, RebootPhase::Waiting, None, Some(reason), msg);
         } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
             // Admitted, not taken yet (or our create is not in the store
             // yet: creating again is a harmless 409).

@@ -143,6 +143,7 @@ impl World {
                 .cloned()
                 .collect()
         };
+        let node_pods = |n: &str| Some(pods_on(n));
         let mut policies = self.others.clone();
         policies.push(Arc::new(self.policy.clone()));
         // Each node as its agent leaves it once it found the reboot
@@ -168,6 +169,7 @@ impl World {
             maintenances: &self.nms,
             policies: &policies,
             pods_on: &pods_on,
+            node_pods: &node_pods,
             now: self.now,
             remote: self.remote,
             failing: None,

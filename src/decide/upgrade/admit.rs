@@ -107,8 +107,8 @@ fn wait(
         let msg = format!("in maintenance (NodeMaintenance {})", m.name_any());
         return Some((WAIT_IN_MAINTENANCE, msg));
     }
-    if let Some(who) = disrupt::foreign_holder(node) {
-        return Some((rollout::WAIT_HELD_BY_OTHER, who));
+    if let Some(held) = disrupt::foreign_holder(node) {
+        return Some(held);
     }
     let Some(boot) = boot_id(node) else {
         let msg = "the node reports no boot ID, so its upgrade could not be tracked";
@@ -127,5 +127,8 @@ fn wait(
     if let Some(w) = agent_check(d, node, p) {
         return Some(w);
     }
-    limits.wait(node, &(s.pods_on)(&n))
+    if let Some(w) = limits.wait(node, &(s.pods_on)(&n)) {
+        return Some(w);
+    }
+    rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_at(t))
 }

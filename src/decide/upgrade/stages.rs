@@ -198,14 +198,14 @@ impl<'a> Decision<'a> {
         // person's cordon, another drainer): the admission is withdrawn.
         if self.ours(&e.name).is_none()
             && let Some(node) = self.s.nodes.iter().find(|n| n.name_any() == e.name)
-            && let Some(who) = crate::decide::disrupt::foreign_holder(node)
+            && let Some((reason, who)) = crate::decide::disrupt::foreign_holder(node)
         {
             let group = e.group.clone();
             return self.set(
                 &e.name,
                 UpgradePhase::Waiting,
                 group,
-                Some(crate::decide::rollout::WAIT_HELD_BY_OTHER),
+                Some(reason),
                 format!("{who}; the admission is withdrawn"),
             );
         }

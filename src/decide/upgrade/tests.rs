@@ -126,6 +126,8 @@ struct World {
     created: Vec<Job>,
     events: Vec<&'static str>,
     health: Option<crate::decide::health::Health>,
+    /// Every pod, for do-not-disrupt (gates read none here).
+    pods: Vec<Arc<Pod>>,
 }
 
 impl World {
@@ -140,11 +142,17 @@ impl World {
             created: Vec::new(),
             events: Vec::new(),
             health: None,
+            pods: Vec::new(),
         }
     }
 
     fn decide(&self) -> Plan {
         let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+        let node_pods = |n: &str| {
+            let on =
+                |p: &&Arc<Pod>| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n);
+            Some(self.pods.iter().filter(on).cloned().collect())
+        };
         // The agents have checked the plan's commands, unless a test said
         // otherwise on the node.
         let nodes: Vec<Arc<Node>> = self.nodes.iter().map(|n| checked(n, &self.plan)).collect();
@@ -155,6 +163,7 @@ impl World {
             jobs: &states(&self.jobs),
             job_errors: &self.job_errors,
             pods_on: &pods_on,
+            node_pods: &node_pods,
             now: self.now,
             plans: &[Arc::new(self.plan.clone())],
             failing: None,
@@ -536,6 +545,7 @@ fn job_names_are_stable_per_admission_and_fit_the_label_limit() {
 /// cluster (no NodeMaintenance, Job or pod).
 fn decide_among(plan: &UpgradePlan, plans: &[Arc<UpgradePlan>], nodes: &[Arc<Node>]) -> Plan {
     let pods_on = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+    let node_pods = |_: &str| Some(Vec::new());
     decide(&Snapshot {
         plan,
         nodes,
@@ -543,6 +553,7 @@ fn decide_among(plan: &UpgradePlan, plans: &[Arc<UpgradePlan>], nodes: &[Arc<Nod
         jobs: &HashMap::new(),
         job_errors: &HashMap::new(),
         pods_on: &pods_on,
+        node_pods: &node_pods,
         now: now(),
         plans,
         failing: None,

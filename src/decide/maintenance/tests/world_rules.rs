@@ -106,6 +106,7 @@ impl WorldRules {
                 let mut p = (**pod).clone();
                 p.status = Some(PodStatus {
                     phase: Some("Succeeded".into()),
+                    ..Default::default()
                 });
                 *pod = Arc::new(p);
             }

@@ -4,7 +4,7 @@
 //! naming who. Our own condition left behind does not hold a node.
 
 use super::*;
-use crate::decide::disrupt::{GRACEFUL_SHUTDOWN, TALOS_CORDONED};
+use crate::decide::disrupt::{DO_NOT_DISRUPT, GRACEFUL_SHUTDOWN, TALOS_CORDONED};
 use crate::decide::node_conditions::{DRAIN_IN_PROGRESS, REASON_DRAIN_STARTED};
 
 /// `n` with a condition of `type_` True, written with `reason` and
@@ -85,6 +85,52 @@ fn nodes_someone_else_holds_wait_held_by_other_and_are_never_taken() {
     }
 }
 
+/// `karpenter.sh/do-not-disrupt` on a node keeps the reboot off it while
+/// it is there, as Karpenter's `ValidateNodeDisruptable` keeps its own
+/// disruptions off (the value exactly `"true"`:
+/// `pkg/controllers/state/statenode.go`): `Waiting`, reason
+/// `DoNotDisrupt`; an admission recorded but not carried out is
+/// withdrawn; once it is removed the node is taken.
+#[test]
+fn do_not_disrupt_on_a_node_keeps_the_reboot_off_it() {
+    let held = annotate(node("a-held", "b0"), DO_NOT_DISRUPT, "true");
+    let not_the_value = annotate(node("b-free", "b0"), DO_NOT_DISRUPT, "yes");
+    let plan = World::new(policy(10), vec![held.clone(), not_the_value]).plan();
+    assert_eq!(created(&plan), ["b-free"]);
+    let e = status_of(&plan)
+        .nodes
+        .into_iter()
+        .find(|e| e.name == "a-held");
+    let e = e.expect("a-held in the status");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (RebootPhase::Waiting, Some("DoNotDisrupt"))
+    );
+    let msg = e.message.unwrap_or_default();
+    assert!(msg.contains("karpenter.sh/do-not-disrupt=true"), "{msg}");
+
+    let admitted = with_entry(
+        policy(1),
+        entry("a-held", RebootPhase::Draining, "b0", now()),
+    );
+    let plan = World::new(admitted, vec![held]).plan();
+    assert!(created(&plan).is_empty(), "taken under do-not-disrupt");
+    let e = status_of(&plan)
+        .nodes
+        .into_iter()
+        .find(|e| e.name == "a-held");
+    let e = e.expect("a-held in the status");
+    assert_eq!(e.reason.as_deref(), Some("DoNotDisrupt"));
+    assert!(e.message.unwrap_or_default().contains("withdrawn"));
+
+    let plan = World::new(policy(1), vec![node("a-held", "b0")]).plan();
+    assert_eq!(
+        created(&plan),
+        ["a-held"],
+        "taken once the annotation is gone"
+    );
+}
+
 /// An admission recorded but not carried out (its create was lost) on a
 /// node someone else cordoned or drains since is withdrawn, `HeldByOther`:
 /// never taken by the create's retry. Found by the random worlds once
@@ -113,4 +159,71 @@ fn an_admission_not_carried_out_is_withdrawn_when_someone_else_takes_the_node() 
         assert_eq!(phase, RebootPhase::Waiting);
         assert!(msg.contains(says) && msg.contains("withdrawn"), "{msg}");
     }
+}
+
+/// `karpenter.sh/do-not-disrupt` on a pod keeps the reboot off its node
+/// while it holds, as Karpenter's `IsDoNotDisruptActive` says
+/// (`pkg/utils/pod/scheduling.go`; parsing in `decide::do_not_disrupt`):
+/// `"true"` while the pod runs, a duration until that long after it
+/// started, when the pass wakes to take the node. A node whose pods are
+/// not read yet is never taken.
+#[test]
+fn do_not_disrupt_on_a_pod_keeps_the_reboot_off_its_node_until_it_ends() {
+    let dnd_pod = |name: &str, node: &str, value: &str| {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("prod".into());
+        p.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(DO_NOT_DISRUPT.into(), value.into());
+        p.spec = Some(crate::api::pod::PodSpec {
+            node_name: Some(node.into()),
+            ..Default::default()
+        });
+        p.status = Some(crate::api::pod::PodStatus {
+            phase: Some("Running".into()),
+            start_time: Some(Time(now() - SignedDuration::from_hours(1))),
+        });
+        Arc::new(p)
+    };
+    let nodes = vec![node("a", "b0"), node("b", "b0"), node("c", "b0")];
+    let mut w = World::new(policy(10), nodes);
+    w.pods = vec![dnd_pod("db-0", "a", "true"), dnd_pod("batch", "b", "2h")];
+    let plan = w.plan();
+    assert_eq!(created(&plan), ["c"]);
+    let st = status_of(&plan);
+    for (n, says) in [
+        ("a", "pod prod/db-0 has karpenter.sh/do-not-disrupt=true"),
+        (
+            "b",
+            "pod prod/batch has karpenter.sh/do-not-disrupt until 2026-11-23T13:00:00Z",
+        ),
+    ] {
+        let e = st
+            .nodes
+            .iter()
+            .find(|e| e.name == n)
+            .expect("in the status");
+        assert_eq!(e.reason.as_deref(), Some("DoNotDisrupt"), "{n}");
+        assert_eq!(e.message.as_deref(), Some(says), "{n}");
+    }
+    assert!(
+        matches!(plan.then, Then::Wait(Some(d)) if d <= Duration::from_secs(3600)),
+        "wakes when the duration ends: {:?}",
+        plan.then
+    );
+    // An hour later the duration has ended: b is taken.
+    w.now = now() + SignedDuration::from_mins(61);
+    assert_eq!(created(&w.plan()), ["b", "c"]);
+}
+
+/// A node whose pods this process has not read is not taken: it waits
+/// (reason `Gate`) until the service has read them.
+#[test]
+fn a_node_whose_pods_are_unread_is_not_taken() {
+    let wait = crate::decide::rollout::pods_hold(None, now(), |_| {});
+    let (reason, msg) = wait.expect("waits");
+    assert_eq!(reason, "Gate");
+    assert!(msg.contains("not read yet"), "{msg}");
 }

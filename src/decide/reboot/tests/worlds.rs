@@ -295,6 +295,7 @@ impl World {
             maintenances: &nms,
             policies: &policies,
             pods_on: &no_pods,
+            node_pods: &|_| Some(Vec::new()),
             now: self.clock(faults::CLUSTER),
             remote: false,
             failing: None,

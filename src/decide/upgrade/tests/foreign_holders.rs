@@ -2,7 +2,7 @@
 //! NodeMaintenance (the reboot side: `reboot::tests::foreign_holders`).
 
 use super::*;
-use crate::decide::disrupt::GRACEFUL_SHUTDOWN;
+use crate::decide::disrupt::{DO_NOT_DISRUPT, GRACEFUL_SHUTDOWN};
 use crate::decide::node_conditions::DRAIN_IN_PROGRESS;
 use crate::decide::reboot::tests::foreign_holders::{cordoned, with_condition};
 
@@ -75,4 +75,77 @@ fn an_admission_is_withdrawn_when_someone_else_takes_the_node_before_our_drain()
         let msg = e.message.clone().unwrap_or_default();
         assert!(msg.contains(says) && msg.contains("withdrawn"), "{msg}");
     }
+}
+
+/// `karpenter.sh/do-not-disrupt: "true"` on a node keeps the upgrade off it
+/// (the reboot side and Karpenter's source:
+/// `reboot::tests::foreign_holders::do_not_disrupt_on_a_node_keeps_the_reboot_off_it`);
+/// an admission whose before hooks ran is withdrawn.
+#[test]
+fn do_not_disrupt_on_a_node_keeps_the_upgrade_off_it() {
+    let held = |name: &str| {
+        let mut n = node(name, "v1", false);
+        n.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(DO_NOT_DISRUPT.into(), "true".into());
+        n
+    };
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.before.clear();
+    let mut w = World::new(p, vec![held("a"), node("b", "v1", false)]);
+    w.step();
+    assert_ne!(w.phase("b"), UpgradePhase::Waiting, "a free node is taken");
+    let e = w.entry("a");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Waiting, Some("DoNotDisrupt"))
+    );
+
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.after.clear();
+    let mut w = World::new(p, vec![node("w-1", "v1", false)]);
+    w.step();
+    w.step();
+    w.finish_job("w-1", true);
+    w.nodes = vec![Arc::new(held("w-1"))];
+    w.step();
+    assert!(w.nms.is_empty(), "taken under do-not-disrupt");
+    let e = w.entry("w-1");
+    assert_eq!(e.reason.as_deref(), Some("DoNotDisrupt"));
+    assert!(e.message.clone().unwrap_or_default().contains("withdrawn"));
+}
+
+/// `karpenter.sh/do-not-disrupt` on a pod keeps the upgrade off its node
+/// (the reboot side:
+/// `reboot::tests::foreign_holders::do_not_disrupt_on_a_pod_keeps_the_reboot_off_its_node_until_it_ends`).
+#[test]
+fn do_not_disrupt_on_a_pod_keeps_the_upgrade_off_its_node() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.before.clear();
+    let mut w = World::new(p, vec![node("a", "v1", false), node("b", "v1", false)]);
+    let mut pod = Pod::default();
+    pod.metadata.name = Some("db-0".into());
+    pod.metadata.namespace = Some("prod".into());
+    pod.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(DO_NOT_DISRUPT.into(), "true".into());
+    pod.spec = Some(crate::api::pod::PodSpec {
+        node_name: Some("a".into()),
+        ..Default::default()
+    });
+    w.pods.push(Arc::new(pod));
+    w.step();
+    assert_ne!(w.phase("b"), UpgradePhase::Waiting, "a free node is taken");
+    let e = w.entry("a");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Waiting, Some("DoNotDisrupt"))
+    );
+    let msg = e.message.clone().unwrap_or_default();
+    assert_eq!(msg, "pod prod/db-0 has karpenter.sh/do-not-disrupt=true");
 }

@@ -104,6 +104,7 @@ impl World {
             jobs: &self.jobs_seen(),
             job_errors: &Default::default(),
             pods_on: &no_pods,
+            node_pods: &|_| Some(Vec::new()),
             now: self.clock(super::faults::CLUSTER),
             plans: &plans,
             failing: None,
