@@ -119,7 +119,8 @@ struct World {
     /// `NODEKEEPER_WORLD_TRACE` is set: every status entry is traced.
     verbose: bool,
     /// Nodes someone else holds (`worlds/people.rs`): cordoned by a person
-    /// (true) or drained by another tool (false, its `DrainInProgress`).
+    /// (true), or (false) drained by another tool (its `DrainInProgress`)
+    /// or marked `karpenter.sh/do-not-disrupt` by a person.
     /// No feature may take one while it holds.
     held_by_others: BTreeMap<String, bool>,
     /// How often someone else took a node.

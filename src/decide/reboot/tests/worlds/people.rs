@@ -3,8 +3,9 @@
 //! delete an administrator's NodeMaintenance (some ending Failed at once),
 //! relabel a node into the other pool, delete a node; and someone else —
 //! a person with `kubectl cordon`, another drainer writing the KEP's
-//! `DrainInProgress` — holds a node for a while, which no feature may
-//! take meanwhile (`HeldByOther`).
+//! `DrainInProgress`, a person's `karpenter.sh/do-not-disrupt` — holds a
+//! node for a while, which no feature may take meanwhile (`HeldByOther`,
+//! `DoNotDisrupt`).
 
 use super::*;
 
@@ -132,11 +133,18 @@ impl World {
         if self.nms.iter().any(|m| m.spec.node_name == name) {
             return;
         }
-        let by_hand = self.rng.chance(50);
+        let how = self.rng.below(3);
+        let by_hand = how == 0;
         if by_hand {
             if let Some(spec) = self.nodes[i].spec.as_mut() {
                 spec.unschedulable = Some(true);
             }
+        } else if how == 2 {
+            let a = self.nodes[i].metadata.annotations.get_or_insert_default();
+            a.insert(
+                crate::decide::do_not_disrupt::ANNOTATION.into(),
+                "true".into(),
+            );
         } else if let Some(c) = self.nodes[i]
             .status
             .as_mut()
@@ -154,11 +162,7 @@ impl World {
         self.others_took += 1;
         self.trace.push(format!(
             "node {name} held by someone else ({})",
-            if by_hand {
-                "cordoned"
-            } else {
-                "DrainInProgress"
-            }
+            ["cordoned", "DrainInProgress", "do-not-disrupt"][how as usize]
         ));
     }
 
@@ -166,6 +170,9 @@ impl World {
     fn let_go(&mut self, i: usize) {
         let name = self.nodes[i].name_any();
         self.held_by_others.remove(&name);
+        if let Some(a) = self.nodes[i].metadata.annotations.as_mut() {
+            a.remove(crate::decide::do_not_disrupt::ANNOTATION);
+        }
         if let Some(c) = self.nodes[i]
             .status
             .as_mut()

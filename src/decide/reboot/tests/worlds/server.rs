@@ -138,11 +138,11 @@ impl World {
             let how = if *by_hand {
                 "a person cordoned"
             } else {
-                "another tool drains"
+                "another tool drains or a person marked do-not-disrupt"
             };
             assert!(
                 kind != OWNER_KIND && kind != crate::api::upgrade::OWNER_KIND,
-                "{who} took {node}, which {how} (HeldByOther)"
+                "{who} took {node}, which {how} (HeldByOther, DoNotDisrupt)"
             );
         }
         if kind == OWNER_KIND
