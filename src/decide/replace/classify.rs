@@ -169,13 +169,28 @@ pub fn status(
             msg,
         );
     } else {
+        let held: Vec<String> = c
+            .outdated
+            .iter()
+            .chain(&c.donors)
+            .filter(|n| crate::decide::do_not_disrupt::node_holds(n))
+            .map(|n| n.name_any())
+            .collect();
+        let msg = match held.is_empty() {
+            true => "Some node versions are out of date".to_string(),
+            false => format!(
+                "Some node versions are out of date; not replaced while {} is on node {}",
+                crate::decide::do_not_disrupt::ANNOTATION,
+                held.join(", ")
+            ),
+        };
         set_condition(
             &mut conditions,
             s.now,
             CONDITION_OUTDATED,
             "True",
             "NodeVersionsOutOfDate",
-            "Some node versions are out of date",
+            &msg,
         );
     }
     NodeVersionStatus {

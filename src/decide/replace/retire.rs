@@ -64,6 +64,7 @@ pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
             .outdated
             .iter()
             .filter(|o| group_of(s, o).as_deref() == Some(group.as_str()))
+            .filter(|o| !crate::decide::do_not_disrupt::node_holds(o))
             .filter(|o| !taken.contains(&o.name_any()))
             .collect();
         outdated.sort_by_key(|o| o.name_any());
@@ -142,6 +143,11 @@ pub(super) fn retire(s: &Snapshot, node: &Node) -> Retire {
         // maintenance preempted ours, a reboot): ours would only fail
         // again. Its end is a NodeMaintenance event, which kicks us.
         if disrupt::held_by_other(s.maintenances, &name, |_| false).is_some() {
+            return Retire::Wait(None);
+        }
+        // Karpenter's opt-out on the node: not drained while it is there
+        // (its removal is a node event, which kicks us).
+        if crate::decide::do_not_disrupt::node_holds(node) {
             return Retire::Wait(None);
         }
         let owner = disrupt::owner_ref(s.nv, "NodeVersion");

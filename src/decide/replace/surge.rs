@@ -117,7 +117,9 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
     let cp = has_outdated_control_planes(s, c);
     let mut needed: BTreeMap<String, usize> = BTreeMap::new();
     for n in &c.outdated {
-        if annotation(n, HEIR_ANNOTATION).is_some() {
+        // Paired already, or opted out (no surge node for it meanwhile).
+        if annotation(n, HEIR_ANNOTATION).is_some() || crate::decide::do_not_disrupt::node_holds(n)
+        {
             continue;
         }
         if let Some(g) = group_of(s, n) {

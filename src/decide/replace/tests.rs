@@ -328,6 +328,7 @@ fn reserved_label_keys() {
     }
 }
 
+mod do_not_disrupt;
 mod fields;
 mod groups;
 mod objects;
