@@ -144,7 +144,7 @@ pub fn go_duration(s: &str) -> Option<SignedDuration> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::pod::PodStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -153,18 +153,36 @@ mod tests {
         s.parse().expect("timestamp")
     }
 
-    fn pod(value: &str, phase: &str, started: Option<&str>) -> Pod {
+    /// `prod/<name>` on `node` with `karpenter.sh/do-not-disrupt: value`,
+    /// in `phase`, started at `started` (for the features' tests too).
+    pub(crate) fn opted_out_pod(
+        name: &str,
+        node: &str,
+        value: &str,
+        phase: &str,
+        started: Option<Timestamp>,
+    ) -> Arc<Pod> {
         let mut p = Pod::default();
-        p.metadata.name = Some("p".into());
-        p.metadata.namespace = Some("ns".into());
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("prod".into());
         p.metadata
             .annotations
             .get_or_insert_default()
             .insert(ANNOTATION.into(), value.into());
+        p.spec = Some(crate::api::pod::PodSpec {
+            node_name: Some(node.into()),
+            ..Default::default()
+        });
         p.status = Some(PodStatus {
             phase: Some(phase.into()),
-            start_time: started.map(|t| Time(at(t))),
+            start_time: started.map(Time),
         });
+        Arc::new(p)
+    }
+
+    fn pod(value: &str, phase: &str, started: Option<&str>) -> Pod {
+        let mut p = (*opted_out_pod("p", "n", value, phase, started.map(at))).clone();
+        p.metadata.namespace = Some("ns".into());
         p
     }
 

@@ -169,23 +169,9 @@ fn an_admission_not_carried_out_is_withdrawn_when_someone_else_takes_the_node() 
 /// not read yet is never taken.
 #[test]
 fn do_not_disrupt_on_a_pod_keeps_the_reboot_off_its_node_until_it_ends() {
+    let started = Some(now() - SignedDuration::from_hours(1));
     let dnd_pod = |name: &str, node: &str, value: &str| {
-        let mut p = Pod::default();
-        p.metadata.name = Some(name.into());
-        p.metadata.namespace = Some("prod".into());
-        p.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(DO_NOT_DISRUPT.into(), value.into());
-        p.spec = Some(crate::api::pod::PodSpec {
-            node_name: Some(node.into()),
-            ..Default::default()
-        });
-        p.status = Some(crate::api::pod::PodStatus {
-            phase: Some("Running".into()),
-            start_time: Some(Time(now() - SignedDuration::from_hours(1))),
-        });
-        Arc::new(p)
+        crate::decide::do_not_disrupt::tests::opted_out_pod(name, node, value, "Running", started)
     };
     let nodes = vec![node("a", "b0"), node("b", "b0"), node("c", "b0")];
     let mut w = World::new(policy(10), nodes);

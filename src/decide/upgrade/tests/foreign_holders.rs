@@ -91,10 +91,7 @@ fn do_not_disrupt_on_a_node_keeps_the_upgrade_off_it() {
             .insert(DO_NOT_DISRUPT.into(), "true".into());
         n
     };
-    let mut p = plan();
-    p.spec.groups.clear();
-    p.spec.hooks.before.clear();
-    let mut w = World::new(p, vec![held("a"), node("b", "v1", false)]);
+    let mut w = World::new(ungrouped(), vec![held("a"), node("b", "v1", false)]);
     w.step();
     assert_ne!(w.phase("b"), UpgradePhase::Waiting, "a free node is taken");
     let e = w.entry("a");
@@ -123,22 +120,12 @@ fn do_not_disrupt_on_a_node_keeps_the_upgrade_off_it() {
 /// `reboot::tests::foreign_holders::do_not_disrupt_on_a_pod_keeps_the_reboot_off_its_node_until_it_ends`).
 #[test]
 fn do_not_disrupt_on_a_pod_keeps_the_upgrade_off_its_node() {
-    let mut p = plan();
-    p.spec.groups.clear();
-    p.spec.hooks.before.clear();
-    let mut w = World::new(p, vec![node("a", "v1", false), node("b", "v1", false)]);
-    let mut pod = Pod::default();
-    pod.metadata.name = Some("db-0".into());
-    pod.metadata.namespace = Some("prod".into());
-    pod.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(DO_NOT_DISRUPT.into(), "true".into());
-    pod.spec = Some(crate::api::pod::PodSpec {
-        node_name: Some("a".into()),
-        ..Default::default()
-    });
-    w.pods.push(Arc::new(pod));
+    let mut w = World::new(
+        ungrouped(),
+        vec![node("a", "v1", false), node("b", "v1", false)],
+    );
+    let opted_out = crate::decide::do_not_disrupt::tests::opted_out_pod;
+    w.pods.push(opted_out("db-0", "a", "true", "Running", None));
     w.step();
     assert_ne!(w.phase("b"), UpgradePhase::Waiting, "a free node is taken");
     let e = w.entry("a");
@@ -148,4 +135,12 @@ fn do_not_disrupt_on_a_pod_keeps_the_upgrade_off_its_node() {
     );
     let msg = e.message.clone().unwrap_or_default();
     assert_eq!(msg, "pod prod/db-0 has karpenter.sh/do-not-disrupt=true");
+}
+
+/// The test plan without groups or before hooks: one pass admits.
+fn ungrouped() -> UpgradePlan {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.before.clear();
+    p
 }
