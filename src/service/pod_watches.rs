@@ -14,21 +14,22 @@
 //!   55.7 MiB (1.9 KiB a pod) for the few nodes a budget admits; now the
 //!   role is 18.8 MiB when ready there (`just bench-scale`).
 //!
-//! Every watch is reflected by its own kube watcher into its own store (a
-//! relist replaces only that store). A node's store is read only once it
+//! Every watch has its own store (a relist replaces only that store): a
+//! gate's is kube's watcher, a drained node's looks from the API server's
+//! cache ([`first_look`]). A node's store is read only once it
 //! has listed: a drain must never take "not listed yet" for "no pods"
 //! (the steps before it that read no pods, `Step::reads_no_pods`, do not
 //! wait for the list: `service::reconcile`).
 //! The watches read over the pod connection (HTTP/1.1, see `service::run`
 //! for why) and back off on errors like every other watch.
 
+mod first_look;
+
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{ListParams, VersionMatch, WatchEvent, WatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -39,6 +40,8 @@ use super::watch::{WatchBackoff, watch_config};
 use crate::api::common::BlockingPods;
 use crate::api::pod::Pod;
 use crate::runtime::Latch;
+use first_look::first_look;
+pub(in crate::service) use first_look::list_from_cache;
 
 /// How long a reconcile waits for a node's first list before it looks
 /// again (the list's end also triggers that reconcile).
@@ -146,7 +149,15 @@ fn start(
     let latch = listed.clone();
     let task = crate::runtime::spawn(async move {
         if first_from_cache {
-            first_look(&api, &config, &mut writer, &latch, &on_event, &what).await;
+            // Every look from the cache, again after any failure (see
+            // `first_look`); never the consistent list below.
+            let mut backoff = WatchBackoff::default();
+            loop {
+                if first_look(&api, &config, &mut writer, &latch, &on_event, &what).await {
+                    kube::runtime::utils::Backoff::reset(&mut backoff);
+                }
+                crate::runtime::sleep(backoff.next().unwrap_or(FIRST_LIST)).await;
+            }
         }
         let mut events = std::pin::pin!(
             watcher(api, config)
@@ -172,215 +183,6 @@ fn start(
         _task: task,
     }
 }
-
-/// A node's first list and its watch in one request: a watch with the
-/// cache's current state as its first events (`sendInitialEvents`, from
-/// `resourceVersion=0`: the API server's watch cache as it is), ended by a
-/// bookmark marked `k8s.io/initial-events-end`. A list and then a watch
-/// from its version were two requests per drained node, the one request
-/// over the protocol's + 5 in `just bench-drain`. Streaming is on by
-/// default from Kubernetes 1.34 (the `WatchList` gate); a server that
-/// refuses it gets the list from the cache and a watch from its version,
-/// as before ([`STREAMING_REFUSED`]).
-///
-/// Why from the cache as it is: the cluster role's first eviction on a
-/// node waits for this list, and the consistent list every other watch
-/// starts with ([`watch_config`]) waits for the pods' cache to catch up
-/// with etcd — a progress notification when no pod changed since the last
-/// write of any kind: 53 to 89 ms server-side in a 110-pod drain, 71 ms
-/// for a list at the NodeMaintenance's own version, which the pods' cache
-/// had not reached either. The cache's state may lag etcd by what it has
-/// not yet applied; the watch goes on from there, so a pod bound to the
-/// node in between is in the store before any deletion the drain caused
-/// (events come in resourceVersion order).
-///
-/// Why not for every watch (`Any`, [`watch_config`]): after an API server
-/// restart the cache can answer at a version it cannot watch from, and
-/// kube's watcher then relists at that version for ever. Here the watch's
-/// first error (410 or any other), or initial events that do not end
-/// within `FIRST_LIST`, hand the node to the caller's kube watcher, whose
-/// consistent list replaces the store whole; a watch the server ends (its
-/// timeout) goes on from where it was.
-async fn first_look(
-    api: &Api<Pod>,
-    config: &watcher::Config,
-    writer: &mut reflector::store::Writer<Pod>,
-    listed: &Latch,
-    on_event: &impl Fn(),
-    what: &str,
-) {
-    let mut params = WatchParams {
-        label_selector: config.label_selector.clone(),
-        field_selector: config.field_selector.clone(),
-        bookmarks: true,
-        send_initial_events: !STREAMING_REFUSED.load(Ordering::Relaxed),
-        ..WatchParams::default()
-    };
-    let first = match params.send_initial_events {
-        true => crate::runtime::timeout(FIRST_LIST, initial_events(api, &params, what))
-            .await
-            .unwrap_or(Initial::Failed),
-        false => Initial::Refused,
-    };
-    let (pods, mut version, stream) = match first {
-        Initial::Streamed(pods, version, stream) => (pods, version, Some(stream)),
-        Initial::Refused => {
-            STREAMING_REFUSED.store(true, Ordering::Relaxed);
-            match list_from_cache(api, config, what).await {
-                Some((pods, version)) => (pods, version, None),
-                None => return,
-            }
-        }
-        Initial::Failed => return,
-    };
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for pod in pods {
-        writer.apply_watcher_event(&watcher::Event::InitApply(pod));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    listed.open();
-    on_event();
-    params.send_initial_events = false;
-    let mut stream = stream;
-    loop {
-        let mut events = match stream.take() {
-            Some(open) => open,
-            None => match api.watch(&params, &version).await {
-                Ok(s) => s.boxed(),
-                Err(e) => {
-                    log::debug!("watch of {what} from {version}: {e} (listing again)");
-                    return;
-                }
-            },
-        };
-        while let Some(event) = events.next().await {
-            let (event, seen) = match event {
-                Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod)) => {
-                    let seen = pod.metadata.resource_version.clone();
-                    (watcher::Event::Apply(pod), seen)
-                }
-                Ok(WatchEvent::Deleted(pod)) => {
-                    let seen = pod.metadata.resource_version.clone();
-                    (watcher::Event::Delete(pod), seen)
-                }
-                Ok(WatchEvent::Bookmark(b)) => {
-                    version = b.metadata.resource_version;
-                    continue;
-                }
-                Ok(WatchEvent::Error(status)) => {
-                    log::debug!(
-                        "watch of {what} from {version}: {} (listing again)",
-                        status.message
-                    );
-                    return;
-                }
-                Err(e) => {
-                    log::debug!("watch of {what} from {version}: {e} (listing again)");
-                    return;
-                }
-            };
-            writer.apply_watcher_event(&event);
-            if let Some(seen) = seen {
-                version = seen;
-            }
-            on_event();
-        }
-        // The server ended the watch (its timeout): go on from where it was.
-    }
-}
-
-/// A watch's events, boxed so the initial ones and the rest share a stream.
-type PodEvents = smol::stream::Boxed<kube::Result<WatchEvent<Pod>>>;
-
-/// Set when an API server refused `sendInitialEvents` (the `WatchList`
-/// gate is off by default in 1.30, 1.31 and 1.33): every later node's first
-/// look is a list from the cache and a watch, as before streaming.
-static STREAMING_REFUSED: AtomicBool = AtomicBool::new(false);
-
-/// How a watch with initial events went.
-enum Initial {
-    /// The pods, the version of the bookmark that ended them, the watch
-    /// still open.
-    Streamed(Vec<Pod>, String, PodEvents),
-    /// The server does not stream: it refused the parameter (400, 422), or
-    /// ignored it and sent a bookmark without the end mark.
-    Refused,
-    /// The watch failed or ended first.
-    Failed,
-}
-
-/// Open a watch with initial events (`params`) at the cache's state and
-/// read them up to the bookmark that ends them.
-async fn initial_events(api: &Api<Pod>, params: &WatchParams, what: &str) -> Initial {
-    let mut events = match api.watch(params, "0").await {
-        Ok(s) => s.boxed(),
-        Err(kube::Error::Api(status)) if status.code == 400 || status.code == 422 => {
-            // The server's message ("sendInitialEvents is forbidden
-            // unless the WatchList feature gate is enabled") reads like an
-            // RBAC refusal, which it is not: say what it means.
-            log::debug!(
-                "watch of {what}: the API server does not stream lists ({} {}); a list and a watch instead",
-                status.code,
-                status.reason
-            );
-            return Initial::Refused;
-        }
-        Err(e) => {
-            log::debug!("watch of {what} with initial events: {e}");
-            return Initial::Failed;
-        }
-    };
-    let mut pods = Vec::new();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod)) => pods.push(pod),
-            Ok(WatchEvent::Bookmark(b)) => {
-                let end = b.metadata.annotations.get(INITIAL_EVENTS_END);
-                return match end.map(String::as_str) == Some("true") {
-                    true => Initial::Streamed(pods, b.metadata.resource_version, events),
-                    false => Initial::Refused,
-                };
-            }
-            Ok(WatchEvent::Deleted(_)) => return Initial::Failed,
-            Ok(WatchEvent::Error(status)) => {
-                log::debug!("watch of {what} with initial events: {}", status.message);
-                return Initial::Failed;
-            }
-            Err(e) => {
-                log::debug!("watch of {what} with initial events: {e}");
-                return Initial::Failed;
-            }
-        }
-    }
-    Initial::Failed
-}
-
-/// A list of the pods from the API server's watch cache as it is
-/// (`resourceVersion=0`) and its version, for a server that does not
-/// stream; `None` when it fails.
-pub(super) async fn list_from_cache(
-    api: &Api<Pod>,
-    config: &watcher::Config,
-    what: &str,
-) -> Option<(Vec<Pod>, String)> {
-    let params = ListParams {
-        label_selector: config.label_selector.clone(),
-        field_selector: config.field_selector.clone(),
-        resource_version: Some("0".to_string()),
-        version_match: Some(VersionMatch::NotOlderThan),
-        ..ListParams::default()
-    };
-    match api.list(&params).await {
-        Ok(list) => Some((list.items, list.metadata.resource_version?)),
-        Err(e) => {
-            log::debug!("first list of {what} from the cache: {e} (a consistent list instead)");
-            None
-        }
-    }
-}
-
-/// The annotation of the bookmark that ends a watch's initial events.
-const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 impl PodWatches {
     /// Every pod on `node` if known now: the node role's store; in the
