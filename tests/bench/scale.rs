@@ -318,7 +318,14 @@ fn main() {
         let burst_n = CLUSTER_BURST.min(nodes_n.saturating_sub(agents_n + CORDON_ROUNDS));
         let burst_nodes: Vec<String> =
             node_names[nodes_n - CORDON_ROUNDS - burst_n..nodes_n - CORDON_ROUNDS].to_vec();
-        let burst = maintain_all(&client, &format!("{id}-cr"), &burst_nodes, &selector).await;
+        let burst = maintain_all(
+            &client,
+            &format!("{id}-cr"),
+            &burst_nodes,
+            &selector,
+            || role.log_text(),
+        )
+        .await;
         out.row(
             &format!("cluster role: {burst_n} NodeMaintenances at once, cordoned p50 / p95 / all"),
             percentiles(&burst.cordoned),
@@ -472,7 +479,14 @@ fn main() {
 
         // 100 NodeMaintenances at once.
         let audit_start = mark(&audit);
-        let burst = maintain_all(&client, &id, &owned, &selector).await;
+        let burst = maintain_all(&client, &id, &owned, &selector, || {
+            agents
+                .iter()
+                .map(|a| a.log_text())
+                .collect::<Vec<_>>()
+                .join("")
+        })
+        .await;
         let requests = audit_verbs_since(&audit, audit_start);
         let restarts =
             support::audit_count_since(&audit, audit_start.offset, "watch", "nodemaintenances");
@@ -950,8 +964,15 @@ async fn undo(client: &Client, name: &str, node: &str) {
 
 /// A NodeMaintenance for every node in `owned`, all created at once: per
 /// node, (create to cordoned, create to Succeeded), seen by watches opened
-/// before the first create.
-async fn maintain_all(client: &Client, id: &str, owned: &[String], selector: &str) -> Burst {
+/// before the first create. Past its limit it says how far the
+/// maintenances got and the end of the drainers' log (`log`).
+async fn maintain_all(
+    client: &Client,
+    id: &str,
+    owned: &[String],
+    selector: &str,
+    log: impl Fn() -> String,
+) -> Burst {
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
     let mut node_events = Box::pin(watcher::watcher(
         Api::<Node>::all(client.clone()),
@@ -1019,9 +1040,24 @@ async fn maintain_all(client: &Client, id: &str, owned: &[String], selector: &st
     };
     let limit = async {
         nodekeeper::runtime::sleep(Duration::from_secs(300)).await;
+        let mut phases: std::collections::BTreeMap<String, usize> = Default::default();
+        for m in nms
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if m.name_any().starts_with(&format!("{id}-m-")) {
+                let phase = m.phase().map_or("no status".into(), |p| format!("{p:?}"));
+                *phases.entry(phase).or_default() += 1;
+            }
+        }
+        let log = log();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
         panic!(
-            "{} NodeMaintenances not all cordoned and Succeeded within 300 s",
-            owned.len()
+            "{} NodeMaintenances not all cordoned and Succeeded within 300 s: {phases:?}; the drainers' last log lines:\n{}",
+            owned.len(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     };
     let ((cordoned, after_own, last_create), drained) =
