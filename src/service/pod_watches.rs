@@ -16,7 +16,7 @@
 //!
 //! Every watch has its own store (a relist replaces only that store): a
 //! gate's is kube's watcher, a drained node's looks from the API server's
-//! cache ([`first_look`]). A node's store is read only once it
+//! cache (`pod_watches/first_look.rs`). A node's store is read only once it
 //! has listed: a drain must never take "not listed yet" for "no pods"
 //! (the steps before it that read no pods, `Step::reads_no_pods`, do not
 //! wait for the list: `service::reconcile`).
