@@ -82,12 +82,37 @@ impl Known<'_> {
 }
 
 /// Every pod on `node`, read once: a list from the API server's watch
-/// cache, no watch started. `None` when it failed (logged) or in the node
-/// role, which holds only its own node's pods and never admits.
+/// cache, no watch started. `None` when it failed (the node waits, saying
+/// its pods are not read) or in the node role, which holds only its own
+/// node's pods and never admits.
+///
+/// An identity refused a cluster-wide list of pods (403: not the shipped
+/// RBAC, which grants it) gets no pods here, logged once: the node is
+/// taken without the admission's check, and the drain still holds an
+/// opted-out pod (the node's agent, or the drain's own watch, reads it).
 async fn read_on(ctx: &Context, node: &str) -> Option<Vec<Arc<Pod>>> {
-    let api = kube::Api::all(ctx.pods.client()?.clone());
-    let config = kube::runtime::watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let what = format!("pods on node {node}");
-    let (pods, _) = super::pod_watches::list_from_cache(&api, &config, &what).await?;
-    Some(pods.into_iter().map(Arc::new).collect())
+    let api: kube::Api<Pod> = kube::Api::all(ctx.pods.client()?.clone());
+    let params = kube::api::ListParams {
+        field_selector: Some(format!("spec.nodeName={node}")),
+        resource_version: Some("0".into()),
+        version_match: Some(kube::api::VersionMatch::NotOlderThan),
+        ..Default::default()
+    };
+    match api.list(&params).await {
+        Ok(list) => Some(list.items.into_iter().map(Arc::new).collect()),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            static TOLD: std::sync::Once = std::sync::Once::new();
+            TOLD.call_once(|| {
+                log::warn!(
+                    "may not list pods across namespaces ({}): karpenter.sh/do-not-disrupt on pods is checked by drains only, not before a node is taken",
+                    crate::error::first_line(&status.message)
+                )
+            });
+            Some(Vec::new())
+        }
+        Err(e) => {
+            log::debug!("reading the pods on node {node}: {e}");
+            None
+        }
+    }
 }

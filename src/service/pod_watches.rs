@@ -41,7 +41,6 @@ use crate::api::common::BlockingPods;
 use crate::api::pod::Pod;
 use crate::runtime::Latch;
 use first_look::first_look;
-pub(in crate::service) use first_look::list_from_cache;
 
 /// How long a reconcile waits for a node's first list before it looks
 /// again (the list's end also triggers that reconcile).

@@ -208,7 +208,7 @@ async fn initial_events(api: &Api<Pod>, params: &WatchParams, what: &str) -> Ini
 /// A list of the pods from the API server's watch cache as it is
 /// (`resourceVersion=0`) and its version, for a server that does not
 /// stream; `None` when it fails.
-pub(in crate::service) async fn list_from_cache(
+async fn list_from_cache(
     api: &Api<Pod>,
     config: &watcher::Config,
     what: &str,
