@@ -43,6 +43,11 @@ pub const WAIT_AGENT_CHECK: &str = "AgentCheck";
 /// a program missing on the host).
 pub const WAIT_COMMAND: &str = "CommandNotRunnable";
 
+/// A node every other limit admits waits for its pods to be read
+/// ([`pods_hold`]). It holds a slot for the rest of the decision, so a
+/// pass reads a budget's worth of nodes, not every candidate.
+pub const WAIT_PODS_UNREAD: &str = "PodsUnread";
+
 /// Karpenter's do-not-disrupt on the node's pods, checked last before a
 /// node is taken (only a node every other limit admits has its pods
 /// read): it waits while a pod holds it, naming the pod and until when
@@ -54,7 +59,7 @@ pub fn pods_hold(
 ) -> Option<(&'static str, String)> {
     let Some(pods) = pods else {
         let msg = "its pods are not read yet (for karpenter.sh/do-not-disrupt)";
-        return Some((disrupt::WAIT_GATE, msg.into()));
+        return Some((WAIT_PODS_UNREAD, msg.into()));
     };
     let hold = super::do_not_disrupt::longest(&pods, now)?;
     if let Some(t) = hold.until {

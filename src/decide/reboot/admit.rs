@@ -54,7 +54,12 @@ pub(super) fn admit(
             continue;
         }
         match wait(d, node, &limits, problems) {
-            Some((reason, msg)) => d.set(&n, RebootPhase::Waiting, None, Some(reason), msg),
+            Some((reason, msg)) => {
+                if reason == rollout::WAIT_PODS_UNREAD {
+                    limits.take(&n);
+                }
+                d.set(&n, RebootPhase::Waiting, None, Some(reason), msg)
+            }
             None => {
                 limits.take(&n);
                 admitted.push(take(d, node));

@@ -118,6 +118,8 @@ struct World {
     pods: Vec<Arc<Pod>>,
     now: Timestamp,
     remote: bool,
+    /// The service has not read any node's pods yet.
+    unread: bool,
     health: Option<crate::decide::health::Health>,
 }
 
@@ -131,6 +133,7 @@ impl World {
             pods: Vec::new(),
             now: now(),
             remote: false,
+            unread: false,
             health: None,
         }
     }
@@ -143,7 +146,7 @@ impl World {
                 .cloned()
                 .collect()
         };
-        let node_pods = |n: &str| Some(pods_on(n));
+        let node_pods = |n: &str| (!self.unread).then(|| pods_on(n));
         let mut policies = self.others.clone();
         policies.push(Arc::new(self.policy.clone()));
         // Each node as its agent leaves it once it found the reboot

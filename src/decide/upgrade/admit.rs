@@ -47,13 +47,18 @@ pub(super) fn admit(
     for (g, node) in candidates {
         let n = node.name_any();
         match wait(d, a, g, node, &limits) {
-            Some((reason, msg)) => d.set(
-                &n,
-                UpgradePhase::Waiting,
-                group_name(p, g),
-                Some(reason),
-                msg,
-            ),
+            Some((reason, msg)) => {
+                if reason == rollout::WAIT_PODS_UNREAD {
+                    limits.take(&n);
+                }
+                d.set(
+                    &n,
+                    UpgradePhase::Waiting,
+                    group_name(p, g),
+                    Some(reason),
+                    msg,
+                )
+            }
             None => {
                 limits.take(&n);
                 d.admit(node, group_name(p, g));
