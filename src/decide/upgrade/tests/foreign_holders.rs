@@ -93,12 +93,7 @@ fn do_not_disrupt_on_a_node_keeps_the_upgrade_off_it() {
     };
     let mut w = World::new(ungrouped(), vec![held("a"), node("b", "v1", false)]);
     w.step();
-    assert_ne!(w.phase("b"), UpgradePhase::Waiting, "a free node is taken");
-    let e = w.entry("a");
-    assert_eq!(
-        (e.phase, e.reason.as_deref()),
-        (UpgradePhase::Waiting, Some("DoNotDisrupt"))
-    );
+    a_waits_do_not_disrupt_and_b_is_taken(&w);
 
     let mut p = plan();
     p.spec.groups.clear();
@@ -127,14 +122,20 @@ fn do_not_disrupt_on_a_pod_keeps_the_upgrade_off_its_node() {
     let opted_out = crate::decide::do_not_disrupt::tests::opted_out_pod;
     w.pods.push(opted_out("db-0", "a", "true", "Running", None));
     w.step();
+    let e = a_waits_do_not_disrupt_and_b_is_taken(&w);
+    let msg = e.message.clone().unwrap_or_default();
+    assert_eq!(msg, "pod prod/db-0 has karpenter.sh/do-not-disrupt=true");
+}
+
+/// Node b (free) is taken; node a waits `DoNotDisrupt`: its entry.
+fn a_waits_do_not_disrupt_and_b_is_taken(w: &World) -> NodeUpgrade {
     assert_ne!(w.phase("b"), UpgradePhase::Waiting, "a free node is taken");
     let e = w.entry("a");
     assert_eq!(
         (e.phase, e.reason.as_deref()),
         (UpgradePhase::Waiting, Some("DoNotDisrupt"))
     );
-    let msg = e.message.clone().unwrap_or_default();
-    assert_eq!(msg, "pod prod/db-0 has karpenter.sh/do-not-disrupt=true");
+    e
 }
 
 /// The test plan without groups or before hooks: one pass admits.
