@@ -63,7 +63,9 @@
 //!   [`decide::marking`], [`decide::notify`], [`decide::disrupt`] (node facts,
 //!   why a node waits, the NodeMaintenance a feature takes a node with),
 //!   [`decide::do_not_disrupt`] (Karpenter's opt-out on nodes and pods, which
-//!   admissions and drains honour), [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
+//!   admissions and drains honour), [`decide::volumes`] (which volumes a
+//!   node must see detached before a feature powers it off),
+//!   [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
 //!   [`decide::claim`], [`decide::foreign`], [`decide::node_conditions`]
 //!   (KEP-5683), [`decide::admission`] (the webhook's refusals),
 //!   [`decide::command_check`] (whether a node's agent can run a policy's
@@ -102,7 +104,9 @@
 //!   namespace labels its drain reads from [`service::drain_rules`]),
 //!   [`service::connect`] (credentials, the HTTP/2 client, start-up checks),
 //!   [`service::node_pods`] (the pods of nodes a reboot or upgrade is about
-//!   to take, read for do-not-disrupt),
+//!   to take, read for do-not-disrupt), [`service::volumes`] (a drained
+//!   node's VolumeAttachments, read while a feature's maintenance waits
+//!   for them),
 //!   [`service::kubeconfig`] (kubeconfig files read as kube-client reads them,
 //!   through one untyped [`service::yaml_tree`] for the binary's size),
 //!   [`service::metrics`], and beside the loop the opt-in webhook

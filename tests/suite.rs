@@ -52,3 +52,4 @@ mod replace;
 mod schema_refusals;
 mod talos;
 mod upgrade;
+mod volumes;

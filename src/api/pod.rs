@@ -1,5 +1,5 @@
-//! A pod as nodekeeper holds it: the metadata, and the two spec fields and
-//! one status field that a drain and a blocking-pod gate read. It is
+//! A pod as nodekeeper holds it: the metadata, and the few spec and status
+//! fields that a drain, a blocking-pod gate and the wait for volumes read. It is
 //! deserialized straight from the API's JSON (serde skips everything else),
 //! so the rest of a pod never reaches memory.
 //!
@@ -42,14 +42,19 @@ pub struct Pod {
     pub status: Option<PodStatus>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodSpec {
     /// The node the pod is bound to (what the node role's watch selects on
     /// and the cluster role groups by).
     pub node_name: Option<String>,
     /// How long an accepted eviction may take before we ask again.
     pub termination_grace_period_seconds: Option<i64>,
+    /// The PersistentVolumeClaims it mounts, by name in its namespace (a
+    /// generic ephemeral volume's claim is named `<pod>-<volume>`, as the
+    /// ephemeral volume controller names it): a pod that stays on a node
+    /// keeps these attached, and a reboot does not wait for them
+    /// (`decide::volumes`).
+    pub claims: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -71,8 +76,54 @@ pub struct PodStatus {
 struct PodIn {
     #[serde(default)]
     metadata: MetaIn,
-    spec: Option<PodSpec>,
+    spec: Option<PodSpecIn>,
     status: Option<PodStatus>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpecIn {
+    node_name: Option<String>,
+    termination_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    volumes: Vec<VolumeIn>,
+}
+
+/// Of a volume, only its name and whether a claim stands behind it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct VolumeIn {
+    #[serde(default)]
+    name: String,
+    persistent_volume_claim: Option<ClaimIn>,
+    ephemeral: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimIn {
+    #[serde(default)]
+    claim_name: String,
+}
+
+impl PodSpecIn {
+    fn kept(self, pod: Option<&str>) -> PodSpec {
+        let claims = self
+            .volumes
+            .into_iter()
+            .filter_map(|v| match (v.persistent_volume_claim, v.ephemeral, pod) {
+                (Some(c), _, _) => Some(c.claim_name),
+                (None, Some(_), Some(pod)) => Some(format!("{pod}-{}", v.name)),
+                _ => None,
+            })
+            .filter(|c| !c.is_empty())
+            .collect();
+        PodSpec {
+            node_name: self.node_name,
+            termination_grace_period_seconds: self.termination_grace_period_seconds,
+            claims,
+        }
+    }
 }
 
 #[derive(Default, Deserialize)]
@@ -91,6 +142,7 @@ struct MetaIn {
 impl From<PodIn> for Pod {
     fn from(p: PodIn) -> Pod {
         let m = p.metadata;
+        let spec = p.spec.map(|spec| spec.kept(m.name.as_deref()));
         let annotations = m.annotations.and_then(|mut a| {
             a.retain(|k, _| KEPT_ANNOTATIONS.contains(&k.as_str()));
             (!a.is_empty()).then_some(a)
@@ -107,7 +159,7 @@ impl From<PodIn> for Pod {
                 deletion_timestamp: m.deletion_timestamp,
                 ..Default::default()
             },
-            spec: p.spec,
+            spec,
             status: p.status,
         }
     }
@@ -159,7 +211,9 @@ mod tests {
                 "terminationGracePeriodSeconds": 45,
                 "containers": [{"name": "app", "image": "app:1",
                     "readinessProbe": {"httpGet": {"path": "/", "port": 80}}}],
-                "volumes": [{"name": "cache", "emptyDir": {}}],
+                "volumes": [{"name": "cache", "emptyDir": {}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "web-data"}},
+                    {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}],
             },
             "status": {"phase": "Running", "podIP": "10.0.0.1",
                 "startTime": "2026-11-29T11:00:00Z",
@@ -169,6 +223,7 @@ mod tests {
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("n1"));
         assert_eq!(spec.termination_grace_period_seconds, Some(45));
+        assert_eq!(spec.claims, ["web-data", "web-1-scratch"]);
         assert_eq!(
             pod.status.as_ref().unwrap().phase.as_deref(),
             Some("Running")

@@ -27,6 +27,7 @@ use super::node_conditions;
 use crate::api::common::{DrainOptions, Escalation, is_node_name};
 use crate::api::nodemaintenance::*;
 
+mod detach;
 mod lease_and_gone_node;
 mod plan;
 mod pods;
@@ -63,6 +64,10 @@ pub struct Snapshot<'a> {
     pub lease_renew_at: Option<Timestamp>,
     pub now: Timestamp,
     pub drain_timeout: Duration,
+    /// The node's VolumeAttachments, once read: the service reads them
+    /// when the decision asks ([`Step::ReadVolumes`]), only for a feature's
+    /// drained maintenance (`decide::volumes`).
+    pub volumes: Option<&'a crate::decide::volumes::Volumes>,
     /// The node's lifecycle conditions cannot be written now
     /// ([`super::NodeMemory::conditions_refused_until`]): the maintenance
     /// goes on without them. A drain or an uncordon never waits on them.
@@ -110,6 +115,10 @@ pub enum Step {
         pods: Vec<(Arc<Pod>, Fate)>,
         grace_period: Option<i64>,
     },
+    /// Read the node's VolumeAttachments and decide again: a feature's
+    /// maintenance is drained and says Succeeded only once the evicted
+    /// pods' volumes are detached (`decide::volumes`).
+    ReadVolumes { nm: String },
     /// Write progress (and announce a transition).
     WriteStatus {
         nm: String,

@@ -37,6 +37,7 @@ pub mod rollout;
 pub mod selector;
 pub mod upgrade;
 pub mod version;
+pub mod volumes;
 pub mod window;
 
 use std::collections::HashMap;

@@ -50,6 +50,7 @@ pub mod roles;
 mod scripted_tests;
 pub mod stores;
 pub mod upgrades;
+pub mod volumes;
 pub mod watch;
 pub mod watched;
 pub mod yaml_tree;

@@ -22,7 +22,7 @@ use super::roles::{Scope, anchor};
 use crate::api::common::is_node_name;
 use crate::decide::Effect;
 use crate::decide::foreign::{self, LastCheck};
-use crate::decide::maintenance::{self, Snapshot};
+use crate::decide::maintenance::{self, Snapshot, Step};
 use crate::decide::{Then, duration_until, earliest};
 use crate::error::{Error, Result};
 
@@ -236,6 +236,8 @@ async fn reconcile_node(
     node_name: &str,
     node_known: bool,
 ) -> Result<Option<Duration>> {
+    // Read once per reconcile, when a drained feature's maintenance asks.
+    let mut volumes = None;
     for _ in 0..MAX_STEPS {
         let node = if node_known {
             ctx.node(node_name)
@@ -274,9 +276,14 @@ async fn reconcile_node(
             lease_renew_at: mem.lease_renew_at,
             now,
             drain_timeout: ctx.drain_timeout,
+            volumes: volumes.as_ref(),
             conditions_paused: mem.conditions_refused_until.is_some_and(|t| t > now),
         };
         let step = maintenance::decide(&snapshot);
+        if matches!(step, Step::ReadVolumes { .. }) && volumes.is_none() {
+            volumes = Some(super::volumes::read(ctx, node_name).await);
+            continue;
+        }
         if !listed && !step.reads_no_pods() {
             if ctx.pods.drainable(node_name).await.is_none() {
                 log::warn!("node {node_name}: its pods are not listed yet; looking again in 1 s");

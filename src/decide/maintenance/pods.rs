@@ -2,6 +2,7 @@
 //! the node, and once nothing is due, the progress reported, the owner's
 //! `Skip` applied past the deadline, and when to look again.
 
+use super::detach::{self, Detach};
 use super::*;
 
 /// What becomes of each pod on the node: the drain's plan
@@ -51,7 +52,17 @@ pub(super) fn report_and_wait(
     timed_out: bool,
 ) -> Step {
     let name = p.name_any();
-    let (status, announce) = progress_status(s, p, fates, opts.timeout);
+    let (mut status, mut announce) = progress_status(s, p, fates, opts.timeout);
+    let mut detach_wake = None;
+    match detach::gate(s, p, &mut status, opts, timed_out) {
+        Detach::Open => {}
+        Detach::Read => return Step::ReadVolumes { nm: name },
+        Detach::Fail(step) => return step,
+        Detach::Hold { wake } => {
+            announce = None;
+            detach_wake = Some(wake);
+        }
+    }
     // Skip gives the node back undrained: the maintenance fails, which
     // undoes its cordon, and its owner reports why.
     if timed_out && opts.on_timeout == Escalation::Skip && fates.iter().any(|(_, f)| f.is_pending())
@@ -97,6 +108,7 @@ pub(super) fn report_and_wait(
         .collect();
     wake.extend(s.lease_renew_at);
     wake.extend(hold);
+    wake.extend(detach_wake);
     // A drain timeout has to be noticed even if no pod event arrives.
     if let Some(deadline) = drain_deadline(p, opts.timeout)
         && deadline > s.now

@@ -5,6 +5,7 @@ use super::*;
 
 /// Draining: evictable pods, refusals and backoff, the drain timeout,
 /// progress writes and success.
+mod detach;
 mod drain;
 /// No Node object: new maintenances refused, running ones failed,
 /// finished ones left to go with their Node, the lease released after.
@@ -124,6 +125,8 @@ struct World {
     lease_renew_at: Option<Timestamp>,
     now: Timestamp,
     conditions_paused: bool,
+    /// The node's VolumeAttachments as the service read them (none).
+    volumes: Option<crate::decide::volumes::Volumes>,
 }
 
 /// The node with the lifecycle conditions of the maintenance it carries
@@ -180,6 +183,7 @@ impl World {
             lease_renew_at: Some(ts(3000)),
             now: ts(10),
             conditions_paused: false,
+            volumes: Some(crate::decide::volumes::Volumes::Read(Vec::new())),
         }
     }
 
@@ -203,6 +207,7 @@ impl World {
             lease_renew_at: self.lease_renew_at,
             now: self.now,
             drain_timeout: Duration::from_secs(30),
+            volumes: self.volumes.as_ref(),
             conditions_paused: self.conditions_paused,
         }
     }
@@ -632,6 +637,7 @@ fn a_stored_object_with_an_impossible_node_name_fails_with_a_message_not_a_looku
             lease_renew_at: None,
             now: ts(10),
             drain_timeout: Duration::from_secs(30),
+            volumes: None,
             conditions_paused: false,
         });
         let Step::Fail {

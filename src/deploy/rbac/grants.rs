@@ -16,7 +16,7 @@ const CLUSTER: &[Identity] = &[Identity::Cluster];
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 31] = [
+pub const GRANTS: [Grant; 33] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -78,6 +78,24 @@ pub const GRANTS: [Grant; 31] = [
         resource: "namespaces",
         verbs: &["get"],
         why: "read the labels of a drained pod's namespace, only when a DrainRule selects by them",
+        only_with: None,
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "storage.k8s.io",
+        resource: "volumeattachments",
+        verbs: &["list"],
+        why: "after a reboot's, upgrade's or replacement's drain, see the node's attached volumes detached before its power goes (VolumeAttachments are not field-selectable: listed from the cache while one waits, never watched)",
+        only_with: None,
+    },
+    Grant {
+        feature: MAINTENANCE,
+        identities: BOTH,
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["get"],
+        why: "read the claim behind a volume still attached to a drained node: a pod that stays (a DaemonSet's) keeps its own, and the status names the claim",
         only_with: None,
     },
     Grant {

@@ -4,12 +4,16 @@
 
 use super::*;
 
-fn owned(mut m: NodeMaintenance) -> NodeMaintenance {
+pub(super) fn owned(mut m: NodeMaintenance) -> NodeMaintenance {
     m.metadata.labels = Some([(OWNER_LABEL.to_string(), "RebootPolicy".to_string())].into());
     m
 }
 
-fn with_drain(mut m: NodeMaintenance, timeout: &str, on_timeout: &str) -> NodeMaintenance {
+pub(super) fn with_drain(
+    mut m: NodeMaintenance,
+    timeout: &str,
+    on_timeout: &str,
+) -> NodeMaintenance {
     m.metadata.annotations = Some(
         [
             (DRAIN_TIMEOUT_ANNOTATION.to_string(), timeout.to_string()),

@@ -15,7 +15,9 @@
 //!
 //! Each pod has a DrainRule behaviour and tier of the world's own table
 //! (`world_rules.rs`), and WaitCompleted pods finish by themselves now and
-//! then.
+//! then. Half the pods mount a volume: attached while the pod runs, and
+//! detached a few steps after it is gone (now and then many steps); a read
+//! of the node's attachments fails now and then.
 //!
 //! Invariants, checked on the world's own reading and never from the
 //! product's status: the node is not uncordoned while a NodeMaintenance on
@@ -23,7 +25,9 @@
 //! set before any maintenance is never lifted; no pod is evicted or deleted
 //! unless a live NodeMaintenance drains the node, nor one the table says
 //! stays (Skip, WaitCompleted) or one of a later tier while a pod of an
-//! earlier one is still there; a pass ends in a wait
+//! earlier one is still there; a feature's NodeMaintenance never says
+//! Succeeded (its owner's reboot next) while a volume no running pod on
+//! the node uses is still attached; a pass ends in a wait
 //! within a bounded number of steps (no busy loop); and once every
 //! NodeMaintenance is deleted and the faults stop, within a few passes
 //! every one is gone (finalizer dropped), the node is back as the person
@@ -83,6 +87,9 @@ struct MaintenanceWorld {
     pods: Vec<WorldPod>,
     /// The pods' DrainRules and the world's table of them.
     rules: WorldRules,
+    /// Volumes attached to the node: the claim (`ns/name`), and once its
+    /// pod is gone, steps until the driver has detached it.
+    attached: Vec<(String, Option<u32>)>,
     /// The medik8s lease: holder and until when.
     lease: Option<(String, Timestamp)>,
     memory: NodeMemory,
@@ -110,6 +117,15 @@ impl MaintenanceWorld {
             .map(|i| pod(&format!("p{i}"), "ReplicaSet"))
             .collect();
         let rules = WorldRules::random(&mut rng, &mut arcs);
+        let mut attached = Vec::new();
+        for (i, p) in arcs.iter_mut().enumerate() {
+            if rng.chance(50) {
+                let mut pod = (**p).clone();
+                pod.spec.get_or_insert_default().claims = vec![format!("c{i}")];
+                attached.push((format!("ns/c{i}"), None));
+                *p = Arc::new(pod);
+            }
+        }
         let pods = arcs
             .into_iter()
             .map(|pod| WorldPod {
@@ -132,6 +148,7 @@ impl MaintenanceWorld {
             nms: Vec::new(),
             pods,
             rules,
+            attached,
             lease,
             memory: NodeMemory::default(),
             faults_on: true,
@@ -256,6 +273,7 @@ impl MaintenanceWorld {
             } => {
                 let rv = self.bump();
                 let i = self.guarded(nm, resource_version, "status write")?;
+                self.check_volumes(&self.nms[i], status);
                 let m = &mut self.nms[i];
                 m.status = Some((**status).clone());
                 m.metadata.resource_version = Some(rv);
@@ -360,8 +378,63 @@ impl MaintenanceWorld {
         }
     }
 
+    /// A feature's maintenance says Succeeded only with every volume of
+    /// an evicted (or finished) pod detached.
+    fn check_volumes(&self, m: &NodeMaintenance, status: &NodeMaintenanceStatus) {
+        if status.phase != Some(Phase::Succeeded)
+            || m.phase() == Some(Phase::Succeeded)
+            || !crate::decide::volumes::waits_for_volumes(owner_of(m))
+        {
+            return;
+        }
+        let running: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|w| {
+                !matches!(
+                    w.pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
+            .flat_map(|w| w.pod.spec.iter().flat_map(|s| s.claims.clone()))
+            .map(|c| format!("ns/{c}"))
+            .collect();
+        let left: Vec<&String> = self
+            .attached
+            .iter()
+            .map(|(c, _)| c)
+            .filter(|c| !running.contains(c))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "{} says Succeeded with volumes of pods gone still attached: {left:?}",
+            m.name_any()
+        );
+    }
+
+    /// The node's attachments as a read of them answers.
+    fn read_volumes(&mut self) -> crate::decide::volumes::Volumes {
+        use crate::decide::volumes::{Attached, Volumes};
+        if self.faults_on && self.rng.chance(5) {
+            *self.tally.entry("volume reads failed").or_default() += 1;
+            return Volumes::Failed("listing VolumeAttachments: timed out".into());
+        }
+        Volumes::Read(
+            self.attached
+                .iter()
+                .map(|(c, _)| Attached {
+                    attachment: format!("va-{c}"),
+                    volume: format!("pv-{c}"),
+                    claim: Some(c.clone()),
+                    unique: None,
+                })
+                .collect(),
+        )
+    }
+
     /// One pass of the node's reconcile, as `service::reconcile` runs it.
     fn pass(&mut self) {
+        let mut volumes = None;
         for _ in 0..MAX_STEPS {
             let pods: Vec<Arc<Pod>> = self.pods.iter().map(|w| w.pod.clone()).collect();
             let nms = self.nms.clone();
@@ -378,11 +451,16 @@ impl MaintenanceWorld {
                 lease_renew_at: memory.lease_renew_at,
                 now: self.now,
                 drain_timeout: Duration::from_secs(60),
+                volumes: volumes.as_ref(),
                 conditions_paused: memory
                     .conditions_refused_until
                     .is_some_and(|t| t > self.now),
             };
             let step = decide(&snapshot);
+            if matches!(step, Step::ReadVolumes { .. }) && volumes.is_none() {
+                volumes = Some(self.read_volumes());
+                continue;
+            }
             self.trace
                 .push(format!("step {step:?}").chars().take(160).collect());
             let mut plan = plan(&snapshot, step.clone());
@@ -452,6 +530,39 @@ impl MaintenanceWorld {
                 w.blocked = false;
             }
         }
+        // A pod's volume detaches a few steps after it is gone (or after
+        // it finished), now and then many.
+        for w in &self.pods {
+            let done = matches!(
+                w.pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+            if w.terminating == Some(0) || done {
+                for c in w.pod.spec.iter().flat_map(|s| s.claims.iter()) {
+                    let key = format!("ns/{c}");
+                    let steps = if self.rng.chance(10) {
+                        12
+                    } else {
+                        self.rng.below(4) as u32
+                    };
+                    if let Some(v) = self
+                        .attached
+                        .iter_mut()
+                        .find(|(k, t)| *k == key && t.is_none())
+                    {
+                        v.1 = Some(steps);
+                    }
+                }
+            }
+        }
+        for (_, left) in &mut self.attached {
+            if let Some(l) = left.as_mut() {
+                *l = l.saturating_sub(1);
+            }
+        }
+        let before = self.attached.len();
+        self.attached.retain(|(_, left)| *left != Some(0));
+        *self.tally.entry("volumes detached").or_default() += before - self.attached.len();
         self.pods.retain(|w| w.terminating != Some(0));
         self.rules
             .finish_some(&mut self.rng, self.pods.iter_mut().map(|w| &mut w.pod));
@@ -464,7 +575,7 @@ impl MaintenanceWorld {
                 // A feature's, now and then: a person's preempts it.
                 if self.rng.chance(40) {
                     m.metadata.labels =
-                        Some([(OWNER_LABEL.to_string(), "reboot".to_string())].into());
+                        Some([(OWNER_LABEL.to_string(), "RebootPolicy".to_string())].into());
                 }
                 m.metadata.resource_version = Some(self.bump());
                 self.trace.push(format!("{} created", m.name_any()));
@@ -506,6 +617,7 @@ impl MaintenanceWorld {
                 self.node = None;
                 self.node_back_in = 1 + self.rng.below(4) as u32;
                 self.pods.clear();
+                self.attached.clear();
                 let owned: Vec<usize> = (0..self.nms.len())
                     .filter(|&i| self.nms[i].owner_references().iter().any(|o| o.uid == uid))
                     .collect();
