@@ -594,6 +594,71 @@ fn a_failed_maintenance_releases_the_lease_when_deleted() {
     })
 }
 
+/// A lease taken beside a new maintenance's finalizer just before a
+/// restart, whose maintenance went before the new process looked: the
+/// node agent and the cluster role each find it at start and release it;
+/// another holder's lease is left alone.
+#[test]
+fn a_lease_held_from_before_a_restart_with_no_maintenance_is_released_at_start() {
+    block_on(async {
+        let mut w = world("strandedlease", &["a", "b", "c"]).await;
+        let (a, b, c) = (w.nodes[0].clone(), w.nodes[1].clone(), w.nodes[2].clone());
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": LEASE_NAMESPACE}}))
+                .expect("a namespace");
+        // The manifests create it; a fresh cluster may not have it yet.
+        let _ = Api::all(w.env.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await;
+        let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
+        for (node, holder) in [
+            (&a, LEASE_HOLDER),
+            (&b, "another-operator"),
+            (&c, LEASE_HOLDER),
+        ] {
+            let lease: Lease = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": lease_name(node), "namespace": LEASE_NAMESPACE},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 3600,
+                         "acquireTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                         "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()},
+            }))
+            .expect("a lease");
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .expect("creating a lease");
+        }
+        // a: its node agent; c: the cluster role (no agent there).
+        w.agents
+            .push(Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]));
+        let _cluster = w.start_cluster_agent();
+        for node in [&a, &c] {
+            wait_for("the stranded lease released", LONG, || async {
+                leases
+                    .get_opt(&lease_name(node))
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            })
+            .await;
+        }
+        let other = leases
+            .get(&lease_name(&b))
+            .await
+            .expect("another holder's lease is left");
+        assert_eq!(
+            other.spec.and_then(|s| s.holder_identity).as_deref(),
+            Some("another-operator")
+        );
+        for node in [&a, &b, &c] {
+            let _ = leases
+                .delete(&lease_name(node), &DeleteParams::default())
+                .await;
+        }
+    })
+}
+
 #[test]
 fn status_counters_follow_the_drain() {
     block_on(async {

@@ -304,6 +304,16 @@ impl Context {
         m.clone()
     }
 
+    /// Remember that we may hold `node`'s medik8s lease (found at start):
+    /// its renewal is due, so the next pass renews or releases it.
+    pub fn remember_lease(&self, node: &str, now: k8s_openapi::jiff::Timestamp) {
+        lock(&self.memory)
+            .entry(node.to_string())
+            .or_default()
+            .lease_renew_at
+            .get_or_insert(now);
+    }
+
     /// What we remember of `node`, pruned of nothing (its pods are not
     /// known yet).
     pub fn memory_as_is(&self, node: &str) -> NodeMemory {

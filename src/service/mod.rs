@@ -172,6 +172,7 @@ pub async fn run(
     })
     .detach();
 
+    remember_held_leases(&ctx, &scope).await;
     let run = node_controller(
         w,
         &scope,
@@ -194,6 +195,33 @@ pub async fn run(
     };
     smol::future::or(run, bound).await;
     shut_down(elected, &webhook).await
+}
+
+/// The medik8s leases this process may hold without remembering them (a
+/// new maintenance's lease taken beside a refused finalizer, just before a
+/// restart), remembered as held with their renewal due, before any
+/// node's first pass: that pass renews a lease a maintenance needs and
+/// releases one nothing needs (`decide::maintenance`). One list (the node
+/// role: one get); a failed read is said and left to the maintenances.
+async fn remember_held_leases(ctx: &Context, scope: &Scope) {
+    if ctx.node_agents {
+        return;
+    }
+    let node = match scope {
+        Scope::Node(n) => Some(n.as_str()),
+        Scope::AllNodes { .. } => None,
+    };
+    match crate::effects::lease::held_node_leases(&ctx.effects.client, node).await {
+        Ok(nodes) => {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            for n in nodes {
+                ctx.remember_lease(&n, now);
+            }
+        }
+        Err(e) => log::warn!(
+            "{e}: a node lease taken just before this start is released only once its maintenance is"
+        ),
+    }
 }
 
 /// The API server's clients: one HTTP/2 connection for the watches and

@@ -121,8 +121,8 @@ pub const GRANTS: [Grant; 33] = [
         identities: BOTH,
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["get", "create", "update", "delete"],
-        why: "the medik8s node lease, in medik8s-leases only (a Role, not the ClusterRole)",
+        verbs: &["get", "list", "create", "update", "delete"],
+        why: "the medik8s node lease, in medik8s-leases only (a Role, not the ClusterRole); listed once at start, so a lease taken just before a restart is not left held",
         only_with: None,
     },
     Grant {

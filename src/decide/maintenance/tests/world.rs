@@ -15,7 +15,9 @@
 //!
 //! Each pod has a DrainRule behaviour and tier of the world's own table
 //! (`world_rules.rs`), and WaitCompleted pods finish by themselves now and
-//! then. Half the pods mount a volume: attached while the pod runs, and
+//! then. Some pods carry Karpenter's `karpenter.sh/do-not-disrupt`
+//! (`"true"`, or a duration that runs out a few steps in), which a person
+//! takes off now and then. Half the pods mount a volume: attached while the pod runs, and
 //! detached a few steps after it is gone (now and then many steps); a read
 //! of the node's attachments fails now and then.
 //!
@@ -24,7 +26,7 @@
 //! it is live (not deleting, not Failed), begun or about to; a cordon a person
 //! set before any maintenance is never lifted; no pod is evicted or deleted
 //! unless a live NodeMaintenance drains the node, nor one the table says
-//! stays (Skip, WaitCompleted) or one of a later tier while a pod of an
+//! stays (Skip, WaitCompleted), nor one whose do-not-disrupt holds or one of a later tier while a pod of an
 //! earlier one is still there; a feature's NodeMaintenance never says
 //! Succeeded (its owner's reboot next) while a volume no running pod on
 //! the node uses is still attached; a pass ends in a wait
@@ -117,6 +119,18 @@ impl MaintenanceWorld {
             .map(|i| pod(&format!("p{i}"), "ReplicaSet"))
             .collect();
         let rules = WorldRules::random(&mut rng, &mut arcs);
+        for p in arcs.iter_mut() {
+            if rng.chance(20) {
+                let value = if rng.chance(50) { "true" } else { "45s" };
+                let mut pod = (**p).clone();
+                pod.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(crate::api::pod::DO_NOT_DISRUPT.into(), value.into());
+                pod.status.get_or_insert_default().start_time = Some(Time(ts(0)));
+                *p = Arc::new(pod);
+            }
+        }
         let mut attached = Vec::new();
         for (i, p) in arcs.iter_mut().enumerate() {
             if rng.chance(50) {
@@ -347,6 +361,11 @@ impl MaintenanceWorld {
                         removals.push(Removal::Gone);
                         continue;
                     };
+                    assert!(
+                        crate::decide::do_not_disrupt::pod_hold(&wp.pod, self.now).is_none(),
+                        "{} removed ({fate:?}) while its do-not-disrupt holds",
+                        wp.pod.name_any()
+                    );
                     let refused = matches!(fate, Fate::Evict) && wp.blocked;
                     *self
                         .tally
@@ -585,6 +604,19 @@ impl MaintenanceWorld {
                 let i = self.rng.below(self.nms.len() as u64) as usize;
                 self.delete(i);
             }
+            // A person takes a pod's do-not-disrupt off.
+            if !self.pods.is_empty() && self.rng.chance(10) {
+                let i = self.rng.below(self.pods.len() as u64) as usize;
+                let mut pod = (*self.pods[i].pod).clone();
+                if let Some(a) = pod.metadata.annotations.as_mut()
+                    && a.remove(crate::api::pod::DO_NOT_DISRUPT).is_some()
+                {
+                    self.trace
+                        .push(format!("{}: do-not-disrupt taken off", pod.name_any()));
+                    *self.tally.entry("do-not-disrupt taken off").or_default() += 1;
+                    self.pods[i].pod = Arc::new(pod);
+                }
+            }
             self.node_comes_and_goes();
         }
         // Another operator's lease expires in time.
@@ -597,6 +629,14 @@ impl MaintenanceWorld {
         if self.faults_on && self.rng.chance(3) {
             self.trace.push("restart".into());
             self.memory = NodeMemory::default();
+            // Leases it holds are found at start (`service::run`).
+            if self
+                .lease
+                .as_ref()
+                .is_some_and(|(h, _)| h == crate::api::nodemaintenance::LEASE_HOLDER)
+            {
+                self.memory.lease_renew_at = Some(self.now);
+            }
         }
         self.now = self
             .now
