@@ -48,6 +48,7 @@ use super::{Effect, Plan, set_condition};
 use crate::api::common::DrainSpec;
 use crate::api::constellation::*;
 use crate::api::nodemaintenance::{NodeMaintenance, Phase};
+use crate::api::pod::Pod;
 pub use ask::Read;
 use classify::*;
 pub use classify::{Classes, classify, status};
@@ -134,6 +135,11 @@ pub struct Snapshot<'a> {
     pub governed_elsewhere: usize,
     /// How the rollout fields were read ([`governing`]).
     pub fields: &'a Reading,
+    /// The pods of a node, for Karpenter's do-not-disrupt, or `None`
+    /// while they are not read: asked only for the outdated node a new
+    /// node is about to pair with, and for a paired one before its drain
+    /// (`service::node_pods` reads those asked about and decides again).
+    pub node_pods: &'a (dyn Fn(&str) -> Option<Vec<Arc<Pod>>> + Sync),
     pub now: Timestamp,
 }
 

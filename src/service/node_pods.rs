@@ -26,7 +26,7 @@ const ROUNDS: usize = 4;
 /// nodes it asks about and deciding again while it asks for more.
 pub async fn deciding<P>(
     ctx: &Context,
-    decide: impl Fn(&dyn Fn(&str) -> Option<Vec<Arc<Pod>>>) -> P,
+    decide: impl Fn(&(dyn Fn(&str) -> Option<Vec<Arc<Pod>>> + Sync)) -> P,
 ) -> P {
     let pods = Known {
         ctx,

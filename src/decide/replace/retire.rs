@@ -4,6 +4,7 @@
 //! PendingNode.
 
 use super::*;
+use crate::decide::rollout;
 
 /// Labels a heir takes from its donor: all but the reserved
 /// `kubernetes.io` and `k8s.io` ones (and their subdomains).
@@ -43,6 +44,10 @@ pub(super) fn delete_pending(p: &PendingNode) -> Effect {
     }
 }
 
+/// How soon a paired node whose pods opt out of disruption is looked at
+/// again.
+const PODS_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Each joined surge node pairs with an outdated node of its scaling group
 /// (mints and outdated nodes by name, so the order is deterministic), or
 /// is obsolete when none is left. Every joined node pairs in the same
@@ -68,8 +73,9 @@ pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
             .filter(|o| !taken.contains(&o.name_any()))
             .collect();
         outdated.sort_by_key(|o| o.name_any());
-        match outdated.first() {
-            Some(donor) => {
+        match free_donor(s, &outdated) {
+            Donor::Waiting => continue,
+            Donor::Free(donor) => {
                 taken.push(donor.name_any());
                 fx.extend([
                     set(mint, DONOR_ANNOTATION, &donor.name_any()),
@@ -82,7 +88,7 @@ pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
                     donor.name_any()
                 ));
             }
-            None => {
+            Donor::None => {
                 fx.extend([delete_pending(pn), set(mint, OBSOLETE_ANNOTATION, "true")]);
                 lines.push(format!(
                     "node {} joined with nothing left to replace in its group: obsolete",
@@ -92,6 +98,33 @@ pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
         }
     }
     (!fx.is_empty()).then(|| Plan::steps(fx).info(lines.join("; ")))
+}
+
+enum Donor<'n> {
+    Free(&'n Node),
+    /// Outdated nodes are left, but a pod opted out of disruption holds
+    /// each (or is not read yet): the new node waits unpaired rather than
+    /// becoming obsolete, which would only ask for another.
+    Waiting,
+    None,
+}
+
+/// The first outdated node (by name) none of whose pods opts out of
+/// disruption (Karpenter's `karpenter.sh/do-not-disrupt`). Pods are read
+/// in that order and only until one is free, so a round reads the pods of
+/// a few nodes, not of every outdated one.
+fn free_donor<'n>(s: &Snapshot, outdated: &[&&'n Node]) -> Donor<'n> {
+    let mut held = false;
+    for o in outdated {
+        match (s.node_pods)(&o.name_any()) {
+            None => return Donor::Waiting,
+            Some(pods) if crate::decide::do_not_disrupt::longest(&pods, s.now).is_some() => {
+                held = true;
+            }
+            Some(_) => return Donor::Free(o),
+        }
+    }
+    if held { Donor::Waiting } else { Donor::None }
 }
 
 /// Heirs whose donor does not name them back, and donors whose heir does
@@ -149,6 +182,15 @@ pub(super) fn retire(s: &Snapshot, node: &Node) -> Retire {
         // (its removal is a node event, which kicks us).
         if crate::decide::do_not_disrupt::node_holds(node) {
             return Retire::Wait(None);
+        }
+        // A pod's opt-out: waits until it is taken off (a pod event
+        // wakes nothing here, so look again) or its duration ends.
+        let mut until = None;
+        if rollout::pods_hold((s.node_pods)(&name), s.now, |t| until = Some(t)).is_some() {
+            let again = until.map_or(PODS_AGAIN, |t| {
+                crate::decide::duration_until(s.now, t).min(PODS_AGAIN)
+            });
+            return Retire::Wait(Some(again));
         }
         let owner = disrupt::owner_ref(s.nv, "NodeVersion");
         let drain = DrainSpec {

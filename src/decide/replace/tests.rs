@@ -122,6 +122,9 @@ fn pending(name: &str, group: &str, goal: &str, state: &str) -> Arc<PendingNode>
     Arc::new(p)
 }
 
+/// A node's pods as the service would read them (`None`: not read).
+type NodePods = Box<dyn Fn(&str) -> Option<Vec<Arc<crate::api::pod::Pod>>> + Sync>;
+
 struct World {
     nv: NodeVersion,
     nodes: Vec<Arc<Node>>,
@@ -136,6 +139,8 @@ struct World {
     others_unknown: bool,
     governed_elsewhere: usize,
     fields: Reading,
+    /// The pods of each node, as the service would read them.
+    node_pods: NodePods,
 }
 
 impl World {
@@ -154,6 +159,7 @@ impl World {
             others_unknown: false,
             governed_elsewhere: 0,
             fields: Reading::default(),
+            node_pods: Box::new(|_| Some(Vec::new())),
         }
     }
 
@@ -173,6 +179,7 @@ impl World {
             others_unknown: self.others_unknown,
             governed_elsewhere: self.governed_elsewhere,
             fields: &self.fields,
+            node_pods: &*self.node_pods,
             now: now(),
         }
     }

@@ -116,12 +116,19 @@ pub(super) async fn versions(
             others_unknown,
             governed_elsewhere: elsewhere.len(),
             fields: reading,
+            node_pods: &|_| None,
             now,
         };
         let (facts, ask_again) = super::ask::ask(ctx, r, replace::questions(&snap)).await;
         wake = earliest(wake, ask_again);
         snap.facts = &facts;
-        let mut plan = replace::decide(&snap);
+        let mut plan = super::super::node_pods::deciding(ctx, |pods| {
+            replace::decide(&replace::Snapshot {
+                node_pods: pods,
+                ..snap
+            })
+        })
+        .await;
         if let Some((_, line)) = &mut plan.note {
             *line = format!("NodeVersion {}: {line}", nv.name_any());
         }

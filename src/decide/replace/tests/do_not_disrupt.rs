@@ -1,6 +1,9 @@
 //! Karpenter's `karpenter.sh/do-not-disrupt: "true"` on an outdated node:
 //! no surge node is asked for it, a joined node does not pair with it, a
-//! paired donor is not drained, and the Outdated condition names it.
+//! paired donor is not drained, and the Outdated condition names it. On a
+//! pod of an outdated node: a joined node pairs with another, or waits
+//! unpaired (never obsolete, which would only ask for another), and a
+//! paired donor is not drained while it holds.
 
 use super::*;
 
@@ -88,4 +91,82 @@ fn a_paired_donor_is_not_drained_while_opted_out() {
             .any(|e| matches!(e, Effect::CreateMaintenance { nm } if nm.spec.node_name == "old")),
         "{plan:?}"
     );
+}
+
+/// Node `node`'s pods, as the service reads them: one pod that opts out.
+fn pods_opting_out(node: &'static str) -> NodePods {
+    Box::new(move |n: &str| {
+        Some(if n == node {
+            vec![crate::decide::do_not_disrupt::tests::opted_out_pod(
+                "db-0", n, "true", "Running", None,
+            )]
+        } else {
+            Vec::new()
+        })
+    })
+}
+
+fn donors_named(plan: &Plan) -> Vec<String> {
+    plan.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::PatchNode { node, patch, .. } if node == "new" => {
+                patch["metadata"]["annotations"][DONOR_ANNOTATION]
+                    .as_str()
+                    .map(str::to_string)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_joined_node_pairs_past_a_node_whose_pod_opts_out_or_waits_unpaired() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![
+        node("a-old", "g", "img-1", &[]),
+        node("b-old", "g", "img-1", &[]),
+        node("new", "g", "img-2", &[]),
+    ];
+    w.pending = vec![pending("new", "g", "Join", "Ready")];
+    w.node_pods = pods_opting_out("a-old");
+    w.settle_status();
+    assert_eq!(donors_named(&decide(&w.snap())), ["b-old"]);
+    // The only outdated node's pod opts out: the new node waits, neither
+    // paired nor obsolete.
+    w.nodes.remove(1);
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert!(donors_named(&plan).is_empty(), "{plan:?}");
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::PatchNode { patch, .. }
+            if patch["metadata"]["annotations"].get(OBSOLETE_ANNOTATION).is_some())),
+        "called obsolete: {plan:?}"
+    );
+    // Pods not read yet: the same wait.
+    w.node_pods = Box::new(|_| None);
+    assert!(donors_named(&decide(&w.snap())).is_empty());
+}
+
+#[test]
+fn a_paired_donor_is_not_drained_while_its_pod_opts_out() {
+    let mut w = World::new("img-2", 1);
+    w.nodes = vec![
+        node("old", "g", "img-1", &[(HEIR_ANNOTATION, "new")]),
+        node("new", "g", "img-2", &[(DONOR_ANNOTATION, "old")]),
+    ];
+    w.node_pods = pods_opting_out("old");
+    w.settle_status();
+    let drains = |plan: &Plan| {
+        plan.effects
+            .iter()
+            .any(|e| matches!(e, Effect::CreateMaintenance { nm } if nm.spec.node_name == "old"))
+    };
+    let plan = decide(&w.snap());
+    assert!(!drains(&plan), "drained under do-not-disrupt: {plan:?}");
+    w.node_pods = Box::new(|_| Some(Vec::new()));
+    assert!(drains(&decide(&w.snap())));
 }
