@@ -175,30 +175,113 @@ const ZONE_RULE: &str = "self.matches('^(UTC|[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9
 const ZONE_MESSAGE: &str = "must be an IANA time zone name such as UTC or Europe/Berlin";
 
 /// When disruptions may start: on these days, from `start` to `end` in
-/// `timeZone`. A window whose end is not after its start wraps midnight
-/// (it belongs to the day it starts on). Work admitted inside a window
-/// finishes after it closes.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// `timeZone`, or at each time `schedule` (cron) names for `duration`. A
+/// window whose end is not after its start wraps midnight (it belongs to
+/// the day it starts on). Work admitted inside a window finishes after it
+/// closes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(WINDOW_RULE).message(WINDOW_MESSAGE))]
 pub struct Window {
     /// Days the window starts on (default: every day).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "days")]
     pub days: Vec<String>,
+    /// Days of the month the window starts on: 1 to 31, or counted from
+    /// the month's end (-1 its last day, -2 the one before). With `days`,
+    /// a day must be both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "days_of_month")]
+    pub days_of_month: Vec<i32>,
+    /// Which of the month's weekdays `days` names: 1 the first, 2 the
+    /// second, ..., -1 the last (`days: [tue]`, `weeksOfMonth: [2]`: the
+    /// second Tuesday).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "weeks_of_month")]
+    pub weeks_of_month: Vec<i32>,
     /// Opening time, HH:MM.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[x_kube(validation = Rule::new(TIME_RULE).message(TIME_MESSAGE))]
     #[schemars(length(max = 5))]
     pub start: String,
     /// Closing time, HH:MM (exclusive); not after `start` means the next day.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[x_kube(validation = Rule::new(TIME_RULE).message(TIME_MESSAGE))]
     #[schemars(length(max = 5))]
     pub end: String,
+    /// Instead of days, `start` and `end`: a cron schedule (minute, hour,
+    /// day of month, month, day of week; or @daily, @weekly, @monthly,
+    /// @yearly, @hourly) of the window's openings, in `timeZone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub schedule: Option<String>,
+    /// How long each opening of `schedule` lasts (a Go duration such as
+    /// `90m` or `3h`, at most 168h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub duration: Option<String>,
     /// IANA time zone of `start` and `end` (default UTC); daylight saving
     /// time is followed.
     #[serde(default = "utc")]
     #[x_kube(validation = Rule::new(ZONE_RULE).message(ZONE_MESSAGE))]
     #[schemars(length(max = 64))]
     pub time_zone: String,
+    /// Dates on which the window stays closed, whole days in `timeZone`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub blackouts: Vec<Blackout>,
+}
+
+/// CEL: a window is days with start and end, or a schedule with a duration.
+const WINDOW_RULE: &str = "has(self.schedule) ? (has(self.duration) && !has(self.start) && !has(self.end) && !has(self.days) && !has(self.daysOfMonth) && !has(self.weeksOfMonth)) : (has(self.start) && has(self.end) && !has(self.duration))";
+const WINDOW_MESSAGE: &str =
+    "a window has start and end (with days, daysOfMonth, weeksOfMonth), or schedule and duration";
+
+/// A date, or a range of dates, on which a window stays closed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Blackout {
+    /// The first day, YYYY-MM-DD.
+    #[x_kube(validation = Rule::new(DATE_RULE).message(DATE_MESSAGE))]
+    #[schemars(length(max = 10))]
+    pub start: String,
+    /// The last day, YYYY-MM-DD (default: `start`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(DATE_RULE).message(DATE_MESSAGE))]
+    #[schemars(length(max = 10))]
+    pub end: Option<String>,
+}
+
+/// CEL: `YYYY-MM-DD` (whether the day exists is checked when parsed).
+const DATE_RULE: &str = "self.matches('^[0-9]{4}-[01][0-9]-[0-3][0-9]$')";
+const DATE_MESSAGE: &str = "must be a date YYYY-MM-DD, e.g. 2026-12-24";
+
+fn days_of_month(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 31,
+        "items": {
+            "type": "integer",
+            "x-kubernetes-validations": [{
+                "rule": "(self >= 1 && self <= 31) || (self >= -31 && self <= -1)",
+                "message": "a day of the month is 1 to 31, or -1 (the last) to -31"
+            }]
+        }
+    })
+}
+
+fn weeks_of_month(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 5,
+        "items": {
+            "type": "integer",
+            "x-kubernetes-validations": [{
+                "rule": "(self >= 1 && self <= 5) || (self >= -5 && self <= -1)",
+                "message": "a week of the month is 1 to 5 (the first to the fifth of that weekday), or -1 (the last) to -5"
+            }]
+        }
+    })
 }
 
 fn utc() -> String {

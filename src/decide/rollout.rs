@@ -237,6 +237,8 @@ pub struct Admitting<'a> {
     /// [`disrupt::Admission::unlisted`]).
     pub unlisted: Option<&'a str>,
     pub window_open: bool,
+    /// Outside every window: when the next one opens, if known.
+    pub window_opens: Option<Timestamp>,
     /// Every selected node, as the budget counts it.
     pub members: Vec<Member<'a>>,
     /// Selected nodes that are NotReady and not this object's to wait for
@@ -250,6 +252,7 @@ impl Admitting<'_> {
         disrupt::wait(&disrupt::Admission {
             what: self.what,
             window_open: self.window_open,
+            window_opens: self.window_opens,
             node,
             gates: self.gates,
             others_not_ready: &self.others_not_ready,

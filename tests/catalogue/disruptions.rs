@@ -104,6 +104,26 @@ pub fn disruptions(w: &World) -> Vec<Entry> {
             json!({"budget": {"maxUnavailable": "250%"}}),
             "spec.budget.maxUnavailable",
         ),
+        (
+            "10-rp-window-both",
+            json!({"windows": [{"start": "01:00", "end": "02:00", "schedule": "0 1 * * *", "duration": "1h"}]}),
+            "spec.windows[0]",
+        ),
+        (
+            "10-rp-window-no-duration",
+            json!({"windows": [{"schedule": "0 1 * * *"}]}),
+            "spec.windows[0]",
+        ),
+        (
+            "10-rp-blackout",
+            json!({"windows": [{"start": "01:00", "end": "02:00", "blackouts": [{"start": "24.12.2026"}]}]}),
+            "spec.windows[0].blackouts[0].start",
+        ),
+        (
+            "10-rp-month-day",
+            json!({"windows": [{"start": "01:00", "end": "02:00", "daysOfMonth": [0]}]}),
+            "spec.windows[0].daysOfMonth[0]",
+        ),
     ] {
         add(
             "rebootpolicies",
@@ -117,6 +137,15 @@ pub fn disruptions(w: &World) -> Vec<Entry> {
             "11-rp-zone",
             "c",
             json!({"windows": [{"days": ["Wed"], "start": "01:00", "end": "02:00", "timeZone": "Pluto/Tombaugh"}]}),
+        ),
+        Expect::Reported("Valid=False", condition("Valid", "False")),
+    );
+    add(
+        "rebootpolicies",
+        rp(
+            "11-rp-cron",
+            "c",
+            json!({"windows": [{"schedule": "61 * * * *", "duration": "1h"}]}),
         ),
         Expect::Reported("Valid=False", condition("Valid", "False")),
     );

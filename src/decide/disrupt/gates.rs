@@ -115,6 +115,8 @@ fn alert_wait(a: &Admission) -> Option<String> {
 pub struct Admission<'a> {
     pub what: &'a str,
     pub window_open: bool,
+    /// Outside every window: when the next one opens, if known.
+    pub window_opens: Option<k8s_openapi::jiff::Timestamp>,
     pub node: &'a Node,
     pub gates: &'a Gates,
     /// Selected nodes that are NotReady and not waiting for this feature.
@@ -134,7 +136,14 @@ pub struct Admission<'a> {
 pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
     let n = a.node.name_any();
     if !a.window_open {
-        Some((WAIT_WINDOW, format!("outside every {} window", a.what)))
+        let next = a
+            .window_opens
+            .map(|t| format!("; the next opens at {t}"))
+            .unwrap_or_default();
+        Some((
+            WAIT_WINDOW,
+            format!("outside every {} window{next}", a.what),
+        ))
     } else if !ready(a.node) {
         Some((WAIT_NOT_READY, "the node is NotReady".into()))
     } else if a.gates.require_ready && !a.others_not_ready.is_empty() {

@@ -115,6 +115,7 @@ fn a_ready_node_waits_with_reason_alert_naming_the_alert() {
         wait(&Admission {
             what: "reboot",
             window_open: true,
+            window_opens: None,
             node: &node,
             gates: &gates,
             others_not_ready: &[],

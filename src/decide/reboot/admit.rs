@@ -39,6 +39,7 @@ pub(super) fn admit(
         alerts: s.alerts,
         unlisted: s.gates_unlisted,
         window_open: window::open(windows, s.now),
+        window_opens: window::next_opening(windows, s.now),
         // Any NodeMaintenance counts, a Failed one too until it is
         // deleted: budgets stay conservative.
         members: rollout::members(nodes(), |n| !nms_on(s, n).is_empty() || holds_slot(n)),

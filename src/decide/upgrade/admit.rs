@@ -40,6 +40,7 @@ pub(super) fn admit(
         alerts: s.alerts,
         unlisted: s.gates_unlisted,
         window_open: window::open(a.windows, s.now),
+        window_opens: window::next_opening(a.windows, s.now),
         members: rollout::members(nodes(), |n| in_maintenance(n) || admitted_entry(n)),
         others_not_ready: rollout::others_not_ready(nodes(), &names, admitted_entry),
     };

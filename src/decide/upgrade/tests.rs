@@ -484,6 +484,7 @@ fn paused_windows_and_invalid_specs_admit_nothing() {
         start: "02:00".into(),
         end: "03:00".into(),
         time_zone: "UTC".into(),
+        ..Default::default()
     }];
     let mut w = World::new(p, vec![node("cp-1", "v1", true)]);
     w.step();

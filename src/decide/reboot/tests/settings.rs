@@ -11,6 +11,7 @@ fn an_unknown_time_zone_is_reported_and_admits_nothing() {
         start: "01:00".into(),
         end: "02:00".into(),
         time_zone: "Mars/Olympus".into(),
+        ..Default::default()
     }];
     let plan = World::new(p, vec![node("a", "b0")]).plan();
     assert!(created(&plan).is_empty());
