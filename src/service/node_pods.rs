@@ -98,7 +98,11 @@ async fn read_on(ctx: &Context, node: &str) -> Option<Vec<Arc<Pod>>> {
         version_match: Some(kube::api::VersionMatch::NotOlderThan),
         ..Default::default()
     };
-    match api.list(&params).await {
+    let read = {
+        let _permit = super::pod_watches::READS.acquire().await;
+        api.list(&params).await
+    };
+    match read {
         Ok(list) => Some(list.items.into_iter().map(Arc::new).collect()),
         Err(kube::Error::Api(status)) if status.code == 403 => {
             static TOLD: std::sync::Once = std::sync::Once::new();

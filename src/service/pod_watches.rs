@@ -40,6 +40,7 @@ use super::watch::{WatchBackoff, watch_config};
 use crate::api::common::BlockingPods;
 use crate::api::pod::Pod;
 use crate::runtime::Latch;
+pub(crate) use first_look::READS;
 use first_look::first_look;
 
 /// How long a reconcile waits for a node's first list before it looks

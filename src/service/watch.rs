@@ -24,9 +24,19 @@ use crate::runtime::Latch;
 /// again, and the loop sees no events for as long as that lasts (client-go
 /// falls back to a consistent list on that error; kube-runtime does not).
 /// Since Kubernetes 1.31 a consistent list is served from the cache too.
+///
+/// Pages of [`LIST_PAGE`] objects rather than kube's 500: a page is held
+/// twice while it is read (its JSON and the objects), and 500 Nodes were
+/// most of the cluster role's peak at start (`just bench-scale` at 5 000
+/// nodes).
 pub fn watch_config() -> watcher::Config {
-    watcher::Config::default().list_semantic(watcher::ListSemantic::MostRecent)
+    watcher::Config::default()
+        .list_semantic(watcher::ListSemantic::MostRecent)
+        .page_size(LIST_PAGE)
 }
+
+/// Objects per page of a watch's list.
+pub const LIST_PAGE: u32 = 100;
 
 /// Log a watch error and keep it from the controller (see where the
 /// controller is built); pass everything else.
