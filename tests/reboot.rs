@@ -228,7 +228,12 @@ fn windows_blocking_pods_and_unavailable_nodes_hold_admissions() {
     block_on(async {
         annotate(&env.client, a, "nodekeeper.io/reboot-needed", Some("now")).await;
         let msg = wait_phase(&env.client, &policy, a, RebootPhase::Waiting).await;
-        assert_eq!(msg, "outside every reboot window");
+        // It says when the window opens: today's or tomorrow's HH:00 UTC.
+        assert!(
+            msg.starts_with("outside every reboot window; the next opens at ")
+                && msg.ends_with(&format!("T{:02}:00:00Z", opens.hour())),
+            "{msg}"
+        );
         assert_eq!(maintenances_on(&env.client, a).await, 0, "nothing admitted");
         // A batch pod runs on a; then the window opens.
         let pod: Pod = serde_json::from_value(json!({

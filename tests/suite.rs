@@ -53,3 +53,4 @@ mod schema_refusals;
 mod talos;
 mod upgrade;
 mod volumes;
+mod windows;
