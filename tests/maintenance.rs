@@ -633,15 +633,7 @@ fn a_lease_held_from_before_a_restart_with_no_maintenance_is_released_at_start()
             .push(Agent::start(&["run", "--node", &a, "--drain-timeout", "3"]));
         let _cluster = w.start_cluster_agent();
         for node in [&a, &c] {
-            wait_for("the stranded lease released", LONG, || async {
-                leases
-                    .get_opt(&lease_name(node))
-                    .await
-                    .ok()?
-                    .is_none()
-                    .then_some(())
-            })
-            .await;
+            lease_released(&w.env, node, "the stranded lease released").await;
         }
         let other = leases
             .get(&lease_name(&b))
@@ -1116,8 +1108,13 @@ async fn wait_gone_with_its_lease(w: &World, name: &str, node: &str) {
         || async { w.nms().get_opt(name).await.ok()?.is_none().then_some(()) },
     )
     .await;
-    let leases: Api<Lease> = Api::namespaced(w.env.client.clone(), LEASE_NAMESPACE);
-    wait_for("the deleted node's lease to be released", LONG, || async {
+    lease_released(&w.env, node, "the deleted node's lease to be released").await;
+}
+
+/// Wait until `node`'s medik8s lease is gone.
+async fn lease_released(env: &TestEnv, node: &str, what: &str) {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), LEASE_NAMESPACE);
+    wait_for(what, LONG, || async {
         leases
             .get_opt(&lease_name(node))
             .await

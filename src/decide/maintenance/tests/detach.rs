@@ -15,6 +15,11 @@ fn drained(m: NodeMaintenance, attached: Vec<Attached>, now: i64) -> World {
     w
 }
 
+/// [`drained`]: the reboot's maintenance Running since `ts(0)`.
+fn running_drained(attached: Vec<Attached>, now: i64) -> World {
+    drained(owned(nm("m", 0, Some(Phase::Running))), attached, now)
+}
+
 fn data_volume() -> Attached {
     Attached {
         attachment: "csi-1".into(),
@@ -35,7 +40,7 @@ fn written(w: &World) -> (NodeMaintenanceStatus, Option<Announce>) {
 
 #[test]
 fn a_features_drained_maintenance_asks_for_the_volumes_before_it_says_succeeded() {
-    let mut w = drained(owned(nm("m", 0, Some(Phase::Running))), vec![], 10);
+    let mut w = running_drained(vec![], 10);
     w.volumes = None;
     assert_eq!(w.decide(), Step::ReadVolumes { nm: "m".into() });
     // An administrator's is not held, nor asked about.
@@ -48,11 +53,7 @@ fn a_features_drained_maintenance_asks_for_the_volumes_before_it_says_succeeded(
 
 #[test]
 fn attached_volumes_hold_it_running_with_the_claims_named_and_a_look_again() {
-    let w = drained(
-        owned(nm("m", 0, Some(Phase::Running))),
-        vec![data_volume()],
-        10,
-    );
+    let w = running_drained(vec![data_volume()], 10);
     let (status, announce) = written(&w);
     assert_eq!(status.phase, Some(Phase::Running));
     assert_eq!(announce, None, "no Succeeded announced");
@@ -85,7 +86,7 @@ fn attached_volumes_hold_it_running_with_the_claims_named_and_a_look_again() {
 
 #[test]
 fn once_detached_it_says_succeeded_and_so_does_the_condition() {
-    let w = drained(owned(nm("m", 0, Some(Phase::Running))), vec![], 10);
+    let w = running_drained(vec![], 10);
     let (status, announce) = written(&w);
     assert_eq!(status.phase, Some(Phase::Succeeded));
     assert_eq!(announce, Some(Announce::Succeeded));
@@ -100,11 +101,7 @@ fn once_detached_it_says_succeeded_and_so_does_the_condition() {
 
 #[test]
 fn a_volume_of_a_pod_that_stays_is_not_waited_for() {
-    let mut w = drained(
-        owned(nm("m", 0, Some(Phase::Running))),
-        vec![data_volume()],
-        10,
-    );
+    let mut w = running_drained(vec![data_volume()], 10);
     let mut ds = (*pod("shipper", "DaemonSet")).clone();
     ds.metadata.namespace = Some("shop".into());
     ds.spec = Some(crate::api::pod::PodSpec {
@@ -159,7 +156,7 @@ fn before_the_deadline_it_wakes_for_the_deadline_if_that_comes_first() {
 
 #[test]
 fn a_failed_read_waits_saying_why_and_an_unreadable_one_goes_on() {
-    let mut w = drained(owned(nm("m", 0, Some(Phase::Running))), vec![], 10);
+    let mut w = running_drained(vec![], 10);
     w.volumes = Some(Volumes::Failed(
         "listing VolumeAttachments: timed out".into(),
     ));

@@ -49,20 +49,7 @@ fn a_joined_node_does_not_pair_with_an_opted_out_node() {
     ];
     w.pending = vec![pending("new", "g", "Join", "Ready")];
     w.settle_status();
-    let plan = decide(&w.snap());
-    let donors: Vec<String> = plan
-        .effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::PatchNode { node, patch, .. } if node == "new" => {
-                patch["metadata"]["annotations"][DONOR_ANNOTATION]
-                    .as_str()
-                    .map(str::to_string)
-            }
-            _ => None,
-        })
-        .collect();
-    assert_eq!(donors, ["b-old"]);
+    assert_eq!(donors_named(&decide(&w.snap())), ["b-old"]);
 }
 
 #[test]
