@@ -83,7 +83,8 @@
 //!   [`effects::http`] (notifications, channels).
 //! - `service/`: the loop's wiring. [`service::run`] reads as its stages
 //!   (clients, role, side servers, election, watches, context, the cluster
-//!   role's tasks, the node controller, shut-down); [`service::watched`]
+//!   role's tasks, the medik8s leases it may hold from before a restart,
+//!   the node controller, shut-down); [`service::watched`]
 //!   (every watched kind: its selection, its store, what it wakes),
 //!   [`service::watch`] (watch machinery),
 //!   [`service::passes`] (the scheduler loop: kicks, one pass at a time, wake
@@ -280,10 +281,13 @@
 //!   after an API server restart), but for one: the pods of a node the
 //!   cluster role starts to drain come from the watch cache as it is, as
 //!   one streaming watch (`sendInitialEvents`; a list and a watch where
-//!   the server refuses it), handing over to a consistent relist at the
-//!   first error — the first eviction no longer waits for the cache to
-//!   catch up with etcd, and a drain costs one request less
-//!   ([`service::pod_watches`]).
+//!   the server refuses it), looked at again from the cache after any
+//!   error, never through a consistent list (with a field selector it reads
+//!   every pod from etcd) — the first eviction does not wait for the cache
+//!   to catch up with etcd, and a drain costs one request less. At most
+//!   three nodes' pods are read at once: priority and fairness prices each
+//!   read by every pod in the cluster, and 100 at once held every seat
+//!   the maintenances' own writes needed ([`service::pod_watches`]).
 
 pub mod api;
 pub mod cli;
