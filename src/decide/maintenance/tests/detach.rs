@@ -29,6 +29,17 @@ fn data_volume() -> Attached {
     }
 }
 
+/// The status's VolumesDetached condition (there must be one).
+fn detached_condition(
+    st: &NodeMaintenanceStatus,
+) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    st.conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "VolumesDetached")
+        .expect("a VolumesDetached condition")
+}
+
 fn written(w: &World) -> (NodeMaintenanceStatus, Option<Announce>) {
     match w.decide() {
         Step::WriteStatus {
@@ -58,12 +69,7 @@ fn attached_volumes_hold_it_running_with_the_claims_named_and_a_look_again() {
     assert_eq!(status.phase, Some(Phase::Running));
     assert_eq!(announce, None, "no Succeeded announced");
     assert_eq!(status.drain_progress, Some(100));
-    let c = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "VolumesDetached")
-        .expect("condition");
+    let c = detached_condition(&status);
     assert_eq!(
         (c.status.as_str(), c.reason.as_str()),
         ("False", "VolumesAttached")
@@ -90,12 +96,7 @@ fn once_detached_it_says_succeeded_and_so_does_the_condition() {
     let (status, announce) = written(&w);
     assert_eq!(status.phase, Some(Phase::Succeeded));
     assert_eq!(announce, Some(Announce::Succeeded));
-    let c = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "VolumesDetached")
-        .expect("condition");
+    let c = detached_condition(&status);
     assert_eq!(c.status, "True");
 }
 
@@ -122,13 +123,7 @@ fn past_the_deadline_force_goes_on_skip_gives_the_node_back_wait_keeps_waiting()
     let (forced, announce) = written(&at("Force"));
     assert_eq!(forced.phase, Some(Phase::Succeeded));
     assert_eq!(announce, Some(Announce::Succeeded));
-    let reason = |st: &NodeMaintenanceStatus| {
-        st.conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "VolumesDetached")
-            .map(|c| c.reason.clone())
-    };
+    let reason = |st: &NodeMaintenanceStatus| Some(detached_condition(st).reason.clone());
     assert_eq!(reason(&forced).as_deref(), Some("DetachTimeout"));
     let Step::Fail {
         reason: why,
