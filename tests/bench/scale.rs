@@ -158,6 +158,10 @@ fn main() {
         )
         .await;
         let ready = t.elapsed();
+        // Every pod of the benchmark is bound by name and its Deployments
+        // have no replicas: kube-scheduler has nothing to do but watch
+        // 150 000 pods beside the API server (at 5 000 nodes, a core).
+        let _scheduler = Paused::process(&kubeconfig.with_file_name("kube-scheduler.pid"));
         wait_watched(port, "nodes", nodes_n).await;
         let with_nodes = rss_kib(role.child.id(), "VmRSS");
         out.setup(format!(
@@ -1072,6 +1076,44 @@ async fn maintain_all(
 
 /// What the benchmark made, deleted at the end. A run that fails half-way
 /// leaves it behind; `just cluster-down` drops the cluster's whole state.
+/// A control-plane process stopped (SIGSTOP) for the benchmark and
+/// continued when this is dropped, also when the benchmark panics.
+struct Paused(Option<String>);
+
+impl Paused {
+    fn process(pid_file: &Path) -> Paused {
+        let pid = std::fs::read_to_string(pid_file).map(|s| s.trim().to_string());
+        match pid {
+            Ok(pid) if signal("-STOP", &pid) => {
+                println!("kube-scheduler (pid {pid}) paused for the benchmark");
+                Paused(Some(pid))
+            }
+            _ => {
+                println!(
+                    "kube-scheduler not paused (no pid in {})",
+                    pid_file.display()
+                );
+                Paused(None)
+            }
+        }
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        if let Some(pid) = &self.0 {
+            signal("-CONT", pid);
+        }
+    }
+}
+
+fn signal(which: &str, pid: &str) -> bool {
+    std::process::Command::new("kill")
+        .args([which, pid])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 struct Cleanup {
     client: Client,
     id: String,
