@@ -65,6 +65,8 @@
 //!   [`decide::do_not_disrupt`] (Karpenter's opt-out on nodes and pods, which
 //!   admissions and drains honour), [`decide::volumes`] (which volumes a
 //!   node must see detached before a feature powers it off),
+//!   [`decide::elsewhere`] (whether another node could run a pod: a
+//!   reboot leaves the pods with nowhere to go to the kubelet's shutdown),
 //!   [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
 //!   [`decide::claim`], [`decide::foreign`], [`decide::node_conditions`]
 //!   (KEP-5683), [`decide::admission`] (the webhook's refusals),
@@ -107,7 +109,8 @@
 //!   [`service::node_pods`] (the pods of nodes a reboot or upgrade is about
 //!   to take, read for do-not-disrupt), [`service::volumes`] (a drained
 //!   node's VolumeAttachments, read while a feature's maintenance waits
-//!   for them),
+//!   for them), [`service::elsewhere`] (the other nodes a reboot's drain
+//!   asks about: the store, or a paged read where the role sees fewer),
 //!   [`service::kubeconfig`] (kubeconfig files read as kube-client reads them,
 //!   through one untyped [`service::yaml_tree`] for the binary's size),
 //!   [`service::metrics`], and beside the loop the opt-in webhook

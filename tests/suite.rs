@@ -43,6 +43,7 @@ mod manifests;
 mod monitoring;
 mod mutex;
 mod node_conditions;
+mod nowhere_else;
 mod os_image;
 mod real_machines;
 mod real_node;

@@ -221,7 +221,8 @@ pub struct NodeMaintenanceStatus {
     /// Times the medik8s lease was found held by another holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_on_lease_count: Option<i32>,
-    /// Standard conditions: Accepted, Cordoned, Drained.
+    /// Standard conditions: Accepted, Cordoned, Drained; for a feature's
+    /// maintenance also VolumesDetached and LeftForShutdown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Option<Vec<Condition>>,

@@ -55,6 +55,55 @@ pub struct PodSpec {
     /// keeps these attached, and a reboot does not wait for them
     /// (`decide::volumes`).
     pub claims: Vec<String>,
+    /// Where the scheduler may put it: its node selector, its tolerations
+    /// of scheduling taints and its required node affinity (`None` when it
+    /// has none of them). A reboot leaves a pod no other node can take to
+    /// the kubelet's graceful shutdown (`decide::elsewhere`).
+    pub placement: Option<Box<Placement>>,
+}
+
+/// A pod's scheduling constraints, as far as the question "could another
+/// node run it" needs them.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    /// Every toleration but the two the DefaultTolerationSeconds admission
+    /// plugin adds to every pod (`not-ready` and `unreachable` for 300 s):
+    /// a node with those taints is not Ready, and not a place to go anyway.
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+    /// `requiredDuringSchedulingIgnoredDuringExecution`'s terms (ORed).
+    #[serde(default)]
+    pub required_terms: Vec<NodeSelectorTerm>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Toleration {
+    pub key: Option<String>,
+    pub operator: Option<String>,
+    pub value: Option<String>,
+    pub effect: Option<String>,
+}
+
+/// One term of a required node affinity: its requirements ANDed.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorTerm {
+    #[serde(default)]
+    pub match_expressions: Vec<Requirement>,
+    #[serde(default)]
+    pub match_fields: Vec<Requirement>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct Requirement {
+    pub key: String,
+    pub operator: String,
+    #[serde(default)]
+    pub values: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -87,7 +136,38 @@ struct PodSpecIn {
     termination_grace_period_seconds: Option<i64>,
     #[serde(default)]
     volumes: Vec<VolumeIn>,
+    #[serde(default)]
+    node_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    tolerations: Vec<Toleration>,
+    affinity: Option<AffinityIn>,
 }
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AffinityIn {
+    node_affinity: Option<NodeAffinityIn>,
+}
+
+#[derive(Deserialize)]
+struct NodeAffinityIn {
+    #[serde(rename = "requiredDuringSchedulingIgnoredDuringExecution")]
+    required: Option<NodeSelectorIn>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeSelectorIn {
+    #[serde(default)]
+    node_selector_terms: Vec<NodeSelectorTerm>,
+}
+
+/// The tolerations every pod gets from the DefaultTolerationSeconds
+/// admission plugin.
+const DEFAULT_TOLERATED: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
 
 /// Of a volume, only its name and whether a claim stands behind it.
 #[derive(Deserialize)]
@@ -118,10 +198,34 @@ impl PodSpecIn {
             })
             .filter(|c| !c.is_empty())
             .collect();
+        let mut tolerations = self.tolerations;
+        tolerations.retain(|t| {
+            !(t.effect.as_deref() == Some("NoExecute")
+                && t.key
+                    .as_deref()
+                    .is_some_and(|k| DEFAULT_TOLERATED.contains(&k)))
+        });
+        let required_terms = self
+            .affinity
+            .and_then(|a| a.node_affinity)
+            .and_then(|n| n.required)
+            .map(|r| r.node_selector_terms)
+            .unwrap_or_default();
+        let placement = (!self.node_selector.is_empty()
+            || !tolerations.is_empty()
+            || !required_terms.is_empty())
+        .then(|| {
+            Box::new(Placement {
+                node_selector: self.node_selector,
+                tolerations,
+                required_terms,
+            })
+        });
         PodSpec {
             node_name: self.node_name,
             termination_grace_period_seconds: self.termination_grace_period_seconds,
             claims,
+            placement,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! Written once so the two cannot disagree about a pod.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -51,7 +51,15 @@ pub struct Drain<'a> {
     pub force: bool,
     /// For do-not-disrupt durations.
     pub now: Timestamp,
+    /// The UIDs of pods no other node can run, for a drain that leaves
+    /// those to the kubelet's shutdown (a reboot's or upgrade's:
+    /// `decide::elsewhere`); `None` for every other drain.
+    pub homeless: Option<&'a BTreeSet<String>>,
 }
+
+/// Why a pod with nowhere else to go is not evicted.
+pub const NOWHERE_ELSE: &str =
+    "no other node can run it: left for the kubelet's graceful node shutdown";
 
 /// One pod in the plan: its fate, and the rule placement that decided it
 /// (`None`: kubectl's filters or the pod selector decided first, or the
@@ -160,6 +168,11 @@ fn placed(pod: &Arc<Pod>, rules: &NodeRules, book: &RuleBook, how: Drain) -> Pla
     };
     let fate = match placement.behavior {
         Behavior::Skip => Fate::Skip(Cow::Owned(format!("{}: Skip", placement.by))),
+        // Evicting it would only make it Pending (or wait on its PDB for
+        // ever); one a person opted out of disruption is still waited for.
+        Behavior::Drain if fate == Fate::Evict && homeless(pod, how) => {
+            Fate::Skip(Cow::Borrowed(NOWHERE_ELSE))
+        }
         // Finished by itself: done waiting (Cluster API waits on until the
         // pod is gone, its issue 12920).
         Behavior::WaitCompleted if finished(pod) => Fate::Skip(Cow::Owned(format!(
@@ -206,6 +219,13 @@ fn tiered(mut p: Planned, tier: Tier, force: bool) -> Planned {
         (_, true) => p.fate,
     };
     p
+}
+
+fn homeless(pod: &Pod, how: Drain) -> bool {
+    how.homeless
+        .zip(pod.metadata.uid.as_ref())
+        .is_some_and(|(set, uid)| set.contains(uid))
+        && do_not_disrupt::pod_hold(pod, how.now).is_none()
 }
 
 fn finished(pod: &Pod) -> bool {

@@ -68,6 +68,11 @@ pub struct Snapshot<'a> {
     /// when the decision asks ([`Step::ReadVolumes`]), only for a feature's
     /// drained maintenance (`decide::volumes`).
     pub volumes: Option<&'a crate::decide::volumes::Volumes>,
+    /// The UIDs of the node's pods no other node can run, once read: the
+    /// service reads the other nodes when the decision asks
+    /// ([`Step::ReadHomes`]), only for a reboot's or upgrade's drain
+    /// (`decide::elsewhere`).
+    pub homes: Option<&'a crate::decide::elsewhere::Homes>,
     /// The node's lifecycle conditions cannot be written now
     /// ([`super::NodeMemory::conditions_refused_until`]): the maintenance
     /// goes on without them. A drain or an uncordon never waits on them.
@@ -119,6 +124,10 @@ pub enum Step {
     /// maintenance is drained and says Succeeded only once the evicted
     /// pods' volumes are detached (`decide::volumes`).
     ReadVolumes { nm: String },
+    /// Read which of the node's pods another node could run, and decide
+    /// again: a reboot or upgrade leaves those no other node can run to
+    /// the kubelet's shutdown (`decide::elsewhere`).
+    ReadHomes { nm: String, pods: Vec<String> },
     /// Write progress (and announce a transition).
     WriteStatus {
         nm: String,
@@ -466,6 +475,20 @@ fn hold(s: &Snapshot, node: &Node, p: &NodeMaintenance, applied: Option<&str>) -
     if applied != Some(name.as_str()) || !node_conforms(node, &name) {
         let cordon = !is_unschedulable(node) || annotation(node, CORDONED_ANNOTATION).is_some();
         return Step::ApplyToNode { nm: name, cordon };
+    }
+    // Before the first status counts the pods to evict.
+    if crate::decide::elsewhere::applies_to(owner_of(p)) {
+        let unknown: Vec<String> = fates
+            .iter()
+            .filter(|(pod, f)| *f == Fate::Evict && !s.homes.is_some_and(|h| h.knows(pod)))
+            .filter_map(|(pod, _)| pod.metadata.uid.clone())
+            .collect();
+        if !unknown.is_empty() {
+            return Step::ReadHomes {
+                nm: name,
+                pods: unknown,
+            };
+        }
     }
     if p.phase().is_none() {
         return Step::Begin {

@@ -22,6 +22,7 @@ pub mod do_not_disrupt;
 pub mod drain;
 pub mod drain_plan;
 pub mod drain_rules;
+pub mod elsewhere;
 pub mod foreign;
 pub mod health;
 pub mod jobs;
@@ -430,6 +431,14 @@ impl NodeMemory {
     pub fn forget_pods_except(&mut self, live_uids: &std::collections::HashSet<String>) {
         self.attempts.retain(|uid, _| live_uids.contains(uid));
     }
+}
+
+/// The kubelet says the node is Ready.
+pub fn node_ready(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Time from `now` until `t`, zero if past.

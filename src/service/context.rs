@@ -99,6 +99,9 @@ pub struct Context {
     /// Cluster role: nodes whose `MaintenancePlanned` write was refused,
     /// and until when none is tried again (see `planned.rs`).
     pub planned_refused: Mutex<HashMap<String, Instant>>,
+    /// Which pods of a drained node another node could run
+    /// (`service::elsewhere`).
+    pub homes: HomesCache,
 }
 
 use crate::runtime::lock;
@@ -159,6 +162,7 @@ impl Context {
             notify: Default::default(),
             channels: Default::default(),
             planned_refused: Default::default(),
+            homes: Default::default(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,
             memory: Mutex::default(),
@@ -453,5 +457,52 @@ impl Context {
             )
             .collect();
         self.notify.retain(&uids);
+    }
+}
+
+/// How long an answer of `service::elsewhere` is used: a node that becomes
+/// Ready or is uncordoned meanwhile is seen this much later.
+const HOMES_KEPT: Duration = Duration::from_secs(30);
+
+/// The answers of `service::elsewhere` kept, per node: which pods of a
+/// drained node another node could run.
+#[derive(Default)]
+pub struct HomesCache(Mutex<HashMap<String, (Instant, crate::decide::elsewhere::Homes)>>);
+
+impl HomesCache {
+    /// The answer for `node`, if one is fresh.
+    pub fn get(&self, node: &str) -> Option<crate::decide::elsewhere::Homes> {
+        let cache = lock(&self.0);
+        cache
+            .get(node)
+            .filter(|(at, _)| at.elapsed() < HOMES_KEPT)
+            .map(|(_, h)| h.clone())
+    }
+
+    /// Forget `node` (it has no maintenance any more).
+    pub fn forget(&self, node: &str) {
+        lock(&self.0).remove(node);
+    }
+
+    pub fn add(
+        &self,
+        node: &str,
+        new: crate::decide::elsewhere::Homes,
+    ) -> crate::decide::elsewhere::Homes {
+        let mut cache = lock(&self.0);
+        let merged = match cache
+            .remove(node)
+            .filter(|(at, _)| at.elapsed() < HOMES_KEPT)
+        {
+            Some((at, mut old)) => {
+                old.asked.extend(new.asked);
+                old.homeless.extend(new.homeless);
+                (at, old)
+            }
+            None => (Instant::now(), new),
+        };
+        let homes = merged.1.clone();
+        cache.insert(node.to_string(), merged);
+        homes
     }
 }

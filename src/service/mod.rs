@@ -26,6 +26,7 @@ pub mod connect;
 pub mod contain;
 pub mod context;
 pub mod drain_rules;
+pub mod elsewhere;
 pub mod executor;
 pub mod failing;
 pub mod fresh;

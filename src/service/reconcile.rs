@@ -238,6 +238,9 @@ async fn reconcile_node(
 ) -> Result<Option<Duration>> {
     // Read once per reconcile, when a drained feature's maintenance asks.
     let mut volumes = None;
+    // Which pods another node could run: asked by a reboot's or upgrade's
+    // drain, kept a while (`service::elsewhere`).
+    let mut homes = ctx.homes.get(node_name);
     for _ in 0..MAX_STEPS {
         let node = if node_known {
             ctx.node(node_name)
@@ -257,6 +260,7 @@ async fn reconcile_node(
             }
         } else {
             ctx.pods.release(node_name);
+            ctx.homes.forget(node_name);
             (Vec::new(), true)
         };
         let mem = if listed {
@@ -277,11 +281,18 @@ async fn reconcile_node(
             now,
             drain_timeout: ctx.drain_timeout,
             volumes: volumes.as_ref(),
+            homes: homes.as_ref(),
             conditions_paused: mem.conditions_refused_until.is_some_and(|t| t > now),
         };
         let step = maintenance::decide(&snapshot);
         if matches!(step, Step::ReadVolumes { .. }) && volumes.is_none() {
             volumes = Some(super::volumes::read(ctx, node_name).await);
+            continue;
+        }
+        if let Step::ReadHomes { pods: uids, .. } = &step
+            && listed
+        {
+            homes = Some(super::elsewhere::read(ctx, node_name, &pods, uids).await);
             continue;
         }
         if !listed && !step.reads_no_pods() {

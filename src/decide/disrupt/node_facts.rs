@@ -14,12 +14,7 @@ pub fn boot_id(node: &Node) -> Option<&str> {
         .filter(|b| !b.is_empty())
 }
 
-pub fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+pub use crate::decide::node_ready as ready;
 
 pub fn unschedulable(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)

@@ -27,7 +27,9 @@ pub fn plan(s: &Snapshot, step: Step) -> Plan {
         Step::Wait(d) => Some(Plan::wait(d)),
         // The service reads the volumes and decides again before planning;
         // planned all the same, it is a short wait, not a stall.
-        Step::ReadVolumes { .. } => Some(Plan::wait(Some(Duration::from_secs(1)))),
+        Step::ReadVolumes { .. } | Step::ReadHomes { .. } => {
+            Some(Plan::wait(Some(Duration::from_secs(1))))
+        }
         Step::Fail {
             nm,
             reason,

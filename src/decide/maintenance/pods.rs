@@ -34,6 +34,10 @@ pub(super) fn fates(
         pod_selector: opts.pod_selector.as_ref(),
         force: timed_out && opts.on_timeout == Escalation::Force,
         now: s.now,
+        homeless: s
+            .homes
+            .filter(|_| crate::decide::elsewhere::applies_to(owner_of(p)))
+            .map(|h| &h.homeless),
     };
     drain_plan::plan(s.pods, node_labels, s.drain_rules, how)
         .into_iter()

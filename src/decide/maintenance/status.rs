@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use super::{Announce, Snapshot, attempt, drain_deadline};
 use crate::api::nodemaintenance::*;
 use crate::decide::drain::{self, Fate};
+use crate::decide::drain_plan;
 
 pub(super) fn pending_refs(fates: &[(Arc<Pod>, Fate)]) -> Vec<PodReference> {
     let mut refs: Vec<PodReference> = fates
@@ -61,6 +62,7 @@ pub(super) fn initial_status(s: &Snapshot, fates: &[(Arc<Pod>, Fate)]) -> NodeMa
         "Cordoned",
         CORDONED_MESSAGE,
     );
+    left_for_shutdown(&mut st, s.now, fates);
     if let Some(pending) = st.pending_count.filter(|n| *n > 0) {
         set_condition(
             &mut st,
@@ -72,6 +74,33 @@ pub(super) fn initial_status(s: &Snapshot, fates: &[(Arc<Pod>, Fate)]) -> NodeMa
         );
     }
     st
+}
+
+/// The pods a reboot or upgrade leaves on the node for its shutdown,
+/// named in their condition while there are some
+/// (`decide::elsewhere`).
+fn left_for_shutdown(st: &mut NodeMaintenanceStatus, now: Timestamp, fates: &[(Arc<Pod>, Fate)]) {
+    use crate::decide::elsewhere;
+    let mut left: Vec<String> = fates
+        .iter()
+        .filter(|(_, f)| matches!(f, Fate::Skip(why) if why == drain_plan::NOWHERE_ELSE))
+        .map(|(p, _)| drain::pod_key(p))
+        .collect();
+    if left.is_empty() {
+        if let Some(c) = st.conditions.as_mut() {
+            c.retain(|c| c.type_ != elsewhere::CONDITION);
+        }
+        return;
+    }
+    left.sort();
+    set_condition(
+        st,
+        now,
+        elsewhere::CONDITION,
+        "True",
+        elsewhere::REASON,
+        &elsewhere::message(&left),
+    );
 }
 
 const CORDONED_MESSAGE: &str = "the node is cordoned and tainted";
@@ -126,6 +155,7 @@ pub(super) fn progress_status(
         "Cordoned",
         CORDONED_MESSAGE,
     );
+    left_for_shutdown(&mut st, s.now, fates);
     let mut announce = None;
     if refs.is_empty() {
         set_condition(

@@ -10,6 +10,7 @@ mod drain;
 /// No Node object: new maintenances refused, running ones failed,
 /// finished ones left to go with their Node, the lease released after.
 mod node_gone;
+mod nowhere;
 /// Owners, drain options and escalations; plans and follow-ups.
 mod owners;
 /// Steps taken before a node's pods are listed.
@@ -127,6 +128,8 @@ struct World {
     conditions_paused: bool,
     /// The node's VolumeAttachments as the service read them (none).
     volumes: Option<crate::decide::volumes::Volumes>,
+    /// The UIDs of pods no other node can run (`decide::elsewhere`).
+    nowhere: std::collections::BTreeSet<String>,
 }
 
 /// The node with the lifecycle conditions of the maintenance it carries
@@ -184,6 +187,7 @@ impl World {
             now: ts(10),
             conditions_paused: false,
             volumes: Some(crate::decide::volumes::Volumes::Read(Vec::new())),
+            nowhere: Default::default(),
         }
     }
 
@@ -208,12 +212,30 @@ impl World {
             now: self.now,
             drain_timeout: Duration::from_secs(30),
             volumes: self.volumes.as_ref(),
+            homes: None,
             conditions_paused: self.conditions_paused,
         }
     }
 
+    /// One decision, with the service's answer to [`Step::ReadHomes`]:
+    /// the pods in `nowhere` have no other node.
     fn decide(&self) -> Step {
-        decide(&self.snapshot())
+        let step = decide(&self.snapshot());
+        let Step::ReadHomes { pods, .. } = &step else {
+            return step;
+        };
+        let homes = crate::decide::elsewhere::Homes {
+            asked: pods.iter().cloned().collect(),
+            homeless: pods
+                .iter()
+                .filter(|u| self.nowhere.contains(*u))
+                .cloned()
+                .collect(),
+        };
+        decide(&Snapshot {
+            homes: Some(&homes),
+            ..self.snapshot()
+        })
     }
 }
 
@@ -638,6 +660,7 @@ fn a_stored_object_with_an_impossible_node_name_fails_with_a_message_not_a_looku
             now: ts(10),
             drain_timeout: Duration::from_secs(30),
             volumes: None,
+            homes: None,
             conditions_paused: false,
         });
         let Step::Fail {

@@ -27,7 +27,8 @@
 //! set before any maintenance is never lifted; no pod is evicted or deleted
 //! unless a live NodeMaintenance drains the node, nor one the table says
 //! stays (Skip, WaitCompleted), nor one whose do-not-disrupt holds or one of a later tier while a pod of an
-//! earlier one is still there; a feature's NodeMaintenance never says
+//! earlier one is still there, nor by a feature's drain one no other node
+//! can run (`decide::elsewhere`); a feature's NodeMaintenance never says
 //! Succeeded (its owner's reboot next) while a volume no running pod on
 //! the node uses is still attached; a pass ends in a wait
 //! within a bounded number of steps (no busy loop); and once every
@@ -71,6 +72,8 @@ struct WorldPod {
     blocked: bool,
     /// Steps left in Terminating once removal was accepted.
     terminating: Option<u32>,
+    /// No other node can run it (`decide::elsewhere`).
+    nowhere: bool,
 }
 
 struct MaintenanceWorld {
@@ -146,6 +149,7 @@ impl MaintenanceWorld {
                 pod,
                 blocked: rng.chance(25),
                 terminating: None,
+                nowhere: rng.chance(15),
             })
             .collect();
         let lease = rng
@@ -347,7 +351,20 @@ impl MaintenanceWorld {
                 Ok(Outcome::Done)
             }
             Effect::Drain { pods, .. } => {
-                let present: Vec<Arc<Pod>> = self.pods.iter().map(|w| w.pod.clone()).collect();
+                let feature = self.live().and_then(owner_of).map(str::to_string);
+                // A feature's drain waits for no pod that stays for the
+                // shutdown, whatever its tier.
+                let stays = |w: &WorldPod| {
+                    w.nowhere
+                        && crate::decide::elsewhere::applies_to(feature.as_deref())
+                        && crate::decide::do_not_disrupt::pod_hold(&w.pod, self.now).is_none()
+                };
+                let present: Vec<Arc<Pod>> = self
+                    .pods
+                    .iter()
+                    .filter(|w| !stays(w))
+                    .map(|w| w.pod.clone())
+                    .collect();
                 self.rules.check(pods, &present);
                 assert!(
                     self.live().is_some(),
@@ -364,6 +381,11 @@ impl MaintenanceWorld {
                     assert!(
                         crate::decide::do_not_disrupt::pod_hold(&wp.pod, self.now).is_none(),
                         "{} removed ({fate:?}) while its do-not-disrupt holds",
+                        wp.pod.name_any()
+                    );
+                    assert!(
+                        !(wp.nowhere && crate::decide::elsewhere::applies_to(feature.as_deref())),
+                        "{} removed ({fate:?}) by a reboot's drain though no other node can run it",
                         wp.pod.name_any()
                     );
                     let refused = matches!(fate, Fate::Evict) && wp.blocked;
@@ -432,6 +454,19 @@ impl MaintenanceWorld {
     }
 
     /// The node's attachments as a read of them answers.
+    /// Which of the asked pods no other node can run.
+    fn read_homes(&self, uids: &[String]) -> crate::decide::elsewhere::Homes {
+        let nowhere = |uid: &String| {
+            self.pods
+                .iter()
+                .any(|w| w.nowhere && w.pod.metadata.uid.as_ref() == Some(uid))
+        };
+        crate::decide::elsewhere::Homes {
+            asked: uids.iter().cloned().collect(),
+            homeless: uids.iter().filter(|u| nowhere(u)).cloned().collect(),
+        }
+    }
+
     fn read_volumes(&mut self) -> crate::decide::volumes::Volumes {
         use crate::decide::volumes::{Attached, Volumes};
         if self.faults_on && self.rng.chance(5) {
@@ -454,6 +489,7 @@ impl MaintenanceWorld {
     /// One pass of the node's reconcile, as `service::reconcile` runs it.
     fn pass(&mut self) {
         let mut volumes = None;
+        let mut homes = None;
         for _ in 0..MAX_STEPS {
             let pods: Vec<Arc<Pod>> = self.pods.iter().map(|w| w.pod.clone()).collect();
             let nms = self.nms.clone();
@@ -471,6 +507,7 @@ impl MaintenanceWorld {
                 now: self.now,
                 drain_timeout: Duration::from_secs(60),
                 volumes: volumes.as_ref(),
+                homes: homes.as_ref(),
                 conditions_paused: memory
                     .conditions_refused_until
                     .is_some_and(|t| t > self.now),
@@ -478,6 +515,17 @@ impl MaintenanceWorld {
             let step = decide(&snapshot);
             if matches!(step, Step::ReadVolumes { .. }) && volumes.is_none() {
                 volumes = Some(self.read_volumes());
+                continue;
+            }
+            if let Step::ReadHomes { pods: uids, .. } = &step {
+                // Added to what is known, as the service's cache does: the
+                // next tier's pods are asked about once the first's are
+                // known to stay.
+                let mut known: crate::decide::elsewhere::Homes = homes.take().unwrap_or_default();
+                let read = self.read_homes(uids);
+                known.asked.extend(read.asked);
+                known.homeless.extend(read.homeless);
+                homes = Some(known);
                 continue;
             }
             self.trace

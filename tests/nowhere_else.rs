@@ -1,0 +1,124 @@
+//! Pods with nowhere else to go, on the real control plane: a reboot's
+//! drain evicts the pods another node could run and leaves the one no
+//! other node can (pinned by its node selector, its PodDisruptionBudget
+//! refusing every eviction) to the kubelet's shutdown — it neither waits
+//! for that budget nor evicts the pod — and the node reboots once and is
+//! given back. Asserted from the API server's objects and the simulated
+//! machine's own record, polled by the test, not from nodekeeper's status
+//! (which is checked only for naming the pod).
+
+use crate::support;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::PostParams;
+use nodekeeper::api::nodemaintenance::NodeMaintenance;
+use serde_json::json;
+use support::machines::*;
+use support::{TestEnv, block_on, install_crds, wait_for};
+
+/// A bare pod on `node` (the drain evicts bare pods, as NMO's does).
+async fn pod_on(env: &TestEnv, name: &str, node: &str, spec: serde_json::Value) -> Pod {
+    let mut full = json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        }
+    });
+    if let (Some(s), Some(extra)) = (full["spec"].as_object_mut(), spec.as_object()) {
+        s.extend(extra.clone());
+    }
+    let pod: Pod = serde_json::from_value(full).expect("a pod");
+    Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating a pod")
+}
+
+#[test]
+fn a_reboot_leaves_a_pod_with_nowhere_else_to_go_to_the_shutdown_and_does_not_wait_on_its_pdb() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("nowhere").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let pinned_uid = block_on(async {
+        // Only node a has its hostname: no other node can run it, and its
+        // budget allows no eviction at all.
+        let pinned = pod_on(
+            &env,
+            "pinned",
+            a,
+            json!({"nodeSelector": {"kubernetes.io/hostname": a}}),
+        )
+        .await;
+        pod_on(&env, "movable", a, json!({})).await;
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": "pinned"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pinned"}}},
+        }))
+        .expect("a PodDisruptionBudget");
+        Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &pdb)
+            .await
+            .expect("creating the PodDisruptionBudget");
+        pinned.metadata.uid.expect("the pod's uid")
+    });
+    block_on(create_policy(&env, &fleet, json!({})));
+    let cluster = cluster_role(&env, &[]);
+    block_on(annotate(
+        &env.client,
+        a,
+        "nodekeeper.io/reboot-needed",
+        Some("now"),
+    ));
+
+    // The movable pod is evicted; the pinned one stays, never terminating,
+    // and the maintenance names it for the shutdown.
+    let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+    block_on(wait_for(
+        "the reboot's drain done with the pinned pod left on the node",
+        LONG,
+        || async {
+            let pinned = pods.get_opt("pinned").await.ok()??;
+            assert!(
+                pinned.metadata.deletion_timestamp.is_none(),
+                "the pod with nowhere else to go was evicted\n{}",
+                cluster.log_text()
+            );
+            let movable_gone = pods.get_opt("movable").await.ok()?.is_none();
+            let m = nms
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|m| &m.spec.node_name == a)?;
+            let c = m.condition("LeftForShutdown")?;
+            let named = c.status == "True" && c.message.contains(&format!("{}/pinned", env.ns));
+            (movable_gone && named).then_some(())
+        },
+    ));
+    fleet.serve(&names[..1], LONG, || {
+        block_on(settled(&env.client, &names[..1]))
+    });
+    assert_eq!(
+        fleet.commands(a),
+        1,
+        "rebooted once\n{}",
+        cluster.log_text()
+    );
+    // The same pod object, never evicted: the shutdown was to stop it.
+    let pinned = block_on(pods.get("pinned")).expect("the pinned pod");
+    assert_eq!(pinned.metadata.uid.as_deref(), Some(pinned_uid.as_str()));
+    assert!(pinned.metadata.deletion_timestamp.is_none());
+    block_on(wait_for("the node given back", LONG, || async {
+        (maintenances_on(&env.client, a).await == 0).then_some(())
+    }));
+}
