@@ -733,12 +733,93 @@ fn denial(r: Result<Node, kube::Error>) -> Option<String> {
     }
 }
 
+/// The second policy: agent A may delete a RebootPolicy's NodeMaintenance
+/// of node A (its node given back after the reboot) and no other.
+async fn own_maintenances_only(
+    env: &TestEnv,
+    (a, b): (&str, &str),
+    (as_a, unbound): (&Client, &Client),
+) {
+    let admin: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let create = |name: String, node: &str, owner: Option<&str>| {
+        let mut m = NodeMaintenance::new(
+            &name,
+            NodeMaintenanceSpec {
+                node_name: node.to_string(),
+                reason: None,
+            },
+        );
+        m.metadata.labels = owner.map(|o| {
+            [(
+                nodekeeper::api::nodemaintenance::OWNER_LABEL.to_string(),
+                o.to_string(),
+            )]
+            .into()
+        });
+        let admin = admin.clone();
+        async move {
+            admin
+                .create(&PostParams::default(), &m)
+                .await
+                .expect("creating a NodeMaintenance");
+            name
+        }
+    };
+    let reboot_a = create(format!("{}-reboot-a", env.id), a, Some("RebootPolicy")).await;
+    let reboot_b = create(format!("{}-reboot-b", env.id), b, Some("RebootPolicy")).await;
+    let admins_a = create(format!("{}-admin-a", env.id), a, None).await;
+    // Dry runs (admission runs on them too) until the last: a delete the
+    // policy let through before it was loaded would remove the object.
+    let delete = |c: &Client, name: &str, dry_run: bool| {
+        let api: Api<NodeMaintenance> = Api::all(c.clone());
+        let name = name.to_string();
+        let params = DeleteParams {
+            dry_run,
+            ..Default::default()
+        };
+        async move {
+            match api.delete(&name, &params).await {
+                Ok(_) => None,
+                Err(kube::Error::Api(s)) => Some(format!("{} {}", s.code, s.message)),
+                Err(e) => Some(e.to_string()),
+            }
+        }
+    };
+    let other = wait_for(
+        "the policy to deny agent A a NodeMaintenance of node B",
+        Duration::from_secs(30),
+        || delete(as_a, &reboot_b, true),
+    )
+    .await;
+    assert!(
+        other.contains("403")
+            && other.contains(&format!("may not delete a NodeMaintenance of node {b}")),
+        "{other}"
+    );
+    let admins = delete(as_a, &admins_a, true).await.unwrap_or_default();
+    assert!(
+        admins.contains("403") && admins.contains("only a RebootPolicy's"),
+        "{admins}"
+    );
+    let unbound = delete(unbound, &reboot_a, true).await.unwrap_or_default();
+    assert!(unbound.contains("403"), "{unbound}");
+    assert_eq!(
+        delete(as_a, &reboot_a, false).await,
+        None,
+        "A gives node A back"
+    );
+    for name in [&reboot_b, &admins_a] {
+        let _ = admin.delete(name, &DeleteParams::default()).await;
+    }
+}
+
 /// The ValidatingAdmissionPolicy: a token bound to a pod on node A (what a
 /// DaemonSet pod gets) may cordon, taint and annotate node A, and is denied
 /// on node B; it may not relabel its own node; a token bound to no pod or
 /// node is denied outright.
 #[test]
 fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
+    install_crds();
     install_agent_identity();
     block_on(async {
         let mut env = TestEnv::new("vap").await;
@@ -911,6 +992,7 @@ fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
             no_binding.contains("403") && no_binding.contains("bound to a pod or a node"),
             "{no_binding}"
         );
+        own_maintenances_only(&env, (&a, &b), (&as_a, &unbound)).await;
         let pods: Api<Pod> = Api::namespaced(env.client.clone(), NAMESPACE);
         for p in [&pod_a, &pod_b] {
             let _ = pods

@@ -5,7 +5,10 @@
 //! for that budget nor evicts the pod — and the node reboots once and is
 //! given back. Asserted from the API server's objects and the simulated
 //! machine's own record, polled by the test, not from nodekeeper's status
-//! (which is checked only for naming the pod).
+//! (which is checked only for naming the pod). And with no cluster role
+//! running after the reboot (on a single-node cluster its pod waits
+//! Pending on the cordoned node), the node's agent gives its node back
+//! itself, as the shipped identity confined to its own node.
 
 use crate::support;
 
@@ -14,6 +17,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::PostParams;
 use nodekeeper::api::nodemaintenance::NodeMaintenance;
+use nodekeeper::api::reboot::RebootPhase;
 use serde_json::json;
 use support::machines::*;
 use support::{TestEnv, block_on, install_crds, wait_for};
@@ -121,4 +125,48 @@ fn a_reboot_leaves_a_pod_with_nowhere_else_to_go_to_the_shutdown_and_does_not_wa
     block_on(wait_for("the node given back", LONG, || async {
         (maintenances_on(&env.client, a).await == 0).then_some(())
     }));
+}
+
+#[test]
+fn the_agent_gives_its_node_back_after_the_reboot_with_no_cluster_role_running() {
+    install_crds();
+    support::install_agent_identity();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("alone").await;
+        let names = nodes(&mut env, 1).await;
+        let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
+        // Each agent's token is bound to its Node: the own-node policies
+        // apply to the give-back as they will in a cluster.
+        fleet
+            .node_identity
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        fleet.require_reboot(&names[0]);
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    let policy = block_on(create_policy(&env, &fleet, json!({})));
+    fleet.start_agent(a);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    // Drained and the reboot issued by the agent: the cluster role goes
+    // before the node comes back, so only the agent can give it back.
+    block_on(wait_for("the agent's reboot command", LONG, || async {
+        (fleet.commands(a) == 1).then_some(())
+    }));
+    drop(cluster);
+    fleet.serve(&names, LONG, || block_on(settled(&env.client, &names)));
+    assert_eq!(
+        fleet.commands(a),
+        1,
+        "rebooted once\n{}",
+        fleet.agent_log(a)
+    );
+    let log = fleet.agent_log(a);
+    assert!(
+        !log.contains("forbidden") && !log.contains("denied"),
+        "the agent was refused something:\n{log}"
+    );
+    // The cluster role, back, records the reboot as verified.
+    let _cluster = cluster_role(&env, &["--node-agents"]);
+    let msg = block_on(wait_phase(&env.client, &policy, a, RebootPhase::Done));
+    assert!(msg.contains("verified"), "{msg}");
 }

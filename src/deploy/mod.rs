@@ -42,6 +42,9 @@ pub const AGENT_ACCOUNT: &str = "nodekeeper-agent";
 pub const CLUSTER_ACCOUNT: &str = "nodekeeper-cluster";
 /// The admission policy (and its binding) confining node agents.
 pub const OWN_NODE_POLICY: &str = "nodekeeper-own-node";
+/// The ValidatingAdmissionPolicy that lets a node agent delete only its
+/// own node's RebootPolicy NodeMaintenance.
+pub const OWN_MAINTENANCE_POLICY: &str = "nodekeeper-own-node-maintenance";
 /// The image's user and group (defined where the service names it).
 pub use crate::service::connect::IMAGE_USER;
 /// The port `/metrics`, `/healthz` and `/readyz` are served on.

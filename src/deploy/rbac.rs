@@ -334,5 +334,42 @@ pub fn admission(o: &Options) -> Vec<Value> {
           "metadata": {"name": OWN_NODE_POLICY, "labels": labels()},
           "spec": {"policyName": OWN_NODE_POLICY, "validationActions": ["Deny"]}
         }),
+        own_maintenance_policy(&user),
+        json!({
+          "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+          "metadata": {"name": OWN_MAINTENANCE_POLICY, "labels": labels()},
+          "spec": {"policyName": OWN_MAINTENANCE_POLICY, "validationActions": ["Deny"]}
+        }),
     ]
+}
+
+/// The node agent may delete a NodeMaintenance only of its own node and
+/// only a RebootPolicy's: it gives its node back after the reboot it
+/// issued (`decide::reboot::node`), and nothing else.
+fn own_maintenance_policy(user: &str) -> Value {
+    let owner = crate::api::nodemaintenance::OWNER_LABEL;
+    let reboot = crate::api::reboot::OWNER_KIND;
+    json!({
+      "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+      "metadata": {"name": OWN_MAINTENANCE_POLICY, "labels": labels()},
+      "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{
+          "apiGroups": ["nodemaintenance.medik8s.io"], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["nodemaintenances"]
+        }]},
+        "matchConditions": [{"name": "node-agent", "expression": format!("request.userInfo.username == '{user}'")}],
+        "variables": [
+          {"name": "boundNode", "expression": format!(
+            "'{NODE_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{NODE_NAME_EXTRA}'][0] : ''")}
+        ],
+        "validations": [
+          {"expression": "variables.boundNode != ''", "reason": "Forbidden",
+           "message": format!("{user} must use a token bound to a pod or a node to delete a NodeMaintenance")},
+          {"expression": "oldObject.spec.nodeName == variables.boundNode", "reason": "Forbidden",
+           "messageExpression": "'nodekeeper agent of node ' + variables.boundNode + ' may not delete a NodeMaintenance of node ' + oldObject.spec.nodeName"},
+          {"expression": format!("oldObject.metadata.?labels.orValue({{}})[?'{owner}'].orValue('') == '{reboot}'"), "reason": "Forbidden",
+           "message": "nodekeeper agent may delete only a RebootPolicy's NodeMaintenance (its node given back after the reboot)"}
+        ]
+      }
+    })
 }

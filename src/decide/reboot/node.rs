@@ -92,6 +92,9 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         return Vec::new();
     };
     let ask = Ask::need(node, boot);
+    if let Some(back) = given_back_after_reboot(s, boot) {
+        return back;
+    }
     // Drained for a reboot in this boot, and none issued yet: issue it.
     for m in crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND) {
         // Paused, or no longer needed: a person stopped it before its
@@ -125,6 +128,25 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         }];
     }
     Vec::new()
+}
+
+/// Back in a new boot after the reboot issued for the policy's
+/// maintenance, and Ready: the agent gives its node back itself (the
+/// cluster role's test of a verified reboot, `stages::drained`), so a node
+/// is not held for ever when no cluster role runs elsewhere: on a
+/// single-node cluster the cluster role's pod may wait Pending on this
+/// very cordoned node. The cluster role, where it runs, records the
+/// reboot as verified on seeing the node given back.
+fn given_back_after_reboot(s: &Snapshot, boot: &str) -> Option<Vec<Effect>> {
+    let node = s.node;
+    if !crate::decide::node_ready(node) {
+        return None;
+    }
+    crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND).find_map(|m| {
+        let before = m.annotations().get(BOOT_ID_ANNOTATION)?;
+        (before != boot && issued_in(node, &Ask::need(node, before)))
+            .then(|| crate::decide::rollout::give_back(m).into_iter().collect())
+    })
 }
 
 /// Record the last look's failure on the node (`None`: the look worked, or

@@ -12,11 +12,12 @@ const REPLACE: &str = "replace";
 const HEALTH: &str = "health gate";
 const BOTH: &[Identity] = &[Identity::Agent, Identity::Cluster];
 const CLUSTER: &[Identity] = &[Identity::Cluster];
+const AGENT: &[Identity] = &[Identity::Agent];
 
 /// Every permission nodekeeper is granted, keyed by feature and identity;
 /// nothing else is granted anywhere (the cluster role's leader Lease aside).
 /// A feature adds its rows here, for the identities that do its work.
-pub const GRANTS: [Grant; 33] = [
+pub const GRANTS: [Grant; 34] = [
     Grant {
         feature: MAINTENANCE,
         identities: BOTH,
@@ -150,6 +151,15 @@ pub const GRANTS: [Grant; 33] = [
         resource: "nodemaintenances",
         verbs: &["create", "delete"],
         why: "take a node for its reboot or upgrade and give it back",
+        only_with: None,
+    },
+    Grant {
+        feature: REBOOT,
+        identities: AGENT,
+        group: "nodemaintenance.medik8s.io",
+        resource: "nodemaintenances",
+        verbs: &["delete"],
+        why: "give its own node back after the reboot it issued, with no cluster role elsewhere; only its own node's, only a RebootPolicy's (the own-node policy)",
         only_with: None,
     },
     Grant {

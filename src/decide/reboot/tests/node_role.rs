@@ -181,3 +181,48 @@ fn the_reboot_method_picks_talos_api_or_the_command() {
     );
     assert_eq!(crate::decide::reboot::facts::talos_release(&debian), None);
 }
+
+/// The agent gives its node back after the reboot it issued, in the new
+/// boot once Ready, with no cluster role needed (a single-node cluster's
+/// may be Pending on the cordoned node); not after a boot it did not
+/// reboot for, nor before Ready.
+#[test]
+fn the_agent_gives_its_node_back_after_the_reboot_it_issued() {
+    let p = policy(1);
+    let policies = [Arc::new(p.clone())];
+    let a = node("a", "b0");
+    let drained = ours(&p, &a, "b0", Some(Phase::Succeeded));
+    // The record the agent wrote before its command, read in the new boot.
+    let key = Ask::need(&a, "b0").key();
+    let back = annotate(node("a", "b1"), ISSUED_ANNOTATION, &key);
+    let fx = decide_for(&back, std::slice::from_ref(&drained), &policies, None);
+    assert!(
+        matches!(&fx[..], [Effect::DeleteMaintenance { nm, uid }] if nm == &drained.name_any() && uid == "nm-uid-a"),
+        "{fx:?}"
+    );
+    // Not Ready yet: it waits.
+    assert!(
+        decide_for(
+            &not_ready(back.clone()),
+            std::slice::from_ref(&drained),
+            &policies,
+            None
+        )
+        .is_empty()
+    );
+    // A new boot without a reboot issued for this need (a crash before
+    // the command): the cluster role decides, as before.
+    assert!(
+        decide_for(
+            &node("a", "b1"),
+            std::slice::from_ref(&drained),
+            &policies,
+            None
+        )
+        .is_empty()
+    );
+    // An administrator's maintenance is never given back by the agent.
+    let mut admin = drained.clone();
+    admin.metadata.labels = None;
+    assert!(decide_for(&back, &[admin], &policies, None).is_empty());
+}
