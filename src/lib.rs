@@ -109,7 +109,8 @@
 //!   [`service::node_pods`] (the pods of nodes a reboot or upgrade is about
 //!   to take, read for do-not-disrupt), [`service::volumes`] (a drained
 //!   node's VolumeAttachments, read while a feature's maintenance waits
-//!   for them), [`service::elsewhere`] (the other nodes a reboot's drain
+//!   for them), [`service::own_node`] (where this process runs, and
+//!   whether the cluster role may take that node), [`service::elsewhere`] (the other nodes a reboot's drain
 //!   asks about: the store, or a paged read where the role sees fewer),
 //!   [`service::kubeconfig`] (kubeconfig files read as kube-client reads them,
 //!   through one untyped [`service::yaml_tree`] for the binary's size),

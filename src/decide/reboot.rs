@@ -57,6 +57,9 @@ pub struct Snapshot<'a> {
     /// decides again): Karpenter's do-not-disrupt, the last check before a
     /// node is taken ([`super::rollout::pods_hold`]).
     pub node_pods: &'a dyn Fn(&str) -> Option<Vec<Arc<Pod>>>,
+    /// Is a node the one this cluster role runs on, and may it take it
+    /// ([`super::rollout::own_node_hold`]); asked last, like `node_pods`.
+    pub own_node: &'a dyn Fn(&str) -> super::rollout::OwnNode,
     pub now: Timestamp,
     /// This cluster role reboots nodes itself (no node agents), with
     /// `reboot.remoteCommand`.

@@ -68,6 +68,38 @@ pub fn pods_hold(
     Some((WAIT_DO_NOT_DISRUPT, hold.message()))
 }
 
+/// The node this cluster role runs on waits for it (`OwnNode`).
+pub const WAIT_OWN_NODE: &str = "OwnNode";
+
+/// Whether a node is the one this cluster role runs on, and if so whether
+/// it may take it (`service::node_pods` answers, on demand).
+#[derive(Clone, Debug, PartialEq)]
+pub enum OwnNode {
+    /// Not the node this process runs on (or it runs on none it knows).
+    NotOurs,
+    /// Ours; not read yet whether a replica runs elsewhere.
+    Unknown,
+    /// Ours, and a replica runs on another node, or the cluster has this
+    /// one node only.
+    Free,
+    /// Ours, and nothing would run the cluster role while it is down: why.
+    Held(String),
+}
+
+/// A cluster role never takes the node it runs on without a replica of it
+/// running on another node to take over, unless the cluster has that one
+/// node (whose agent gives it back after its reboot).
+pub fn own_node_hold(own: OwnNode) -> Option<(&'static str, String)> {
+    match own {
+        OwnNode::NotOurs | OwnNode::Free => None,
+        OwnNode::Unknown => Some((
+            WAIT_OWN_NODE,
+            "nodekeeper's cluster role runs on this node; reading whether a replica runs on another".into(),
+        )),
+        OwnNode::Held(why) => Some((WAIT_OWN_NODE, why)),
+    }
+}
+
 /// The delete that gives a node back: our NodeMaintenance, guarded by its
 /// uid (a NodeMaintenance of that name created since is someone else's).
 pub fn give_back(nm: &NodeMaintenance) -> Option<Effect> {

@@ -60,9 +60,9 @@ pub struct Snapshot<'a> {
     pub job_errors: &'a HashMap<String, String>,
     /// The pods bound to a node (for blocking-pod gates).
     pub pods_on: &'a dyn Fn(&str) -> Vec<Arc<Pod>>,
-    /// Every pod bound to a node, if read (`None`: not yet): see
-    /// `reboot::Snapshot::node_pods`.
+    /// As `reboot::Snapshot::node_pods` and `own_node`.
     pub node_pods: &'a dyn Fn(&str) -> Option<Vec<Arc<Pod>>>,
+    pub own_node: &'a dyn Fn(&str) -> super::rollout::OwnNode,
     pub now: Timestamp,
     /// Every UpgradePlan (a node two plans select is the older one's).
     pub plans: &'a [Arc<UpgradePlan>],

@@ -102,6 +102,9 @@ pub struct Context {
     /// Which pods of a drained node another node could run
     /// (`service::elsewhere`).
     pub homes: HomesCache,
+    /// Where this process runs (`service::own_node`): a cluster role
+    /// never takes its own node without a replica elsewhere.
+    pub whereabouts: super::own_node::Whereabouts,
 }
 
 use crate::runtime::lock;
@@ -163,6 +166,7 @@ impl Context {
             channels: Default::default(),
             planned_refused: Default::default(),
             homes: Default::default(),
+            whereabouts: super::own_node::Whereabouts::from_env(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,
             memory: Mutex::default(),

@@ -39,6 +39,7 @@ pub mod mutex;
 mod node_controller;
 pub mod node_pods;
 pub mod notifier;
+pub mod own_node;
 pub mod passes;
 pub mod planned;
 pub mod pod_watches;

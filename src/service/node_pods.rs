@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use super::context::Context;
 use crate::api::pod::Pod;
+use crate::decide::rollout::OwnNode;
 use crate::runtime::lock;
 
 /// Decides again after reading the nodes asked about, at most this many
@@ -22,23 +23,29 @@ use crate::runtime::lock;
 /// do-not-disrupt pod holds lets the next one be asked about).
 const ROUNDS: usize = 4;
 
+/// What a decision asks of the node's pods.
+pub type NodePods<'a> = dyn Fn(&str) -> Option<Vec<Arc<Pod>>> + Sync + 'a;
+/// What a decision asks of the node the cluster role runs on.
+pub type OwnNodeAsk<'a> = dyn Fn(&str) -> OwnNode + Sync + 'a;
+
 /// Run `decide` with every node's pods this pass can know, reading the
-/// nodes it asks about and deciding again while it asks for more.
-pub async fn deciding<P>(
-    ctx: &Context,
-    decide: impl Fn(&(dyn Fn(&str) -> Option<Vec<Arc<Pod>>> + Sync)) -> P,
-) -> P {
+/// nodes it asks about and deciding again while it asks for more; and
+/// likewise whether the node this cluster role runs on may be taken
+/// (`service::own_node`).
+pub async fn deciding<P>(ctx: &Context, decide: impl Fn(&NodePods, &OwnNodeAsk) -> P) -> P {
     let pods = Known {
         ctx,
         read: Mutex::default(),
         asked: Mutex::default(),
+        own: Mutex::new(None),
+        own_asked: Default::default(),
     };
-    let mut plan = decide(&|n| pods.get(n));
+    let mut plan = decide(&|n| pods.get(n), &|n| pods.own(n));
     for _ in 0..ROUNDS {
         if !pods.read_asked().await {
             break;
         }
-        plan = decide(&|n| pods.get(n));
+        plan = decide(&|n| pods.get(n), &|n| pods.own(n));
     }
     plan
 }
@@ -49,9 +56,24 @@ struct Known<'c> {
     read: Mutex<HashMap<String, Vec<Arc<Pod>>>>,
     /// Nodes asked about and not known.
     asked: Mutex<BTreeSet<String>>,
+    /// Whether the own node may be taken, once read in this pass.
+    own: Mutex<Option<OwnNode>>,
+    own_asked: std::sync::atomic::AtomicBool,
 }
 
 impl Known<'_> {
+    fn own(&self, node: &str) -> OwnNode {
+        if self.ctx.whereabouts.node.as_deref() != Some(node) {
+            return OwnNode::NotOurs;
+        }
+        if let Some(known) = lock(&self.own).clone() {
+            return known;
+        }
+        self.own_asked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        OwnNode::Unknown
+    }
+
     fn get(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
         if let Some(pods) = self.ctx.pods.known_on(node) {
             return Some(pods);
@@ -67,6 +89,16 @@ impl Known<'_> {
     async fn read_asked(&self) -> bool {
         let asked = std::mem::take(&mut *lock(&self.asked));
         let mut any = false;
+        if self
+            .own_asked
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+            && lock(&self.own).is_none()
+        {
+            let answer =
+                super::own_node::read(&self.ctx.effects.client, &self.ctx.whereabouts).await;
+            *lock(&self.own) = Some(answer);
+            any = true;
+        }
         for node in asked {
             if lock(&self.read).contains_key(&node) {
                 continue;

@@ -72,7 +72,7 @@ async fn reconcile_policy(
         let maintenances = ctx.all_maintenances();
         let pods_on = |n: &str| ctx.pods_on(n);
         let policies = ctx.policies();
-        super::node_pods::deciding(ctx, |node_pods| {
+        super::node_pods::deciding(ctx, |node_pods, own_node| {
             reboot::decide(&reboot::Snapshot {
                 policy,
                 nodes: &nodes,
@@ -80,6 +80,7 @@ async fn reconcile_policy(
                 policies: &policies,
                 pods_on: &pods_on,
                 node_pods,
+                own_node,
                 now,
                 remote: !ctx.node_agents,
                 failing,

@@ -89,7 +89,7 @@ async fn reconcile_plan(
         // Fresh: an exclusive plan decided earlier in this pass may have
         // admitted a node since `plans` was read.
         let plans = ctx.plans();
-        super::node_pods::deciding(ctx, |node_pods| {
+        super::node_pods::deciding(ctx, |node_pods, own_node| {
             upgrade::decide(&upgrade::Snapshot {
                 plan,
                 nodes: &nodes,
@@ -98,6 +98,7 @@ async fn reconcile_plan(
                 job_errors: &job_errors,
                 pods_on: &pods_on,
                 node_pods,
+                own_node,
                 now,
                 plans: &plans,
                 failing,

@@ -121,6 +121,9 @@ struct World {
     /// The service has not read any node's pods yet.
     unread: bool,
     health: Option<crate::decide::health::Health>,
+    /// The node the cluster role runs on, and what the service answers
+    /// about it.
+    own: Option<(String, crate::decide::rollout::OwnNode)>,
 }
 
 impl World {
@@ -135,6 +138,7 @@ impl World {
             remote: false,
             unread: false,
             health: None,
+            own: None,
         }
     }
 
@@ -173,6 +177,10 @@ impl World {
             policies: &policies,
             pods_on: &pods_on,
             node_pods: &node_pods,
+            own_node: &|n| match &self.own {
+                Some((own, answer)) if own == n => answer.clone(),
+                _ => crate::decide::rollout::OwnNode::NotOurs,
+            },
             now: self.now,
             remote: self.remote,
             failing: None,
@@ -806,4 +814,37 @@ fn a_node_whose_agent_cannot_reboot_it_is_never_drained_and_says_why() {
     assert!(node::to_check(&said, &policies).is_some(), "asked again");
     let ok = with_check("a", Some(format!("{key} ok")));
     assert!(node::to_check(&ok, &policies).is_none());
+}
+
+/// The node the cluster role runs on waits while no replica runs
+/// elsewhere (the next node is admitted in its place), is asked about
+/// before it is taken, and is taken once free.
+#[test]
+fn the_cluster_roles_own_node_waits_without_a_replica_elsewhere() {
+    use crate::decide::rollout::OwnNode;
+    let nodes = ["n1", "n2"].iter().map(|n| node(n, "b0")).collect();
+    let mut w = World::new(policy(1), nodes);
+    w.own = Some(("n1".into(), OwnNode::Unknown));
+    let plan = w.plan();
+    assert_eq!(
+        created(&plan),
+        ["n2"],
+        "not the own node while it is asked about"
+    );
+    let (ph, msg) = phase_of(&status_of(&plan), "n1");
+    assert_eq!(ph, RebootPhase::Waiting);
+    assert!(msg.contains("reading whether a replica runs"), "{msg}");
+    w.own = Some(("n1".into(), OwnNode::Held("no replica elsewhere".into())));
+    let plan = w.plan();
+    assert_eq!(created(&plan), ["n2"]);
+    let st = status_of(&plan);
+    let entry = st
+        .nodes
+        .iter()
+        .find(|e| e.name == "n1")
+        .expect("n1's entry");
+    assert_eq!(entry.reason.as_deref(), Some("OwnNode"));
+    assert_eq!(entry.message.as_deref(), Some("no replica elsewhere"));
+    w.own = Some(("n1".into(), OwnNode::Free));
+    assert_eq!(created(&w.plan()), ["n1"]);
 }

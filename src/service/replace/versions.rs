@@ -122,7 +122,7 @@ pub(super) async fn versions(
         let (facts, ask_again) = super::ask::ask(ctx, r, replace::questions(&snap)).await;
         wake = earliest(wake, ask_again);
         snap.facts = &facts;
-        let mut plan = super::super::node_pods::deciding(ctx, |pods| {
+        let mut plan = super::super::node_pods::deciding(ctx, |pods, _| {
             replace::decide(&replace::Snapshot {
                 node_pods: pods,
                 ..snap

@@ -297,6 +297,7 @@ impl World {
             policies: &policies,
             pods_on: &no_pods,
             node_pods: &|_| Some(Vec::new()),
+            own_node: &|_| crate::decide::rollout::OwnNode::NotOurs,
             now: self.clock(faults::CLUSTER),
             remote: false,
             failing: None,

@@ -105,6 +105,7 @@ impl World {
             job_errors: &Default::default(),
             pods_on: &no_pods,
             node_pods: &|_| Some(Vec::new()),
+            own_node: &|_| crate::decide::rollout::OwnNode::NotOurs,
             now: self.clock(super::faults::CLUSTER),
             plans: &plans,
             failing: None,

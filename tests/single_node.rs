@@ -1,4 +1,5 @@
-//! Pods with nowhere else to go, on the real control plane: a reboot's
+//! Single-node clusters on the real control plane. Pods with nowhere else
+//! to go: a reboot's
 //! drain evicts the pods another node could run and leaves the one no
 //! other node can (pinned by its node selector, its PodDisruptionBudget
 //! refusing every eviction) to the kubelet's shutdown — it neither waits
@@ -8,7 +9,9 @@
 //! (which is checked only for naming the pod). And with no cluster role
 //! running after the reboot (on a single-node cluster its pod waits
 //! Pending on the cordoned node), the node's agent gives its node back
-//! itself, as the shipped identity confined to its own node.
+//! itself, as the shipped identity confined to its own node. And a
+//! cluster role does not take the node it runs on while no replica of it
+//! runs on another node.
 
 use crate::support;
 
@@ -17,8 +20,9 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::PostParams;
 use nodekeeper::api::nodemaintenance::NodeMaintenance;
-use nodekeeper::api::reboot::RebootPhase;
+use nodekeeper::api::reboot::{RebootPhase, RebootPolicy};
 use serde_json::json;
+use std::time::Duration;
 use support::machines::*;
 use support::{TestEnv, block_on, install_crds, wait_for};
 
@@ -169,4 +173,95 @@ fn the_agent_gives_its_node_back_after_the_reboot_with_no_cluster_role_running()
     let _cluster = cluster_role(&env, &["--node-agents"]);
     let msg = block_on(wait_phase(&env.client, &policy, a, RebootPhase::Done));
     assert!(msg.contains("verified"), "{msg}");
+}
+
+#[test]
+fn the_cluster_role_takes_its_own_node_only_once_a_replica_runs_elsewhere() {
+    install_crds();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("own-node").await;
+        let names = nodes(&mut env, 2).await;
+        let fleet = Fleet::new(env.client.clone(), None);
+        (env, names, fleet)
+    });
+    let (a, b) = (&names[0], &names[1]);
+    // The cluster role "runs" in a pod on node a (the downward API's
+    // variables, as the shipped Deployment sets them).
+    let labels = json!({"app.kubernetes.io/name": "nodekeeper", "nodekeeper.test/role": env.id});
+    let replica = |name: &str, node: &str| {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels.clone()},
+            "spec": {"nodeName": node,
+                     "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+        }))
+        .expect("a pod");
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+        async move {
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("creating a replica pod");
+        }
+    };
+    block_on(replica("cluster-0", a));
+    // A budget of two: only the own-node rule can keep node a waiting.
+    let policy = block_on(create_policy(
+        &env,
+        &fleet,
+        json!({"budget": {"maxUnavailable": 2}}),
+    ));
+    for n in &names {
+        block_on(annotate(
+            &env.client,
+            n,
+            "nodekeeper.io/reboot-needed",
+            Some("now"),
+        ));
+    }
+    let args = cluster_role_args(&env, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cluster = support::Agent::start_with_env(
+        &args,
+        &[
+            ("NODE_NAME", a),
+            ("POD_NAMESPACE", &env.ns),
+            ("POD_NAME", "cluster-0"),
+        ],
+    );
+    // Node b is rebooted; a waits, saying why.
+    let msg = block_on(wait_for(
+        "node a held as the cluster role's own",
+        LONG,
+        || async {
+            let p = Api::<RebootPolicy>::all(env.client.clone())
+                .get(&policy)
+                .await
+                .ok()?;
+            let e = p.entry(a)?;
+            (e.reason.as_deref() == Some("OwnNode")).then(|| e.message.clone().unwrap_or_default())
+        },
+    ));
+    assert!(
+        msg.contains("no replica of it runs on another node"),
+        "{msg}"
+    );
+    fleet.serve(std::slice::from_ref(b), LONG, || {
+        block_on(settled(&env.client, std::slice::from_ref(b)))
+    });
+    assert_eq!(
+        fleet.commands(a),
+        0,
+        "the own node was rebooted\n{}",
+        cluster.log_text()
+    );
+    let still = block_on(wait_phase(&env.client, &policy, a, RebootPhase::Waiting));
+    assert!(
+        still.contains("no replica of it runs on another node"),
+        "{still}"
+    );
+    // A second replica runs on b: a is taken, rebooted once, given back.
+    block_on(replica("cluster-1", b));
+    fleet.serve(std::slice::from_ref(a), Duration::from_secs(90), || {
+        block_on(settled(&env.client, std::slice::from_ref(a)))
+    });
+    assert_eq!(fleet.commands(a), 1, "{}", cluster.log_text());
 }
