@@ -288,28 +288,18 @@ pub fn admission(o: &Options) -> Vec<Value> {
     let ours = format!("['{DRAIN_TAINT}', '{UNSCHEDULABLE_TAINT}']");
     let other_taints =
         |o: &str| format!("{o}.spec.?taints.orValue([]).filter(t, !(t.key in {ours}))");
-    vec![
-        json!({
-          "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-          "metadata": {"name": OWN_NODE_POLICY, "labels": labels()},
-          "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
-              "apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["nodes", "nodes/status"]
-            }]},
-            "matchConditions": [{"name": "node-agent", "expression": format!("request.userInfo.username == '{user}'")}],
-            "variables": [
-              {"name": "boundNode", "expression": format!(
-                "'{NODE_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{NODE_NAME_EXTRA}'][0] : ''")},
+    let mut policies: Vec<Value> = agent_policy(
+        OWN_NODE_POLICY,
+        &user,
+        json!({"apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["nodes", "nodes/status"]}),
+        json!([
               {"name": "changedLabels", "expression": changed("labels")},
               {"name": "changedAnnotations", "expression": changed("annotations")},
               {"name": "changedConditions", "expression": changed_conditions},
               {"name": "changedStatus", "expression": changed_status},
               {"name": "changedSpec", "expression": changed_spec}
-            ],
-            "validations": [
-              {"expression": "variables.boundNode != ''", "reason": "Forbidden",
-               "message": format!("{user} must use a token bound to a pod or a node (a DaemonSet pod's token, or kubectl create token --bound-object-kind Node)")},
+        ]),
+        json!([
               {"expression": "variables.boundNode == object.metadata.name", "reason": "Forbidden",
                "messageExpression": "'nodekeeper agent of node ' + variables.boundNode + ' may not modify node ' + object.metadata.name"},
               {"expression": format!("variables.changedLabels.all(k, k == '{EXCLUDE_REMEDIATION_LABEL}')"), "reason": "Forbidden",
@@ -326,50 +316,68 @@ pub fn admission(o: &Options) -> Vec<Value> {
                "message": format!("nodekeeper agent may add or remove only the taints {DRAIN_TAINT} and {UNSCHEDULABLE_TAINT}")},
               {"expression": "object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) && object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])", "reason": "Forbidden",
                "message": "nodekeeper agent may not change a node's finalizers or owner references"}
-            ]
-          }
-        }),
-        json!({
-          "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-          "metadata": {"name": OWN_NODE_POLICY, "labels": labels()},
-          "spec": {"policyName": OWN_NODE_POLICY, "validationActions": ["Deny"]}
-        }),
-        own_maintenance_policy(&user),
-        json!({
-          "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-          "metadata": {"name": OWN_MAINTENANCE_POLICY, "labels": labels()},
-          "spec": {"policyName": OWN_MAINTENANCE_POLICY, "validationActions": ["Deny"]}
-        }),
-    ]
+        ]),
+    )
+    .to_vec();
+    policies.extend(own_maintenance_policy(&user));
+    policies
 }
 
 /// The node agent may delete a NodeMaintenance only of its own node and
 /// only a RebootPolicy's: it gives its node back after the reboot it
 /// issued (`decide::reboot::node`), and nothing else.
-fn own_maintenance_policy(user: &str) -> Value {
+fn own_maintenance_policy(user: &str) -> [Value; 2] {
     let owner = crate::api::nodemaintenance::OWNER_LABEL;
     let reboot = crate::api::reboot::OWNER_KIND;
-    json!({
-      "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-      "metadata": {"name": OWN_MAINTENANCE_POLICY, "labels": labels()},
-      "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": [{
-          "apiGroups": ["nodemaintenance.medik8s.io"], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["nodemaintenances"]
-        }]},
-        "matchConditions": [{"name": "node-agent", "expression": format!("request.userInfo.username == '{user}'")}],
-        "variables": [
-          {"name": "boundNode", "expression": format!(
-            "'{NODE_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{NODE_NAME_EXTRA}'][0] : ''")}
-        ],
-        "validations": [
-          {"expression": "variables.boundNode != ''", "reason": "Forbidden",
-           "message": format!("{user} must use a token bound to a pod or a node to delete a NodeMaintenance")},
+    agent_policy(
+        OWN_MAINTENANCE_POLICY,
+        user,
+        json!({"apiGroups": ["nodemaintenance.medik8s.io"], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["nodemaintenances"]}),
+        json!([]),
+        json!([
           {"expression": "oldObject.spec.nodeName == variables.boundNode", "reason": "Forbidden",
            "messageExpression": "'nodekeeper agent of node ' + variables.boundNode + ' may not delete a NodeMaintenance of node ' + oldObject.spec.nodeName"},
           {"expression": format!("oldObject.metadata.?labels.orValue({{}})[?'{owner}'].orValue('') == '{reboot}'"), "reason": "Forbidden",
            "message": "nodekeeper agent may delete only a RebootPolicy's NodeMaintenance (its node given back after the reboot)"}
-        ]
-      }
-    })
+        ]),
+    )
+}
+
+/// A ValidatingAdmissionPolicy on the node agent's requests that `rule`
+/// matches, and its binding: the variable `boundNode` (the node its token
+/// is bound to, directly or through its pod) before `variables`, and a
+/// token bound to nothing refused before `validations`.
+fn agent_policy(
+    name: &str,
+    user: &str,
+    rule: Value,
+    variables: Value,
+    validations: Value,
+) -> [Value; 2] {
+    let mut all_variables = vec![json!({"name": "boundNode", "expression": format!(
+        "'{NODE_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{NODE_NAME_EXTRA}'][0] : ''")})];
+    all_variables.extend(variables.as_array().into_iter().flatten().cloned());
+    let mut all_validations = vec![
+        json!({"expression": "variables.boundNode != ''", "reason": "Forbidden",
+        "message": format!("{user} must use a token bound to a pod or a node (a DaemonSet pod's token, or kubectl create token --bound-object-kind Node)")}),
+    ];
+    all_validations.extend(validations.as_array().into_iter().flatten().cloned());
+    [
+        json!({
+          "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+          "metadata": {"name": name, "labels": labels()},
+          "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [rule]},
+            "matchConditions": [{"name": "node-agent", "expression": format!("request.userInfo.username == '{user}'")}],
+            "variables": all_variables,
+            "validations": all_validations
+          }
+        }),
+        json!({
+          "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+          "metadata": {"name": name, "labels": labels()},
+          "spec": {"policyName": name, "validationActions": ["Deny"]}
+        }),
+    ]
 }

@@ -86,14 +86,22 @@ pub fn audit_ids_since(path: &Path, from: u64) -> usize {
     ids.len()
 }
 
-/// Requests with this verb on this resource that began after byte offset
-/// `from` (their `ResponseStarted` entry, so a watch opened earlier and
-/// ending now is not counted): the benchmarks' watch reopenings.
+/// Requests with this verb on this resource after byte offset `from`: a
+/// watch by its `ResponseStarted` entry (one opened earlier and ending now
+/// is not counted), any other verb by its `ResponseComplete` (the
+/// benchmarks' watch reopenings; the health gate's list pages).
 pub fn audit_count_since(path: &Path, from: u64, verb: &str, resource: &str) -> usize {
     let ids: std::collections::HashSet<String> = audit_entries(path, from)
         .into_iter()
         .filter(|v| v["verb"].as_str() == Some(verb))
-        .filter(|v| v["stage"].as_str() == Some("ResponseStarted"))
+        .filter(|v| {
+            v["stage"].as_str()
+                == Some(if verb == "watch" {
+                    "ResponseStarted"
+                } else {
+                    "ResponseComplete"
+                })
+        })
         .filter(|v| v["objectRef"]["resource"].as_str() == Some(resource))
         .filter_map(|v| v["auditID"].as_str().map(str::to_string))
         .collect();
