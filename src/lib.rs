@@ -66,7 +66,7 @@
 //!   admissions and drains honour), [`decide::volumes`] (which volumes a
 //!   node must see detached before a feature powers it off),
 //!   [`decide::elsewhere`] (whether another node could run a pod: a
-//!   reboot leaves the pods with nowhere to go to the kubelet's shutdown),
+//!   reboot does not wait on the PDB of a pod with nowhere to go),
 //!   [`decide::selector`] (matching and checking label selectors), [`decide::jobs`],
 //!   [`decide::claim`], [`decide::foreign`], [`decide::node_conditions`]
 //!   (KEP-5683), [`decide::admission`] (the webhook's refusals),

@@ -399,9 +399,12 @@ fn a_held_node(
     });
     let a = &names[0];
     block_on(async {
+        // Bound to node a by name, not by a selector: another node could
+        // run it, so its refused eviction holds the drain (a pod pinned by
+        // a selector would be left for the shutdown, `decide::elsewhere`).
         let mut d = env.deployment("held", 1);
         if let Some(spec) = d.spec.template.spec.as_mut() {
-            spec.node_selector = Some([("kubernetes.io/hostname".to_string(), a.clone())].into());
+            spec.node_name = Some(a.clone());
         }
         Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.client.clone(), &env.ns)
             .create(&PostParams::default(), &d)

@@ -1,10 +1,10 @@
 //! Single-node clusters on the real control plane. Pods with nowhere else
-//! to go: a reboot's
-//! drain evicts the pods another node could run and leaves the one no
-//! other node can (pinned by its node selector, its PodDisruptionBudget
-//! refusing every eviction) to the kubelet's shutdown — it neither waits
-//! for that budget nor evicts the pod — and the node reboots once and is
-//! given back. Asserted from the API server's objects and the simulated
+//! to go: a reboot's drain evicts the pods another node could run, and of
+//! the one no other node can (pinned by its node selector, its
+//! PodDisruptionBudget refusing every eviction) it takes the refusal once
+//! and leaves the pod to the machine's shutdown instead of waiting on that
+//! budget; the node reboots once and is given back. Asserted from the API
+//! server's objects and the simulated
 //! machine's own record, polled by the test, not from nodekeeper's status
 //! (which is checked only for naming the pod). And with no cluster role
 //! running after the reboot (on a single-node cluster its pod waits

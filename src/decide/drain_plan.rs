@@ -51,15 +51,14 @@ pub struct Drain<'a> {
     pub force: bool,
     /// For do-not-disrupt durations.
     pub now: Timestamp,
-    /// The UIDs of pods no other node can run, for a drain that leaves
-    /// those to the kubelet's shutdown (a reboot's or upgrade's:
-    /// `decide::elsewhere`); `None` for every other drain.
+    /// The UIDs of pods no other node can run and whose eviction was
+    /// refused, for a drain that leaves those to the machine's shutdown (a
+    /// reboot's or upgrade's: `decide::elsewhere`); `None` for every other.
     pub homeless: Option<&'a BTreeSet<String>>,
 }
 
 /// Why a pod with nowhere else to go is not evicted.
-pub const NOWHERE_ELSE: &str =
-    "no other node can run it: left for the kubelet's graceful node shutdown";
+pub const NOWHERE_ELSE: &str = "no other node can run it and its PodDisruptionBudget refuses the eviction: left for the machine's shutdown";
 
 /// One pod in the plan: its fate, and the rule placement that decided it
 /// (`None`: kubectl's filters or the pod selector decided first, or the
@@ -168,8 +167,8 @@ fn placed(pod: &Arc<Pod>, rules: &NodeRules, book: &RuleBook, how: Drain) -> Pla
     };
     let fate = match placement.behavior {
         Behavior::Skip => Fate::Skip(Cow::Owned(format!("{}: Skip", placement.by))),
-        // Evicting it would only make it Pending (or wait on its PDB for
-        // ever); one a person opted out of disruption is still waited for.
+        // Its PDB would refuse for ever; one a person opted out of
+        // disruption is still waited for.
         Behavior::Drain if fate == Fate::Evict && homeless(pod, how) => {
             Fate::Skip(Cow::Borrowed(NOWHERE_ELSE))
         }

@@ -4,15 +4,17 @@
 //! node selector and required node affinity match it).
 //!
 //! Why: on a single-node cluster (the k3s and Talos edge), or when every
-//! other node is cordoned or tainted for the pod, evicting a pod only turns
-//! it into a Pending one, and a PodDisruptionBudget that needs it running
-//! refuses the eviction for ever: a reboot or upgrade drain would wait
-//! until its deadline for nothing. Such a pod stays where it is and the
-//! kubelet's graceful node shutdown stops it with the machine (its
-//! `shutdownGracePeriod` decides how gently); the maintenance names it
-//! ([`CONDITION`]). An administrator's maintenance and a replacement are
-//! not changed: NMO's drain evicts every pod, and a replaced node never
-//! comes back for its pods.
+//! other node is cordoned or tainted for the pod, a PodDisruptionBudget
+//! that needs the pod running refuses its eviction for ever (the pod could
+//! only become Pending): a reboot or upgrade drain would wait until its
+//! deadline for nothing. Such a pod, once its eviction is refused, stays
+//! where it is and the machine's shutdown stops it (the kubelet's graceful
+//! node shutdown, when its `shutdownGracePeriod` is set); the maintenance
+//! names it ([`CONDITION`]). A pod whose eviction is allowed is still
+//! evicted, as kured and kubectl drain evict it: a graceful stop now
+//! rather than whatever the shutdown does. An administrator's maintenance
+//! and a replacement are not changed: NMO's drain waits on every pod, and
+//! a replaced node never comes back for its pods.
 //!
 //! Not weighed: resources, ports, pod (anti-)affinity and topology
 //! spread. A pod they would keep off every other node is still evicted,
@@ -187,7 +189,7 @@ pub fn message(pods: &[String]) -> String {
         named.push_str(&format!(" and {} more", pods.len() - NAMED));
     }
     format!(
-        "no other node can run {} pod{} ({named}): not evicted, stopped by the kubelet's graceful node shutdown",
+        "no other node can run {} pod{} ({named}) and a PodDisruptionBudget refuses the eviction: not waited for, stopped by the machine's shutdown",
         pods.len(),
         if pods.len() == 1 { "" } else { "s" }
     )

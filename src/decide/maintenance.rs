@@ -124,9 +124,9 @@ pub enum Step {
     /// maintenance is drained and says Succeeded only once the evicted
     /// pods' volumes are detached (`decide::volumes`).
     ReadVolumes { nm: String },
-    /// Read which of the node's pods another node could run, and decide
+    /// Read which of the refused pods another node could run, and decide
     /// again: a reboot or upgrade leaves those no other node can run to
-    /// the kubelet's shutdown (`decide::elsewhere`).
+    /// the shutdown instead of waiting for their PDB (`decide::elsewhere`).
     ReadHomes { nm: String, pods: Vec<String> },
     /// Write progress (and announce a transition).
     WriteStatus {
@@ -476,11 +476,13 @@ fn hold(s: &Snapshot, node: &Node, p: &NodeMaintenance, applied: Option<&str>) -
         let cordon = !is_unschedulable(node) || annotation(node, CORDONED_ANNOTATION).is_some();
         return Step::ApplyToNode { nm: name, cordon };
     }
-    // Before the first status counts the pods to evict.
+    // A refused pod with nowhere else to go is left for the shutdown
+    // (`decide::elsewhere`): asked about before it is evicted again.
     if crate::decide::elsewhere::applies_to(owner_of(p)) {
         let unknown: Vec<String> = fates
             .iter()
-            .filter(|(pod, f)| *f == Fate::Evict && !s.homes.is_some_and(|h| h.knows(pod)))
+            .filter(|(pod, f)| *f == Fate::Evict && refused(s, pod))
+            .filter(|(pod, _)| !s.homes.is_some_and(|h| h.knows(pod)))
             .filter_map(|(pod, _)| pod.metadata.uid.clone())
             .collect();
         if !unknown.is_empty() {
@@ -532,6 +534,11 @@ fn withdraw_conditions(s: &Snapshot, node: &Node) -> Option<Step> {
     }
     node_conditions::patch(node, &node_conditions::after_release(node), s.now)
         .map(|patch| Step::SetConditions { patch })
+}
+
+/// Has an eviction of `pod` been refused (its PDB)?
+fn refused(s: &Snapshot, pod: &Pod) -> bool {
+    attempt(s, pod).is_some_and(|a| a.refusals > 0)
 }
 
 fn attempt<'a>(s: &'a Snapshot, pod: &Pod) -> Option<&'a Attempt> {

@@ -29,15 +29,25 @@ pub(super) fn fates(
         .node
         .and_then(|n| n.metadata.labels.as_ref())
         .unwrap_or(&empty);
+    // Only a pod whose eviction was refused is left: the others are
+    // evicted as kured and kubectl drain evict them, a graceful stop now
+    // rather than whatever the machine's shutdown does.
+    let left: Option<std::collections::BTreeSet<String>> = s
+        .homes
+        .filter(|_| crate::decide::elsewhere::applies_to(owner_of(p)))
+        .map(|h| {
+            h.homeless
+                .iter()
+                .filter(|uid| s.attempts.get(*uid).is_some_and(|a| a.refusals > 0))
+                .cloned()
+                .collect()
+        });
     let how = drain_plan::Drain {
         upgrading,
         pod_selector: opts.pod_selector.as_ref(),
         force: timed_out && opts.on_timeout == Escalation::Force,
         now: s.now,
-        homeless: s
-            .homes
-            .filter(|_| crate::decide::elsewhere::applies_to(owner_of(p)))
-            .map(|h| &h.homeless),
+        homeless: left.as_ref(),
     };
     drain_plan::plan(s.pods, node_labels, s.drain_rules, how)
         .into_iter()

@@ -27,8 +27,8 @@
 //! set before any maintenance is never lifted; no pod is evicted or deleted
 //! unless a live NodeMaintenance drains the node, nor one the table says
 //! stays (Skip, WaitCompleted), nor one whose do-not-disrupt holds or one of a later tier while a pod of an
-//! earlier one is still there, nor by a feature's drain one no other node
-//! can run (`decide::elsewhere`); a feature's NodeMaintenance never says
+//! earlier one is still there, nor again by a feature's drain one whose
+//! PDB refused and no other node can run (`decide::elsewhere`); a feature's NodeMaintenance never says
 //! Succeeded (its owner's reboot next) while a volume no running pod on
 //! the node uses is still attached; a pass ends in a wait
 //! within a bounded number of steps (no busy loop); and once every
@@ -74,6 +74,8 @@ struct WorldPod {
     terminating: Option<u32>,
     /// No other node can run it (`decide::elsewhere`).
     nowhere: bool,
+    /// An eviction of it was refused (its PDB), and the drainer was told.
+    refused: bool,
 }
 
 struct MaintenanceWorld {
@@ -150,6 +152,7 @@ impl MaintenanceWorld {
                 blocked: rng.chance(25),
                 terminating: None,
                 nowhere: rng.chance(15),
+                refused: false,
             })
             .collect();
         let lease = rng
@@ -356,6 +359,7 @@ impl MaintenanceWorld {
                 // shutdown, whatever its tier.
                 let stays = |w: &WorldPod| {
                     w.nowhere
+                        && w.refused
                         && crate::decide::elsewhere::applies_to(feature.as_deref())
                         && crate::decide::do_not_disrupt::pod_hold(&w.pod, self.now).is_none()
                 };
@@ -384,8 +388,10 @@ impl MaintenanceWorld {
                         wp.pod.name_any()
                     );
                     assert!(
-                        !(wp.nowhere && crate::decide::elsewhere::applies_to(feature.as_deref())),
-                        "{} removed ({fate:?}) by a reboot's drain though no other node can run it",
+                        !(wp.nowhere
+                            && wp.refused
+                            && crate::decide::elsewhere::applies_to(feature.as_deref())),
+                        "{} evicted again ({fate:?}) by a reboot's drain though its PDB refused and no other node can run it",
                         wp.pod.name_any()
                     );
                     let refused = matches!(fate, Fate::Evict) && wp.blocked;
@@ -454,6 +460,23 @@ impl MaintenanceWorld {
     }
 
     /// The node's attachments as a read of them answers.
+    /// The pods whose eviction was refused, as far as the drainer was told
+    /// (a refusal whose answer was lost is not known to it).
+    fn note_refusals(&mut self, e: &Effect, o: &Outcome) {
+        if let (Effect::Drain { pods, .. }, Outcome::Drained(removals)) = (e, o) {
+            for ((p, _), r) in pods.iter().zip(removals) {
+                if let Removal::Refused(_) = r
+                    && let Some(w) = self
+                        .pods
+                        .iter_mut()
+                        .find(|w| w.pod.metadata.uid == p.metadata.uid)
+                {
+                    w.refused = true;
+                }
+            }
+        }
+    }
+
     /// Which of the asked pods no other node can run.
     fn read_homes(&self, uids: &[String]) -> crate::decide::elsewhere::Homes {
         let nowhere = |uid: &String| {
@@ -544,6 +567,7 @@ impl MaintenanceWorld {
                     match (outcome, fault) {
                         (Ok(o), None) => {
                             self.memory.record(e, &o, self.now);
+                            self.note_refusals(e, &o);
                             if follow_up && instead.is_none() {
                                 instead = after(&snapshot, &step, &o);
                             }
@@ -677,6 +701,9 @@ impl MaintenanceWorld {
         if self.faults_on && self.rng.chance(3) {
             self.trace.push("restart".into());
             self.memory = NodeMemory::default();
+            for w in &mut self.pods {
+                w.refused = false;
+            }
             // Leases it holds are found at start (`service::run`).
             if self
                 .lease
