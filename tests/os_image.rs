@@ -6,7 +6,9 @@
 //! (systemd's own shutdown, nspawn's exit 133, a new boot ID), an
 //! UpgradePlan upgrades each through the unit's upgrade profile with a real
 //! package operation, and the reboot profile's static pod reboots a machine
-//! through the same systemd.
+//! through the same systemd. One machine with its cluster role on it, a
+//! one-node cluster for its pods, is rebooted and given back by its agent
+//! ([`single_machine`]).
 //!
 //! Every claim is checked independently of nodekeeper's status: the
 //! machines' own records (boots and exits, host clock), what runs inside
@@ -35,6 +37,8 @@ use osmachine::{LABEL_KEY, OsMachine, machines};
 use realmachine::{NodeLog, Seen, first_after, most_unavailable, now_ms};
 use serde_json::json;
 use support::{GROUP_LABEL, TestEnv, block_on, wait_for};
+
+mod single_machine;
 
 /// A wave of reboots on the machines, start to end.
 const WAVE: Duration = Duration::from_secs(240);

@@ -93,6 +93,20 @@ fn open(node: &Node) -> bool {
 
 /// Could `node` run `pod` (taints, selector, required affinity)?
 pub fn fits(pod: &Pod, node: &Node) -> bool {
+    placed(pod, node, |_| true)
+}
+
+/// Could `node` run `pod` once its passing state clears: a cordon and
+/// NotReady are ignored, and so are the taints they bring (the
+/// `node.kubernetes.io/` ones the node controller sets from the node's
+/// conditions); the pod's selector, required affinity and every other
+/// taint still count. Whether a pod is pinned to its node for good.
+pub fn could_ever_run(pod: &Pod, node: &Node) -> bool {
+    placed(pod, node, |t| !t.key.starts_with("node.kubernetes.io/"))
+}
+
+/// [`fits`], counting only the taints `counts` keeps.
+fn placed(pod: &Pod, node: &Node, counts: impl Fn(&Taint) -> bool) -> bool {
     static NONE: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
     let placement = pod
         .spec
@@ -107,7 +121,7 @@ pub fn fits(pod: &Pod, node: &Node) -> bool {
         .unwrap_or_default();
     taints
         .iter()
-        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .filter(|t| (t.effect == "NoSchedule" || t.effect == "NoExecute") && counts(t))
         .all(|t| placement.tolerations.iter().any(|tol| tolerates(tol, t)))
         && placement
             .node_selector

@@ -79,16 +79,18 @@ pub enum OwnNode {
     NotOurs,
     /// Ours; not read yet whether a replica runs elsewhere.
     Unknown,
-    /// Ours, and a replica runs on another node, or the cluster has this
-    /// one node only.
+    /// Ours, and a replica runs on another node, or no other node could
+    /// ever run one (the cluster has this one node, or the cluster role's
+    /// pod is pinned to it).
     Free,
     /// Ours, and nothing would run the cluster role while it is down: why.
     Held(String),
 }
 
 /// A cluster role never takes the node it runs on without a replica of it
-/// running on another node to take over, unless the cluster has that one
-/// node (whose agent gives it back after its reboot).
+/// running on another node to take over, unless no other node could ever
+/// run one (a one-node cluster, or the cluster role pinned to this node):
+/// its agent gives it back after its reboot.
 pub fn own_node_hold(own: OwnNode) -> Option<(&'static str, String)> {
     match own {
         OwnNode::NotOurs | OwnNode::Free => None,

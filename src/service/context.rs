@@ -104,7 +104,7 @@ pub struct Context {
     pub homes: HomesCache,
     /// Where this process runs (`service::own_node`): a cluster role
     /// never takes its own node without a replica elsewhere.
-    pub whereabouts: super::own_node::Whereabouts,
+    pub whereabouts: Whereabouts,
 }
 
 use crate::runtime::lock;
@@ -166,7 +166,7 @@ impl Context {
             channels: Default::default(),
             planned_refused: Default::default(),
             homes: Default::default(),
-            whereabouts: super::own_node::Whereabouts::from_env(),
+            whereabouts: Whereabouts::from_env(),
             fresh: stores.fresh,
             arrivals: stores.arrivals,
             memory: Mutex::default(),
@@ -508,5 +508,24 @@ impl HomesCache {
         let homes = merged.1.clone();
         cache.insert(node.to_string(), merged);
         homes
+    }
+}
+
+/// Where this process runs, from the downward API: its node, and its pod
+/// (name and namespace) when it is one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Whereabouts {
+    pub node: Option<String>,
+    pub pod: Option<(String, String)>,
+}
+
+impl Whereabouts {
+    /// From `$NODE_NAME`, `$POD_NAMESPACE` and `$POD_NAME`.
+    pub fn from_env() -> Whereabouts {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Whereabouts {
+            node: var("NODE_NAME"),
+            pod: var("POD_NAMESPACE").zip(var("POD_NAME")),
+        }
     }
 }

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
+use kube::Client;
 use kube::api::{Api, ListParams};
 
 use super::context::Context;
@@ -58,8 +59,20 @@ pub async fn read(ctx: &Context, node: &str, pods: &[Arc<Pod>], uids: &[String])
 /// The paged read: each page asked only about the pods still without a
 /// place.
 async fn listed(ctx: &Context, node: &str, pods: &[&Pod]) -> kube::Result<BTreeSet<String>> {
-    let api: Api<Node> = Api::all(ctx.effects.client.clone());
     let mut left: Vec<&Pod> = pods.to_vec();
+    pages(&ctx.effects.client, |nodes| {
+        let without = homeless(left.iter().copied(), nodes, node);
+        left.retain(|p| p.metadata.uid.as_ref().is_some_and(|u| without.contains(u)));
+        !left.is_empty()
+    })
+    .await?;
+    Ok(left.iter().filter_map(|p| p.metadata.uid.clone()).collect())
+}
+
+/// Every node, 25 at a time, each page shown to `more` until it
+/// says it needs no more (`false`) or the list ends.
+pub async fn pages(client: &Client, mut more: impl FnMut(&[&Node]) -> bool) -> kube::Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
     let mut params = ListParams {
         limit: Some(PAGE),
         ..Default::default()
@@ -67,12 +80,10 @@ async fn listed(ctx: &Context, node: &str, pods: &[&Pod]) -> kube::Result<BTreeS
     loop {
         let page = api.list(&params).await?;
         let nodes: Vec<&Node> = page.items.iter().collect();
-        let without = homeless(left.iter().copied(), &nodes, node);
-        left.retain(|p| p.metadata.uid.as_ref().is_some_and(|u| without.contains(u)));
+        let go_on = more(&nodes);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) if !left.is_empty() => params.continue_token = Some(token),
-            _ => break,
+            Some(token) if go_on => params.continue_token = Some(token),
+            _ => return Ok(()),
         }
     }
-    Ok(left.iter().filter_map(|p| p.metadata.uid.clone()).collect())
 }

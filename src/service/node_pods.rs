@@ -94,8 +94,7 @@ impl Known<'_> {
             .swap(false, std::sync::atomic::Ordering::Relaxed)
             && lock(&self.own).is_none()
         {
-            let answer =
-                super::own_node::read(&self.ctx.effects.client, &self.ctx.whereabouts).await;
+            let answer = super::own_node::read(self.ctx).await;
             *lock(&self.own) = Some(answer);
             any = true;
         }

@@ -86,6 +86,35 @@ fn cordoned_and_not_ready_nodes_are_no_place() {
 }
 
 #[test]
+fn a_passing_state_does_not_pin_a_pod_but_its_selector_and_other_taints_do() {
+    let mut cordoned = node(
+        "n2",
+        &[("kubernetes.io/hostname", "n2")],
+        &[
+            ("node.kubernetes.io/unschedulable", "NoSchedule"),
+            ("node.kubernetes.io/not-ready", "NoExecute"),
+        ],
+    );
+    if let Some(s) = cordoned.spec.as_mut() {
+        s.unschedulable = Some(true);
+    }
+    cordoned.status = None;
+    let plain = pod("u1", Placement::default());
+    assert!(!fits(&plain, &cordoned), "not now");
+    assert!(could_ever_run(&plain, &cordoned), "but once it is back");
+    let pinned = pod(
+        "u2",
+        Placement {
+            node_selector: [("kubernetes.io/hostname".to_string(), "n1".to_string())].into(),
+            ..Default::default()
+        },
+    );
+    assert!(!could_ever_run(&pinned, &cordoned));
+    let dedicated = node("n3", &[], &[("dedicated", "NoSchedule")]);
+    assert!(!could_ever_run(&plain, &dedicated));
+}
+
+#[test]
 fn taints_need_a_matching_toleration_and_prefer_no_schedule_does_not_count() {
     let tainted = node("n2", &[], &[("gpu", "NoSchedule")]);
     let soft = node("n3", &[], &[("gpu", "PreferNoSchedule")]);
