@@ -77,6 +77,13 @@ test-versions: build-static-all
 image: build-static-all
     image/oci-archive.sh {{static_bin}} target/image {{static_bin_arm64}}
 
+# Debian packages of the static binaries into target/packages:
+# nodekeeper_VERSION_amd64.deb and _arm64.deb (image/deb.sh says what is in
+# them; the tests check them with dpkg, systemd-analyze and lintian).
+[doc('Debian packages (amd64, arm64) of the static binaries into target/packages.')]
+deb: build-static-all
+    image/deb.sh target/packages {{static_bin}} {{static_bin_arm64}}
+
 # Every benchmark: start-up and sizes, then the drain, a reboot wave, an upgrade plan and a node replacement on the local control plane.
 bench: bench-startup bench-drain bench-reboot bench-upgrade bench-replace
 

@@ -44,6 +44,7 @@ mod monitoring;
 mod mutex;
 mod node_conditions;
 mod os_image;
+mod package;
 mod real_machines;
 mod real_node;
 mod reboot;

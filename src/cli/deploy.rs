@@ -31,7 +31,7 @@ pub struct CrdsArgs {
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "manifests")]
 pub struct ManifestsArgs {
-    /// what to generate: crds, rbac, admission, daemonset, deployment, k3s, helm, prometheus, static-pod, systemd, talos, containerfile, webhook, webhook-service
+    /// what to generate: crds, rbac, admission, daemonset, deployment, k3s, helm, prometheus, static-pod, systemd, package, talos, containerfile, webhook, webhook-service
     #[argh(option, long = "for")]
     pub target: String,
     /// write the files into this folder instead of printing them

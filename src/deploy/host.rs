@@ -5,7 +5,17 @@ use serde_json::{Value, json};
 
 use super::*;
 
+/// Where `manifests --for systemd` expects the binary (the README's
+/// recipe copies it there); a package installs it in `/usr/bin`.
+const LOCAL_BIN: &str = "/usr/local/bin/nodekeeper";
+/// The packaged binary's path.
+const PACKAGED_BIN: &str = "/usr/bin/nodekeeper";
+
 pub(super) fn systemd_unit(o: &Options) -> String {
+    unit(o, LOCAL_BIN)
+}
+
+fn unit(o: &Options, bin: &str) -> String {
     format!(
         "\
 [Unit]
@@ -24,7 +34,7 @@ Environment=KUBECONFIG={kubeconfig}
 Environment=RUST_LOG={rust_log}
 Environment=NODEKEEPER_ARGS=
 EnvironmentFile=-/etc/nodekeeper/nodekeeper.env
-ExecStart=/usr/local/bin/nodekeeper run --metrics-address {metrics}{admission} $NODEKEEPER_ARGS
+ExecStart={bin} run --metrics-address {metrics}{admission} $NODEKEEPER_ARGS
 # Start-up errors (API server not up yet, node not registered yet) exit
 # non-zero with one line in the journal; systemd retries.
 Restart=always
@@ -63,54 +73,115 @@ RuntimeDirectory=nodekeeper
 RuntimeDirectoryPreserve=yes
 ";
 
+/// The sandbox of the maintenance-only and `--reboot` units: each setting,
+/// its value, and the value that undoes it (the packaged upgrade profile's
+/// drop-in, which must lift exactly what the unit sets).
+const SANDBOX: &[(&str, &str, &str)] = &[
+    ("NoNewPrivileges", "yes", "no"),
+    ("ProtectSystem", "strict", "no"),
+    ("ProtectHome", "yes", "no"),
+    ("PrivateTmp", "yes", "no"),
+    ("PrivateDevices", "yes", "no"),
+    ("ProtectKernelTunables", "yes", "no"),
+    ("ProtectKernelModules", "yes", "no"),
+    ("ProtectKernelLogs", "yes", "no"),
+    ("ProtectControlGroups", "yes", "no"),
+    ("ProtectClock", "yes", "no"),
+    ("ProtectHostname", "yes", "no"),
+    ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX", ""),
+    ("RestrictNamespaces", "yes", "no"),
+    ("RestrictRealtime", "yes", "no"),
+    ("RestrictSUIDSGID", "yes", "no"),
+    ("LockPersonality", "yes", "no"),
+    ("MemoryDenyWriteExecute", "yes", "no"),
+    ("SystemCallArchitectures", "native", ""),
+    ("SystemCallFilter", "@system-service", ""),
+    ("MemoryMax", "64M", "infinity"),
+];
+
+/// The reboot profile's capabilities, with why.
+const REBOOT_CAPABILITIES: &str = "\
+# Root to read a root-owned 0600 kubeconfig; with --reboot, CAP_SYS_ADMIN so
+# that systemd accepts `systemctl reboot` from this unit (its D-Bus
+# privilege check) and CAP_SYS_BOOT for a reboot command that calls
+# reboot(2) itself. Nothing else.
+CapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_BOOT
+";
+
+/// Where a reboot's or upgrade's host commands keep their records.
+const RECORDS: &str = "\
+# Reboot commands keep their records (effects::host_run) in /run/nodekeeper,
+# kept across restarts of this unit.
+RuntimeDirectory=nodekeeper
+RuntimeDirectoryPreserve=yes
+";
+
 /// The sandbox of the maintenance-only and `--reboot` units.
 fn sandbox(reboot: bool) -> String {
-    format!(
-        "\
-{capabilities}
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-MemoryMax=64M
-{records}",
-        records = if reboot {
-            "# Reboot commands keep their records (effects::host_run) in /run/nodekeeper,\n\
-             # kept across restarts of this unit.\n\
-             RuntimeDirectory=nodekeeper\n\
-             RuntimeDirectoryPreserve=yes\n"
-        } else {
-            ""
-        },
-        capabilities = if reboot {
-            "# Root to read a root-owned 0600 kubeconfig; with --reboot, CAP_SYS_ADMIN so\n\
-             # that systemd accepts `systemctl reboot` from this unit (its D-Bus\n\
-             # privilege check) and CAP_SYS_BOOT for a reboot command that calls\n\
-             # reboot(2) itself. Nothing else.\n\
-             CapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_BOOT\n\
-             AmbientCapabilities="
-        } else {
-            "# Root only to read a root-owned 0600 kubeconfig; every capability is gone.\n\
-             CapabilityBoundingSet=\n\
-             AmbientCapabilities="
-        },
-    )
+    let mut out = String::from(if reboot {
+        REBOOT_CAPABILITIES
+    } else {
+        "# Root only to read a root-owned 0600 kubeconfig; every capability is gone.\n\
+         CapabilityBoundingSet=\n"
+    });
+    out.push_str("AmbientCapabilities=\n");
+    for (key, value, _) in SANDBOX {
+        out.push_str(&format!("{key}={value}\n"));
+    }
+    if reboot {
+        out.push_str(RECORDS);
+    }
+    out
 }
+
+/// The files an OS package or system extension installs (`--for
+/// package`): the maintenance-only unit running `/usr/bin/nodekeeper`,
+/// the reboot and upgrade profiles as drop-ins the operator enables, and
+/// the environment file.
+pub(super) fn package_files(o: &Options) -> Vec<(String, &'static str, String)> {
+    let dropin = |body: String| format!("[Service]\n{body}");
+    let mut undo = String::from(
+        "# Every capability (\"~\" alone resets the bounding set to the full set).\n\
+         CapabilityBoundingSet=~\n",
+    );
+    for (key, _, value) in SANDBOX {
+        undo.push_str(&format!("{key}={value}\n"));
+    }
+    vec![
+        (
+            "usr/lib/systemd/system/nodekeeper.service".into(),
+            "nodekeeper as a host service, maintenance only (cordon and drain its node).\n\
+             # Reboots and upgrades: enable a profile in /usr/share/nodekeeper/systemd (README, Packages)",
+            unit(o, PACKAGED_BIN),
+        ),
+        (
+            format!("usr/share/nodekeeper/systemd/{REBOOT_DROPIN}"),
+            "The reboot profile as a drop-in: nodekeeper.service may reboot its host,\n\
+             # with CAP_SYS_ADMIN (host root in effect). Enable it:\n\
+             #   mkdir -p /etc/systemd/system/nodekeeper.service.d\n\
+             #   ln -s /usr/share/nodekeeper/systemd/reboot-cap-sys-admin.conf /etc/systemd/system/nodekeeper.service.d/\n\
+             #   systemctl daemon-reload && systemctl restart nodekeeper",
+            dropin(format!("{REBOOT_CAPABILITIES}{RECORDS}")),
+        ),
+        (
+            format!("usr/share/nodekeeper/systemd/{UPGRADE_DROPIN}"),
+            "The upgrade profile as a drop-in: nodekeeper.service runs unsandboxed as\n\
+             # host root, every setting of the unit's sandbox lifted, so that UpgradePlan\n\
+             # commands (a package manager) can run. Enable it as the reboot profile,\n\
+             # with this file's name; it includes what the reboot profile grants.",
+            dropin(format!("{UPGRADE_PROFILE}{undo}")),
+        ),
+        (
+            "etc/nodekeeper/nodekeeper.env".into(),
+            "Settings for nodekeeper.service (a conffile: kept on upgrade)",
+            systemd_env(o),
+        ),
+    ]
+}
+
+/// The drop-ins' file names: what each grants, in its name.
+const REBOOT_DROPIN: &str = "reboot-cap-sys-admin.conf";
+const UPGRADE_DROPIN: &str = "upgrade-host-root.conf";
 
 pub(super) fn systemd_env(o: &Options) -> String {
     format!(

@@ -230,7 +230,7 @@ pub struct File {
 
 /// Every target, what it is for, and where its checked-in copy lives
 /// (relative to the repository root; `None`: not checked in).
-pub const TARGETS: [(&str, &str, Option<&str>); 14] = [
+pub const TARGETS: [(&str, &str, Option<&str>); 15] = [
     ("crds", "the CustomResourceDefinitions", None),
     (
         "rbac",
@@ -272,6 +272,11 @@ pub const TARGETS: [(&str, &str, Option<&str>); 14] = [
         "systemd",
         "the node agent as a host service: unit and environment file",
         Some("image"),
+    ),
+    (
+        "package",
+        "what an OS package or system extension installs: the unit under /usr, the reboot and upgrade profiles as drop-ins, the env file",
+        Some("image/package"),
     ),
     (
         "talos",
@@ -448,6 +453,10 @@ pub fn render(target: &str, o: &Options) -> Result<Vec<File>> {
                 systemd_env(o),
             ),
         ],
+        "package" => package_files(o)
+            .into_iter()
+            .map(|(path, what, body)| file(&path, what, body))
+            .collect(),
         "talos" => vec![
             file(
                 "manifest.yaml",
