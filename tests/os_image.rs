@@ -8,7 +8,9 @@
 //! package operation, and the reboot profile's static pod reboots a machine
 //! through the same systemd. One machine with its cluster role on it, a
 //! one-node cluster for its pods, is rebooted and given back by its agent
-//! ([`single_machine`]).
+//! ([`single_machine`]); nodekeeper comes from its Debian package, and a
+//! newer one installed on a running machine restarts only the agent
+//! ([`package`]).
 //!
 //! Every claim is checked independently of nodekeeper's status: the
 //! machines' own records (boots and exits, host clock), what runs inside
@@ -38,6 +40,7 @@ use realmachine::{NodeLog, Seen, first_after, most_unavailable, now_ms};
 use serde_json::json;
 use support::{GROUP_LABEL, TestEnv, block_on, wait_for};
 
+mod package;
 mod single_machine;
 
 /// A wave of reboots on the machines, start to end.
@@ -271,13 +274,28 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
     let _one = exclusive();
     let m = &machines()[0];
     let env = block_on(TestEnv::new("osunit"));
-    // The installed unit is the README's: the generated file, unchanged
-    // but for the profile and this machine's metrics port.
-    let installed = std::fs::read_to_string(m.root.join("etc/systemd/system/nodekeeper.service"))
-        .expect("the installed unit");
+    // Installed from its package (dpkg in the image being built): the
+    // packaged unit, enabled by the postinst, with the machine's drop-ins.
+    let (_, status) = m.exec(&[
+        "dpkg-query",
+        "-W",
+        "-f",
+        "${Status} ${Version}",
+        "nodekeeper",
+    ]);
+    assert!(status.starts_with("install ok installed "), "{status}");
+    let installed =
+        std::fs::read_to_string(m.root.join("usr/lib/systemd/system/nodekeeper.service"))
+            .expect("the packaged unit");
     assert!(
-        installed.contains("ExecStart=/usr/local/bin/nodekeeper run"),
+        installed.contains("ExecStart=/usr/bin/nodekeeper run"),
         "{installed}"
+    );
+    assert_eq!(m.unit("UnitFileState"), "enabled");
+    let dropins = m.unit("DropInPaths");
+    assert!(
+        dropins.contains("10-machine.conf") && dropins.contains("reboot-cap-sys-admin.conf"),
+        "the machine's drop-in and the reboot profile's: {dropins}"
     );
     assert_eq!(m.unit("ActiveState"), "active", "{}", m.journal());
     let first: u32 = m.unit("MainPID").parse().unwrap_or(0);

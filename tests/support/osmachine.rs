@@ -178,22 +178,31 @@ impl OsMachine {
             .1
     }
 
-    /// Switch nodekeeper.service to another profile of the shipped unit
-    /// (`manifests --for systemd` with `flags`), as an operator would:
-    /// generate it with the installed binary, install it, reload, restart.
+    /// Switch nodekeeper.service to another profile of its package (`[]`,
+    /// `["--reboot"]` or `["--upgrade"]`), as an operator would: link that
+    /// profile's drop-in (README, Debian package), reload, restart.
     pub fn use_profile(&self, flags: &[&str]) {
-        let port = format!("127.0.0.1:{}", self.metrics_port);
-        let mut argv = vec!["nodekeeper", "manifests", "--for", "systemd"];
-        argv.extend_from_slice(flags);
-        argv.extend(["--metrics-address", &port, "--out", "/run/nk-profile"]);
-        self.run(&argv);
+        let dropin = match flags {
+            [] => None,
+            ["--reboot"] => Some("reboot-cap-sys-admin.conf"),
+            ["--upgrade"] => Some("upgrade-host-root.conf"),
+            other => panic!("no packaged profile for {other:?}"),
+        };
+        let dir = "/etc/systemd/system/nodekeeper.service.d";
         self.run(&[
-            "install",
-            "-m",
-            "0644",
-            "/run/nk-profile/nodekeeper.service",
-            "/etc/systemd/system/nodekeeper.service",
+            "rm",
+            "-f",
+            &format!("{dir}/reboot-cap-sys-admin.conf"),
+            &format!("{dir}/upgrade-host-root.conf"),
         ]);
+        if let Some(name) = dropin {
+            self.run(&[
+                "ln",
+                "-s",
+                &format!("/usr/share/nodekeeper/systemd/{name}"),
+                dir,
+            ]);
+        }
         self.run(&["systemctl", "daemon-reload"]);
         self.run(&["systemctl", "restart", "nodekeeper.service"]);
     }
