@@ -84,6 +84,13 @@ image: build-static-all
 deb: build-static-all
     image/deb.sh target/packages {{static_bin}} {{static_bin_arm64}}
 
+# systemd system extension images of the static binaries into
+# target/packages: nodekeeper-VERSION-x86-64.raw and -arm64.raw (squashfs;
+# image/sysext.sh says what is in them).
+[doc('systemd-sysext images (x86-64, arm64) of the static binaries into target/packages.')]
+sysext: build-static-all
+    image/sysext.sh target/packages {{static_bin}} {{static_bin_arm64}}
+
 # Every benchmark: start-up and sizes, then the drain, a reboot wave, an upgrade plan and a node replacement on the local control plane.
 bench: bench-startup bench-drain bench-reboot bench-upgrade bench-replace
 

@@ -70,7 +70,8 @@ package() {
   linked=$(crates "$target")
   [[ -n $linked ]] || { echo "deb: no crates listed for $target" >&2; exit 1; }
   install -m 0755 "$bin" "$root/usr/bin/nodekeeper"
-  "$amd64_bin" manifests --for package --out "$root" >/dev/null
+  local said
+  said=$("$amd64_bin" manifests --for package --out "$root" 2>&1) || { echo "$said" >&2; exit 1; }
 
   {
     echo "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"

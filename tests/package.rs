@@ -238,3 +238,96 @@ fn lintian_accepts_both_packages() {
         );
     }
 }
+
+/// Both system extension images, built once for the module.
+fn sysexts() -> &'static [PathBuf] {
+    static RAWS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    RAWS.get_or_init(|| build_sysext(&temp("sysext-one")))
+}
+
+fn build_sysext(out: &Path) -> Vec<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("image/sysext.sh");
+    let printed = run(Command::new(script)
+        .arg(out)
+        .arg(binary())
+        .arg(arm64_binary()));
+    printed.lines().map(PathBuf::from).collect()
+}
+
+/// The images are the same bytes from two builds, and systemd's own
+/// reading of them (`systemd-dissect`) takes each as a system extension
+/// for any distribution on its architecture.
+#[test]
+fn the_sysext_images_are_reproducible_system_extensions() {
+    let v = version();
+    let again = build_sysext(&temp("sysext-two"));
+    for ((raw, arch), other) in sysexts().iter().zip(["x86-64", "arm64"]).zip(&again) {
+        assert_eq!(
+            raw.file_name().and_then(|n| n.to_str()),
+            Some(format!("nodekeeper-{v}-{arch}.raw").as_str())
+        );
+        assert!(
+            std::fs::read(raw).expect("a") == std::fs::read(other).expect("b"),
+            "{} differs between two builds",
+            raw.display()
+        );
+        let said = run(Command::new("systemd-dissect").arg(raw));
+        for line in [
+            "ID=_any",
+            &format!("ARCHITECTURE={arch}"),
+            &format!("VERSION_ID={v}"),
+            "✓ extension for system",
+        ] {
+            assert!(
+                said.contains(line),
+                "{}: no {line:?} in\n{said}",
+                raw.display()
+            );
+        }
+    }
+}
+
+/// `systemd-sysext merge` (in a mount namespace of its own, on a root
+/// folder holding this host's os-release) puts the binary, the unit and
+/// its wants link into /usr; the arm64 image is refused on this amd64
+/// host by systemd-sysext's architecture rule.
+#[test]
+fn systemd_sysext_merges_the_image_and_refuses_another_architecture() {
+    for (raw, merges) in [(&sysexts()[0], true), (&sysexts()[1], false)] {
+        let root = temp(if merges { "merge-ok" } else { "merge-arm64" });
+        std::fs::create_dir_all(root.join("usr/lib")).expect("usr");
+        std::fs::create_dir_all(root.join("var/lib/extensions")).expect("extensions");
+        std::fs::copy("/usr/lib/os-release", root.join("usr/lib/os-release")).expect("os-release");
+        let name = raw.file_name().expect("a name");
+        std::fs::copy(raw, root.join("var/lib/extensions").join(name)).expect("the image");
+        let r = root.display();
+        // /run a mount of its own and / shared inside the namespace:
+        // systemd-sysext remounts /run and moves its overlay out of a
+        // namespace of its own.
+        let script = format!(
+            "mount --make-rprivate / && mount --make-rshared / && mount -t tmpfs tmpfs /run && \
+             systemd-sysext merge --root={r} 2>&1 && {r}/usr/bin/nodekeeper version && \
+             cat {r}/usr/lib/systemd/system/multi-user.target.wants/nodekeeper.service"
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "--propagation", "unchanged", "sh", "-c", &script])
+            .output()
+            .expect("unshare (util-linux), as root");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if merges {
+            assert!(out.status.success(), "{said}");
+            assert!(
+                said.contains(&format!("nodekeeper {}", version())),
+                "{said}"
+            );
+            assert!(said.contains("ExecStart=/usr/bin/nodekeeper run"), "{said}");
+        } else {
+            assert!(!out.status.success(), "{said}");
+            assert!(said.contains("incompatible"), "{said}");
+        }
+    }
+}
