@@ -85,20 +85,29 @@ pub enum OwnNode {
     Free,
     /// Ours, and nothing would run the cluster role while it is down: why.
     Held(String),
+    /// Ours, no other node could ever run the cluster role, and a drain
+    /// evicts its pod: it would wait Pending on the cordoned node. Only a
+    /// feature whose node agent gives the node back itself (a reboot) may
+    /// take it; others wait, saying this.
+    Evicted(String),
 }
 
 /// A cluster role never takes the node it runs on without a replica of it
 /// running on another node to take over, unless no other node could ever
-/// run one (a one-node cluster, or the cluster role pinned to this node):
-/// its agent gives it back after its reboot.
-pub fn own_node_hold(own: OwnNode) -> Option<(&'static str, String)> {
+/// run one (a one-node cluster, or the cluster role pinned to this node).
+/// If its pod is then evicted by the drain, only a feature whose agent
+/// gives the node back after its reboot (`agent_gives_back`: reboots) may
+/// take the node; an upgrade would leave it cordoned with no cluster role
+/// to give it back.
+pub fn own_node_hold(own: OwnNode, agent_gives_back: bool) -> Option<(&'static str, String)> {
     match own {
         OwnNode::NotOurs | OwnNode::Free => None,
+        OwnNode::Evicted(_) if agent_gives_back => None,
         OwnNode::Unknown => Some((
             WAIT_OWN_NODE,
             "nodekeeper's cluster role runs on this node; reading whether a replica runs on another".into(),
         )),
-        OwnNode::Held(why) => Some((WAIT_OWN_NODE, why)),
+        OwnNode::Held(why) | OwnNode::Evicted(why) => Some((WAIT_OWN_NODE, why)),
     }
 }
 
@@ -442,6 +451,28 @@ mod tests {
             given_back,
             done: "reboot verified",
         })
+    }
+
+    #[test]
+    fn a_pinned_cluster_role_whose_pod_a_drain_evicts_gives_its_node_to_reboots_only() {
+        let evicted = || OwnNode::Evicted("evicted".into());
+        assert_eq!(
+            own_node_hold(evicted(), true),
+            None,
+            "a reboot: its agent gives it back"
+        );
+        assert_eq!(
+            own_node_hold(evicted(), false),
+            Some((WAIT_OWN_NODE, "evicted".to_string())),
+            "an upgrade waits, saying why"
+        );
+        for feature_gives_back in [true, false] {
+            assert_eq!(own_node_hold(OwnNode::Free, feature_gives_back), None);
+            assert_eq!(
+                own_node_hold(OwnNode::Held("held".into()), feature_gives_back),
+                Some((WAIT_OWN_NODE, "held".to_string()))
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! affinity or lasting taints (the k3s and Talos edge, and a cluster role
 //! placed on one machine). Its own pod is then evicted with the rest and
 //! waits Pending; the node's agent gives the node back after the reboot
-//! (`decide::reboot::node`). A cordoned or NotReady other node is not a
+//! (`decide::reboot::node`). Only after a reboot: where the drain evicts
+//! the cluster role's pod, an upgrade waits (`OwnNode::Evicted`), as no one
+//! would give its node back; a static pod or host service is not evicted. A cordoned or NotReady other node is not a
 //! reason: it comes back, and the own node waits for it.
 //!
 //! Read on demand, like a node's pods (`service::node_pods`): only when a
@@ -57,6 +59,10 @@ pub async fn read(ctx: &Context) -> OwnNode {
         Err(e) => return held("its replicas", &e),
     }
     match could_move(ctx, mine.as_ref(), own).await {
+        Ok(false) if mine.as_ref().is_some_and(evicted) => OwnNode::Evicted(
+            "nodekeeper's cluster role runs on this node, no other node could run it, and a drain evicts its pod: its agent gives the node back only after a reboot, so anything else would leave the node cordoned with the cluster role Pending (run it as a static pod or host service here, or let it run elsewhere)"
+                .into(),
+        ),
         Ok(false) => {
             log::debug!("own node {own}: no other node could ever run this cluster role");
             OwnNode::Free
@@ -67,6 +73,15 @@ pub async fn read(ctx: &Context) -> OwnNode {
         ),
         Err(e) => held("the nodes", &e),
     }
+}
+
+/// Does a drain evict this pod (not a static pod's mirror, not a
+/// DaemonSet's)?
+fn evicted(pod: &Pod) -> bool {
+    !matches!(
+        crate::decide::drain::fate(pod, None),
+        crate::decide::drain::Fate::Skip(_)
+    )
 }
 
 /// This process's own pod, when it is one (a list, not a get: the shipped

@@ -147,7 +147,7 @@ fn wait(
     if let Some(w) = limits.wait(node, &(s.pods_on)(&n)) {
         return Some(w);
     }
-    if let Some(w) = rollout::own_node_hold((s.own_node)(&n)) {
+    if let Some(w) = rollout::own_node_hold((s.own_node)(&n), true) {
         return Some(w);
     }
     rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_at(t))
