@@ -28,30 +28,16 @@
 # bytes.
 set -euo pipefail
 
-usage="usage: image/deb.sh OUT_DIR AMD64_BINARY [ARM64_BINARY]"
-out=${1:?$usage}
-amd64_bin=${2:?$usage}
-arm64_bin=${3:-}
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(dirname "$here")
-for b in "$amd64_bin" ${arm64_bin:+"$arm64_bin"}; do
-  [[ -x $b ]] || { echo "deb: $b is not an executable" >&2; exit 1; }
-done
-command -v dpkg-deb >/dev/null || { echo "deb: dpkg-deb is missing (Debian's dpkg)" >&2; exit 1; }
-# The binary's version, or NODEKEEPER_DEB_VERSION (a rebuild of one binary,
-# e.g. 0.1.0+1).
-version=${NODEKEEPER_DEB_VERSION:-$("$amd64_bin" version | awk '{print $2}')}
-[[ $version =~ ^[0-9][0-9A-Za-z.+~-]*$ ]] || { echo "deb: '$amd64_bin version' gave no Debian version: $version" >&2; exit 1; }
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}
+tool=deb needs=dpkg-deb needs_package=dpkg
+# NODEKEEPER_DEB_VERSION: another Debian version for the same binary (a
+# rebuild, e.g. 0.1.0+1).
+version_override=${NODEKEEPER_DEB_VERSION:-}
+# shellcheck source=image/package-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/package-common.sh"
 commit=$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 # The project has no published address yet: whoever publishes the packages
 # sets theirs (`.invalid` is reserved never to resolve).
 maintainer=${NODEKEEPER_DEB_MAINTAINER:-nodekeeper authors <maintainers@nodekeeper.invalid>}
-
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 # The crates the binary links (normal dependencies for the target, no
 # procedural macros), with their licences: the copyright file names them.
@@ -70,8 +56,7 @@ package() {
   linked=$(crates "$target")
   [[ -n $linked ]] || { echo "deb: no crates listed for $target" >&2; exit 1; }
   install -m 0755 "$bin" "$root/usr/bin/nodekeeper"
-  local said
-  said=$("$amd64_bin" manifests --for package --out "$root" 2>&1) || { echo "$said" >&2; exit 1; }
+  package_files "$root"
 
   {
     echo "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"

@@ -32,32 +32,16 @@
 # squashfs-tools).
 set -euo pipefail
 
-usage="usage: image/sysext.sh OUT_DIR AMD64_BINARY [ARM64_BINARY]"
-out=${1:?$usage}
-amd64_bin=${2:?$usage}
-arm64_bin=${3:-}
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(dirname "$here")
-for b in "$amd64_bin" ${arm64_bin:+"$arm64_bin"}; do
-  [[ -x $b ]] || { echo "sysext: $b is not an executable" >&2; exit 1; }
-done
-command -v mksquashfs >/dev/null || { echo "sysext: mksquashfs is missing (Debian's squashfs-tools)" >&2; exit 1; }
-version=$("$amd64_bin" version | awk '{print $2}')
-[[ $version =~ ^[0-9][0-9A-Za-z.+~-]*$ ]] || { echo "sysext: '$amd64_bin version' gave no version: $version" >&2; exit 1; }
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}
-
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+tool=sysext needs=mksquashfs needs_package=squashfs-tools
+# shellcheck source=image/package-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/package-common.sh"
 
 # image ARCH(systemd's name) BINARY
 image() {
   local arch=$1 bin=$2 name="nodekeeper-$version-$1" root="$work/$1"
   mkdir -p "$root/files" "$root/usr/bin" "$root/usr/lib/extension-release.d" \
     "$root/usr/lib/systemd/system/multi-user.target.wants"
-  local said
-  said=$("$amd64_bin" manifests --for package --out "$root/files" 2>&1) || { echo "$said" >&2; exit 1; }
+  package_files "$root/files"
   cp -r "$root/files/usr/." "$root/usr/"
   rm -rf "$root/files"
   install -m 0755 "$bin" "$root/usr/bin/nodekeeper"

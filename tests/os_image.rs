@@ -251,6 +251,24 @@ fn boots(env: &TestEnv, ms: &[&OsMachine]) -> BTreeMap<String, String> {
     })
 }
 
+/// nodekeeper's image in the machine's containerd (the shipped manifests
+/// name it and never pull it).
+fn import_image(m: &OsMachine) {
+    std::fs::copy(
+        realnode::image_archive(),
+        m.root.join("var/tmp/nodekeeper.oci.tar"),
+    )
+    .expect("the image into the machine");
+    m.run(&[
+        "ctr",
+        "-n",
+        "k8s.io",
+        "images",
+        "import",
+        "/var/tmp/nodekeeper.oci.tar",
+    ]);
+}
+
 /// A RebootPolicy (or UpgradePlan) for the group, with a group label of its
 /// own so [`InGroup`] removes it.
 fn create(env: &TestEnv, kind: &str, spec: serde_json::Value) -> String {
@@ -634,17 +652,7 @@ fn the_reboot_profiles_static_pod_reboots_a_machine_through_systemd_once() {
     let _unit = Unit(m);
     // The README's static pod recipe: the image, the kubeconfig readable
     // by the image's user, the manifest into the kubelet's folder.
-    let archive = realnode::image_archive();
-    std::fs::copy(archive, m.root.join("var/tmp/nodekeeper.oci.tar"))
-        .expect("the image into the machine");
-    m.run(&[
-        "ctr",
-        "-n",
-        "k8s.io",
-        "images",
-        "import",
-        "/var/tmp/nodekeeper.oci.tar",
-    ]);
+    import_image(m);
     let host_kc = m.root.join("etc/nodekeeper/kubeconfig");
     let out = Command::new(osmachine::shipped_binary())
         .args(["host-kubeconfig", &m.name, "--group", "65532", "--out"])

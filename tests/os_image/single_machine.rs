@@ -138,24 +138,6 @@ fn apiserver_address() -> (String, String) {
     (host, port)
 }
 
-/// nodekeeper's image in the machine's containerd (the shipped Deployment
-/// names it and never pulls it).
-fn import_image(m: &OsMachine) {
-    std::fs::copy(
-        realnode::image_archive(),
-        m.root.join("var/tmp/nodekeeper.oci.tar"),
-    )
-    .expect("the image into the machine");
-    m.run(&[
-        "ctr",
-        "-n",
-        "k8s.io",
-        "images",
-        "import",
-        "/var/tmp/nodekeeper.oci.tar",
-    ]);
-}
-
 /// A Deployment of one pod only `m` can run, and a PodDisruptionBudget
 /// that never lets it be evicted; its running pod's name and UID.
 fn pinned_workload(env: &TestEnv, m: &OsMachine) -> (String, String) {
