@@ -15,7 +15,11 @@
 
 use super::*;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::{WatchStreamExt, watcher};
+use smol::stream::StreamExt;
 
 /// The shipped Deployment of the cluster role (`manifests --for deployment
 /// --node-agents`), one replica, pinned to `m`; deleted when dropped.
@@ -180,6 +184,33 @@ fn pinned_workload(env: &TestEnv, m: &OsMachine) -> (String, String) {
     ))
 }
 
+/// The first `LeftForShutdown=True` message of NodeMaintenance `name`, as
+/// a watch of it sees it (a thread that ends once it has one).
+fn left_to_shutdown(env: &TestEnv, name: &str) -> Arc<Mutex<Option<String>>> {
+    let seen = Arc::new(Mutex::new(None));
+    let (into, client) = (seen.clone(), env.client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    std::thread::spawn(move || {
+        block_on(async move {
+            let stream = watcher(Api::<NodeMaintenance>::all(client), config).applied_objects();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(nm)) = stream.next().await {
+                let conditions = nm.status.and_then(|s| s.conditions).unwrap_or_default();
+                if let Some(c) = conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "LeftForShutdown" && c.status == "True")
+                {
+                    if let Ok(mut slot) = into.lock() {
+                        *slot = Some(c.message);
+                    }
+                    return;
+                }
+            }
+        })
+    });
+    seen
+}
+
 #[test]
 fn one_machine_with_its_cluster_role_on_it_is_rebooted_once_and_given_back_by_its_agent() {
     let _one = exclusive();
@@ -203,6 +234,7 @@ fn one_machine_with_its_cluster_role_on_it_is_rebooted_once_and_given_back_by_it
     let (pinned, uid) = pinned_workload(&env, m);
 
     let log = NodeLog::start_labelled(env.client.clone(), &selector());
+    let left = left_to_shutdown(&env, &format!("reboot-{}", m.name));
     let before = boots(&env, &[m]);
     let from = now_ms();
     m.run(&["touch", "/var/run/reboot-required"]);
@@ -220,34 +252,25 @@ fn one_machine_with_its_cluster_role_on_it_is_rebooted_once_and_given_back_by_it
             m.journal()
         )
     };
-    // The drain does not wait on the pinned pod: the maintenance names it
-    // as left to the machine's shutdown.
-    let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let left = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        block_on(wait_for(
-            "the maintenance leaves the pinned pod to the shutdown",
-            WAVE,
-            || async {
-                let nm = nms.get(&format!("reboot-{}", m.name)).await.ok()?;
-                let c = nm
-                    .status?
-                    .conditions?
-                    .into_iter()
-                    .find(|c| c.type_ == "LeftForShutdown" && c.status == "True")?;
-                Some(c.message)
-            },
-        ))
-    }));
-    let Ok(left) = left else {
-        panic!("the drain did not leave the pinned pod\n{}", context());
-    };
-    assert!(left.contains(&pinned), "{left}");
     let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_back(&env, &[m], &before, "the machine rebooted and given back")
     }));
     if waited.is_err() {
-        panic!("the reboot did not finish\n{}", context());
+        panic!(
+            "the reboot did not finish (left to the shutdown: {:?})\n{}",
+            left.lock().ok().and_then(|l| l.clone()),
+            context()
+        );
     }
+    // The drain did not wait on the pinned pod: the maintenance named it
+    // as left to the machine's shutdown (seen by the watch, as the
+    // maintenance may live only a second after saying so).
+    let left = block_on(wait_for(
+        "the maintenance named the pod left to the shutdown",
+        Duration::from_secs(10),
+        || async { left.lock().ok().and_then(|l| l.clone()) },
+    ));
+    assert!(left.contains(&pinned), "{left}");
     let seen = log.finish();
     one_real_reboot(m, from, &seen, &context()).print();
 
