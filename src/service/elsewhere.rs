@@ -22,6 +22,8 @@ use crate::decide::elsewhere::{Homes, homeless};
 /// Nodes per page of the list (a real kubelet's Node, with its image
 /// list, is tens of KB; a node agent's memory is counted in MB).
 const PAGE: u32 = 25;
+/// How long the paged read may take before the drain goes on without it.
+const READ_BOUND: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Ask about `uids` (pods of `node`) and return everything known for the
 /// node. A failed read counts every pod as having a place: the drain
@@ -37,11 +39,20 @@ pub async fn read(ctx: &Context, node: &str, pods: &[Arc<Pod>], uids: &[String])
         let nodes: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         homeless(asked.iter().copied(), &nodes, node)
     } else {
-        match listed(ctx, node, &asked).await {
-            Ok(found) => found,
-            Err(e) => {
+        // Bounded: the drain's reconcile waits for this answer, and a list
+        // that hangs (a connection gone quiet) must not hold the drain.
+        match crate::runtime::timeout(READ_BOUND, listed(ctx, node, &asked)).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
                 log::warn!(
                     "node {node}: cannot tell whether other nodes could run its pods ({e}); evicting them"
+                );
+                BTreeSet::new()
+            }
+            Err(()) => {
+                log::warn!(
+                    "node {node}: reading the other nodes took over {} s; evicting its pods",
+                    READ_BOUND.as_secs()
                 );
                 BTreeSet::new()
             }
