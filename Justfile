@@ -91,6 +91,14 @@ deb: build-static-all
 sysext: build-static-all
     image/sysext.sh target/packages {{static_bin}} {{static_bin_arm64}}
 
+# The release folder target/release-dist/: both static binaries, the image
+# and Talos extension archives, the .debs and sysext images, the Helm chart
+# packaged, the k3s folder as a tarball, an SBOM per binary and SHA256SUMS;
+# the same bytes from any checkout of one commit (image/release.sh).
+[doc('Release folder target/release-dist/: binaries, archives, packages, chart, k3s tarball, SBOMs, SHA256SUMS.')]
+release: build-static-all
+    image/release.sh target/release-dist {{static_bin}} {{static_bin_arm64}}
+
 # Every benchmark: start-up and sizes, then the drain, a reboot wave, an upgrade plan and a node replacement on the local control plane.
 bench: bench-startup bench-drain bench-reboot bench-upgrade bench-replace
 

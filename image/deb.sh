@@ -38,6 +38,11 @@ commit=$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 # The project has no published address yet: whoever publishes the packages
 # sets theirs (`.invalid` is reserved never to resolve).
 maintainer=${NODEKEEPER_DEB_MAINTAINER:-nodekeeper authors <maintainers@nodekeeper.invalid>}
+# It goes into the control file, the changelog and the copyright file: one
+# line, `Name <address>`, or a value with a newline would write fields of
+# its own into them.
+[[ $maintainer =~ ^[^\<\>[:cntrl:]]+\ \<[^\<\>[:space:][:cntrl:]]+@[^\<\>[:space:][:cntrl:]]+\>$ ]] ||
+  { echo "deb: NODEKEEPER_DEB_MAINTAINER must be one line 'Name <address>', not: ${maintainer@Q}" >&2; exit 1; }
 
 # The crates the binary links (normal dependencies for the target, no
 # procedural macros), with their licences: the copyright file names them.
@@ -98,8 +103,12 @@ package() {
   cat >"$root/DEBIAN/conffiles" <<'EOF'
 /etc/nodekeeper/nodekeeper.env
 EOF
+  # Installed-Size as dpkg-gencontrol counts it: each file's size in KiB,
+  # rounded up, and 1 for every other entry. Not du's blocks: those depend
+  # on the filesystem the package is built on (two builds differed by 28).
   local size
-  size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+  size=$(cd "$root" && find . -path ./DEBIAN -prune -o ! -path . -printf '%y %s\n' |
+    awk '{n += ($1 == "f") ? int(($2 + 1023) / 1024) : 1} END {print n}')
   cat >"$root/DEBIAN/control" <<EOF
 Package: nodekeeper
 Version: $version

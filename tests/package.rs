@@ -4,6 +4,8 @@
 //! maintainer scripts), systemd's own check of the unit with each drop-in,
 //! and lintian's verdict.
 
+mod release;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -66,6 +68,38 @@ fn two_builds_give_the_same_bytes() {
         assert_eq!(a.file_name(), b.file_name());
         let (x, y) = (std::fs::read(a).expect("a"), std::fs::read(b).expect("b"));
         assert!(x == y, "{} differs between two builds", a.display());
+    }
+}
+
+/// The maintainer goes into the control file, the changelog and the
+/// copyright file: a value that is not one `Name <address>` line is
+/// refused before anything is written (a newline would add fields).
+#[test]
+fn a_maintainer_that_is_not_one_line_is_refused() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("image/deb.sh");
+    for bad in [
+        "ops <ops@example.org>\nEssential: yes",
+        "ops",
+        "ops <not an address>",
+    ] {
+        let out_dir = temp("maintainer");
+        let out = Command::new(&script)
+            .env("NODEKEEPER_DEB_MAINTAINER", bad)
+            .arg(&out_dir)
+            .arg(binary())
+            .output()
+            .expect("deb.sh");
+        assert!(!out.status.success(), "deb.sh took the maintainer {bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("NODEKEEPER_DEB_MAINTAINER must be one line"),
+            "{err}"
+        );
+        let written = std::fs::read_dir(&out_dir).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(
+            written, 0,
+            "deb.sh wrote a package for the maintainer {bad:?}"
+        );
     }
 }
 
