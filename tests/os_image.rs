@@ -8,8 +8,9 @@
 //! package operation, and the reboot profile's static pod reboots a machine
 //! through the same systemd. One machine with its cluster role on it, a
 //! one-node cluster for its pods, is rebooted and given back by its agent
-//! ([`single_machine`]); nodekeeper comes from its Debian package, and a
-//! newer one installed on a running machine restarts only the agent
+//! ([`single_machine`]). nodekeeper comes from its Debian package on os-0
+//! and from its systemd system extension, merged at boot, on os-1; a newer
+//! package installed on a running machine restarts only the agent
 //! ([`package`]).
 //!
 //! Every claim is checked independently of nodekeeper's status: the
@@ -286,16 +287,37 @@ fn create(env: &TestEnv, kind: &str, spec: serde_json::Value) -> String {
     name
 }
 
-/// The shipped unit, as the image installs it, runs the agent: systemd
-/// restarts it after a SIGKILL, and it drains its node for a
+/// On both machines — nodekeeper from its Debian package on os-0, from its
+/// system extension merged at boot on os-1 — the shipped unit runs the
+/// agent: systemd restarts it after a SIGKILL, and it drains its node for a
 /// NodeMaintenance and gives it back.
 #[test]
 fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node() {
     let _one = exclusive();
-    let m = &machines()[0];
     let env = block_on(TestEnv::new("osunit"));
-    // Installed from its package (dpkg in the image being built): the
-    // packaged unit, enabled by the postinst, with the machine's drop-ins.
+    for (i, m) in machines().iter().enumerate() {
+        installed_as_shipped(m);
+        restarted_after_sigkill(m);
+        drained_and_given_back(&env, m, i);
+        let journal = m.journal();
+        assert!(
+            !journal.contains("forbidden") && !journal.contains("denied"),
+            "{}: the agent was refused something:\n{journal}",
+            m.name
+        );
+    }
+}
+
+/// The unit is the shipped one, from where the machine's install put it,
+/// with the machine's drop-in and the reboot profile's.
+fn installed_as_shipped(m: &OsMachine) {
+    // Read inside: an extension's /usr is merged in the machine only.
+    let installed = m.run(&["cat", "/usr/lib/systemd/system/nodekeeper.service"]);
+    assert!(
+        installed.contains("ExecStart=/usr/bin/nodekeeper run"),
+        "{}: {installed}",
+        m.name
+    );
     let (_, status) = m.exec(&[
         "dpkg-query",
         "-W",
@@ -303,23 +325,57 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
         "${Status} ${Version}",
         "nodekeeper",
     ]);
-    assert!(status.starts_with("install ok installed "), "{status}");
-    let installed =
-        std::fs::read_to_string(m.root.join("usr/lib/systemd/system/nodekeeper.service"))
-            .expect("the packaged unit");
-    assert!(
-        installed.contains("ExecStart=/usr/bin/nodekeeper run"),
-        "{installed}"
-    );
-    assert_eq!(m.unit("UnitFileState"), "enabled");
+    if m.install == "package" {
+        // dpkg in the image being built; its postinst enabled the unit.
+        assert!(status.starts_with("install ok installed "), "{status}");
+        assert_eq!(m.unit("UnitFileState"), "enabled");
+    } else {
+        // No package; systemd-sysext merged the extension at boot, and the
+        // extension's wants link started the unit.
+        let raw = m.install.strip_prefix("sysext ").expect("sysext NAME");
+        let name = raw.trim_end_matches(".raw");
+        assert!(!status.contains("ok installed"), "{}: {status}", m.name);
+        let merged = m.run(&["systemd-sysext", "status"]);
+        assert!(
+            merged
+                .lines()
+                .any(|l| l.starts_with("/usr") && l.contains(name)),
+            "{}: /usr merged with {name}:\n{merged}",
+            m.name
+        );
+        let (_, active) = m.exec(&["systemctl", "is-active", "systemd-sysext.service"]);
+        assert_eq!(
+            active.trim(),
+            "active",
+            "{}: systemd-sysext.service",
+            m.name
+        );
+        let wanted = m.run(&[
+            "systemctl",
+            "show",
+            "-p",
+            "WantedBy",
+            "--value",
+            "nodekeeper.service",
+        ]);
+        assert!(wanted.contains("multi-user.target"), "{}: {wanted}", m.name);
+    }
     let dropins = m.unit("DropInPaths");
     assert!(
         dropins.contains("10-machine.conf") && dropins.contains("reboot-cap-sys-admin.conf"),
-        "the machine's drop-in and the reboot profile's: {dropins}"
+        "{}: the machine's drop-in and the reboot profile's: {dropins}",
+        m.name
     );
     assert_eq!(m.unit("ActiveState"), "active", "{}", m.journal());
+}
+
+fn restarted_after_sigkill(m: &OsMachine) {
     let first: u32 = m.unit("MainPID").parse().unwrap_or(0);
-    assert!(first > 0, "nodekeeper.service has a main process");
+    assert!(
+        first > 0,
+        "{}: nodekeeper.service has a main process",
+        m.name
+    );
     m.run(&["kill", "-KILL", &first.to_string()]);
     let second = block_on(wait_for(
         "systemd restarts nodekeeper after its SIGKILL",
@@ -331,17 +387,21 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
     ));
     assert!(m.unit("NRestarts").parse::<u32>().unwrap_or(0) >= 1);
     println!(
-        "{}: nodekeeper {first} killed, systemd started {second}",
-        m.name
+        "{} ({}): nodekeeper {first} killed, systemd started {second}",
+        m.name, m.install
     );
+}
 
-    // A workload on the machine, then a NodeMaintenance for it.
+/// A workload on the machine, then a NodeMaintenance for it: Succeeded
+/// with the node cordoned and the pod evicted; deleted, the node given back.
+fn drained_and_given_back(env: &TestEnv, m: &OsMachine, i: usize) {
+    let app = format!("osload-{i}");
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     let deployment: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "osload", "namespace": env.ns},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "osload"}},
-            "template": {"metadata": {"labels": {"app": "osload"}}, "spec": {
+        "metadata": {"name": app, "namespace": env.ns},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": app}},
+            "template": {"metadata": {"labels": {"app": app}}, "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": m.name},
                 "tolerations": [{"key": LABEL_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                 "terminationGracePeriodSeconds": 5,
@@ -359,7 +419,7 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
         Duration::from_secs(60),
         || async {
             let list = pods
-                .list(&ListParams::default().labels("app=osload"))
+                .list(&ListParams::default().labels(&format!("app={app}")))
                 .await
                 .ok()?;
             list.items.into_iter().find(|p| {
@@ -369,7 +429,7 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
         },
     ));
     let nm = NodeMaintenance::new(
-        &format!("{}-os", env.id),
+        &format!("{}-os{i}", env.id),
         NodeMaintenanceSpec {
             node_name: m.name.clone(),
             reason: Some("os image test".into()),
@@ -391,7 +451,7 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
         },
     ));
     block_on(async {
-        let n = node(&env, &m.name).await.expect("the Node");
+        let n = node(env, &m.name).await.expect("the Node");
         assert_eq!(n.spec.and_then(|s| s.unschedulable), Some(true), "cordoned");
         let left = pods.get_opt(&running.name_any()).await.ok().flatten();
         assert!(
@@ -401,22 +461,21 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
         nms.delete(&name, &DeleteParams::default())
             .await
             .expect("ending the maintenance");
+        Api::<Deployment>::namespaced(env.client.clone(), &env.ns)
+            .delete(&app, &DeleteParams::default())
+            .await
+            .expect("removing the workload");
     });
     block_on(wait_for(
         "the node given back",
         Duration::from_secs(60),
         || async {
-            let n = node(&env, &m.name).await?;
+            let n = node(env, &m.name).await?;
             (n.spec.and_then(|s| s.unschedulable) != Some(true)
                 && nms.get_opt(&name).await.ok()?.is_none())
             .then_some(())
         },
     ));
-    let journal = m.journal();
-    assert!(
-        !journal.contains("forbidden") && !journal.contains("denied"),
-        "the agent was refused something:\n{journal}"
-    );
 }
 
 /// A RebootPolicy reboots each machine once, one at a time, through the

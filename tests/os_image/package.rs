@@ -29,7 +29,7 @@ fn deb_of_version(version: &str) -> std::path::PathBuf {
 #[test]
 fn upgrading_the_package_restarts_the_agent_and_reboots_nothing() {
     let _one = exclusive();
-    let m = &machines()[1];
+    let m = &machines()[0];
     let (_, installed) = m.exec(&["dpkg-query", "-W", "-f", "${Version}", "nodekeeper"]);
     let version = format!("{}+{}", installed.trim(), support::rand_u64() % 1000);
     let deb = deb_of_version(&version);

@@ -14,17 +14,19 @@ fn the_reboot_profiles_static_pod_reboots_a_machine_through_systemd_once() {
     let env = block_on(TestEnv::new("osstatic"));
     let m = &machines()[1];
     let _group = InGroup::new(&env, vec![m]);
-    // One agent per node: the unit steps aside for the static pod.
-    m.run(&["systemctl", "disable", "--now", "nodekeeper.service"]);
+    // One agent per node: the unit steps aside for the static pod, masked
+    // (on a system extension's machine its enablement is a link in the
+    // extension's read-only /usr, which `disable` cannot remove: the next
+    // boot would start it again beside the static pod).
+    m.run(&["systemctl", "mask", "--now", "nodekeeper.service"]);
     struct Unit<'a>(&'a OsMachine);
     impl Drop for Unit<'_> {
         fn drop(&mut self) {
             let _ = self
                 .0
                 .exec(&["rm", "-f", "/etc/kubernetes/manifests/nodekeeper.yaml"]);
-            let _ = self
-                .0
-                .exec(&["systemctl", "enable", "--now", "nodekeeper.service"]);
+            let _ = self.0.exec(&["systemctl", "unmask", "nodekeeper.service"]);
+            let _ = self.0.exec(&["systemctl", "start", "nodekeeper.service"]);
         }
     }
     let _unit = Unit(m);

@@ -69,6 +69,15 @@
 #   init.pid     the host PID of the current boot's PID 1 (systemd)
 #   boot_id      the current boot's ID
 #
+# A machine may take nodekeeper from a systemd system extension instead
+# (NODEKEEPER_OSIMAGE_SYSEXT=I:RAW, RAW from image/sysext.sh): before its
+# first boot, os-I's own copy of the image loses the package (`dpkg
+# --purge` in it: an image built without it) and gains RAW in
+# /var/lib/extensions/, systemd-sysext.service enabled and a unit that
+# reloads systemd after the merge (see sysext_machine). nspawn then gives
+# that machine the host's loop devices: systemd-sysext mounts the image
+# through one.
+#
 # Environment: NODEKEEPER_OSIMAGE_DIR (default ~/.cache/nodekeeper/osmachines),
 # NODEKEEPER_OSIMAGE_PROFILE (nodekeeper.service profile: default, reboot or
 # upgrade; default reboot), NODEKEEPER_OSIMAGE_TIMEOUT (seconds to wait for
@@ -89,6 +98,7 @@ dir=${NODEKEEPER_OSIMAGE_DIR:-$cache_root/osmachines}
 profile=${NODEKEEPER_OSIMAGE_PROFILE:-reboot}
 ready_timeout=${NODEKEEPER_OSIMAGE_TIMEOUT:-120}
 taint=${NODEKEEPER_OSIMAGE_TAINT-nodekeeper.test/os-machine=true:NoSchedule}
+sysext=${NODEKEEPER_OSIMAGE_SYSEXT:-}
 label=nodekeeper.test/os-machine
 run_id=$(printf '%s' "$dir" | sha1sum | cut -c1-6)
 cgroup_prefix=nkos-$run_id-
@@ -184,9 +194,24 @@ supervise() {
   local name n rc init _
   name=$(cat "$mdir_/name")
   enter_cgroups
+  local loop_binds l
   while :; do
     [[ -f $mdir_/halt ]] && exit 0
     clean_cgroups
+    # A machine with a system extension: systemd-sysext attaches its image
+    # to a free loop device (loop-control says which) and opens
+    # /dev/loopN, which nspawn's /dev lacks: the host's nodes, bound in.
+    # Made again before every boot where missing: the kernel removes a
+    # loop device's node from /dev when the device is removed, as the last
+    # boot's unmerge did.
+    loop_binds=()
+    if [[ -f $mdir_/sysext ]]; then
+      loop_binds=(--bind=/dev/loop-control)
+      for l in $(seq 0 15); do
+        [[ -e /dev/loop$l ]] || mknod -m 0660 "/dev/loop$l" b 7 "$l"
+        loop_binds+=("--bind=/dev/loop$l")
+      done
+    fi
     # SYSTEMD_NSPAWN_LOCK=0: no lock files under /run/systemd/nspawn/locks
     # to clean up. --capability=all: nk-cgroup-rw.service remounts the
     # cgroup controllers; the kubelet and runc need the rest. No --network-*
@@ -198,7 +223,7 @@ supervise() {
     # to join session keyring".
     SYSTEMD_NSPAWN_LOCK=0 systemd-nspawn -q -D "$mdir_/root" --machine="$name" --boot \
       --register=no --keep-unit --capability=all --console=read-only --bind-ro=/dev/kmsg \
-      --system-call-filter='add_key keyctl request_key' \
+      --system-call-filter='add_key keyctl request_key' "${loop_binds[@]}" \
       </dev/null >>"$mdir_/console.log" 2>&1 &
     n=$!
     echo "$n" >"$mdir_/nspawn.pid"
@@ -301,8 +326,8 @@ EOF
     *) die "NODEKEEPER_OSIMAGE_PROFILE must be default, reboot or upgrade (is $profile)" ;;
   esac
   local dropins=$r/etc/systemd/system/nodekeeper.service.d exec_start
-  exec_start=$(sed -n 's/^ExecStart=\(.*\)--metrics-address [^ ]*\(.*\)$/\1--metrics-address 127.0.0.1:'"$(cat "$d/metrics-port")"'\2/p' \
-    "$r/usr/lib/systemd/system/nodekeeper.service")
+  exec_start=$(installed_unit "$i" |
+    sed -n 's/^ExecStart=\(.*\)--metrics-address [^ ]*\(.*\)$/\1--metrics-address 127.0.0.1:'"$(cat "$d/metrics-port")"'\2/p')
   [[ -n $exec_start ]] || die "the packaged nodekeeper.service has no ExecStart with --metrics-address"
   mkdir -p "$dropins"
   rm -f "$dropins"/*.conf
@@ -311,6 +336,64 @@ EOF
     reboot) ln -s /usr/share/nodekeeper/systemd/reboot-cap-sys-admin.conf "$dropins/" ;;
     upgrade) ln -s /usr/share/nodekeeper/systemd/upgrade-host-root.conf "$dropins/" ;;
   esac
+}
+
+# The text of nodekeeper.service as machine $1 has it: its package's, or
+# its system extension's (merged only once it boots).
+installed_unit() {
+  local d
+  d=$(mdir "$1")
+  if [[ -f $d/sysext ]]; then
+    unsquashfs -cat "$d/root/var/lib/extensions/$(cat "$d/sysext")" usr/lib/systemd/system/nodekeeper.service
+  else
+    cat "$d/root/usr/lib/systemd/system/nodekeeper.service"
+  fi
+}
+
+# Machine $1 takes nodekeeper from the system extension $2 instead of the
+# package: its copy of the image loses the package (as if built without
+# it) and is set up as an image for extensions is (Flatcar's, say):
+# systemd-sysext.service enabled, the extension in /var/lib/extensions/
+# under its own name (its release file carries that name), and a unit that
+# reloads systemd once the extension is merged. systemd 252 (Debian 12)
+# merges without a reload, so the units the extension brings are loaded by
+# nobody and their multi-user.target.wants link is read too late (systemd
+# 255 and later reload by themselves; Flatcar's ensure-sysext.service does
+# this for its own images).
+sysext_machine() {
+  local i=$1 raw=$2 d r
+  d=$(mdir "$i")
+  r=$d/root
+  chroot "$r" dpkg --purge nodekeeper >/dev/null || die "dpkg --purge nodekeeper in $(node_name "$i")'s image failed"
+  [[ ! -e $r/usr/bin/nodekeeper ]] || die "$(node_name "$i") still has /usr/bin/nodekeeper after the purge"
+  install -D -m 0644 "$raw" "$r/var/lib/extensions/$(basename "$raw")"
+  basename "$raw" >"$d/sysext"
+  cat >"$r/etc/systemd/system/nk-sysext-reload.service" <<'EOF'
+# Written by tests/osimage/machine.sh: what an image for system extensions
+# carries when its systemd (< 255) does not reload after merging them.
+[Unit]
+Description=Load the units the merged system extensions bring
+DefaultDependencies=no
+BindsTo=systemd-sysext.service
+After=systemd-sysext.service
+Before=sysinit.target
+Conflicts=shutdown.target
+Before=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=systemctl daemon-reload
+# The boot's transaction was computed before the merge: start the targets
+# again so that what the extension enables is pulled in (no wait: this runs
+# before sysinit.target).
+ExecStart=systemctl start --no-block multi-user.target
+
+[Install]
+WantedBy=sysinit.target
+EOF
+  chroot "$r" systemctl enable -q systemd-sysext.service nk-sysext-reload.service ||
+    die "cannot enable systemd-sysext.service in $(node_name "$i")"
 }
 
 start_machine() {
@@ -354,7 +437,15 @@ cmd_up() {
   local c
   for c in openssl ss nsenter; do command -v "$c" >/dev/null || die "'$c' is missing"; done
   setup_kubectl
-  if [[ -f $dir/count && $(cat "$dir/count") == "$n" ]] && all_up; then
+  local wanted="$n machine(s)"
+  if [[ -n $sysext ]]; then
+    [[ $sysext =~ ^[0-9]+:.+/nodekeeper-[^/]+\.raw$ && -f ${sysext#*:} ]] ||
+      die "NODEKEEPER_OSIMAGE_SYSEXT must be I:PATH of a nodekeeper-*.raw (is $sysext)"
+    ((${sysext%%:*} < n)) || die "NODEKEEPER_OSIMAGE_SYSEXT names machine ${sysext%%:*} of $n"
+    command -v unsquashfs >/dev/null || die "unsquashfs is missing (apt-get install squashfs-tools)"
+    wanted+=", os-${sysext%%:*} from $(basename "${sysext#*:}") $(sha256sum "${sysext#*:}" | cut -c1-16)"
+  fi
+  if [[ -f $dir/wanted && $(cat "$dir/wanted") == "$wanted" ]] && all_up; then
     log "already up: $n machine(s)"
     cmd_env
     return
@@ -373,6 +464,7 @@ cmd_up() {
   save_host_state
   set_kernel_tunables
   echo "$n" >"$dir/count"
+  echo "$wanted" >"$dir/wanted"
   echo "$image" >"$dir/image"
   echo "$profile" >"$dir/profile"
 
@@ -391,6 +483,7 @@ cmd_up() {
     free_port 19477; echo "$port" >"$d/metrics-port"
     mount -t overlay overlay -o "lowerdir=$image,upperdir=$d/upper,workdir=$d/work" "$d/root" ||
       die "cannot mount the overlay for $(node_name "$i")"
+    [[ -z $sysext || $i != "${sysext%%:*}" ]] || sysext_machine "$i" "${sysext#*:}"
     provision "$i"
     start_machine "$i"
   done
@@ -448,6 +541,11 @@ write_env() {
       echo "NODEKEEPER_OSIMAGE_${i}_NAME='$(node_name "$i")'"
       echo "NODEKEEPER_OSIMAGE_${i}_DIR='$d'"
       echo "NODEKEEPER_OSIMAGE_${i}_ROOT='$d/root'"
+      if [[ -f $d/sysext ]]; then
+        echo "NODEKEEPER_OSIMAGE_${i}_INSTALL='sysext $(cat "$d/sysext")'"
+      else
+        echo "NODEKEEPER_OSIMAGE_${i}_INSTALL='package'"
+      fi
       echo "NODEKEEPER_OSIMAGE_${i}_MANIFESTS='$d/root/etc/kubernetes/manifests'"
       echo "NODEKEEPER_OSIMAGE_${i}_MACHINE_LOG='$d/machine.log'"
       echo "NODEKEEPER_OSIMAGE_${i}_CONSOLE_LOG='$d/console.log'"

@@ -44,9 +44,37 @@ pub fn shipped_binary() -> PathBuf {
     bin
 }
 
+/// The system extension image of the shipped binary (`image/sysext.sh`),
+/// built once per test binary: machine 1 takes nodekeeper from it.
+fn sysext_image() -> &'static Path {
+    static RAW: OnceLock<PathBuf> = OnceLock::new();
+    RAW.get_or_init(|| {
+        let out = crate::support::scratch().join("osimage-sysext");
+        let built = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("image/sysext.sh"))
+            .arg(&out)
+            .arg(shipped_binary())
+            .output()
+            .unwrap_or_else(|e| panic!("running image/sysext.sh: {e}"));
+        assert!(
+            built.status.success(),
+            "image/sysext.sh failed:\n{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&built.stdout).trim())
+    })
+}
+
+/// The machine that takes nodekeeper from its system extension.
+pub const SYSEXT_MACHINE: usize = 1;
+
 /// `machine.sh ARGS`: its status and its output.
 fn machine_sh(args: &[&str]) -> (bool, String) {
-    let out = Command::new("bash")
+    let mut cmd = Command::new("bash");
+    if args.first() == Some(&"up") {
+        let spec = format!("{SYSEXT_MACHINE}:{}", sysext_image().display());
+        cmd.env("NODEKEEPER_OSIMAGE_SYSEXT", spec);
+    }
+    let out = cmd
         .arg(script())
         .args(args)
         .env("NODEKEEPER_OSIMAGE_NODEKEEPER", shipped_binary())
@@ -72,10 +100,14 @@ pub struct OsMachine {
     /// nodekeeper.service's metrics port (the machines share the host's
     /// network).
     pub metrics_port: u16,
+    /// How nodekeeper is installed: `package` (dpkg in the image being
+    /// built) or `sysext NAME.raw` (merged by systemd-sysext at boot).
+    pub install: String,
 }
 
 /// Two machines booted with the `reboot` profile of nodekeeper.service,
-/// once per test binary (or found up). Fails loudly with machine.sh's
+/// once per test binary (or found up): os-0 with nodekeeper from its Debian
+/// package, os-1 ([`SYSEXT_MACHINE`]) from its system extension. Fails loudly with machine.sh's
 /// output if they cannot start: never a skip.
 pub fn machines() -> &'static [OsMachine] {
     static MACHINES: OnceLock<Vec<OsMachine>> = OnceLock::new();
@@ -108,6 +140,7 @@ pub fn machines() -> &'static [OsMachine] {
                 metrics_port: get(format!("NODEKEEPER_OSIMAGE_{i}_METRICS_PORT"))
                     .parse()
                     .expect("a metrics port"),
+                install: get(format!("NODEKEEPER_OSIMAGE_{i}_INSTALL")),
             })
             .collect()
     })
