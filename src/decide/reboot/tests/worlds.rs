@@ -10,8 +10,9 @@
 //! decisions taken on a stale copy of a policy or plan (the guarded status
 //! write must refuse them), the notifier reading every status and the
 //! cluster role's process dying now and then (`worlds/notices.rs`: told
-//! at most once per hand-over, nothing stored lost), and everything
-//! deleted at the end. Each step runs the same pure functions
+//! at most once per hand-over, nothing stored lost), the cluster role
+//! running on one of the nodes with replicas coming and going
+//! (`worlds/own_node.rs`), and everything deleted at the end. Each step runs the same pure functions
 //! the service calls (`decide`, `node::decide`, `orphans`) in a random
 //! order and applies their effects to the world as the API server would
 //! (resourceVersion guards included).
@@ -22,7 +23,8 @@
 //! disruption at a time, across kinds); an admission never
 //! leaves more of a policy's nodes unavailable than its budget; the
 //! policy that admits a node is the oldest that selects it; no feature
-//! takes a node someone else holds; a node gets at
+//! takes a node someone else holds, nor the cluster role's own node while
+//! it says no (an upgrade never while the drain would evict its only pod); a node gets at
 //! most one reboot command per boot, and none while a person has paused
 //! it or withdrawn its need; and once every policy is gone, every node is
 //! given back (no feature NodeMaintenance, nothing cordoned, nothing
@@ -46,6 +48,7 @@ mod faults;
 use faults::Fault;
 mod jobs;
 mod notices;
+mod own_node;
 mod people;
 mod planned;
 mod server;
@@ -128,6 +131,9 @@ struct World {
     /// What the notifier told, and what the statuses stored
     /// (`worlds/notices.rs`).
     notices: notices::Notices,
+    /// The node the cluster role runs on, if any, and whether it may be
+    /// taken (`worlds/own_node.rs`).
+    own: own_node::Own,
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -264,8 +270,10 @@ impl World {
             held_by_others: BTreeMap::new(),
             others_took: 0,
             notices: Default::default(),
+            own: own_node::Own::none(),
         }
         .with_real_world()
+        .with_own_node()
     }
 
     fn bump(&mut self) -> String {
@@ -297,7 +305,7 @@ impl World {
             policies: &policies,
             pods_on: &no_pods,
             node_pods: &|_| Some(Vec::new()),
-            own_node: &|_| crate::decide::rollout::OwnNode::NotOurs,
+            own_node: &|n| self.own.of(n),
             now: self.clock(faults::CLUSTER),
             remote: false,
             failing: None,
@@ -319,6 +327,7 @@ impl World {
             }
         }
         self.check_liveness(&name, &plan);
+        self.check_own_node(&format!("policy {name}"), true, &plan.effects);
         self.run(&format!("policy {name}"), &plan.effects);
     }
 
@@ -426,6 +435,7 @@ impl World {
         }
         self.forget_ended_admissions();
         self.people();
+        self.own_node_moves();
         self.notifier_step();
         self.admin_plans();
         self.stale = self
@@ -584,6 +594,8 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
         *totals.entry("held by someone else").or_default() += w.others_took;
         *totals.entry("notified").or_default() += w.notices.told();
         *totals.entry("notifier hand-overs").or_default() += w.notices.handovers;
+        *totals.entry("cluster role's node taken").or_default() += w.own.taken;
+        *totals.entry("cluster role's node waited for").or_default() += w.own.waited;
         *totals.entry("retried in one boot").or_default() +=
             w.boot_commands.values().filter(|(run, _)| *run > 1).count();
         upgrades::tally(&w, &mut totals);

@@ -105,7 +105,7 @@ impl World {
             job_errors: &Default::default(),
             pods_on: &no_pods,
             node_pods: &|_| Some(Vec::new()),
-            own_node: &|_| crate::decide::rollout::OwnNode::NotOurs,
+            own_node: &|n| self.own.of(n),
             now: self.clock(super::faults::CLUSTER),
             plans: &plans,
             failing: None,
@@ -115,6 +115,7 @@ impl World {
             notified: notified.as_ref(),
             channel: p.spec.channel.as_ref().and(self.channel.as_ref()),
         });
+        self.check_own_node(&format!("plan {name}"), false, &plan.effects);
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();
     }
