@@ -99,10 +99,17 @@ pub fn fits(pod: &Pod, node: &Node) -> bool {
 /// Could `node` run `pod` once its passing state clears: a cordon and
 /// NotReady are ignored, and so are the taints they bring (the
 /// `node.kubernetes.io/` ones the node controller sets from the node's
-/// conditions); the pod's selector, required affinity and every other
-/// taint still count. Whether a pod is pinned to its node for good.
+/// conditions) and a maintenance's drain taint (`medik8s.io/drain`, NMO's
+/// and ours: it goes with the maintenance); the pod's selector, required
+/// affinity and every other taint still count. Whether a pod is pinned to
+/// its node for good. (Counted, the drain taint of a second node under
+/// maintenance made a cluster role on a two-node cluster think itself
+/// pinned to its own node and take that too.)
 pub fn could_ever_run(pod: &Pod, node: &Node) -> bool {
-    placed(pod, node, |t| !t.key.starts_with("node.kubernetes.io/"))
+    placed(pod, node, |t| {
+        !t.key.starts_with("node.kubernetes.io/")
+            && t.key != crate::api::nodemaintenance::DRAIN_TAINT
+    })
 }
 
 /// [`fits`], counting only the taints `counts` keeps.

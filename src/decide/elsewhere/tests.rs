@@ -93,6 +93,8 @@ fn a_passing_state_does_not_pin_a_pod_but_its_selector_and_other_taints_do() {
         &[
             ("node.kubernetes.io/unschedulable", "NoSchedule"),
             ("node.kubernetes.io/not-ready", "NoExecute"),
+            // Under maintenance: NMO's drain taint goes with it.
+            (crate::api::nodemaintenance::DRAIN_TAINT, "NoSchedule"),
         ],
     );
     if let Some(s) = cordoned.spec.as_mut() {
