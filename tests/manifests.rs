@@ -893,6 +893,24 @@ fn the_admission_policy_confines_each_agent_token_to_its_own_node() {
             None,
             "B on B"
         );
+        // The patch below replaces the node's taints: a taint the node
+        // controller still holds on the new node (not-ready, until its
+        // first Ready) would be removed too, which the policy rightly
+        // refuses (it failed so once). Only the cordon's may be there.
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        wait_for(
+            "node A to carry no taint but the cordon's",
+            Duration::from_secs(30),
+            || async {
+                let n = nodes.get(&a).await.ok()?;
+                let taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
+                taints
+                    .iter()
+                    .all(|t| t.key == "node.kubernetes.io/unschedulable")
+                    .then_some(())
+            },
+        )
+        .await;
         let taint = json!({"spec": {"taints": [{"key": "medik8s.io/drain", "effect": "NoSchedule"}]},
                            "metadata": {"labels": {"remediation.medik8s.io/exclude-from-remediation": "true"}}});
         assert_eq!(
