@@ -733,8 +733,9 @@ fn denial(r: Result<Node, kube::Error>) -> Option<String> {
     }
 }
 
-/// The second policy: agent A may delete a RebootPolicy's NodeMaintenance
-/// of node A (its node given back after the reboot) and no other.
+/// The second policy: agent A may delete a RebootPolicy's or an
+/// UpgradePlan's NodeMaintenance of node A (its node given back after the
+/// reboot or upgrade it ran) and no other.
 async fn own_maintenances_only(
     env: &TestEnv,
     (a, b): (&str, &str),
@@ -800,7 +801,7 @@ async fn own_maintenances_only(
     );
     let admins = delete(as_a, &admins_a, true).await.unwrap_or_default();
     assert!(
-        admins.contains("403") && admins.contains("only a RebootPolicy's"),
+        admins.contains("403") && admins.contains("only a RebootPolicy's or an UpgradePlan's"),
         "{admins}"
     );
     let unbound = delete(unbound, &admins_a, true).await.unwrap_or_default();
@@ -808,25 +809,27 @@ async fn own_maintenances_only(
         unbound.contains("403") && unbound.contains("bound to a pod or a node"),
         "{unbound}"
     );
-    // Allowed: a RebootPolicy's on node A, deleted by agent A. A cluster
-    // role beside the test may give the orphan back first (404): made
-    // again, a few times.
-    let mut given_back = false;
-    for i in 0..5 {
-        let name = create(format!("{}-reboot-a{i}", env.id), a, Some("RebootPolicy")).await;
-        match delete(as_a, &name, false).await {
-            None => {
-                given_back = true;
-                break;
+    // Allowed: a RebootPolicy's and an UpgradePlan's on node A, deleted by
+    // agent A. A cluster role beside the test may give the orphan back
+    // first (404): made again, a few times.
+    for (owner, short) in [("RebootPolicy", "reboot"), ("UpgradePlan", "upgrade")] {
+        let mut given_back = false;
+        for i in 0..5 {
+            let name = create(format!("{}-{short}-a{i}", env.id), a, Some(owner)).await;
+            match delete(as_a, &name, false).await {
+                None => {
+                    given_back = true;
+                    break;
+                }
+                Some(e) if e.starts_with("404") => continue,
+                Some(e) => panic!("agent A may delete an {owner}'s NodeMaintenance of node A: {e}"),
             }
-            Some(e) if e.starts_with("404") => continue,
-            Some(e) => panic!("agent A may delete a RebootPolicy's NodeMaintenance of node A: {e}"),
         }
+        assert!(
+            given_back,
+            "each {owner}'s NodeMaintenance was gone before agent A deleted it"
+        );
     }
-    assert!(
-        given_back,
-        "each NodeMaintenance was gone before agent A deleted it"
-    );
     for name in [&admins_a, &admins_b] {
         let _ = admin.delete(name, &DeleteParams::default()).await;
     }

@@ -9,7 +9,8 @@
 //! (which is checked only for naming the pod). And with no cluster role
 //! running after the reboot (on a single-node cluster its pod waits
 //! Pending on the cordoned node), the node's agent gives its node back
-//! itself, as the shipped identity confined to its own node. And a
+//! itself, as the shipped identity confined to its own node — after a
+//! reboot, and after an upgrade with nothing left for the cluster role. And a
 //! cluster role does not take the node it runs on while no replica of it
 //! runs on another node.
 
@@ -173,6 +174,78 @@ fn the_agent_gives_its_node_back_after_the_reboot_with_no_cluster_role_running()
     let _cluster = cluster_role(&env, &["--node-agents"]);
     let msg = block_on(wait_phase(&env.client, &policy, a, RebootPhase::Done));
     assert!(msg.contains("verified"), "{msg}");
+}
+
+/// The same for an upgrade the agent runs with nothing left for the
+/// cluster role (no after hook, no Job): the cluster role goes once the
+/// command ran, the host then reports the version, and the agent, as the
+/// shipped identity, gives its node back; the cluster role, back, records
+/// the node upgraded, not interrupted.
+#[test]
+fn the_agent_gives_its_node_back_after_the_upgrade_with_no_cluster_role_running() {
+    use nodekeeper::api::upgrade::{UpgradePhase, UpgradePlan};
+    use support::upgrades::{create_plan, report_version, runs};
+    install_crds();
+    support::install_agent_identity();
+    let (env, names, fleet) = block_on(async {
+        let mut env = TestEnv::new("alone-up").await;
+        let names = support::upgrades::nodes(&mut env, 1, 0).await;
+        let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
+        fleet
+            .node_identity
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        (env, names, fleet)
+    });
+    let a = &names[0];
+    let plan = block_on(create_plan(&env, &fleet, json!({})));
+    fleet.start_agent(a);
+    let cluster = cluster_role(&env, &["--node-agents"]);
+    block_on(wait_for("the agent's upgrade command", LONG, || async {
+        (!runs(&fleet, a).is_empty()).then_some(())
+    }));
+    drop(cluster);
+    // The host comes back at the version, with no cluster role running:
+    // only the agent can give the node back now.
+    block_on(report_version(&env.client, a, "v2"));
+    let back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        block_on(wait_for("the agent gives its node back", LONG, || async {
+            let node = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+                .get(a)
+                .await
+                .ok()?;
+            let cordoned = node.spec.and_then(|s| s.unschedulable) == Some(true);
+            (!cordoned && maintenances_on(&env.client, a).await == 0).then_some(())
+        }))
+    }));
+    if back.is_err() {
+        let plan = support::kubectl(&["get", "upgradeplan", &plan, "-o", "yaml"], None);
+        panic!(
+            "not given back; the plan:\n{}\nthe agent:\n{}",
+            String::from_utf8_lossy(&plan.stdout),
+            fleet.agent_log(a)
+        );
+    }
+    assert_eq!(
+        runs(&fleet, a),
+        ["v2"],
+        "upgraded once\n{}",
+        fleet.agent_log(a)
+    );
+    let log = fleet.agent_log(a);
+    assert!(
+        !log.contains("forbidden") && !log.contains("denied"),
+        "the agent was refused something:\n{log}"
+    );
+    let _cluster = cluster_role(&env, &["--node-agents"]);
+    let plans: Api<UpgradePlan> = Api::all(env.client.clone());
+    let e = block_on(wait_for("the plan records the upgrade", LONG, || async {
+        let p = plans.get(&plan).await.ok()?;
+        p.entry(a)
+            .filter(|e| matches!(e.phase, UpgradePhase::Done | UpgradePhase::Failed))
+            .cloned()
+    }));
+    assert_eq!(e.phase, UpgradePhase::Done, "{e:?}");
+    assert_eq!(runs(&fleet, a), ["v2"], "nothing ran again");
 }
 
 #[test]

@@ -87,8 +87,9 @@ pub enum OwnNode {
     Held(String),
     /// Ours, no other node could ever run the cluster role, and a drain
     /// evicts its pod: it would wait Pending on the cordoned node. Only a
-    /// feature whose node agent gives the node back itself (a reboot) may
-    /// take it; others wait, saying this.
+    /// feature whose node agent gives the node back itself (a reboot, an
+    /// upgrade the agent finishes alone) may take it; others wait, saying
+    /// this.
     Evicted(String),
 }
 
@@ -96,9 +97,10 @@ pub enum OwnNode {
 /// running on another node to take over, unless no other node could ever
 /// run one (a one-node cluster, or the cluster role pinned to this node).
 /// If its pod is then evicted by the drain, only a feature whose agent
-/// gives the node back after its reboot (`agent_gives_back`: reboots) may
-/// take the node; an upgrade would leave it cordoned with no cluster role
-/// to give it back.
+/// gives the node back itself (`agent_gives_back`: reboots, and upgrades
+/// with nothing left for the cluster role,
+/// `upgrade::node::agent_gives_back`) may take the node; any other would
+/// leave it cordoned with no cluster role to give it back.
 pub fn own_node_hold(own: OwnNode, agent_gives_back: bool) -> Option<(&'static str, String)> {
     match own {
         OwnNode::NotOurs | OwnNode::Free => None,

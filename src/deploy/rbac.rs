@@ -324,11 +324,13 @@ pub fn admission(o: &Options) -> Vec<Value> {
 }
 
 /// The node agent may delete a NodeMaintenance only of its own node and
-/// only a RebootPolicy's: it gives its node back after the reboot it
-/// issued (`decide::reboot::node`), and nothing else.
+/// only a RebootPolicy's or an UpgradePlan's: it gives its node back after
+/// the reboot or upgrade it ran (`decide::reboot::node`,
+/// `decide::upgrade::node`), and nothing else — never an administrator's.
 fn own_maintenance_policy(user: &str) -> [Value; 2] {
     let owner = crate::api::nodemaintenance::OWNER_LABEL;
     let reboot = crate::api::reboot::OWNER_KIND;
+    let upgrade = crate::api::upgrade::OWNER_KIND;
     agent_policy(
         OWN_MAINTENANCE_POLICY,
         user,
@@ -337,8 +339,8 @@ fn own_maintenance_policy(user: &str) -> [Value; 2] {
         json!([
           {"expression": "oldObject.spec.nodeName == variables.boundNode", "reason": "Forbidden",
            "messageExpression": "'nodekeeper agent of node ' + variables.boundNode + ' may not delete a NodeMaintenance of node ' + oldObject.spec.nodeName"},
-          {"expression": format!("oldObject.metadata.?labels.orValue({{}})[?'{owner}'].orValue('') == '{reboot}'"), "reason": "Forbidden",
-           "message": "nodekeeper agent may delete only a RebootPolicy's NodeMaintenance (its node given back after the reboot)"}
+          {"expression": format!("oldObject.metadata.?labels.orValue({{}})[?'{owner}'].orValue('') in ['{reboot}', '{upgrade}']"), "reason": "Forbidden",
+           "message": "nodekeeper agent may delete only a RebootPolicy's or an UpgradePlan's NodeMaintenance (its node given back after the reboot or upgrade)"}
         ]),
     )
 }

@@ -6,10 +6,13 @@
 //! affinity or lasting taints (the k3s and Talos edge, and a cluster role
 //! placed on one machine). Its own pod is then evicted with the rest and
 //! waits Pending; the node's agent gives the node back after the reboot
-//! (`decide::reboot::node`). Only after a reboot: where the drain evicts
-//! the cluster role's pod, an upgrade waits (`OwnNode::Evicted`), as no one
-//! would give its node back; a static pod or host service is not evicted. A cordoned or NotReady other node is not a
-//! reason: it comes back, and the own node waits for it.
+//! (`decide::reboot::node`), or after an upgrade it ran with nothing left
+//! for the cluster role (`decide::upgrade::node::agent_gives_back`). Any
+//! other upgrade waits where the drain evicts the cluster role's pod
+//! (`OwnNode::Evicted`), as no one would give its node back; a static pod
+//! or host service is not evicted. A cordoned or NotReady other node, or
+//! one under maintenance, is not a reason: it comes back, and the own node
+//! waits for it.
 //!
 //! Read on demand, like a node's pods (`service::node_pods`): only when a
 //! decision is about to take the own node. The own node is `$NODE_NAME`
@@ -60,7 +63,7 @@ pub async fn read(ctx: &Context) -> OwnNode {
     }
     match could_move(ctx, mine.as_ref(), own).await {
         Ok(false) if mine.as_ref().is_some_and(evicted) => OwnNode::Evicted(
-            "nodekeeper's cluster role runs on this node, no other node could run it, and a drain evicts its pod: its agent gives the node back only after a reboot, so anything else would leave the node cordoned with the cluster role Pending (run it as a static pod or host service here, or let it run elsewhere)"
+            "nodekeeper's cluster role runs on this node, no other node could run it, and a drain evicts its pod: its agent gives the node back only after a reboot or an upgrade it finishes alone (no after hooks, no Job), so this would leave the node cordoned with the cluster role Pending (run it as a static pod or host service here, or let it run elsewhere)"
                 .into(),
         ),
         Ok(false) => {

@@ -136,7 +136,7 @@ fn wait(
     if let Some(w) = limits.wait(node, &(s.pods_on)(&n)) {
         return Some(w);
     }
-    if let Some(w) = rollout::own_node_hold((s.own_node)(&n), false) {
+    if let Some(w) = rollout::own_node_hold((s.own_node)(&n), node::agent_gives_back(p)) {
         return Some(w);
     }
     rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_at(t))

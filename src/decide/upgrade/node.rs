@@ -4,7 +4,11 @@
 //! (`nodekeeper.io/upgrade-issued = <plan>/<version>/<boot>`, guarded), so
 //! it runs at most once per plan, version and boot — and, when the plan
 //! asks for it and the command succeeded, the reboot (through the reboot
-//! feature's once-per-boot record).
+//! feature's once-per-boot record). Back at the version (in a new boot,
+//! when the plan reboots) and Ready, the agent gives its node back itself
+//! when the plan has nothing left for the cluster role to do
+//! ([`agent_gives_back`]): on a single-node cluster the cluster role's pod
+//! may be waiting Pending on this very cordoned node.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +41,9 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
     let Some(boot) = boot_id(node) else {
         return Vec::new();
     };
+    if let Some(back) = given_back_after_upgrade(s, boot) {
+        return back;
+    }
     for m in crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND) {
         let Some(plan) = m
             .owner_references()
@@ -117,6 +124,48 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         ];
     }
     Vec::new()
+}
+
+/// Whether the node agent gives its node back after `plan`'s upgrade,
+/// with no cluster role needed: the agent ran the command (not a Job,
+/// which the cluster role creates) and no after hook is left to run (the
+/// cluster role runs them, as Jobs, before the node is given back). An
+/// admission counts on it when the cluster role's own pod is evicted by
+/// the drain (`rollout::own_node_hold`).
+pub fn agent_gives_back(plan: &UpgradePlan) -> bool {
+    plan.spec.strategy.job().is_none() && plan.spec.hooks.after.is_empty()
+}
+
+/// The upgrade the agent ran for its plan's maintenance succeeded, the
+/// node reports the version — in a new boot when the plan reboots — and
+/// is Ready: the cluster role's test of a verified upgrade
+/// (`stages::upgrading`), so the agent gives the node back itself when
+/// [`agent_gives_back`]. The cluster role, where it runs, records the
+/// upgrade as verified on seeing the node back at the version.
+fn given_back_after_upgrade(s: &Snapshot, boot: &str) -> Option<Vec<Effect>> {
+    let node = s.node;
+    if !crate::decide::node_ready(node) {
+        return None;
+    }
+    crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND).find_map(|m| {
+        let plan = m
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == OWNER_KIND)
+            .and_then(|o| s.plans.iter().find(|p| p.name_any() == o.name))?;
+        let e = plan
+            .entry(&node.name_any())
+            .filter(|e| matches!(e.phase, UpgradePhase::Upgrading | UpgradePhase::Verifying))?;
+        let before = e.boot_id_before.as_deref()?;
+        let version = e.version.as_deref().unwrap_or(plan.target_version());
+        let t = recorded_token(node, &plan.name_any(), version, before, e.attempt);
+        let ran = annotation(node, RESULT_ANNOTATION) == Some(format!("{t} ok").as_str());
+        let back = agent_gives_back(plan)
+            && ran
+            && (before != boot || !plan.spec.strategy.reboots())
+            && at_version(node, &plan.spec.version_from, version);
+        back.then(|| crate::decide::rollout::give_back(m).into_iter().collect())
+    })
 }
 
 /// The upgrade command of `plan` to `version` on node `n`, whose token is

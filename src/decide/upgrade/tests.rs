@@ -128,6 +128,8 @@ struct World {
     health: Option<crate::decide::health::Health>,
     /// Every pod, for do-not-disrupt (gates read none here).
     pods: Vec<Arc<Pod>>,
+    /// The node this cluster role runs on, and what it answers of it.
+    own: Option<(&'static str, crate::decide::rollout::OwnNode)>,
 }
 
 impl World {
@@ -143,6 +145,7 @@ impl World {
             events: Vec::new(),
             health: None,
             pods: Vec::new(),
+            own: None,
         }
     }
 
@@ -164,7 +167,10 @@ impl World {
             job_errors: &self.job_errors,
             pods_on: &pods_on,
             node_pods: &node_pods,
-            own_node: &|_| crate::decide::rollout::OwnNode::NotOurs,
+            own_node: &|n| match &self.own {
+                Some((own, answer)) if *own == n => answer.clone(),
+                _ => crate::decide::rollout::OwnNode::NotOurs,
+            },
             now: self.now,
             plans: &[Arc::new(self.plan.clone())],
             failing: None,
@@ -697,6 +703,7 @@ fn a_plan_that_selects_no_node_says_so() {
     assert_eq!(condition(&w), Some(("True".into(), "NodesSelected".into())));
 }
 
+mod agent_gives_back;
 mod failures;
 mod foreign_holders;
 mod give_back;

@@ -154,12 +154,12 @@ pub const GRANTS: [Grant; 34] = [
         only_with: None,
     },
     Grant {
-        feature: REBOOT,
+        feature: "reboot, upgrade",
         identities: AGENT,
         group: "nodemaintenance.medik8s.io",
         resource: "nodemaintenances",
         verbs: &["delete"],
-        why: "give its own node back after the reboot it issued, with no cluster role elsewhere; only its own node's, only a RebootPolicy's (the own-node policy)",
+        why: "give its own node back after the reboot or upgrade it ran, with no cluster role elsewhere; only its own node's, only a RebootPolicy's or an UpgradePlan's (the own-node policy)",
         only_with: None,
     },
     Grant {

@@ -14,21 +14,27 @@ impl Decision<'_> {
         ours: Option<&NodeMaintenance>,
     ) {
         let p = self.s.plan;
-        if ours.is_none_or(|m| m.is_deleting()) {
+        let v = version(e, p);
+        let before = e.boot_id_before.as_deref().unwrap_or_default();
+        let rebooted = boot_id(node).is_some_and(|b| b != before);
+        let upgraded =
+            at_version(node, &p.spec.version_from, v) && (rebooted || !p.spec.strategy.reboots());
+        // Gone at the version: its agent gave the node back
+        // (`node::agent_gives_back`), and verifying records it. Gone
+        // before: someone ended the maintenance mid-upgrade.
+        let agents = upgraded && node::agent_gives_back(p);
+        if ours.is_none_or(|m| m.is_deleting()) && !agents {
             let msg = format!(
                 "its NodeMaintenance {} went away during the upgrade; the node may be half-upgraded",
                 maintenance_name(&e.name)
             );
             return self.fail(e, FAILED_INTERRUPTED, msg);
         }
-        let v = version(e, p);
-        let before = e.boot_id_before.as_deref().unwrap_or_default();
-        let rebooted = boot_id(node).is_some_and(|b| b != before);
         let t = recorded_token(node, &self.name, v, before, e.attempt);
         let result = annotation(node, RESULT_ANNOTATION)
             .and_then(|r| r.strip_prefix(t.as_str()))
             .and_then(|r| r.strip_prefix(" failed: "));
-        if at_version(node, &p.spec.version_from, v) && (rebooted || !p.spec.strategy.reboots()) {
+        if upgraded {
             let message = format!("reports version {v}; waiting for Ready");
             self.step(
                 e,

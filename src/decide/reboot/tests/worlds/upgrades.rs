@@ -115,7 +115,8 @@ impl World {
             notified: notified.as_ref(),
             channel: p.spec.channel.as_ref().and(self.channel.as_ref()),
         });
-        self.check_own_node(&format!("plan {name}"), false, &plan.effects);
+        let agent_gives_back = upgrade::node::agent_gives_back(&p);
+        self.check_own_node(&format!("plan {name}"), agent_gives_back, &plan.effects);
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();
     }
