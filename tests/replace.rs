@@ -996,3 +996,64 @@ fn a_node_version_written_back_by_constellations_client_keeps_its_pool_and_says_
         assert_eq!(asked.len(), 2, "surge requests: {asked:?}");
     });
 }
+
+/// A NodeVersion's `windows` on the real control plane: a new image while
+/// every window is closed starts nothing (the status's budget is 0 and its
+/// message names the next opening; no surge node asked of the cloud);
+/// once the window is edited to one open now, the rollout runs.
+#[test]
+fn outside_every_window_no_replacement_starts_until_one_opens() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let r = rollout("rp-window", &[("workers", 1)], 1, false).await;
+        let client = r.env.client.clone();
+        let api: Api<kube::api::DynamicObject> =
+            Api::all_with(client.clone(), &Kind::NodeVersion.resource());
+        // Tomorrow only (UTC), for an hour: closed now, whatever the time.
+        let tomorrow = k8s_openapi::jiff::Timestamp::now()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(24))
+            .expect("tomorrow")
+            .strftime("%a")
+            .to_string()
+            .to_lowercase();
+        let closed = json!({"spec": {"image": "img-2",
+            "windows": [{"days": [tomorrow], "start": "00:00", "end": "01:00"}]}});
+        api.patch(&r.env.id, &PatchParams::default(), &Patch::Merge(&closed))
+            .await
+            .expect("a new image and a closed window");
+        let v = wait_nv(
+            &client,
+            &r.env.id,
+            "the closed window in the status",
+            LIMIT,
+            |v| {
+                v["status"]["message"].as_str().is_some_and(|m| {
+                    m.contains("outside every replacement window; the next opens at")
+                })
+            },
+        )
+        .await;
+        assert_eq!(v["status"]["budget"], 0, "{}", v["status"]);
+        let surged: Vec<Value> = r
+            .cloud
+            .calls_of("create-node")
+            .into_iter()
+            .filter(|c| {
+                !c["requestId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("init-")
+            })
+            .collect();
+        assert!(
+            surged.is_empty(),
+            "a surge node outside the window: {surged:?}"
+        );
+        // Every day, the whole day: open now.
+        let open = json!({"spec": {"windows": [{"start": "00:00", "end": "00:00"}]}});
+        api.patch(&r.env.id, &PatchParams::default(), &Patch::Merge(&open))
+            .await
+            .expect("opening the window");
+        wait_replaced(&r, "img-2", 1).await;
+    });
+}

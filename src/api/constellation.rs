@@ -143,6 +143,13 @@ pub struct NodeVersionSpec {
     /// the NodeVersions whose `matchLabels` include its selector's terms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    /// nodekeeper: when replacements may start (empty: any time), as a
+    /// RebootPolicy's windows. Outside them no surge node is created and
+    /// no obsolete node is drained; a replacement already started (its
+    /// surge node asked for) finishes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub windows: Vec<super::common::Window>,
 }
 
 impl NodeVersionSpec {

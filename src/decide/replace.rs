@@ -28,6 +28,7 @@ mod retire;
 mod surge;
 #[cfg(test)]
 mod tests;
+mod windows;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -253,10 +254,21 @@ pub fn decide(s: &Snapshot) -> Plan {
     let c = classify(s);
     let extra = extra(s, &c);
     let surge = surge_size(s, &c);
-    let budget = surge.saturating_sub(extra);
+    // Outside every window no new surge node: the budget is spent.
+    let windows = windows::read(s, &c);
+    let budget = if windows.open {
+        surge.saturating_sub(extra)
+    } else {
+        0
+    };
     let mut wake: Option<Duration> = Some(LEAVE_POLL).filter(|_| !s.pending.is_empty());
     wake = super::earliest(wake, groups::image_retry(s));
+    wake = super::earliest(wake, windows.wake);
     let (message, overdue_wake) = message(s, &c);
+    let message = match (message, windows.note) {
+        (Some(m), Some(w)) => Some(format!("{w}; {m}")),
+        (m, w) => w.or(m),
+    };
     wake = super::earliest(wake, overdue_wake);
     let status = status(s, &c, budget, message);
     if s.nv.status.as_ref() != Some(&status) {
@@ -332,9 +344,13 @@ pub fn decide(s: &Snapshot) -> Plan {
         Step::Wait(d) => wake = super::earliest(wake, d),
         Step::Idle => {}
     }
-    // 10. Obsolete nodes go, all in one round.
+    // 10. Obsolete nodes go, all in one round; a drain begins only inside
+    // a window (one under way goes on).
     let mut fx = Vec::new();
     for n in &c.obsolete {
+        if !windows.open && maintenance_of(s, &n.name_any()).is_none() {
+            continue;
+        }
         match retire(s, n) {
             Retire::Act(more) => fx.extend(more),
             Retire::Wait(d) => wake = super::earliest(wake, d),

@@ -1,5 +1,6 @@
 //! nodekeeper's own NodeVersion fields (`nodeSelector`, `maxSurge`, the
-//! three timeouts) kept where Constellation's clients cannot take them.
+//! three timeouts, `windows`) kept where Constellation's clients cannot
+//! take them.
 //!
 //! Constellation's CLI writes the NodeVersion with a typed client that
 //! knows only Constellation's fields: a GET, a new image, a PUT of what it
@@ -35,6 +36,8 @@ struct Fields {
     leave_timeout_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     drain_timeout_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    windows: Vec<crate::api::common::Window>,
 }
 
 impl Fields {
@@ -47,6 +50,7 @@ impl Fields {
             join_timeout_seconds: changed(spec.join_timeout_seconds, d.join_timeout_seconds),
             leave_timeout_seconds: changed(spec.leave_timeout_seconds, d.leave_timeout_seconds),
             drain_timeout_seconds: changed(spec.drain_timeout_seconds, d.drain_timeout_seconds),
+            windows: spec.windows.clone(),
         }
     }
 
@@ -60,6 +64,7 @@ impl Fields {
         spec.leave_timeout_seconds = within(self.leave_timeout_seconds, d.leave_timeout_seconds, 5);
         spec.drain_timeout_seconds =
             within(self.drain_timeout_seconds, d.drain_timeout_seconds, 10);
+        spec.windows = self.windows.clone();
     }
 
     fn names(&self) -> Vec<&'static str> {
@@ -69,6 +74,7 @@ impl Fields {
             ("joinTimeoutSeconds", self.join_timeout_seconds.is_some()),
             ("leaveTimeoutSeconds", self.leave_timeout_seconds.is_some()),
             ("drainTimeoutSeconds", self.drain_timeout_seconds.is_some()),
+            ("windows", !self.windows.is_empty()),
         ]
         .into_iter()
         .filter_map(|(n, set)| set.then_some(n))

@@ -342,3 +342,4 @@ mod objects;
 mod reports;
 mod stuck_donors;
 mod surge;
+mod windows;
