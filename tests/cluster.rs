@@ -38,6 +38,9 @@ fn deployment_pods_are_scheduled_and_running_on_kwok_nodes() {
     block_on(async {
         let mut env = TestEnv::new("deploy").await;
         let nodes = [env.add_node("a").await, env.add_node("b").await];
+        for n in &nodes {
+            env.wait_node_ready(n).await;
+        }
         let deploys: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
         deploys
             .create(&PostParams::default(), &env.deployment("web", 4))
@@ -63,7 +66,11 @@ fn deployment_pods_are_scheduled_and_running_on_kwok_nodes() {
 fn deleted_replicaset_pod_is_recreated() {
     block_on(async {
         let mut env = TestEnv::new("recreate").await;
-        env.add_node("a").await;
+        let a = env.add_node("a").await;
+        // Ready first: a pod the scheduler found unschedulable (the new
+        // node not Ready yet) may wait there for minutes if the event
+        // that frees it is missed (once: 60 s with no pod Running).
+        env.wait_node_ready(&a).await;
         let deploys: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
         deploys
             .create(&PostParams::default(), &env.deployment("web", 2))
@@ -108,7 +115,11 @@ fn deleted_replicaset_pod_is_recreated() {
 fn pdb_status_is_computed_by_the_controller_manager() {
     block_on(async {
         let mut env = TestEnv::new("pdbstatus").await;
-        env.add_node("a").await;
+        let a = env.add_node("a").await;
+        // Ready first: a pod the scheduler found unschedulable (the new
+        // node not Ready yet) may wait there for minutes if the event
+        // that frees it is missed (once: 60 s with no pod Running).
+        env.wait_node_ready(&a).await;
         let deploys: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
         deploys
             .create(&PostParams::default(), &env.deployment("web", 3))
@@ -134,7 +145,11 @@ fn pdb_status_is_computed_by_the_controller_manager() {
 fn eviction_that_violates_a_pdb_is_refused_with_429() {
     block_on(async {
         let mut env = TestEnv::new("evict429").await;
-        env.add_node("a").await;
+        let a = env.add_node("a").await;
+        // Ready first: a pod the scheduler found unschedulable (the new
+        // node not Ready yet) may wait there for minutes if the event
+        // that frees it is missed (once: 60 s with no pod Running).
+        env.wait_node_ready(&a).await;
         let deploys: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
         deploys
             .create(&PostParams::default(), &env.deployment("db", 2))
