@@ -355,11 +355,12 @@ installed_unit() {
 # it) and is set up as an image for extensions is (Flatcar's, say):
 # systemd-sysext.service enabled, the extension in /var/lib/extensions/
 # under its own name (its release file carries that name), and a unit that
-# reloads systemd once the extension is merged. systemd 252 (Debian 12)
-# merges without a reload, so the units the extension brings are loaded by
-# nobody and their multi-user.target.wants link is read too late (systemd
-# 255 and later reload by themselves; Flatcar's ensure-sysext.service does
-# this for its own images).
+# reloads systemd once the extension is merged (the README's
+# sysext-reload.service, taken from it). systemd 252 (Debian 12) merges
+# without a reload, so the units the extension brings are loaded by nobody
+# and their multi-user.target.wants link is read too late (systemd 255 and
+# later reload by themselves; Flatcar's ensure-sysext.service does this
+# for its own images).
 sysext_machine() {
   local i=$1 raw=$2 d r
   d=$(mdir "$i")
@@ -368,31 +369,13 @@ sysext_machine() {
   [[ ! -e $r/usr/bin/nodekeeper ]] || die "$(node_name "$i") still has /usr/bin/nodekeeper after the purge"
   install -D -m 0644 "$raw" "$r/var/lib/extensions/$(basename "$raw")"
   basename "$raw" >"$d/sysext"
-  cat >"$r/etc/systemd/system/nk-sysext-reload.service" <<'EOF'
-# Written by tests/osimage/machine.sh: what an image for system extensions
-# carries when its systemd (< 255) does not reload after merging them.
-[Unit]
-Description=Load the units the merged system extensions bring
-DefaultDependencies=no
-BindsTo=systemd-sysext.service
-After=systemd-sysext.service
-Before=sysinit.target
-Conflicts=shutdown.target
-Before=shutdown.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=systemctl daemon-reload
-# The boot's transaction was computed before the merge: start the targets
-# again so that what the extension enables is pulled in (no wait: this runs
-# before sysinit.target).
-ExecStart=systemctl start --no-block multi-user.target
-
-[Install]
-WantedBy=sysinit.target
-EOF
-  chroot "$r" systemctl enable -q systemd-sysext.service nk-sysext-reload.service ||
+  # The reload unit as the README gives it (its systemd system extension
+  # section), so that what the README tells an operator is what boots.
+  local unit
+  unit=$(awk '/^# \/etc\/systemd\/system\/sysext-reload\.service/ {f = 1; next} f && /^```/ {exit} f' "$here/../../README.md")
+  [[ $unit == *"[Service]"* ]] || die "README.md has no sysext-reload.service block (its systemd system extension section)"
+  printf '%s\n' "$unit" >"$r/etc/systemd/system/sysext-reload.service"
+  chroot "$r" systemctl enable -q systemd-sysext.service sysext-reload.service ||
     die "cannot enable systemd-sysext.service in $(node_name "$i")"
 }
 
