@@ -299,12 +299,7 @@ fn the_shipped_unit_runs_the_agent_restarts_it_after_sigkill_and_drains_its_node
         installed_as_shipped(m);
         restarted_after_sigkill(m);
         drained_and_given_back(&env, m, i);
-        let journal = m.journal();
-        assert!(
-            !journal.contains("forbidden") && !journal.contains("denied"),
-            "{}: the agent was refused something:\n{journal}",
-            m.name
-        );
+        support::machines::assert_refused_nothing(&format!("{}'s agent", m.name), &m.journal());
     }
 }
 

@@ -62,11 +62,7 @@ fn a_wave_of_twelve_never_exceeds_the_budget_and_reboots_each_node_once() {
         "the wave never ran nodes in parallel: {history:?}"
     );
     for n in &names {
-        let log = fleet.agent_log(n);
-        assert!(
-            !log.contains("forbidden") && !log.contains("denied"),
-            "{n}'s agent was refused something:\n{log}"
-        );
+        assert_refused_nothing(&format!("{n}'s agent"), &fleet.agent_log(n));
     }
     block_on(async {
         let nodes: Api<Node> = Api::all(env.client.clone());

@@ -139,12 +139,9 @@ fn the_agent_gives_its_node_back_after_the_reboot_with_no_cluster_role_running()
     let (env, names, fleet) = block_on(async {
         let mut env = TestEnv::new("alone").await;
         let names = nodes(&mut env, 1).await;
-        let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
         // Each agent's token is bound to its Node: the own-node policies
         // apply to the give-back as they will in a cluster.
-        fleet
-            .node_identity
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let fleet = Fleet::confined(env.client.clone());
         fleet.require_reboot(&names[0]);
         (env, names, fleet)
     });
@@ -165,11 +162,7 @@ fn the_agent_gives_its_node_back_after_the_reboot_with_no_cluster_role_running()
         "rebooted once\n{}",
         fleet.agent_log(a)
     );
-    let log = fleet.agent_log(a);
-    assert!(
-        !log.contains("forbidden") && !log.contains("denied"),
-        "the agent was refused something:\n{log}"
-    );
+    assert_refused_nothing("the agent", &fleet.agent_log(a));
     // The cluster role, back, records the reboot as verified.
     let _cluster = cluster_role(&env, &["--node-agents"]);
     let msg = block_on(wait_phase(&env.client, &policy, a, RebootPhase::Done));
@@ -190,10 +183,7 @@ fn the_agent_gives_its_node_back_after_the_upgrade_with_no_cluster_role_running(
     let (env, names, fleet) = block_on(async {
         let mut env = TestEnv::new("alone-up").await;
         let names = support::upgrades::nodes(&mut env, 1, 0).await;
-        let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
-        fleet
-            .node_identity
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let fleet = Fleet::confined(env.client.clone());
         (env, names, fleet)
     });
     let a = &names[0];
@@ -231,11 +221,7 @@ fn the_agent_gives_its_node_back_after_the_upgrade_with_no_cluster_role_running(
         "upgraded once\n{}",
         fleet.agent_log(a)
     );
-    let log = fleet.agent_log(a);
-    assert!(
-        !log.contains("forbidden") && !log.contains("denied"),
-        "the agent was refused something:\n{log}"
-    );
+    assert_refused_nothing("the agent", &fleet.agent_log(a));
     let _cluster = cluster_role(&env, &["--node-agents"]);
     let plans: Api<UpgradePlan> = Api::all(env.client.clone());
     let e = block_on(wait_for("the plan records the upgrade", LONG, || async {

@@ -508,11 +508,7 @@ fn talos_nodes_reboot_and_upgrade_through_machined_once_each() {
     assert_eq!(old.calls()[1]["request"]["stage"], json!(false));
     for n in &names {
         assert_eq!(fleet.commands(n), 2, "{n}: rebooted once per feature");
-        let log = fleet.agent_log(n);
-        assert!(
-            !log.contains("forbidden") && !log.contains("denied"),
-            "{n}'s agent was refused something:\n{log}"
-        );
+        support::machines::assert_refused_nothing(&format!("{n}'s agent"), &fleet.agent_log(n));
     }
     drop(cluster);
 }

@@ -37,10 +37,7 @@ fn all_done(client: &kube::Client, plan_name: &str, names: &[String]) -> bool {
 
 /// Start agents for `names` as the generated node identity.
 fn fleet_with_agents(env: &TestEnv, names: &[String]) -> Arc<Fleet> {
-    let fleet = Fleet::new(env.client.clone(), Some(&["--metrics-address", "off"]));
-    fleet
-        .node_identity
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let fleet = Fleet::confined(env.client.clone());
     for n in names {
         fleet.start_agent(n);
     }
@@ -256,11 +253,7 @@ fn two_groups_upgrade_in_order_with_hooks_off_the_node_within_the_budget() {
         );
     });
     for n in &names {
-        let log = fleet.agent_log(n);
-        assert!(
-            !log.contains("forbidden") && !log.contains("denied"),
-            "{n}'s agent was refused something:\n{log}"
-        );
+        support::machines::assert_refused_nothing(&format!("{n}'s agent"), &fleet.agent_log(n));
     }
 }
 

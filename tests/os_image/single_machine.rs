@@ -304,9 +304,5 @@ fn one_machine_with_its_cluster_role_on_it_is_rebooted_once_and_given_back_by_it
             .any(|(_, node, phase)| *node == m.name && phase == "Running"),
         "{now:?}"
     );
-    let journal = m.journal();
-    assert!(
-        !journal.contains("forbidden") && !journal.contains("denied"),
-        "the agent was refused something:\n{journal}"
-    );
+    support::machines::assert_refused_nothing("the agent", &m.journal());
 }

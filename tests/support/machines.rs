@@ -102,6 +102,17 @@ impl Fleet {
         Fleet::new_with(client, agent_args, Duration::from_millis(700), None)
     }
 
+    /// [`Fleet::new`] whose agents run as the shipped node identity (each
+    /// token bound to its Node, so the own-node policies apply as in a
+    /// cluster), with no metrics port.
+    pub fn confined(client: Client) -> Arc<Fleet> {
+        let fleet = Fleet::new(client, Some(&["--metrics-address", "off"]));
+        fleet
+            .node_identity
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        fleet
+    }
+
     /// [`Fleet::new`] with the reboot's length and the agents' binary,
     /// kubeconfig and log filter.
     pub fn new_with(
@@ -803,4 +814,12 @@ pub fn cluster_role(env: &TestEnv, extra: &[&str]) -> Agent {
     let args = cluster_role_args(env, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Agent::start(&args)
+}
+
+/// An agent's log (or journal) shows no request the API server refused it.
+pub fn assert_refused_nothing(who: &str, log: &str) {
+    assert!(
+        !log.contains("forbidden") && !log.contains("denied"),
+        "{who} was refused something:\n{log}"
+    );
 }
