@@ -302,6 +302,16 @@ pub fn next_change(windows: &[Parsed], now: Timestamp) -> Option<Timestamp> {
     windows.iter().filter_map(|w| w.next_boundary(now)).min()
 }
 
+/// What a feature outside every one of its windows says: `outside every
+/// reboot window; the next opens at T` (`what`: reboot, upgrade,
+/// replacement), the opening when one is known.
+pub fn closed_message(what: &str, opens: Option<Timestamp>) -> String {
+    let next = opens
+        .map(|t| format!("; the next opens at {t}"))
+        .unwrap_or_default();
+    format!("outside every {what} window{next}")
+}
+
 /// When the next window opens, if `now` is outside every one (`None`:
 /// open now, no windows, or none opens within the horizon).
 pub fn next_opening(windows: &[Parsed], now: Timestamp) -> Option<Timestamp> {

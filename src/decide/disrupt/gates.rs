@@ -136,13 +136,9 @@ pub struct Admission<'a> {
 pub fn wait(a: &Admission) -> Option<(&'static str, String)> {
     let n = a.node.name_any();
     if !a.window_open {
-        let next = a
-            .window_opens
-            .map(|t| format!("; the next opens at {t}"))
-            .unwrap_or_default();
         Some((
             WAIT_WINDOW,
-            format!("outside every {} window{next}", a.what),
+            crate::decide::window::closed_message(a.what, a.window_opens),
         ))
     } else if !ready(a.node) {
         Some((WAIT_NOT_READY, "the node is NotReady".into()))

@@ -45,10 +45,11 @@ pub(super) fn read(s: &Snapshot, c: &Classes) -> Windows {
     let wake = window::next_change(&parsed, s.now)
         .map(|t| crate::decide::duration_until(s.now, t).max(Duration::from_millis(50)));
     let note = (!open && waiting).then(|| {
-        let next = window::next_opening(&parsed, s.now)
-            .map(|t| format!("; the next opens at {t}"))
-            .unwrap_or_default();
-        format!("outside every replacement window{next}: no replacement starts")
+        let opens = window::next_opening(&parsed, s.now);
+        format!(
+            "{}: no replacement starts",
+            window::closed_message("replacement", opens)
+        )
     });
     Windows { open, note, wake }
 }

@@ -45,12 +45,7 @@ pub fn decide(s: &Snapshot) -> Vec<Effect> {
         return back;
     }
     for m in crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND) {
-        let Some(plan) = m
-            .owner_references()
-            .iter()
-            .find(|o| o.kind == OWNER_KIND)
-            .and_then(|o| s.plans.iter().find(|p| p.name_any() == o.name))
-        else {
+        let Some(plan) = plan_of(s, m) else {
             continue;
         };
         // Type Job: the cluster role's Job upgrades the node, not its agent.
@@ -148,11 +143,7 @@ fn given_back_after_upgrade(s: &Snapshot, boot: &str) -> Option<Vec<Effect>> {
         return None;
     }
     crate::decide::rollout::drained_by(&s.maintenances, OWNER_KIND).find_map(|m| {
-        let plan = m
-            .owner_references()
-            .iter()
-            .find(|o| o.kind == OWNER_KIND)
-            .and_then(|o| s.plans.iter().find(|p| p.name_any() == o.name))?;
+        let plan = plan_of(s, m)?;
         let e = plan
             .entry(&node.name_any())
             .filter(|e| matches!(e.phase, UpgradePhase::Upgrading | UpgradePhase::Verifying))?;
@@ -166,6 +157,12 @@ fn given_back_after_upgrade(s: &Snapshot, boot: &str) -> Option<Vec<Effect>> {
             && at_version(node, &plan.spec.version_from, version);
         back.then(|| crate::decide::rollout::give_back(m).into_iter().collect())
     })
+}
+
+/// The plan that owns maintenance `m`, if it still exists.
+fn plan_of<'a>(s: &'a Snapshot, m: &NodeMaintenance) -> Option<&'a Arc<UpgradePlan>> {
+    let owner = m.owner_references().iter().find(|o| o.kind == OWNER_KIND)?;
+    s.plans.iter().find(|p| p.name_any() == owner.name)
 }
 
 /// The upgrade command of `plan` to `version` on node `n`, whose token is
