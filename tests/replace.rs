@@ -1034,20 +1034,10 @@ fn outside_every_window_no_replacement_starts_until_one_opens() {
         )
         .await;
         assert_eq!(v["status"]["budget"], 0, "{}", v["status"]);
-        let surged: Vec<Value> = r
-            .cloud
-            .calls_of("create-node")
-            .into_iter()
-            .filter(|c| {
-                !c["requestId"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .starts_with("init-")
-            })
-            .collect();
+        let asked = surged(&r.cloud);
         assert!(
-            surged.is_empty(),
-            "a surge node outside the window: {surged:?}"
+            asked.is_empty(),
+            "a surge node outside the window: {asked:?}"
         );
         // Every day, the whole day: open now.
         let open = json!({"spec": {"windows": [{"start": "00:00", "end": "00:00"}]}});
@@ -1055,5 +1045,68 @@ fn outside_every_window_no_replacement_starts_until_one_opens() {
             .await
             .expect("opening the window");
         wait_replaced(&r, "img-2", 1).await;
+    });
+}
+
+/// Surge requests the cluster role asked the cloud for (not the test
+/// cluster's first nodes).
+fn surged(cloud: &Cloud) -> Vec<Value> {
+    cloud
+        .calls_of("create-node")
+        .into_iter()
+        .filter(|c| {
+            !c["requestId"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("init-")
+        })
+        .collect()
+}
+
+/// Karpenter's `karpenter.sh/do-not-disrupt` on a pod of one of two
+/// workers, surge 2: only the other worker gets a surge node and is
+/// replaced (the cloud's own call log says how many were asked for, not
+/// the status); once the pod is deleted the held worker is replaced too.
+#[test]
+fn a_worker_whose_pod_opts_out_gets_no_surge_node_until_the_pod_goes() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let r = rollout("rp-dnd", &[("workers", 2)], 2, false).await;
+        let client = r.env.client.clone();
+        let (held, free) = (r.before[0].clone(), r.before[1].clone());
+        r.env
+            .bound_pod("keep", &held, |p| {
+                let a = p.metadata.annotations.get_or_insert_default();
+                a.insert("karpenter.sh/do-not-disrupt".into(), "true".into());
+            })
+            .await;
+        set_image(&client, &r.env.id, "img-2").await;
+        let nodes: Api<Node> = Api::all(client.clone());
+        wait_for("the free worker replaced", LIMIT, || async {
+            let gone = nodes.get_opt(&free).await.ok()?.is_none();
+            let heirs = group_nodes(&client, &r.env).await;
+            let up = heirs.iter().any(|n| {
+                !r.before.contains(&n.name_any())
+                    && n.annotations().get(IMAGE_ANNOTATION).map(String::as_str) == Some("img-2")
+            });
+            (gone && up).then_some(())
+        })
+        .await;
+        let asked = surged(&r.cloud);
+        assert_eq!(
+            asked.len(),
+            1,
+            "a surge node for the held worker: {asked:?}"
+        );
+        assert!(
+            nodes.get_opt(&held).await.ok().flatten().is_some(),
+            "the held worker was taken"
+        );
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &r.env.ns);
+        pods.delete("keep", &Default::default())
+            .await
+            .expect("deleting the pod");
+        wait_replaced(&r, "img-2", 2).await;
+        assert_eq!(surged(&r.cloud).len(), 2, "{:?}", surged(&r.cloud));
     });
 }

@@ -46,7 +46,7 @@ pub(super) fn delete_pending(p: &PendingNode) -> Effect {
 
 /// How soon a paired node whose pods opt out of disruption is looked at
 /// again.
-const PODS_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
+pub(super) const PODS_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Each joined surge node pairs with an outdated node of its scaling group
 /// (mints and outdated nodes by name, so the order is deterministic), or

@@ -3,6 +3,8 @@
 //! create-node answer is recorded as.
 
 use super::*;
+use crate::decide::rollout;
+use retire::PODS_AGAIN;
 
 /// Surge requests recorded on the NodeVersion and not yet PendingNodes:
 /// `(request id, group id)`.
@@ -115,19 +117,9 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
         return Step::Idle;
     }
     let cp = has_outdated_control_planes(s, c);
-    let mut needed: BTreeMap<String, usize> = BTreeMap::new();
-    for n in &c.outdated {
-        // Paired already, or opted out (no surge node for it meanwhile).
-        if annotation(n, HEIR_ANNOTATION).is_some() || crate::decide::do_not_disrupt::node_holds(n)
-        {
-            continue;
-        }
-        if let Some(g) = group_of(s, n) {
-            *needed.entry(g).or_default() += 1;
-        }
-    }
     // Joining PendingNodes and requests not yet recorded as one each
     // cover one outdated node.
+    let mut covered: BTreeMap<String, usize> = BTreeMap::new();
     let joining = s
         .pending
         .iter()
@@ -135,10 +127,14 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
         .filter_map(|p| p.spec.group_id.clone());
     let asked = requests.iter().map(|(_, g)| g.clone());
     for g in joining.chain(asked) {
-        if let Some(n) = needed.get_mut(&g.to_lowercase()) {
-            *n = n.saturating_sub(1);
-        }
+        *covered.entry(g.to_lowercase()).or_default() += 1;
     }
+    let eligible: BTreeSet<String> = following(s)
+        .filter(|g| !cp || g.spec.role.as_deref() == Some("ControlPlane"))
+        .filter_map(|g| g.spec.group_id.as_deref().map(str::to_lowercase))
+        .collect();
+    let (needed, held) = needing_surge(s, c, &eligible, &covered, budget);
+    wait = crate::decide::earliest(wait, held);
     let mut groups: Vec<&Arc<ScalingGroup>> = following(s)
         .filter(|g| {
             let id = g
@@ -147,9 +143,8 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
                 .as_deref()
                 .unwrap_or_default()
                 .to_lowercase();
-            needed.get(&id).copied().unwrap_or(0) > 0
+            eligible.contains(&id) && needed.get(&id).copied().unwrap_or(0) > 0
         })
-        .filter(|g| !cp || g.spec.role.as_deref() == Some("ControlPlane"))
         .collect();
     groups.sort_by_key(|g| (g.spec.role.as_deref() != Some("ControlPlane"), g.name_any()));
     // As many requests as the budget allows, recorded in one write.
@@ -195,6 +190,60 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
         Some(d) => Step::Wait(Some(d)),
         None => Step::Idle,
     }
+}
+
+/// How many surge nodes each eligible group (lowercased id) needs: its
+/// outdated nodes not paired yet and not opted out of disruption, less
+/// those `covered` by a joining node or an open request. A node one of
+/// whose pods opts out (Karpenter's `karpenter.sh/do-not-disrupt`) gets no
+/// surge node while it holds: the new node would wait unpaired, running
+/// for nothing. Pods are read in name order and only until a group has
+/// `covered + budget` free nodes, so a round reads a budget's worth of
+/// nodes, not the rollout's; nodes whose pods are not read yet are asked
+/// about (the service reads them and decides again) and count as held.
+/// Also: when to look again at the held ones (a pod's opt-out ending, or
+/// its removal, which wakes nothing here).
+fn needing_surge(
+    s: &Snapshot,
+    c: &Classes,
+    eligible: &BTreeSet<String>,
+    covered: &BTreeMap<String, usize>,
+    budget: usize,
+) -> (BTreeMap<String, usize>, Option<Duration>) {
+    let mut free: BTreeMap<String, usize> = BTreeMap::new();
+    let mut wait = None;
+    for n in &c.outdated {
+        // Paired already, or opted out (no surge node for it meanwhile).
+        if annotation(n, HEIR_ANNOTATION).is_some() || crate::decide::do_not_disrupt::node_holds(n)
+        {
+            continue;
+        }
+        let Some(g) = group_of(s, n).filter(|g| eligible.contains(g)) else {
+            continue;
+        };
+        let enough = covered.get(&g).copied().unwrap_or(0) + budget;
+        if free.get(&g).copied().unwrap_or(0) >= enough {
+            continue;
+        }
+        let mut until = None;
+        let pods = (s.node_pods)(&n.name_any());
+        if rollout::pods_hold(pods, s.now, |t| until = Some(t)).is_some() {
+            let again = until.map_or(PODS_AGAIN, |t| {
+                crate::decide::duration_until(s.now, t).min(PODS_AGAIN)
+            });
+            wait = crate::decide::earliest(wait, Some(again));
+            continue;
+        }
+        *free.entry(g).or_default() += 1;
+    }
+    let needed = free
+        .into_iter()
+        .map(|(g, n)| {
+            let left = n.saturating_sub(covered.get(&g).copied().unwrap_or(0));
+            (g, left)
+        })
+        .collect();
+    (needed, wait)
 }
 
 /// The PendingNode a create-node answer is recorded as.

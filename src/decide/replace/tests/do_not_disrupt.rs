@@ -1,7 +1,8 @@
 //! Karpenter's `karpenter.sh/do-not-disrupt: "true"` on an outdated node:
 //! no surge node is asked for it, a joined node does not pair with it, a
 //! paired donor is not drained, and the Outdated condition names it. On a
-//! pod of an outdated node: a joined node pairs with another, or waits
+//! pod of an outdated node: no surge node is asked for it (its pods read
+//! only as far as the budget needs), a joined node pairs with another, or waits
 //! unpaired (never obsolete, which would only ask for another), and a
 //! paired donor is not drained while it holds.
 
@@ -156,4 +157,72 @@ fn a_paired_donor_is_not_drained_while_its_pod_opts_out() {
     assert!(!drains(&plan), "drained under do-not-disrupt: {plan:?}");
     w.node_pods = Box::new(|_| Some(Vec::new()));
     assert!(drains(&decide(&w.snap())));
+}
+
+/// The surge requests a plan records, if it records any.
+fn requests_recorded(plan: &Plan) -> Vec<String> {
+    plan.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::PatchObject { patch, .. } => patch["metadata"]["annotations"]
+                [SURGE_REQUESTS_ANNOTATION]
+                .as_str()
+                .map(|r| r.split(',').map(str::to_string).collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn a_node_whose_pod_opts_out_gets_no_surge_node() {
+    let mut w = World::new("img-2", 2);
+    w.nodes = vec![node("a", "g", "img-1", &[]), node("b", "g", "img-1", &[])];
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    w.node_pods = pods_opting_out("a");
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert_eq!(requests_recorded(&plan).len(), 1, "for b only: {plan:?}");
+    // Its only outdated node held: nothing asked, looked at again.
+    w.nodes.remove(1);
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert!(requests_recorded(&plan).is_empty(), "{plan:?}");
+    assert!(
+        matches!(plan.then, crate::decide::Then::Wait(Some(d)) if d <= Duration::from_secs(30)),
+        "{plan:?}"
+    );
+    // Pods not read yet: nothing asked either (the service reads them and
+    // decides again).
+    w.node_pods = Box::new(|_| None);
+    assert!(requests_recorded(&decide(&w.snap())).is_empty());
+    // Taken off: the surge node is asked for.
+    w.node_pods = Box::new(|_| Some(Vec::new()));
+    assert_eq!(requests_recorded(&decide(&w.snap())).len(), 1);
+}
+
+#[test]
+fn pods_are_read_only_as_far_as_the_budget_needs() {
+    let mut w = World::new("img-2", 2);
+    w.nodes = (0..20)
+        .map(|i| node(&format!("n{i:02}"), "g", "img-1", &[]))
+        .collect();
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = asked.clone();
+    w.node_pods = Box::new(move |n: &str| {
+        log.lock().map(|mut l| l.push(n.to_string())).ok();
+        Some(if n == "n00" {
+            vec![crate::decide::do_not_disrupt::tests::opted_out_pod(
+                "db-0", n, "true", "Running", None,
+            )]
+        } else {
+            Vec::new()
+        })
+    });
+    w.settle_status();
+    let plan = decide(&w.snap());
+    assert_eq!(requests_recorded(&plan).len(), 2, "{plan:?}");
+    let asked = asked.lock().map(|l| l.clone()).unwrap_or_default();
+    assert_eq!(asked, ["n00", "n01", "n02"], "one held, two free");
 }
