@@ -48,23 +48,33 @@ pub const WAIT_COMMAND: &str = "CommandNotRunnable";
 /// pass reads a budget's worth of nodes, not every candidate.
 pub const WAIT_PODS_UNREAD: &str = "PodsUnread";
 
+/// How soon a node held by what no watch of the cluster role tells is
+/// looked at again: a pod's opt-out taken off (the cluster role watches
+/// only the pods of nodes it drains), a replica of the cluster role
+/// started on another node. Without it such a node waited for an
+/// unrelated event (found as a flake: the own node held for ever after
+/// the second replica started).
+pub const LOOK_AGAIN: Duration = Duration::from_secs(30);
+
 /// Karpenter's do-not-disrupt on the node's pods, checked last before a
 /// node is taken (only a node every other limit admits has its pods
-/// read): it waits while a pod holds it, naming the pod and until when
-/// (`wake` is told when a duration ends), or while its pods are not read.
+/// read): it waits while a pod holds it, naming the pod and until when,
+/// or while its pods are not read. `again` is told how soon to look
+/// again: when a duration ends, and at most [`LOOK_AGAIN`].
 pub fn pods_hold(
     pods: Option<Vec<Arc<Pod>>>,
     now: Timestamp,
-    wake: impl FnOnce(Timestamp),
+    again: impl FnOnce(Duration),
 ) -> Option<(&'static str, String)> {
     let Some(pods) = pods else {
+        again(LOOK_AGAIN);
         let msg = "its pods are not read yet (for karpenter.sh/do-not-disrupt)";
         return Some((WAIT_PODS_UNREAD, msg.into()));
     };
     let hold = super::do_not_disrupt::longest(&pods, now)?;
-    if let Some(t) = hold.until {
-        wake(t);
-    }
+    again(hold.until.map_or(LOOK_AGAIN, |t| {
+        super::duration_until(now, t).min(LOOK_AGAIN)
+    }));
     Some((WAIT_DO_NOT_DISRUPT, hold.message()))
 }
 
@@ -101,8 +111,13 @@ pub enum OwnNode {
 /// with nothing left for the cluster role,
 /// `upgrade::node::agent_gives_back`) may take the node; any other would
 /// leave it cordoned with no cluster role to give it back.
-pub fn own_node_hold(own: OwnNode, agent_gives_back: bool) -> Option<(&'static str, String)> {
-    match own {
+/// `again` is told to look again within [`LOOK_AGAIN`] while it holds.
+pub fn own_node_hold(
+    own: OwnNode,
+    agent_gives_back: bool,
+    again: impl FnOnce(Duration),
+) -> Option<(&'static str, String)> {
+    let hold = match own {
         OwnNode::NotOurs | OwnNode::Free => None,
         OwnNode::Evicted(_) if agent_gives_back => None,
         OwnNode::Unknown => Some((
@@ -110,7 +125,11 @@ pub fn own_node_hold(own: OwnNode, agent_gives_back: bool) -> Option<(&'static s
             "nodekeeper's cluster role runs on this node; reading whether a replica runs on another".into(),
         )),
         OwnNode::Held(why) | OwnNode::Evicted(why) => Some((WAIT_OWN_NODE, why)),
+    };
+    if hold.is_some() {
+        again(LOOK_AGAIN);
     }
+    hold
 }
 
 /// The delete that gives a node back: our NodeMaintenance, guarded by its
@@ -459,22 +478,56 @@ mod tests {
     fn a_pinned_cluster_role_whose_pod_a_drain_evicts_gives_its_node_to_reboots_only() {
         let evicted = || OwnNode::Evicted("evicted".into());
         assert_eq!(
-            own_node_hold(evicted(), true),
+            own_node_hold(evicted(), true, |_| {}),
             None,
             "a reboot: its agent gives it back"
         );
         assert_eq!(
-            own_node_hold(evicted(), false),
+            own_node_hold(evicted(), false, |_| {}),
             Some((WAIT_OWN_NODE, "evicted".to_string())),
             "an upgrade waits, saying why"
         );
         for feature_gives_back in [true, false] {
-            assert_eq!(own_node_hold(OwnNode::Free, feature_gives_back), None);
             assert_eq!(
-                own_node_hold(OwnNode::Held("held".into()), feature_gives_back),
+                own_node_hold(OwnNode::Free, feature_gives_back, |_| {}),
+                None
+            );
+            assert_eq!(
+                own_node_hold(OwnNode::Held("held".into()), feature_gives_back, |_| {}),
                 Some((WAIT_OWN_NODE, "held".to_string()))
             );
         }
+    }
+
+    /// What no watch tells (a replica started elsewhere, a pod's opt-out
+    /// taken off) is looked at again within LOOK_AGAIN; a duration's end
+    /// sooner.
+    #[test]
+    fn holds_no_watch_ends_are_looked_at_again() {
+        let mut again = None;
+        own_node_hold(OwnNode::Held("held".into()), true, |d| again = Some(d));
+        assert_eq!(again, Some(LOOK_AGAIN));
+        let mut again = None;
+        own_node_hold(OwnNode::Free, true, |d| again = Some(d));
+        assert_eq!(again, None, "nothing to look at");
+        let opted_out = |value: &str| {
+            vec![crate::decide::do_not_disrupt::tests::opted_out_pod(
+                "db-0",
+                "n",
+                value,
+                "Running",
+                Some(at(0)),
+            )]
+        };
+        let mut again = None;
+        pods_hold(Some(opted_out("true")), at(0), |d| again = Some(d));
+        assert_eq!(again, Some(LOOK_AGAIN));
+        let mut again = None;
+        pods_hold(Some(opted_out("10s")), at(0), |d| again = Some(d));
+        assert_eq!(again, Some(Duration::from_secs(10)));
+        let mut again = None;
+        pods_hold(None, at(0), |d| again = Some(d));
+        assert_eq!(again, Some(LOOK_AGAIN), "pods unread");
     }
 
     #[test]

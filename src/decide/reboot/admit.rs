@@ -147,10 +147,10 @@ fn wait(
     if let Some(w) = limits.wait(node, &(s.pods_on)(&n)) {
         return Some(w);
     }
-    if let Some(w) = rollout::own_node_hold((s.own_node)(&n), true) {
+    if let Some(w) = rollout::own_node_hold((s.own_node)(&n), true, |t| d.wake_in(t)) {
         return Some(w);
     }
-    rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_at(t))
+    rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_in(t))
 }
 
 /// Take `node`: its NodeMaintenance created, its entry Draining, an event;

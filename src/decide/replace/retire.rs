@@ -44,10 +44,6 @@ pub(super) fn delete_pending(p: &PendingNode) -> Effect {
     }
 }
 
-/// How soon a paired node whose pods opt out of disruption is looked at
-/// again.
-pub(super) const PODS_AGAIN: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Each joined surge node pairs with an outdated node of its scaling group
 /// (mints and outdated nodes by name, so the order is deterministic), or
 /// is obsolete when none is left. Every joined node pairs in the same
@@ -185,12 +181,9 @@ pub(super) fn retire(s: &Snapshot, node: &Node) -> Retire {
         }
         // A pod's opt-out: waits until it is taken off (a pod event
         // wakes nothing here, so look again) or its duration ends.
-        let mut until = None;
-        if rollout::pods_hold((s.node_pods)(&name), s.now, |t| until = Some(t)).is_some() {
-            let again = until.map_or(PODS_AGAIN, |t| {
-                crate::decide::duration_until(s.now, t).min(PODS_AGAIN)
-            });
-            return Retire::Wait(Some(again));
+        let mut again = None;
+        if rollout::pods_hold((s.node_pods)(&name), s.now, |d| again = Some(d)).is_some() {
+            return Retire::Wait(again);
         }
         let owner = disrupt::owner_ref(s.nv, "NodeVersion");
         let drain = DrainSpec {

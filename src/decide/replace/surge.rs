@@ -4,7 +4,6 @@
 
 use super::*;
 use crate::decide::rollout;
-use retire::PODS_AGAIN;
 
 /// Surge requests recorded on the NodeVersion and not yet PendingNodes:
 /// `(request id, group id)`.
@@ -225,13 +224,12 @@ fn needing_surge(
         if free.get(&g).copied().unwrap_or(0) >= enough {
             continue;
         }
-        let mut until = None;
         let pods = (s.node_pods)(&n.name_any());
-        if rollout::pods_hold(pods, s.now, |t| until = Some(t)).is_some() {
-            let again = until.map_or(PODS_AGAIN, |t| {
-                crate::decide::duration_until(s.now, t).min(PODS_AGAIN)
-            });
-            wait = crate::decide::earliest(wait, Some(again));
+        if rollout::pods_hold(pods, s.now, |d| {
+            wait = crate::decide::earliest(wait, Some(d))
+        })
+        .is_some()
+        {
             continue;
         }
         *free.entry(g).or_default() += 1;

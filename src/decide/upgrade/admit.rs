@@ -136,8 +136,9 @@ fn wait(
     if let Some(w) = limits.wait(node, &(s.pods_on)(&n)) {
         return Some(w);
     }
-    if let Some(w) = rollout::own_node_hold((s.own_node)(&n), node::agent_gives_back(p)) {
+    let gives_back = node::agent_gives_back(p);
+    if let Some(w) = rollout::own_node_hold((s.own_node)(&n), gives_back, |t| d.wake_in(t)) {
         return Some(w);
     }
-    rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_at(t))
+    rollout::pods_hold((s.node_pods)(&n), s.now, |t| d.wake_in(t))
 }

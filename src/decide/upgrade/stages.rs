@@ -111,8 +111,11 @@ impl<'a> Decision<'a> {
     }
 
     pub(super) fn wake_at(&mut self, t: Timestamp) {
-        let d = duration_until(self.s.now, t).max(Duration::from_millis(50));
-        self.wake = earliest(self.wake, Some(d));
+        self.wake_in(duration_until(self.s.now, t));
+    }
+
+    pub(super) fn wake_in(&mut self, d: Duration) {
+        self.wake = earliest(self.wake, Some(d.max(Duration::from_millis(50))));
     }
 
     pub(super) fn event(&mut self, node: &str, warning: bool, reason: &'static str, what: &str) {
