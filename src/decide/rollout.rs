@@ -78,6 +78,23 @@ pub fn pods_hold(
     Some((WAIT_DO_NOT_DISRUPT, hold.message()))
 }
 
+/// An admission not carried out yet (its NodeMaintenance not created, or
+/// the create not seen) is withdrawn when someone else took the node
+/// meanwhile (a person's cordon, another drainer, do-not-disrupt on the
+/// node) or a pod's do-not-disrupt holds it now (or its pods could not be
+/// read): the reason, and a message that says so. Checked again before
+/// every create, so an upgrade's before hooks or a failed create do not
+/// take a node the admission could not have.
+pub fn withdrawn(
+    node: &Node,
+    pods: Option<Vec<Arc<Pod>>>,
+    now: Timestamp,
+    again: impl FnOnce(Duration),
+) -> Option<(&'static str, String)> {
+    let (reason, why) = disrupt::foreign_holder(node).or_else(|| pods_hold(pods, now, again))?;
+    Some((reason, format!("{why}; the admission is withdrawn")))
+}
+
 /// The node this cluster role runs on waits for it (`OwnNode`).
 pub const WAIT_OWN_NODE: &str = "OwnNode";
 

@@ -273,12 +273,13 @@ impl<'a> Decision<'a> {
                 msg,
             );
         } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining)
-            && let Some((reason, who)) = crate::decide::disrupt::foreign_holder(node)
+            && let Some((reason, msg)) = {
+                let s = self.s;
+                rollout::withdrawn(node, (s.node_pods)(&n), s.now, |d| self.wake_in(d))
+            }
         {
             // Admitted, not taken yet, and someone else took the node
-            // meanwhile (a person's cordon, another drainer,
-            // do-not-disrupt): withdrawn.
-            let msg = format!("{who}; the admission is withdrawn");
+            // meanwhile, or a pod opted out: withdrawn.
             self.set(&n, RebootPhase::Waiting, None, Some(reason), msg);
         } else if prev.is_some_and(|e| e.phase == RebootPhase::Draining) {
             // Admitted, not taken yet (or our create is not in the store

@@ -198,19 +198,17 @@ impl<'a> Decision<'a> {
             );
         }
         // Not taken yet, and someone else took the node meanwhile (a
-        // person's cordon, another drainer): the admission is withdrawn.
+        // person's cordon, another drainer), or a pod opted out while the
+        // before hooks ran: the admission is withdrawn.
         if self.ours(&e.name).is_none()
             && let Some(node) = self.s.nodes.iter().find(|n| n.name_any() == e.name)
-            && let Some((reason, who)) = crate::decide::disrupt::foreign_holder(node)
+            && let Some((reason, msg)) = {
+                let s = self.s;
+                rollout::withdrawn(node, (s.node_pods)(&e.name), s.now, |d| self.wake_in(d))
+            }
         {
             let group = e.group.clone();
-            return self.set(
-                &e.name,
-                UpgradePhase::Waiting,
-                group,
-                Some(reason),
-                format!("{who}; the admission is withdrawn"),
-            );
+            return self.set(&e.name, UpgradePhase::Waiting, group, Some(reason), msg);
         }
         // Admitted, but another disruption took the node before our
         // create went through: the admission is withdrawn.

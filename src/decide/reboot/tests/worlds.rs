@@ -12,7 +12,9 @@
 //! cluster role's process dying now and then (`worlds/notices.rs`: told
 //! at most once per hand-over, nothing stored lost), the cluster role
 //! running on one of the nodes with replicas coming and going
-//! (`worlds/own_node.rs`), and everything deleted at the end. Each step runs the same pure functions
+//! (`worlds/own_node.rs`), pods that opt out of disruption started and
+//! taken off by a person, reads of a node's pods failing
+//! (`worlds/opted_out.rs`), and everything deleted at the end. Each step runs the same pure functions
 //! the service calls (`decide`, `node::decide`, `orphans`) in a random
 //! order and applies their effects to the world as the API server would
 //! (resourceVersion guards included).
@@ -23,7 +25,8 @@
 //! disruption at a time, across kinds); an admission never
 //! leaves more of a policy's nodes unavailable than its budget; the
 //! policy that admits a node is the oldest that selects it; no feature
-//! takes a node someone else holds, nor the cluster role's own node while
+//! takes a node someone else holds, nor one a pod's do-not-disrupt holds or
+//! whose pods are not read, nor the cluster role's own node while
 //! it says no (an upgrade never while the drain would evict its only pod); a node gets at
 //! most one reboot command per boot, and none while a person has paused
 //! it or withdrawn its need; and once every policy is gone, every node is
@@ -47,7 +50,10 @@ use crate::decide::Outcome;
 mod faults;
 use faults::Fault;
 mod jobs;
+mod marks;
+use marks::MARK;
 mod notices;
+mod opted_out;
 mod own_node;
 mod people;
 mod planned;
@@ -134,6 +140,8 @@ struct World {
     /// The node the cluster role runs on, if any, and whether it may be
     /// taken (`worlds/own_node.rs`).
     own: own_node::Own,
+    /// Pods with `karpenter.sh/do-not-disrupt` (`worlds/opted_out.rs`).
+    opted: opted_out::OptedOut,
 }
 
 fn labels_of(n: &Node) -> BTreeMap<String, String> {
@@ -271,6 +279,7 @@ impl World {
             others_took: 0,
             notices: Default::default(),
             own: own_node::Own::none(),
+            opted: Default::default(),
         }
         .with_real_world()
         .with_own_node()
@@ -298,15 +307,16 @@ impl World {
         let nms = self.seen_by_cluster();
         let policies = Self::arcs(&self.policies);
         let no_pods = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+        let now = self.clock(faults::CLUSTER);
         let plan = decide(&Snapshot {
             policy: &p,
             nodes: &nodes,
             maintenances: &nms,
             policies: &policies,
             pods_on: &no_pods,
-            node_pods: &|_| Some(Vec::new()),
+            node_pods: &|n| self.opted.pods_of(n),
             own_node: &|n| self.own.of(n),
-            now: self.clock(faults::CLUSTER),
+            now,
             remote: false,
             failing: None,
             alerts: None,
@@ -328,6 +338,7 @@ impl World {
         }
         self.check_liveness(&name, &plan);
         self.check_own_node(&format!("policy {name}"), true, &plan.effects);
+        self.check_opted_out(&format!("policy {name}"), now, &plan.effects);
         self.run(&format!("policy {name}"), &plan.effects);
     }
 
@@ -449,6 +460,7 @@ impl World {
             .map(|p| (p.name_any(), p.clone()))
             .collect();
         self.maybe_delete_plan();
+        self.opted_out_pods_change();
         self.now = self
             .now
             .checked_add(SignedDuration::from_secs(1 + self.rng.below(20) as i64))
@@ -484,58 +496,7 @@ impl World {
         self.settle();
         self.mark_writers.clear();
     }
-
-    /// Two objects fighting over one mark: within one step, a key one
-    /// actor set is removed by another actor (before ownership, every
-    /// pass of a RebootPolicy holding a node and an UpgradePlan done with
-    /// it did this, for as long as both stood).
-    fn watch_for_fights(&mut self, who: &str, node: &str, patch: &serde_json::Value) {
-        let Some(labels) = patch["metadata"]["labels"].as_object() else {
-            return;
-        };
-        for (k, v) in labels {
-            let key = (node.to_string(), k.clone());
-            if v.is_null() {
-                if let Some(setter) = self.mark_writers.get(&key) {
-                    assert!(
-                        setter == who || who.contains("marks"),
-                        "{node}: {k} set by {setter} and removed by {who} in one step (a fight)"
-                    );
-                }
-            } else {
-                self.mark_writers.insert(key, who.to_string());
-            }
-        }
-    }
-
-    /// After every object went: no mark of theirs on any node.
-    fn assert_no_marks_left(&self) {
-        for n in &self.nodes {
-            let name = n.name_any();
-            assert!(!n.labels().contains_key(MARK), "{name}: {MARK} left");
-            let taints = n
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.clone())
-                .unwrap_or_default();
-            assert!(
-                !taints
-                    .iter()
-                    .any(|t| t.key == crate::decide::marking::WAITING_TAINT),
-                "{name}: a soft taint left: {taints:?}"
-            );
-            assert!(
-                !n.annotations()
-                    .keys()
-                    .any(|k| k.starts_with(crate::decide::marking::OWNER_PREFIX)),
-                "{name}: an owner record left"
-            );
-        }
-    }
 }
-
-/// The `during` label both features may set.
-const MARK: &str = "example.com/maintenance";
 
 #[test]
 fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give_every_node_back() {
@@ -596,6 +557,8 @@ fn random_worlds_with_faults_keep_one_owner_budgets_one_reboot_per_need_and_give
         *totals.entry("notifier hand-overs").or_default() += w.notices.handovers;
         *totals.entry("cluster role's node taken").or_default() += w.own.taken;
         *totals.entry("cluster role's node waited for").or_default() += w.own.waited;
+        *totals.entry("opted-out pods started").or_default() += w.opted.started;
+        *totals.entry("taken once a pod's hold ended").or_default() += w.opted.taken_after;
         *totals.entry("retried in one boot").or_default() +=
             w.boot_commands.values().filter(|(run, _)| *run > 1).count();
         upgrades::tally(&w, &mut totals);

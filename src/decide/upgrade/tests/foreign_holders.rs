@@ -127,6 +127,36 @@ fn do_not_disrupt_on_a_pod_keeps_the_upgrade_off_its_node() {
     assert_eq!(msg, "pod prod/db-0 has karpenter.sh/do-not-disrupt=true");
 }
 
+/// A pod that opts out while the before hooks run: the admission is
+/// withdrawn before the drain, as for a node someone else took. (Found by
+/// the random worlds once pods opt out there: the NodeMaintenance was
+/// created and the drain left to wait on the pod.)
+#[test]
+fn a_pod_opting_out_while_the_before_hooks_run_withdraws_the_admission() {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.after.clear();
+    let mut w = World::new(p, vec![node("w-1", "v1", false)]);
+    w.step();
+    assert_eq!(w.phase("w-1"), UpgradePhase::PreHooks);
+    w.step();
+    w.finish_job("w-1", true);
+    let opted_out = crate::decide::do_not_disrupt::tests::opted_out_pod;
+    w.pods.push(opted_out("db-0", "w-1", "true", "Running", None));
+    w.step();
+    assert!(w.nms.is_empty(), "taken under a pod's do-not-disrupt");
+    let e = w.entry("w-1");
+    assert_eq!(
+        (e.phase, e.reason.as_deref()),
+        (UpgradePhase::Waiting, Some("DoNotDisrupt"))
+    );
+    let msg = e.message.clone().unwrap_or_default();
+    assert_eq!(
+        msg,
+        "pod prod/db-0 has karpenter.sh/do-not-disrupt=true; the admission is withdrawn"
+    );
+}
+
 /// Node b (free) is taken; node a waits `DoNotDisrupt`: its entry.
 fn a_waits_do_not_disrupt_and_b_is_taken(w: &World) -> NodeUpgrade {
     assert_ne!(w.phase("b"), UpgradePhase::Waiting, "a free node is taken");

@@ -97,6 +97,7 @@ impl World {
         let nms = self.seen_by_cluster();
         let plans = Self::arcs(&self.plans);
         let no_pods = |_: &str| -> Vec<Arc<Pod>> { Vec::new() };
+        let now = self.clock(super::faults::CLUSTER);
         let plan = upgrade::decide(&upgrade::Snapshot {
             plan: &p,
             nodes: &nodes,
@@ -104,9 +105,9 @@ impl World {
             jobs: &self.jobs_seen(),
             job_errors: &Default::default(),
             pods_on: &no_pods,
-            node_pods: &|_| Some(Vec::new()),
+            node_pods: &|n| self.opted.pods_of(n),
             own_node: &|n| self.own.of(n),
-            now: self.clock(super::faults::CLUSTER),
+            now,
             plans: &plans,
             failing: None,
             alerts: None,
@@ -117,6 +118,7 @@ impl World {
         });
         let agent_gives_back = upgrade::node::agent_gives_back(&p);
         self.check_own_node(&format!("plan {name}"), agent_gives_back, &plan.effects);
+        self.check_opted_out(&format!("plan {name}"), now, &plan.effects);
         self.run(&format!("plan {name}"), &plan.effects);
         self.give_back_plans();
     }
