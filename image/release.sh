@@ -20,6 +20,7 @@
 #   nodekeeper-VERSION-linux-amd64.cdx.json, -arm64    the SBOMs: CycloneDX 1.5,
 #                                                      one per binary
 #   SHA256SUMS                                         what `sha256sum -c` reads
+#   SHA256SUMS.sig                                     only with a signing key (below)
 #
 # Reproducible: the same binaries and commit give the same bytes from any
 # folder. Every timestamp is SOURCE_DATE_EPOCH (default: the commit's time;
@@ -35,6 +36,14 @@
 # where tests/install-prereqs installs it. helm: $NODEKEEPER_HELM_BIN, on
 # PATH, or the test cluster's (tests/upstream/build.sh helm, built with Go
 # on first use).
+#
+# Signed when NODEKEEPER_RELEASE_SIGNING_KEY names an OpenSSH key: a
+# private key without a passphrase, or the public key of one ssh-agent
+# holds. `ssh-keygen -Y sign` (OpenSSH's own file signatures, namespace
+# "file") signs SHA256SUMS, which covers every other file; an Ed25519
+# signature has no time or randomness in it, so a signed folder is
+# reproducible too. Verified with `ssh-keygen -Y verify` against the
+# publisher's key, obtained some other way than the folder.
 set -euo pipefail
 
 usage="usage: image/release.sh OUT_DIR AMD64_BINARY ARM64_BINARY"
@@ -65,6 +74,12 @@ cyclonedx=${NODEKEEPER_CYCLONEDX_BIN:-$(command -v cargo-cyclonedx ||
   die "cargo-cyclonedx is missing (the SBOMs): cargo install --locked cargo-cyclonedx@$cyclonedx_version, or tests/install-prereqs"
 helm=${NODEKEEPER_HELM_BIN:-$(command -v helm || "$repo/tests/upstream/build.sh" helm)}
 [[ -x $helm ]] || die "no helm (packages the chart): put it on PATH or set NODEKEEPER_HELM_BIN"
+
+signing_key=${NODEKEEPER_RELEASE_SIGNING_KEY:-}
+if [[ -n $signing_key ]]; then
+  [[ -r $signing_key ]] || die "NODEKEEPER_RELEASE_SIGNING_KEY=$signing_key: no such readable key file"
+  command -v ssh-keygen >/dev/null || die "ssh-keygen (OpenSSH) is missing: it signs SHA256SUMS"
+fi
 
 if [[ -e $out ]]; then
   [[ -d $out ]] || die "$out is not a folder"
@@ -131,6 +146,11 @@ sbom arm64 aarch64-unknown-linux-musl
 
 (cd "$out" && LC_ALL=C ls | grep -vx SHA256SUMS | xargs sha256sum >"$work/SHA256SUMS")
 mv "$work/SHA256SUMS" "$out/SHA256SUMS"
+if [[ -n $signing_key ]]; then
+  # -q: the key's comment is not printed; a failure still says why.
+  ssh-keygen -q -Y sign -f "$signing_key" -n file "$out/SHA256SUMS" </dev/null ||
+    die "ssh-keygen could not sign SHA256SUMS with $signing_key (a passphrase? load the key into ssh-agent and name its .pub)"
+fi
 chmod 0644 "$out"/*
 chmod 0755 "$out"/nodekeeper-"$version"-linux-*64
 (cd "$out" && LC_ALL=C ls -l --time-style=+ | awk 'NR > 1 {printf "release: %10d  %s\n", $5, $NF}') >&2

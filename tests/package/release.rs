@@ -2,8 +2,10 @@
 //! once in this checkout with the commit's time as its default, once from a
 //! copy of the tree in another folder with the binaries at other paths and
 //! the time given as a builder without git would — and compared byte for
-//! byte; its checksums, its SBOMs against what each binary links, the
-//! chart's and the k3s tarball's times, and a folder it must not empty.
+//! byte, both signed with one test key; its checksums and their
+//! signature (OpenSSH's, verified as a user would), its SBOMs against what
+//! each binary links, the chart's and the k3s tarball's times, and a
+//! folder it must not empty.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -62,13 +64,38 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// Who signs the test's releases, as `ssh-keygen -Y verify` names them.
+const SIGNER: &str = "release@nodekeeper.test";
+
+/// An Ed25519 key without a passphrase, made once for the module: the
+/// private key's path (the public key is beside it, `.pub`).
+fn signing_key() -> &'static Path {
+    static KEY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let key = temp("release-key").join("signing");
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", SIGNER, "-f"])
+            .arg(&key));
+        key
+    })
+}
+
+/// The environment that signs a release with the test key.
+fn signed() -> (&'static str, String) {
+    (
+        "NODEKEEPER_RELEASE_SIGNING_KEY",
+        signing_key().to_string_lossy().into_owned(),
+    )
+}
+
 /// The folder this checkout's release builds, once for the module.
 fn first() -> &'static Path {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let out = temp("release-one").join("dist");
+        let (k, v) = signed();
         succeeded(
-            release(repo(), &out, (&binary(), &arm64_binary()), &[]),
+            release(repo(), &out, (&binary(), &arm64_binary()), &[(k, &v)]),
             "the release in this checkout",
         );
         out
@@ -82,6 +109,7 @@ fn two_builds_in_different_folders_give_the_same_bytes() {
     let names: Vec<&str> = a.keys().map(String::as_str).collect();
     let expected = [
         "SHA256SUMS".to_string(),
+        "SHA256SUMS.sig".to_string(),
         format!("nodekeeper-{v}-arm64.raw"),
         format!("nodekeeper-{v}-linux-amd64"),
         format!("nodekeeper-{v}-linux-amd64.cdx.json"),
@@ -116,12 +144,14 @@ fn two_builds_in_different_folders_give_the_same_bytes() {
     let git_dir = repo().join(".git");
     let epoch = commit_time();
     let out = base.join("elsewhere/dist");
+    let (key, path) = signed();
     succeeded(
         release(
             &tree,
             &out,
             (&a64, &arm),
             &[
+                (key, &path),
                 ("SOURCE_DATE_EPOCH", &epoch),
                 ("GIT_DIR", &git_dir.to_string_lossy()),
                 ("GIT_WORK_TREE", &tree.to_string_lossy()),
@@ -156,10 +186,13 @@ fn the_checksums_cover_every_file_and_verify() {
     let listed: Vec<&str> = sums.lines().filter_map(|l| l.split("  ").nth(1)).collect();
     let mut all: Vec<String> = files(dir)
         .into_keys()
-        .filter(|n| n != "SHA256SUMS")
+        .filter(|n| !n.starts_with("SHA256SUMS"))
         .collect();
     all.sort();
-    assert_eq!(listed, all, "SHA256SUMS lists every other file, once");
+    assert_eq!(
+        listed, all,
+        "SHA256SUMS lists every other file (but its signature), once"
+    );
     run(Command::new("sha256sum")
         .current_dir(dir)
         .args(["--check", "--strict", "SHA256SUMS"]));
@@ -314,4 +347,70 @@ fn a_folder_of_other_files_is_refused_not_emptied() {
         std::fs::read_to_string(dir.join("notes.txt")).expect("kept"),
         "mine"
     );
+}
+
+/// `ssh-keygen -Y verify` of SHA256SUMS against the signer's public key,
+/// as the README tells a user; whether it verified.
+fn verifies(sums: &[u8], sig: &Path) -> bool {
+    let dir = temp("release-verify");
+    let public = std::fs::read_to_string(signing_key().with_extension("pub")).expect("public key");
+    let allowed = dir.join("allowed_signers");
+    let line = format!("{SIGNER} namespaces=\"file\" {}", public.trim());
+    std::fs::write(&allowed, line).expect("allowed_signers");
+    let mut child = Command::new("ssh-keygen")
+        .args(["-Y", "verify", "-n", "file", "-I", SIGNER, "-f"])
+        .arg(&allowed)
+        .arg("-s")
+        .arg(sig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("ssh-keygen");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(sums)
+        .expect("feeding SHA256SUMS");
+    child.wait().expect("ssh-keygen -Y verify").success()
+}
+
+/// The signature verifies against the signer's key, and not for a list
+/// with one checksum changed.
+#[test]
+fn the_signature_covers_the_checksums() {
+    let dir = first();
+    let sums = std::fs::read(dir.join("SHA256SUMS")).expect("SHA256SUMS");
+    let sig = dir.join("SHA256SUMS.sig");
+    assert!(verifies(&sums, &sig), "the release's own signature");
+    let mut changed = sums.clone();
+    let i = changed
+        .iter()
+        .position(|b| b.is_ascii_hexdigit())
+        .expect("a digest");
+    changed[i] = if changed[i] == b'0' { b'1' } else { b'0' };
+    assert!(!verifies(&changed, &sig), "verified a changed SHA256SUMS");
+}
+
+/// A signing key that is not there: refused before anything is emptied
+/// or written, in one line that names it.
+#[test]
+fn a_missing_signing_key_is_refused_first() {
+    let dir = temp("release-nokey");
+    let out = dir.join("dist");
+    let result = release(
+        repo(),
+        &out,
+        (&binary(), &arm64_binary()),
+        &[("NODEKEEPER_RELEASE_SIGNING_KEY", "/nonexistent/key")],
+    );
+    assert!(!result.status.success(), "released without its signature");
+    let err = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(
+        err.trim(),
+        "release: NODEKEEPER_RELEASE_SIGNING_KEY=/nonexistent/key: no such readable key file"
+    );
+    assert!(!out.exists(), "wrote {} anyway", out.display());
 }

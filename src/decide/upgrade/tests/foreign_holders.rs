@@ -142,7 +142,8 @@ fn a_pod_opting_out_while_the_before_hooks_run_withdraws_the_admission() {
     w.step();
     w.finish_job("w-1", true);
     let opted_out = crate::decide::do_not_disrupt::tests::opted_out_pod;
-    w.pods.push(opted_out("db-0", "w-1", "true", "Running", None));
+    w.pods
+        .push(opted_out("db-0", "w-1", "true", "Running", None));
     w.step();
     assert!(w.nms.is_empty(), "taken under a pod's do-not-disrupt");
     let e = w.entry("w-1");
