@@ -229,3 +229,34 @@ fn a_node_whose_pods_are_unread_is_not_taken_and_holds_a_slot_meanwhile() {
         .collect();
     assert_eq!(unread, ["n0", "n1"], "only a budget's worth is asked about");
 }
+
+/// A node a pod's `"true"` holds, or the cluster role's own node held for
+/// want of a replica elsewhere, is looked at again within 30 s (neither
+/// the pod's annotation going nor a replica starting is an event the
+/// cluster role watches), and that look writes nothing in an unchanged
+/// world.
+#[test]
+fn holds_no_watch_ends_are_looked_at_again_and_write_nothing_unchanged() {
+    use crate::decide::rollout::{LOOK_AGAIN, OwnNode};
+    let opted_out = crate::decide::do_not_disrupt::tests::opted_out_pod;
+    for own in [false, true] {
+        let mut w = World::new(policy(10), vec![node("a", "b0")]);
+        if own {
+            w.own = Some(("a".into(), OwnNode::Held("no replica elsewhere".into())));
+        } else {
+            w.pods = vec![opted_out("db-0", "a", "true", "Running", None)];
+        }
+        let plan = w.plan();
+        assert!(created(&plan).is_empty(), "taken: {plan:?}");
+        assert_eq!(plan.then, Then::Wait(Some(LOOK_AGAIN)), "own node: {own}");
+        w.policy.status = Some(status_of(&plan));
+        w.now = now() + SignedDuration::from_secs(30);
+        let again = w.plan();
+        assert!(
+            again.effects.is_empty(),
+            "an unchanged world written again: {:?}",
+            again.effects
+        );
+        assert_eq!(again.then, Then::Wait(Some(LOOK_AGAIN)));
+    }
+}
