@@ -1066,7 +1066,8 @@ fn surged(cloud: &Cloud) -> Vec<Value> {
 /// Karpenter's `karpenter.sh/do-not-disrupt` on a pod of one of two
 /// workers, surge 2: only the other worker gets a surge node and is
 /// replaced (the cloud's own call log says how many were asked for, not
-/// the status); once the pod is deleted the held worker is replaced too.
+/// the status), the Outdated condition names the pod; once the pod is
+/// deleted the held worker is replaced too.
 #[test]
 fn a_worker_whose_pod_opts_out_gets_no_surge_node_until_the_pod_goes() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
@@ -1098,6 +1099,22 @@ fn a_worker_whose_pod_opts_out_gets_no_surge_node_until_the_pod_goes() {
             1,
             "a surge node for the held worker: {asked:?}"
         );
+        // What a person reads: the Outdated condition names the pod.
+        let says = format!(
+            "not replaced while node {held}: pod {}/keep has karpenter.sh/do-not-disrupt=true",
+            r.env.ns
+        );
+        wait_nv(&client, &r.env.id, "the hold in the status", LIMIT, |v| {
+            v["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "Outdated"
+                        && c["message"].as_str().is_some_and(|m| m.contains(&says))
+                })
+        })
+        .await;
         assert!(
             nodes.get_opt(&held).await.ok().flatten().is_some(),
             "the held worker was taken"

@@ -270,7 +270,8 @@ pub fn decide(s: &Snapshot) -> Plan {
         (m, w) => w.or(m),
     };
     wake = super::earliest(wake, overdue_wake);
-    let status = status(s, &c, budget, message);
+    let needs = surge_needs(s, &c, budget);
+    let status = status(s, &c, budget, message, &needs.held);
     if s.nv.status.as_ref() != Some(&status) {
         return Plan::steps(vec![Effect::WriteObjectStatus {
             kind: Kind::NodeVersion,
@@ -339,7 +340,7 @@ pub fn decide(s: &Snapshot) -> Plan {
         return Plan::wait(wake).with(events);
     }
     // 9. Surge: finish recorded requests, then make new ones.
-    match surge_step(s, &c, budget) {
+    match surge_step(s, &c, budget, &needs) {
         Step::Act(fx) => return Plan::steps(fx).with(events),
         Step::Wait(d) => wake = super::earliest(wake, d),
         Step::Idle => {}

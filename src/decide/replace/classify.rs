@@ -132,12 +132,34 @@ pub(super) fn group_of<'a>(s: &'a Snapshot, n: &'a Node) -> Option<String> {
         .map(|g| g.to_lowercase())
 }
 
+/// Paired donors not drained yet while a pod's opt-out holds them (their
+/// pods are read for the drain anyway: `retire`).
+fn donors_held_by_pods(s: &Snapshot, c: &Classes) -> Vec<String> {
+    c.donors
+        .iter()
+        .filter(|d| {
+            maintenance_of(s, &d.name_any()).is_none()
+                && !crate::decide::do_not_disrupt::node_holds(d)
+        })
+        .filter_map(|d| {
+            let pods = (s.node_pods)(&d.name_any());
+            match crate::decide::rollout::pods_hold(pods, s.now, |_| {}) {
+                Some((crate::decide::rollout::WAIT_DO_NOT_DISRUPT, why)) => {
+                    Some(format!("node {}: {why}", d.name_any()))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// The status Constellation's CLI reads, from the classes.
 pub fn status(
     s: &Snapshot,
     c: &Classes,
     budget: usize,
     message: Option<String>,
+    held_by_pods: &[String],
 ) -> NodeVersionStatus {
     let refs = |v: &[&Node]| v.iter().map(|n| reference(n)).collect::<Vec<_>>();
     let old = s.nv.status.clone().unwrap_or_default();
@@ -176,7 +198,7 @@ pub fn status(
             .filter(|n| crate::decide::do_not_disrupt::node_holds(n))
             .map(|n| n.name_any())
             .collect();
-        let msg = match held.is_empty() {
+        let mut msg = match held.is_empty() {
             true => "Some node versions are out of date".to_string(),
             false => format!(
                 "Some node versions are out of date; not replaced while {} is on node {}",
@@ -184,6 +206,12 @@ pub fn status(
                 held.join(", ")
             ),
         };
+        // Nodes a pod's opt-out keeps from getting a surge node, or a
+        // paired one from its drain.
+        for why in held_by_pods.iter().chain(&donors_held_by_pods(s, c)) {
+            msg.push_str("; not replaced while ");
+            msg.push_str(why);
+        }
         set_condition(
             &mut conditions,
             s.now,

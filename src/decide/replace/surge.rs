@@ -88,7 +88,7 @@ pub(super) enum Step {
 /// the provider again (same id: the same instance), then recorded; new
 /// requests go to the groups with outdated nodes — control-plane groups
 /// first and alone while any control plane is outdated, then by name.
-pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
+pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize, needs: &Needs) -> Step {
     let requests = surge_requests(s.nv);
     // (Requests already recorded as PendingNodes were dropped earlier in
     // the round.)
@@ -115,25 +115,8 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
     if budget == 0 || c.outdated.is_empty() {
         return Step::Idle;
     }
-    let cp = has_outdated_control_planes(s, c);
-    // Joining PendingNodes and requests not yet recorded as one each
-    // cover one outdated node.
-    let mut covered: BTreeMap<String, usize> = BTreeMap::new();
-    let joining = s
-        .pending
-        .iter()
-        .filter(|p| p.spec.goal.as_deref() == Some("Join"))
-        .filter_map(|p| p.spec.group_id.clone());
-    let asked = requests.iter().map(|(_, g)| g.clone());
-    for g in joining.chain(asked) {
-        *covered.entry(g.to_lowercase()).or_default() += 1;
-    }
-    let eligible: BTreeSet<String> = following(s)
-        .filter(|g| !cp || g.spec.role.as_deref() == Some("ControlPlane"))
-        .filter_map(|g| g.spec.group_id.as_deref().map(str::to_lowercase))
-        .collect();
-    let (needed, held) = needing_surge(s, c, &eligible, &covered, budget);
-    wait = crate::decide::earliest(wait, held);
+    let needed = &needs.per_group;
+    wait = crate::decide::earliest(wait, needs.wait);
     let mut groups: Vec<&Arc<ScalingGroup>> = following(s)
         .filter(|g| {
             let id = g
@@ -142,7 +125,7 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
                 .as_deref()
                 .unwrap_or_default()
                 .to_lowercase();
-            eligible.contains(&id) && needed.get(&id).copied().unwrap_or(0) > 0
+            needed.get(&id).copied().unwrap_or(0) > 0
         })
         .collect();
     groups.sort_by_key(|g| (g.spec.role.as_deref() != Some("ControlPlane"), g.name_any()));
@@ -191,26 +174,52 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize) -> Step {
     }
 }
 
-/// How many surge nodes each eligible group (lowercased id) needs: its
+/// What the surge step may ask for this round ([`surge_needs`]).
+#[derive(Default)]
+pub(super) struct Needs {
+    /// Surge nodes each eligible group (lowercased id) needs.
+    pub per_group: BTreeMap<String, usize>,
+    /// When to look again at nodes a pod's opt-out holds.
+    pub wait: Option<Duration>,
+    /// Outdated nodes that get no surge node while a pod's opt-out holds
+    /// them: what the status says of each.
+    pub held: Vec<String>,
+}
+
+/// How many surge nodes each group the rollout may grow now needs (the
+/// control-plane groups alone while a control plane is outdated): its
 /// outdated nodes not paired yet and not opted out of disruption, less
-/// those `covered` by a joining node or an open request. A node one of
+/// those covered by a joining node or an open request. A node one of
 /// whose pods opts out (Karpenter's `karpenter.sh/do-not-disrupt`) gets no
 /// surge node while it holds: the new node would wait unpaired, running
 /// for nothing. Pods are read in name order and only until a group has
 /// `covered + budget` free nodes, so a round reads a budget's worth of
 /// nodes, not the rollout's; nodes whose pods are not read yet are asked
 /// about (the service reads them and decides again) and count as held.
-/// Also: when to look again at the held ones (a pod's opt-out ending, or
-/// its removal, which wakes nothing here).
-fn needing_surge(
-    s: &Snapshot,
-    c: &Classes,
-    eligible: &BTreeSet<String>,
-    covered: &BTreeMap<String, usize>,
-    budget: usize,
-) -> (BTreeMap<String, usize>, Option<Duration>) {
+/// Nothing is read with no budget or nothing outdated.
+pub(super) fn surge_needs(s: &Snapshot, c: &Classes, budget: usize) -> Needs {
+    if budget == 0 || c.outdated.is_empty() {
+        return Needs::default();
+    }
+    let cp = has_outdated_control_planes(s, c);
+    // Joining PendingNodes and requests not yet recorded as one each
+    // cover one outdated node.
+    let mut covered: BTreeMap<String, usize> = BTreeMap::new();
+    let joining = s
+        .pending
+        .iter()
+        .filter(|p| p.spec.goal.as_deref() == Some("Join"))
+        .filter_map(|p| p.spec.group_id.clone());
+    let asked = surge_requests(s.nv).into_iter().map(|(_, g)| g);
+    for g in joining.chain(asked) {
+        *covered.entry(g.to_lowercase()).or_default() += 1;
+    }
+    let eligible: BTreeSet<String> = following(s)
+        .filter(|g| !cp || g.spec.role.as_deref() == Some("ControlPlane"))
+        .filter_map(|g| g.spec.group_id.as_deref().map(str::to_lowercase))
+        .collect();
     let mut free: BTreeMap<String, usize> = BTreeMap::new();
-    let mut wait = None;
+    let mut needs = Needs::default();
     for n in &c.outdated {
         // Paired already, or opted out (no surge node for it meanwhile).
         if annotation(n, HEIR_ANNOTATION).is_some() || crate::decide::do_not_disrupt::node_holds(n)
@@ -225,23 +234,21 @@ fn needing_surge(
             continue;
         }
         let pods = (s.node_pods)(&n.name_any());
-        if rollout::pods_hold(pods, s.now, |d| {
-            wait = crate::decide::earliest(wait, Some(d))
-        })
-        .is_some()
-        {
-            continue;
+        let again = |d| needs.wait = crate::decide::earliest(needs.wait, Some(d));
+        match rollout::pods_hold(pods, s.now, again) {
+            Some((crate::decide::rollout::WAIT_PODS_UNREAD, _)) => {}
+            Some((_, why)) => needs.held.push(format!("node {}: {why}", n.name_any())),
+            None => *free.entry(g).or_default() += 1,
         }
-        *free.entry(g).or_default() += 1;
     }
-    let needed = free
+    needs.per_group = free
         .into_iter()
         .map(|(g, n)| {
             let left = n.saturating_sub(covered.get(&g).copied().unwrap_or(0));
             (g, left)
         })
         .collect();
-    (needed, wait)
+    needs
 }
 
 /// The PendingNode a create-node answer is recorded as.

@@ -31,11 +31,8 @@ fn an_opted_out_node_gets_no_surge_node() {
         1,
         "one surge node, for b only: {reqs}"
     );
-    let st = w.nv.status.as_ref().expect("status");
-    let outdated = st.conditions.iter().find(|c| c.type_ == CONDITION_OUTDATED);
-    let msg = outdated.map(|c| c.message.as_str()).unwrap_or_default();
     assert_eq!(
-        msg,
+        outdated_says(&w),
         "Some node versions are out of date; not replaced while karpenter.sh/do-not-disrupt is on node a"
     );
 }
@@ -155,8 +152,22 @@ fn a_paired_donor_is_not_drained_while_its_pod_opts_out() {
     };
     let plan = decide(&w.snap());
     assert!(!drains(&plan), "drained under do-not-disrupt: {plan:?}");
+    assert_eq!(
+        outdated_says(&w),
+        "Some node versions are out of date; not replaced while node old: pod prod/db-0 has karpenter.sh/do-not-disrupt=true"
+    );
+    // Taken off: the status says so first, then the donor is drained.
     w.node_pods = Box::new(|_| Some(Vec::new()));
+    w.settle_status();
+    assert_eq!(outdated_says(&w), "Some node versions are out of date");
     assert!(drains(&decide(&w.snap())));
+}
+
+/// The Outdated condition's message in the stored status.
+fn outdated_says(w: &World) -> String {
+    let st = w.nv.status.as_ref().expect("status");
+    let c = st.conditions.iter().find(|c| c.type_ == CONDITION_OUTDATED);
+    c.map(|c| c.message.clone()).unwrap_or_default()
 }
 
 /// The surge requests a plan records, if it records any.
@@ -183,11 +194,16 @@ fn a_node_whose_pod_opts_out_gets_no_surge_node() {
     w.settle_status();
     let plan = decide(&w.snap());
     assert_eq!(requests_recorded(&plan).len(), 1, "for b only: {plan:?}");
-    // Its only outdated node held: nothing asked, looked at again.
+    // Its only outdated node held: nothing asked, looked at again, and
+    // the Outdated condition says why.
     w.nodes.remove(1);
     w.settle_status();
     let plan = decide(&w.snap());
     assert!(requests_recorded(&plan).is_empty(), "{plan:?}");
+    assert_eq!(
+        outdated_says(&w),
+        "Some node versions are out of date; not replaced while node a: pod prod/db-0 has karpenter.sh/do-not-disrupt=true"
+    );
     assert!(
         matches!(plan.then, crate::decide::Then::Wait(Some(d)) if d <= Duration::from_secs(30)),
         "{plan:?}"
@@ -196,8 +212,11 @@ fn a_node_whose_pod_opts_out_gets_no_surge_node() {
     // decides again).
     w.node_pods = Box::new(|_| None);
     assert!(requests_recorded(&decide(&w.snap())).is_empty());
-    // Taken off: the surge node is asked for.
+    // Taken off: the status says so first, then the surge node is asked
+    // for.
     w.node_pods = Box::new(|_| Some(Vec::new()));
+    w.settle_status();
+    assert_eq!(outdated_says(&w), "Some node versions are out of date");
     assert_eq!(requests_recorded(&decide(&w.snap())).len(), 1);
 }
 
@@ -221,6 +240,9 @@ fn pods_are_read_only_as_far_as_the_budget_needs() {
         })
     });
     w.settle_status();
+    if let Ok(mut l) = asked.lock() {
+        l.clear();
+    }
     let plan = decide(&w.snap());
     assert_eq!(requests_recorded(&plan).len(), 2, "{plan:?}");
     let asked = asked.lock().map(|l| l.clone()).unwrap_or_default();
