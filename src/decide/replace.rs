@@ -239,6 +239,21 @@ pub fn decide(s: &Snapshot) -> Plan {
     if !annotate.is_empty() {
         return Plan::steps(annotate);
     }
+    // Surge requests already recorded as PendingNodes leave the
+    // annotation before anything else: pairing deletes the PendingNode, and
+    // so does a join on an image no longer named (step 2), and a request
+    // whose record is gone would be asked again (asked after step 2, the
+    // same instance was recorded and called obsolete over and over: the
+    // random worlds' busy loop).
+    let requests = surge_requests(s.nv);
+    let open: Vec<(String, String)> = requests
+        .iter()
+        .filter(|(id, _)| !s.pending.iter().any(|p| request_of(p) == Some(id.as_str())))
+        .cloned()
+        .collect();
+    if open.len() != requests.len() {
+        return Plan::steps(vec![write_requests(s.nv, &open)]);
+    }
     // 2. PendingNodes: status, joins past their deadline, leaves. Such a
     // round waits for its provider calls (an instance delete takes a
     // while), so donors drained meanwhile leave in it too, ahead of the
@@ -249,6 +264,14 @@ pub fn decide(s: &Snapshot) -> Plan {
     // 3. ScalingGroups follow the image.
     if let Some(plan) = groups::scaling_groups(s) {
         return plan;
+    }
+    // Our NodeMaintenances on nodes gone (deleted, and the give-back
+    // after the delete refused) or no longer governed: given back. Left,
+    // each stayed until the NodeVersion went (found by the random worlds).
+    let ours = |m: &NodeMaintenance| disrupt::owned_by(m, "NodeVersion", &s.nv.name_any());
+    let orphaned = super::rollout::reclaim_gone(s.maintenances, s.nodes, ours);
+    if !orphaned.is_empty() {
+        return Plan::steps(orphaned);
     }
 
     let c = classify(s);
@@ -282,19 +305,6 @@ pub fn decide(s: &Snapshot) -> Plan {
     }
     let events = overdue_events(s, &c);
 
-    // Surge requests already recorded as PendingNodes leave the
-    // annotation first: pairing deletes the PendingNode, and a request
-    // whose record is gone would be asked again.
-    let requests = surge_requests(s.nv);
-    let open: Vec<(String, String)> = requests
-        .iter()
-        .filter(|(id, _)| !s.pending.iter().any(|p| request_of(p) == Some(id.as_str())))
-        .cloned()
-        .collect();
-    if open.len() != requests.len() {
-        return Plan::steps(vec![write_requests(s.nv, &open)]);
-    }
-
     // 4. The autoscaler: off while anything is being replaced.
     let done = c.all_up_to_date(s.pending.len()) && surge_requests(s.nv).is_empty();
     let toggles = autoscaler_toggles(s, done);
@@ -310,7 +320,7 @@ pub fn decide(s: &Snapshot) -> Plan {
         return plan;
     }
     // 6. Unpair what lost its partner.
-    if let Some(plan) = unpair(&c) {
+    if let Some(plan) = unpair(s, &c) {
         return plan;
     }
     // 7. Heirs inherit labels; donors are drained, then deleted.

@@ -71,6 +71,14 @@ pub fn classify<'a>(s: &'a Snapshot) -> Classes<'a> {
         } else if differs(s, Some(&node_image), node_components) {
             if annotation(n, HEIR_ANNOTATION).is_some() {
                 c.donors.push(n);
+            } else if annotation(n, DONOR_ANNOTATION).is_some() {
+                // A heir whose image the NodeVersion stopped naming (it
+                // changed mid-pair): the pair completes — its donor goes as
+                // planned — and the heir, released, is outdated like any
+                // other. Constellation calls it outdated at once, which
+                // unpairs the donor: both were then replaced, the pool
+                // one node larger for good (found by the random worlds).
+                c.heirs.push(n);
             } else {
                 c.outdated.push(n);
             }

@@ -152,27 +152,33 @@ fn pending_one(s: &Snapshot, p: &PendingNode) -> Option<Plan> {
             }
             // A surge node that joined on an image the NodeVersion no
             // longer names (it changed while the node came up) is no heir:
-            // its join is over and it is an outdated node like any other,
-            // replaced in turn. Kept, its PendingNode held the surge budget
-            // for good and the rollout never moved (where-features-meet.md
-            // C3; Constellation keeps it the same way).
+            // it was made to replace a node that now gets a node of the
+            // new image, so it is surplus — obsolete, drained and deleted,
+            // counted in the surge until it is gone. Kept as a Join, its
+            // PendingNode held the surge budget for good and the rollout
+            // never moved (where-features-meet.md C3); replaced in turn
+            // like an outdated node, as Constellation has it, every such
+            // node grew the pool for good (found by the random worlds:
+            // three nodes became six after an image change mid-rollout).
             "Join" if reached && joined_outdated(s, node) => {
-                return Some(
-                    Plan::steps(vec![
-                        super::delete_pending(p),
-                        Effect::Event {
-                            object: nv_ref(s),
-                            warning: false,
-                            reason: "JoinedOutdated",
-                            note: format!(
-                                "surge node {node} joined on an image the NodeVersion no longer names: it is replaced like any outdated node"
-                            ),
-                        },
-                    ])
-                    .info(format!(
-                        "surge node {node} joined outdated; its PendingNode is deleted"
-                    )),
-                );
+                let mark = s
+                    .nodes
+                    .iter()
+                    .find(|n| n.name_any() == node)
+                    .map(|n| super::retire::set(n, OBSOLETE_ANNOTATION, "true"));
+                let mut fx: Vec<Effect> = mark.into_iter().collect();
+                fx.push(super::delete_pending(p));
+                fx.push(Effect::Event {
+                    object: nv_ref(s),
+                    warning: false,
+                    reason: "JoinedOutdated",
+                    note: format!(
+                        "surge node {node} joined on an image the NodeVersion no longer names: surplus, it is drained and deleted"
+                    ),
+                });
+                return Some(Plan::steps(fx).info(format!(
+                    "surge node {node} joined outdated: obsolete, its PendingNode is deleted"
+                )));
             }
             "Leave" if leaving => {
                 if let Leave::Issue(plan) = leave(s, p, st.as_deref()) {

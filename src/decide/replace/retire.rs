@@ -53,7 +53,7 @@ pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
     let mut mints: Vec<&(&Node, &PendingNode)> = c.mints.iter().collect();
     mints.sort_by_key(|(m, _)| m.name_any());
     let mut taken: Vec<String> = Vec::new();
-    let (mut fx, mut lines) = (Vec::new(), Vec::new());
+    let (mut fx, mut lines) = (leftover_joins(s, c), Vec::new());
     for (mint, pn) in mints {
         let group = pn
             .spec
@@ -96,6 +96,37 @@ pub(super) fn pair(s: &Snapshot, c: &Classes) -> Option<Plan> {
     (!fx.is_empty()).then(|| Plan::steps(fx).info(lines.join("; ")))
 }
 
+/// Join PendingNodes of nodes already paired (the donor names the heir
+/// back) or called obsolete: the pairing's delete did not go through (a
+/// refused or lost write). Deleted now: left, a heir released once its
+/// donor is gone would look like a new node and pair again — two nodes
+/// replaced by one (found by the random worlds, `tests/world.rs`). A
+/// pairing only half written keeps its PendingNode: unpaired, the node
+/// pairs again.
+fn leftover_joins(s: &Snapshot, c: &Classes) -> Vec<Effect> {
+    let paired = c.heirs.iter().filter(|h| {
+        let donor = annotation(h, DONOR_ANNOTATION).unwrap_or_default();
+        c.donors.iter().any(|d| {
+            d.name_any() == donor && annotation(d, HEIR_ANNOTATION) == Some(h.name_any().as_str())
+        })
+    });
+    let placed: BTreeSet<String> = paired
+        .chain(c.obsolete.iter())
+        .map(|n| n.name_any())
+        .collect();
+    s.pending
+        .iter()
+        .filter(|p| p.spec.goal.as_deref() == Some("Join"))
+        .filter(|p| {
+            p.spec
+                .node_name
+                .as_ref()
+                .is_some_and(|n| placed.contains(n))
+        })
+        .map(|p| delete_pending(p))
+        .collect()
+}
+
 enum Donor<'n> {
     Free(&'n Node),
     /// Outdated nodes are left, but a pod opted out of disruption holds
@@ -125,7 +156,12 @@ fn free_donor<'n>(s: &Snapshot, outdated: &[&&'n Node]) -> Donor<'n> {
 
 /// Heirs whose donor does not name them back, and donors whose heir does
 /// not name them back, lose the annotation.
-pub(super) fn unpair(c: &Classes) -> Option<Plan> {
+/// A heir whose donor is gone keeps its annotation: it inherited, and is
+/// released by the round after. (Only the donor's side was once undone: a
+/// pairing whose donor write was refused left the heir paired with a
+/// node that never named it, holding a surge slot for good while that
+/// node waited for another — found by the random worlds.)
+pub(super) fn unpair(s: &Snapshot, c: &Classes) -> Option<Plan> {
     let mut fx = Vec::new();
     for d in &c.donors {
         let heir = annotation(d, HEIR_ANNOTATION).unwrap_or_default();
@@ -134,6 +170,16 @@ pub(super) fn unpair(c: &Classes) -> Option<Plan> {
         });
         if !named_back {
             fx.push(unset(d, HEIR_ANNOTATION));
+        }
+    }
+    for h in &c.heirs {
+        let donor = annotation(h, DONOR_ANNOTATION).unwrap_or_default();
+        let names_back = |n: &&Arc<Node>| {
+            n.name_any() == donor && annotation(n, HEIR_ANNOTATION) == Some(h.name_any().as_str())
+        };
+        let donor_here = s.nodes.iter().any(|n| n.name_any() == donor);
+        if donor_here && !s.nodes.iter().any(|n| names_back(&n)) {
+            fx.push(unset(h, DONOR_ANNOTATION));
         }
     }
     (!fx.is_empty()).then(|| Plan::steps(fx))

@@ -50,15 +50,17 @@ pub(super) fn annotate(nv: &NodeVersion, key: &str, value: Value) -> Effect {
     }
 }
 
-/// Extra nodes a rollout has out now: heirs, awaiting nodes, PendingNodes
-/// (joining or leaving) and surge requests not yet PendingNodes.
+/// Extra nodes a rollout has out now: heirs, awaiting nodes, obsolete
+/// nodes (surplus still running: a surge node that joined outdated, or
+/// with nothing left to replace), PendingNodes (joining or leaving) and
+/// surge requests not yet PendingNodes.
 pub(super) fn extra(s: &Snapshot, c: &Classes) -> usize {
     let recorded: Vec<String> = surge_requests(s.nv)
         .into_iter()
         .filter(|(id, _)| !s.pending.iter().any(|p| request_of(p) == Some(id.as_str())))
         .map(|(id, _)| id)
         .collect();
-    c.heirs.len() + c.awaiting.len() + s.pending.len() + recorded.len()
+    c.heirs.len() + c.awaiting.len() + c.obsolete.len() + s.pending.len() + recorded.len()
 }
 
 /// The surge request a PendingNode was created for.

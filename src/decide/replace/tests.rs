@@ -338,8 +338,10 @@ fn reserved_label_keys() {
 mod do_not_disrupt;
 mod fields;
 mod groups;
+mod interrupted;
 mod objects;
 mod reports;
 mod stuck_donors;
 mod surge;
 mod windows;
+mod world;

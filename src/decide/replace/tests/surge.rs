@@ -542,17 +542,26 @@ fn a_drained_donor_leaves_in_the_round_that_deletes_another_instance() {
 /// where-features-meet.md C3: the image changed while a surge node came
 /// up, so it joined on the old one. Its reached Join PendingNode held the
 /// surge budget (no timeout, nothing said) and the rollout never moved.
-/// Now the join is over: the PendingNode goes, the node is one more
-/// outdated node, and the budget is spent on the next surge.
+/// Now the join is over and the node is surplus: called obsolete (it was
+/// made to replace a node that now gets one of the new image), its
+/// PendingNode goes, it counts in the surge until it is gone, and then
+/// the budget is spent on the next surge. (Replaced in turn like an
+/// outdated node, it grew the pool for good: the random worlds.)
 #[test]
-fn a_surge_node_that_joined_on_the_old_image_frees_the_budget() {
+fn a_surge_node_that_joined_on_the_old_image_is_surplus_and_then_frees_the_budget() {
     let mut w = three_outdated_workers(1);
     w.nodes.push(node("d", "g", "img-1", &[]));
     w.pending = vec![pending("d", "g", "Join", "Ready")];
     w.settle_status();
     let plan = decide(&w.snap());
     assert!(
-        matches!(&plan.effects[0], Effect::DeleteObject { kind: Kind::PendingNode, name, .. } if name == "d"),
+        matches!(&plan.effects[0], Effect::PatchNode { node, patch, .. }
+            if node == "d" && patch["metadata"]["annotations"][OBSOLETE_ANNOTATION] == "true"),
+        "{:?}",
+        plan.effects
+    );
+    assert!(
+        matches!(&plan.effects[1], Effect::DeleteObject { kind: Kind::PendingNode, name, .. } if name == "d"),
         "{:?}",
         plan.effects
     );
@@ -567,11 +576,17 @@ fn a_surge_node_that_joined_on_the_old_image_frees_the_budget() {
         "{:?}",
         plan.effects
     );
-    // Gone: four outdated nodes, and a surge request for the next one.
+    // Obsolete and still there: it holds the surge.
+    w.nodes[3] = node("d", "g", "img-1", &[(OBSOLETE_ANNOTATION, "true")]);
     w.pending.clear();
     w.settle_status();
     let st = w.nv.status.as_ref().unwrap();
-    assert_eq!((st.outdated.len(), st.budget), (4, 1));
+    assert_eq!((st.outdated.len(), st.obsolete.len(), st.budget), (3, 1, 0));
+    // Gone: the budget is spent on the next surge.
+    w.nodes.truncate(3);
+    w.settle_status();
+    let st = w.nv.status.as_ref().unwrap();
+    assert_eq!((st.outdated.len(), st.budget), (3, 1));
     let (reqs, _) = recorded_requests(&w);
     assert_eq!(reqs.split(',').count(), 1, "{reqs}");
     // A surge node on the new image pairs as before (its PendingNode goes

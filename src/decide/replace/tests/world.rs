@@ -1,0 +1,491 @@
+//! Replacement over random worlds: 2–5 workers of one scaling group on
+//! image img-1, a NodeVersion asking for img-2 with a surge of 1–3, and a
+//! simulated cloud behind the provider protocol (instances that take a
+//! few steps to join and to terminate, a group image the provider sets).
+//! Each step runs one pass as the service does: the provider questions
+//! answered from the cloud, `decide` on a governing copy of the
+//! NodeVersion (now and then the copy of a step ago), its effects applied
+//! as the API server and the cloud would — resourceVersion guards
+//! included — and decided again until it waits. Any write may fail (it
+//! ends the pass, as the executor's error does), provider calls and reads
+//! fail now and then, drains take a few steps. People: a pod with
+//! Karpenter's `karpenter.sh/do-not-disrupt` started on a node and taken
+//! off, an administrator's NodeMaintenance on a node for a while, the
+//! image changed again mid-rollout.
+//!
+//! Invariants, on the world's own reading, never the NodeVersion's
+//! status: the cloud never runs more instances than the nodes asked for
+//! plus the surge; a node is deleted only once a NodeMaintenance of the
+//! NodeVersion drained it; no NodeMaintenance is created on a node an
+//! opted-out pod holds or whose pods were not read, nor on one an
+//! administrator's maintenance holds; a pass ends in a wait within a bound
+//! (no busy loop); and once people and faults stop, within a bounded
+//! number of steps every node runs the last image asked for, as many as
+//! before, nothing paired, pending or in maintenance, and the cloud runs
+//! exactly the nodes.
+//!
+//! A failing world prints its seed; `NODEKEEPER_WORLD_SEED=N` replays it.
+
+use super::*;
+use crate::decide::reboot::tests::world_tools::{Rng, all_worlds, merge, replaying, world_seeds};
+use k8s_openapi::jiff::SignedDuration;
+use serde_json::Value;
+
+mod server;
+
+const WORLDS: u64 = 600;
+const STEPS: usize = 40;
+/// Decisions in one pass before it must wait.
+const PASS_BOUND: usize = 40;
+const GROUP: &str = "g";
+
+#[derive(Clone, Debug, PartialEq)]
+enum State {
+    /// Joins after this many steps.
+    Creating(u32),
+    Ready,
+    /// Gone after this many steps.
+    Terminating(u32),
+    Terminated,
+}
+
+struct Instance {
+    name: String,
+    image: String,
+    state: State,
+    /// The surge request it was created for.
+    request: Option<String>,
+}
+
+struct World {
+    rng: Rng,
+    now: Timestamp,
+    rv: u64,
+    nv: NodeVersion,
+    /// The NodeVersion as it was a step ago (a stale read).
+    stale: NodeVersion,
+    nodes: Vec<Node>,
+    pending: Vec<PendingNode>,
+    groups: Vec<ScalingGroup>,
+    nms: Vec<NodeMaintenance>,
+    failures: BTreeMap<String, Failure>,
+    /// Instances by providerID.
+    cloud: BTreeMap<String, Instance>,
+    group_image: String,
+    /// Nodes with a pod that opts out of disruption.
+    opted_out: BTreeSet<String>,
+    /// Nodes whose pods are not read in this pass.
+    unread: BTreeSet<String>,
+    /// Administrators' maintenances: node → steps left.
+    admin: BTreeMap<String, u32>,
+    /// Drains under way: NodeMaintenance name → steps left.
+    draining: BTreeMap<String, u32>,
+    faults: bool,
+    people: bool,
+    /// How many nodes the rollout keeps, and its surge.
+    count: usize,
+    surge: usize,
+    serial: u32,
+    trace: Vec<String>,
+    /// Tallies: nodes replaced, surge requests answered, writes refused.
+    deleted: usize,
+    created: usize,
+    refused: usize,
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let count = 2 + rng.below(4) as usize;
+        let surge = 1 + rng.below(3) as usize;
+        let mut cloud = BTreeMap::new();
+        let mut nodes = Vec::new();
+        for i in 0..count {
+            let name = format!("w{i}");
+            cloud.insert(
+                format!("kwok://{name}"),
+                Instance {
+                    name: name.clone(),
+                    image: "img-1".into(),
+                    state: State::Ready,
+                    request: None,
+                },
+            );
+            nodes.push((*node(&name, GROUP, "img-1", &[])).clone());
+        }
+        let mut v = nv("img-2", surge as i32);
+        v.spec.join_timeout_seconds = 120;
+        v.spec.drain_timeout_seconds = 600;
+        World {
+            rng,
+            now: now(),
+            rv: 10,
+            stale: v.clone(),
+            nv: v,
+            nodes,
+            pending: Vec::new(),
+            groups: vec![(*group("workers", GROUP, "Worker", "img-1")).clone()],
+            nms: Vec::new(),
+            failures: BTreeMap::new(),
+            cloud,
+            group_image: "img-1".into(),
+            opted_out: BTreeSet::new(),
+            unread: BTreeSet::new(),
+            admin: BTreeMap::new(),
+            draining: BTreeMap::new(),
+            faults: true,
+            people: true,
+            count,
+            surge,
+            serial: 0,
+            trace: Vec::new(),
+            deleted: 0,
+            created: 0,
+            refused: 0,
+        }
+    }
+
+    fn bump(&mut self) -> String {
+        self.rv += 1;
+        self.rv.to_string()
+    }
+
+    /// One step: people, the cloud and the drains move, then one pass.
+    fn step(&mut self) {
+        if self.people {
+            self.people_act();
+        }
+        self.cloud_moves();
+        self.drains_move();
+        self.unread = if self.faults {
+            self.nodes
+                .iter()
+                .map(|n| n.name_any())
+                .filter(|_| self.rng.chance(5))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        self.pass();
+        self.stale = self.nv.clone();
+        self.now = self
+            .now
+            .checked_add(SignedDuration::from_secs(2 + self.rng.below(15) as i64))
+            .unwrap_or(self.now);
+    }
+
+    fn people_act(&mut self) {
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name_any()).collect();
+        if !names.is_empty() && self.rng.chance(8) {
+            let n = names[self.rng.below(names.len() as u64) as usize].clone();
+            self.trace.push(format!("{n}: a pod opts out"));
+            self.opted_out.insert(n);
+        }
+        if !self.opted_out.is_empty() && self.rng.chance(15) {
+            let i = self.rng.below(self.opted_out.len() as u64) as usize;
+            if let Some(n) = self.opted_out.iter().nth(i).cloned() {
+                self.trace.push(format!("{n}: the opted-out pod goes"));
+                self.opted_out.remove(&n);
+            }
+        }
+        if !names.is_empty() && self.rng.chance(4) {
+            let n = names[self.rng.below(names.len() as u64) as usize].clone();
+            let free = !self.nms.iter().any(|m| m.spec.node_name == n);
+            if free {
+                self.trace
+                    .push(format!("{n}: an administrator's maintenance"));
+                let mut m = NodeMaintenance::new(
+                    &format!("admin-{n}"),
+                    crate::api::nodemaintenance::NodeMaintenanceSpec {
+                        node_name: n.clone(),
+                        reason: Some("by hand".into()),
+                    },
+                );
+                m.metadata.uid = Some(format!("uid-admin-{n}-{}", self.rv));
+                m.metadata.resource_version = Some(self.bump());
+                m.metadata.creation_timestamp = Some(Time(self.now));
+                self.nms.push(m);
+                self.admin.insert(n, 2 + self.rng.below(6) as u32);
+            }
+        }
+        if self.nv.spec.image.as_deref() == Some("img-2") && self.rng.chance(2) {
+            self.trace.push("the image changes to img-3".into());
+            self.nv.spec.image = Some("img-3".into());
+            self.nv.metadata.resource_version = Some(self.bump());
+        }
+    }
+
+    /// Instances join and terminate; an administrator's maintenance ends.
+    fn cloud_moves(&mut self) {
+        let mut joined = Vec::new();
+        let mut gone = Vec::new();
+        for (pid, i) in self.cloud.iter_mut() {
+            i.state = match i.state {
+                State::Creating(0) => {
+                    joined.push(i.name.clone());
+                    State::Ready
+                }
+                State::Creating(n) => State::Creating(n - 1),
+                State::Terminating(0) => {
+                    gone.push(i.name.clone());
+                    State::Terminated
+                }
+                State::Terminating(n) => State::Terminating(n - 1),
+                ref s => s.clone(),
+            };
+            let _ = pid;
+        }
+        for name in joined {
+            // A new node registers without the provider's annotations.
+            let mut n = (*node(&name, GROUP, "", &[])).clone();
+            n.metadata.annotations = None;
+            n.metadata.resource_version = Some(self.bump());
+            self.trace.push(format!("{name} joins"));
+            self.nodes.push(n);
+        }
+        for name in gone {
+            self.nodes.retain(|n| n.name_any() != name);
+        }
+        let ended: Vec<String> = self
+            .admin
+            .iter_mut()
+            .filter_map(|(n, left)| {
+                *left = left.saturating_sub(1);
+                (*left == 0).then(|| n.clone())
+            })
+            .collect();
+        for n in ended {
+            self.admin.remove(&n);
+            self.nms.retain(|m| m.name_any() != format!("admin-{n}"));
+            self.trace
+                .push(format!("{n}: the administrator's maintenance ends"));
+        }
+    }
+
+    /// A drain takes a few steps; a pod that opted out after it began
+    /// holds it.
+    fn drains_move(&mut self) {
+        for m in self.nms.iter_mut() {
+            let name = m.name_any();
+            if name.starts_with("admin-") {
+                continue;
+            }
+            let phase = m.status.as_ref().and_then(|s| s.phase);
+            if phase.is_none() {
+                self.draining
+                    .insert(name.clone(), 1 + self.rng.below(3) as u32);
+                m.status = Some(crate::api::nodemaintenance::NodeMaintenanceStatus {
+                    phase: Some(Phase::Running),
+                    ..Default::default()
+                });
+                continue;
+            }
+            if self.opted_out.contains(&m.spec.node_name) {
+                continue;
+            }
+            if let Some(left) = self.draining.get_mut(&name) {
+                if *left == 0 {
+                    m.status = Some(crate::api::nodemaintenance::NodeMaintenanceStatus {
+                        phase: Some(Phase::Succeeded),
+                        ..Default::default()
+                    });
+                    self.draining.remove(&name);
+                } else {
+                    *left -= 1;
+                }
+            }
+        }
+    }
+
+    /// What the provider answers to `read` about `id`.
+    fn answer(&mut self, read: Read, id: &str) -> Result<String, String> {
+        if self.faults && self.rng.chance(5) {
+            return Err(format!(
+                "provider {}: the cloud did not answer",
+                read.verb()
+            ));
+        }
+        let i = self.cloud.get(id);
+        match read {
+            Read::ScalingGroupId => i.map(|_| GROUP.to_string()),
+            Read::NodeImage => i.map(|i| i.image.clone()),
+            Read::NodeState => i.map(|i| {
+                match i.state {
+                    State::Creating(_) => "Creating",
+                    State::Ready => "Ready",
+                    State::Terminating(_) => "Terminating",
+                    State::Terminated => "Terminated",
+                }
+                .to_string()
+            }),
+            Read::ScalingGroupImage => Some(self.group_image.clone()),
+        }
+        .ok_or_else(|| format!("provider {}: no instance {id}", read.verb()))
+    }
+
+    /// One pass: decide and apply until the decision waits.
+    fn pass(&mut self) {
+        for _ in 0..PASS_BOUND {
+            let base = if self.faults && self.rng.chance(10) {
+                self.stale.clone()
+            } else {
+                self.nv.clone()
+            };
+            let (nv, reading) = governing(&base);
+            let nodes: Vec<Arc<Node>> = self.nodes.iter().cloned().map(Arc::new).collect();
+            let pending: Vec<Arc<PendingNode>> =
+                self.pending.iter().cloned().map(Arc::new).collect();
+            let groups: Vec<Arc<ScalingGroup>> =
+                self.groups.iter().cloned().map(Arc::new).collect();
+            let nms: Vec<Arc<NodeMaintenance>> = self.nms.iter().cloned().map(Arc::new).collect();
+            let facts = Facts::default();
+            let failures = self.failures.clone();
+            let in_flight = BTreeSet::new();
+            let mut snap = Snapshot {
+                nv: &nv,
+                nodes: &nodes,
+                pending: &pending,
+                groups: &groups,
+                strategies: &[],
+                maintenances: &nms,
+                facts: &facts,
+                failures: &failures,
+                in_flight: &in_flight,
+                server_version: None,
+                others_busy: false,
+                others_unknown: false,
+                governed_elsewhere: 0,
+                fields: &reading,
+                node_pods: &|_| None,
+                now: self.now,
+            };
+            let mut facts = Facts::default();
+            for (read, id) in questions(&snap) {
+                let a = self.answer(read, &id);
+                facts.insert(read, id, a);
+            }
+            snap.facts = &facts;
+            let (opted, unread) = (self.opted_out.clone(), self.unread.clone());
+            let pods = move |n: &str| -> Option<Vec<Arc<crate::api::pod::Pod>>> {
+                if unread.contains(n) {
+                    return None;
+                }
+                Some(if opted.contains(n) {
+                    vec![crate::decide::do_not_disrupt::tests::opted_out_pod(
+                        "keep", n, "true", "Running", None,
+                    )]
+                } else {
+                    Vec::new()
+                })
+            };
+            let plan = decide(&Snapshot {
+                node_pods: &pods,
+                ..snap
+            });
+            let applied = self.apply(&plan.effects, &nv);
+            if !applied || matches!(plan.then, crate::decide::Then::Wait(_)) {
+                return;
+            }
+        }
+        panic!("a pass decided {PASS_BOUND} times without waiting (a busy loop)");
+    }
+
+    /// Never more instances running or starting than the nodes kept plus
+    /// the surge.
+    fn check_surge(&self) {
+        let alive = self
+            .cloud
+            .values()
+            .filter(|i| matches!(i.state, State::Creating(_) | State::Ready))
+            .count();
+        assert!(
+            alive <= self.count + self.surge,
+            "{alive} instances for {} nodes and a surge of {}",
+            self.count,
+            self.surge
+        );
+    }
+
+    /// Once people and faults stopped: every node on the last image, as
+    /// many as before, nothing left over.
+    fn assert_settled(&self) {
+        let want = self.nv.spec.image.clone().unwrap_or_default();
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name_any()).collect();
+        assert_eq!(self.nodes.len(), self.count, "nodes: {names:?}");
+        for n in &self.nodes {
+            let pid = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.clone())
+                .unwrap_or_default();
+            let image = self.cloud.get(&pid).map(|i| i.image.as_str());
+            assert_eq!(
+                image,
+                Some(want.as_str()),
+                "{} runs another image",
+                n.name_any()
+            );
+            for key in [HEIR_ANNOTATION, DONOR_ANNOTATION, OBSOLETE_ANNOTATION] {
+                assert!(
+                    !n.annotations().contains_key(key),
+                    "{}: {key} left",
+                    n.name_any()
+                );
+            }
+        }
+        assert!(
+            self.pending.is_empty(),
+            "PendingNodes left: {}",
+            self.pending.len()
+        );
+        assert!(
+            self.nms.is_empty(),
+            "NodeMaintenances left: {}",
+            self.nms.len()
+        );
+        let alive = self
+            .cloud
+            .values()
+            .filter(|i| matches!(i.state, State::Creating(_) | State::Ready))
+            .count();
+        assert_eq!(alive, self.count, "instances running for no node");
+    }
+}
+
+#[test]
+fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() {
+    let (mut deleted, mut created, mut refused) = (0, 0, 0);
+    for seed in world_seeds(WORLDS) {
+        let mut w = World::new(seed);
+        replaying(
+            seed,
+            &mut w,
+            |w| &w.trace,
+            12,
+            |w| {
+                for _ in 0..STEPS {
+                    w.step();
+                }
+                w.people = false;
+                w.faults = false;
+                w.opted_out.clear();
+                for _ in 0..60 {
+                    w.step();
+                }
+                w.assert_settled();
+            },
+        );
+        deleted += w.deleted;
+        created += w.created;
+        refused += w.refused;
+    }
+    println!(
+        "{WORLDS} replacement worlds: {deleted} nodes deleted, {created} surge instances, {refused} writes refused"
+    );
+    if all_worlds() {
+        assert!(
+            deleted > WORLDS as usize * 2,
+            "only {deleted} nodes replaced"
+        );
+    }
+}

@@ -1,0 +1,305 @@
+//! The replacement worlds' API server and cloud: each effect of a pass
+//! applied as they would apply it (resourceVersion guards, server-side
+//! apply of statuses, a create-node answered with the same instance for
+//! the same request), a write refused now and then, and the invariants
+//! checked as an effect lands.
+
+use super::*;
+
+impl World {
+    /// Apply `effects` in order; false when one failed (the pass ends).
+    pub(super) fn apply(&mut self, effects: &[Effect], governing_nv: &NodeVersion) -> bool {
+        for e in effects {
+            if matches!(e, Effect::Event { .. }) {
+                continue;
+            }
+            if self.faults && self.rng.chance(4) {
+                self.refused += 1;
+                self.trace.push(format!("refused: {}", short(e)));
+                if let Effect::Provider { key, .. } = e {
+                    self.fail(key, "provider: refused".into());
+                }
+                return false;
+            }
+            self.trace.push(format!("apply: {}", short(e)));
+            if !self.apply_one(e, governing_nv) {
+                return false;
+            }
+            self.check_surge();
+        }
+        true
+    }
+
+    fn fail(&mut self, key: &str, message: String) {
+        let at = self.now;
+        self.failures
+            .insert(key.to_string(), Failure { message, at });
+    }
+
+    fn apply_one(&mut self, e: &Effect, governing_nv: &NodeVersion) -> bool {
+        match e {
+            Effect::Provider { key, verb, request } => {
+                self.provider(key, verb, request, governing_nv)
+            }
+            Effect::PatchObject {
+                kind, name, patch, ..
+            } => self.patch_object(*kind, name, patch),
+            Effect::WriteObjectStatus {
+                kind,
+                name,
+                resource_version,
+                status,
+            } => {
+                // Server-side apply by one field manager: the status is
+                // replaced, not merged.
+                let clear = json!({
+                    "metadata": { "resourceVersion": resource_version },
+                    "status": null,
+                });
+                self.patch_object(*kind, name, &clear)
+                    && self.patch_object(*kind, name, &json!({ "status": status }))
+            }
+            Effect::PatchNode {
+                node,
+                resource_version,
+                patch,
+            } => self.patch_node(node, resource_version.as_deref(), patch),
+            Effect::CreateObject { kind, object } => self.create(*kind, object),
+            Effect::DeleteObject { kind, name, uid } => {
+                assert_eq!(
+                    *kind,
+                    Kind::PendingNode,
+                    "deletes only PendingNodes: {name}"
+                );
+                self.pending
+                    .retain(|p| !(p.name_any() == *name && (uid.is_none() || p.uid() == *uid)));
+                true
+            }
+            Effect::DeleteNode { name, uid } => self.delete_node(name, uid.as_deref()),
+            Effect::CreateMaintenance { nm } => self.create_maintenance(nm),
+            Effect::DeleteMaintenance { nm, uid } => {
+                self.nms
+                    .retain(|m| !(m.name_any() == *nm && m.uid().as_deref() == Some(uid.as_str())));
+                self.draining.remove(nm);
+                true
+            }
+            other => panic!("replacement asked for an effect it never makes: {other:?}"),
+        }
+    }
+
+    fn patch_node(&mut self, node: &str, guard: Option<&str>, patch: &Value) -> bool {
+        let rv = self.bump();
+        let Some(n) = self.nodes.iter_mut().find(|n| n.name_any() == node) else {
+            return false;
+        };
+        if guard.is_some() && guard != n.metadata.resource_version.as_deref() {
+            return false;
+        }
+        let mut v = serde_json::to_value(&*n).unwrap_or_default();
+        merge(&mut v, patch);
+        v["metadata"]["resourceVersion"] = json!(rv);
+        match serde_json::from_value(v) {
+            Ok(x) => *n = x,
+            Err(e) => panic!("{node}: a node patch the API server would refuse: {e}"),
+        }
+        true
+    }
+
+    fn provider(&mut self, key: &str, verb: &str, request: &Value, nv: &NodeVersion) -> bool {
+        if self.faults && self.rng.chance(5) {
+            self.fail(key, format!("provider {verb}: the cloud refused"));
+            return false;
+        }
+        self.failures.remove(key);
+        match verb {
+            "create-node" => self.create_node(request, nv),
+            "delete-node" => {
+                let pid = request["providerID"].as_str().unwrap_or_default();
+                if let Some(i) = self.cloud.get_mut(pid)
+                    && matches!(i.state, State::Creating(_) | State::Ready)
+                {
+                    i.state = State::Terminating(self.rng.below(3) as u32);
+                }
+                true
+            }
+            "set-scaling-group-image" => {
+                self.group_image = request["image"].as_str().unwrap_or_default().to_string();
+                true
+            }
+            other => panic!("a provider call the worlds do not model: {other}"),
+        }
+    }
+
+    /// The same request is the same instance; the answer is recorded as
+    /// its PendingNode next, as the service does.
+    fn create_node(&mut self, request: &Value, nv: &NodeVersion) -> bool {
+        let id = request["requestId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let group = request["groupId"].as_str().unwrap_or_default().to_string();
+        let existing = self
+            .cloud
+            .iter()
+            .find(|(_, i)| i.request.as_deref() == Some(id.as_str()))
+            .map(|(pid, i)| (pid.clone(), i.name.clone()));
+        let (pid, name) = existing.unwrap_or_else(|| {
+            self.serial += 1;
+            let name = format!("s{}", self.serial);
+            let pid = format!("kwok://{name}");
+            let state = State::Creating(1 + self.rng.below(3) as u32);
+            let instance = Instance {
+                name: name.clone(),
+                image: self.group_image.clone(),
+                state,
+                request: Some(id.clone()),
+            };
+            self.cloud.insert(pid.clone(), instance);
+            self.created += 1;
+            (pid, name)
+        });
+        self.check_surge();
+        let (reading, facts, failures, in_flight) = (
+            Reading::default(),
+            Facts::default(),
+            BTreeMap::new(),
+            BTreeSet::new(),
+        );
+        let snap = Snapshot {
+            nv,
+            nodes: &[],
+            pending: &[],
+            groups: &[],
+            strategies: &[],
+            maintenances: &[],
+            facts: &facts,
+            failures: &failures,
+            in_flight: &in_flight,
+            server_version: None,
+            others_busy: false,
+            others_unknown: false,
+            governed_elsewhere: 0,
+            fields: &reading,
+            node_pods: &|_| None,
+            now: self.now,
+        };
+        let answer = json!({ "nodeName": name, "providerID": pid });
+        match joining(&snap, &id, &group, &answer) {
+            Ok(pn) => self.create(Kind::PendingNode, &pn),
+            Err(e) => panic!("a good answer refused: {e}"),
+        }
+    }
+
+    fn patch_object(&mut self, kind: Kind, name: &str, patch: &Value) -> bool {
+        let rv = self.bump();
+        let want = patch["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string);
+        let mut patch = patch.clone();
+        if let Some(m) = patch.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        match kind {
+            Kind::NodeVersion => patched(&mut self.nv, &want, &patch, &rv),
+            Kind::PendingNode => match self.pending.iter_mut().find(|p| p.name_any() == name) {
+                Some(p) => patched(p, &want, &patch, &rv),
+                None => false,
+            },
+            Kind::ScalingGroup => match self.groups.iter_mut().find(|g| g.name_any() == name) {
+                Some(g) => patched(g, &want, &patch, &rv),
+                None => false,
+            },
+            other => panic!("a write to a kind the worlds do not hold: {other:?}"),
+        }
+    }
+
+    fn create(&mut self, kind: Kind, object: &Value) -> bool {
+        assert_eq!(kind, Kind::PendingNode, "creates only PendingNodes");
+        let mut p: PendingNode = match serde_json::from_value(object.clone()) {
+            Ok(p) => p,
+            Err(e) => panic!("a PendingNode the API server would refuse: {e}"),
+        };
+        if self.pending.iter().any(|x| x.name_any() == p.name_any()) {
+            // AlreadyExists: the executor reads it as done.
+            return true;
+        }
+        p.metadata.uid = Some(format!("pn-{}-{}", p.name_any(), self.rv));
+        p.metadata.resource_version = Some(self.bump());
+        p.metadata.creation_timestamp = Some(Time(self.now));
+        self.pending.push(p);
+        true
+    }
+
+    /// Only a node the NodeVersion's NodeMaintenance drained is deleted.
+    fn delete_node(&mut self, name: &str, uid: Option<&str>) -> bool {
+        let drained = self.nms.iter().any(|m| {
+            m.spec.node_name == name
+                && !m.name_any().starts_with("admin-")
+                && m.status.as_ref().and_then(|s| s.phase) == Some(Phase::Succeeded)
+        });
+        assert!(
+            drained,
+            "node {name} deleted without a drain of ours that succeeded"
+        );
+        self.nodes
+            .retain(|n| !(n.name_any() == name && (uid.is_none() || n.uid().as_deref() == uid)));
+        self.deleted += 1;
+        true
+    }
+
+    /// Never on a node an opted-out pod or someone else holds, or whose
+    /// pods were not read.
+    fn create_maintenance(&mut self, nm: &NodeMaintenance) -> bool {
+        let n = nm.spec.node_name.clone();
+        assert!(
+            !self.opted_out.contains(&n) && !self.unread.contains(&n),
+            "{} created on {n} while {}",
+            nm.name_any(),
+            if self.opted_out.contains(&n) {
+                "a pod opted out"
+            } else {
+                "its pods were not read"
+            }
+        );
+        if self.nms.iter().any(|m| m.spec.node_name == n) {
+            assert!(
+                self.nms.iter().any(|m| m.name_any() == nm.name_any()),
+                "{} created on {n}, which another NodeMaintenance holds",
+                nm.name_any()
+            );
+            return true;
+        }
+        let mut m = nm.clone();
+        m.metadata.uid = Some(format!("uid-{}-{}", m.name_any(), self.rv));
+        m.metadata.resource_version = Some(self.bump());
+        m.metadata.creation_timestamp = Some(Time(self.now));
+        self.nms.push(m);
+        true
+    }
+}
+
+/// A merge patch on `o`, guarded by `want` when given, as the API server
+/// applies it; false on a conflict.
+fn patched<T>(o: &mut T, want: &Option<String>, patch: &Value, rv: &str) -> bool
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + kube::ResourceExt,
+{
+    if want.is_some() && *want != o.resource_version() {
+        return false;
+    }
+    let mut v = serde_json::to_value(&*o).unwrap_or_default();
+    merge(&mut v, patch);
+    v["metadata"]["resourceVersion"] = json!(rv);
+    match serde_json::from_value(v) {
+        Ok(x) => {
+            *o = x;
+            true
+        }
+        Err(e) => panic!("{}: a patch the API server would refuse: {e}", o.name_any()),
+    }
+}
+
+/// An effect, short enough for the trace.
+fn short(e: &Effect) -> String {
+    format!("{e:?}").chars().take(160).collect()
+}
