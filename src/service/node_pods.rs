@@ -8,7 +8,8 @@
 //! nodes every other limit admits are asked about, so a pass reads a
 //! budget's worth of nodes, not the cluster; a waiting decision asks again
 //! on its next pass. The decision stays pure: it reads a snapshot; this
-//! module answers what it could not.
+//! module answers what it could not. A read answers for a second
+//! (`PodWatches::recently_read`): the passes of one burst share it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -78,6 +79,9 @@ impl Known<'_> {
         if let Some(pods) = self.ctx.pods.known_on(node) {
             return Some(pods);
         }
+        if let Some(pods) = self.ctx.pods.recently_read(node) {
+            return Some(pods);
+        }
         if let Some(pods) = lock(&self.read).get(node) {
             return Some(pods.clone());
         }
@@ -134,7 +138,11 @@ async fn read_on(ctx: &Context, node: &str) -> Option<Vec<Arc<Pod>>> {
         api.list(&params).await
     };
     match read {
-        Ok(list) => Some(list.items.into_iter().map(Arc::new).collect()),
+        Ok(list) => {
+            let pods: Vec<Arc<Pod>> = list.items.into_iter().map(Arc::new).collect();
+            ctx.pods.remember_read(node, &pods);
+            Some(pods)
+        }
         Err(kube::Error::Api(status)) if status.code == 403 => {
             static TOLD: std::sync::Once = std::sync::Once::new();
             TOLD.call_once(|| {
