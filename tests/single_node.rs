@@ -245,29 +245,8 @@ fn the_cluster_role_takes_its_own_node_only_once_a_replica_runs_elsewhere() {
         (env, names, fleet)
     });
     let (a, b) = (&names[0], &names[1]);
-    // The cluster role "runs" in a pod on node a.
-    block_on(replica(&env, "cluster-0", a));
-    // A budget of two: only the own-node rule can keep node a waiting.
-    let policy = block_on(create_policy(
-        &env,
-        &fleet,
-        json!({"budget": {"maxUnavailable": 2}}),
-    ));
-    for n in &names {
-        block_on(annotate(
-            &env.client,
-            n,
-            "nodekeeper.io/reboot-needed",
-            Some("now"),
-        ));
-    }
-    let cluster = cluster_role_in_pod(&env, a, "cluster-0");
     // Node b is rebooted; a waits, saying why.
-    let msg = block_on(own_node_held(&env, &policy, a));
-    assert!(
-        msg.contains("no replica of it runs on another node"),
-        "{msg}"
-    );
+    let (cluster, policy) = own_node_waits(&env, &fleet, a, &names);
     fleet.serve(std::slice::from_ref(b), LONG, || {
         block_on(settled(&env.client, std::slice::from_ref(b)))
     });
@@ -316,26 +295,42 @@ fn a_node_under_another_maintenance_does_not_pin_the_cluster_role_to_its_own() {
         &kube::api::Patch::Merge(&under_nmo),
     ))
     .expect("tainting node b as NMO does");
-    block_on(replica(&env, "cluster-0", a));
+    let (_cluster, _) = own_node_waits(&env, &fleet, a, std::slice::from_ref(a));
+    assert_eq!(fleet.commands(a), 0, "the own node was rebooted");
+}
+
+/// The cluster role "running" in pod `cluster-0` on node `own`, a
+/// RebootPolicy with a budget of two (only the own-node rule can keep
+/// `own` waiting) and `needing` asked to reboot: once `own` waits as the
+/// cluster role's own, saying so, the cluster role and the policy's name.
+fn own_node_waits(
+    env: &TestEnv,
+    fleet: &std::sync::Arc<Fleet>,
+    own: &str,
+    needing: &[String],
+) -> (support::Agent, String) {
+    block_on(replica(env, "cluster-0", own));
     let policy = block_on(create_policy(
-        &env,
-        &fleet,
+        env,
+        fleet,
         json!({"budget": {"maxUnavailable": 2}}),
     ));
-    block_on(annotate(
-        &env.client,
-        a,
-        "nodekeeper.io/reboot-needed",
-        Some("now"),
-    ));
-    let cluster = cluster_role_in_pod(&env, a, "cluster-0");
-    let msg = block_on(own_node_held(&env, &policy, a));
+    for n in needing {
+        block_on(annotate(
+            &env.client,
+            n,
+            "nodekeeper.io/reboot-needed",
+            Some("now"),
+        ));
+    }
+    let cluster = cluster_role_in_pod(env, own, "cluster-0");
+    let msg = block_on(own_node_held(env, &policy, own));
     assert!(
         msg.contains("no replica of it runs on another node"),
         "{msg}\n{}",
         cluster.log_text()
     );
-    assert_eq!(fleet.commands(a), 0, "the own node was rebooted");
+    (cluster, policy)
 }
 
 /// A pod of the cluster role on `node`, as the shipped Deployment's

@@ -58,14 +58,7 @@ fn an_admission_is_withdrawn_when_someone_else_takes_the_node_before_our_drain()
             "reason OtherDrainer",
         ),
     ] {
-        let mut p = plan();
-        p.spec.groups.clear();
-        p.spec.hooks.after.clear();
-        let mut w = World::new(p, vec![node("w-1", "v1", false)]);
-        w.step();
-        assert_eq!(w.phase("w-1"), UpgradePhase::PreHooks);
-        w.step();
-        w.finish_job("w-1", true);
+        let mut w = before_hooks_done();
         w.nodes = vec![Arc::new(held)];
         w.step();
         assert!(w.nms.is_empty(), "taken although someone else holds it");
@@ -95,13 +88,7 @@ fn do_not_disrupt_on_a_node_keeps_the_upgrade_off_it() {
     w.step();
     a_waits_do_not_disrupt_and_b_is_taken(&w);
 
-    let mut p = plan();
-    p.spec.groups.clear();
-    p.spec.hooks.after.clear();
-    let mut w = World::new(p, vec![node("w-1", "v1", false)]);
-    w.step();
-    w.step();
-    w.finish_job("w-1", true);
+    let mut w = before_hooks_done();
     w.nodes = vec![Arc::new(held("w-1"))];
     w.step();
     assert!(w.nms.is_empty(), "taken under do-not-disrupt");
@@ -133,14 +120,7 @@ fn do_not_disrupt_on_a_pod_keeps_the_upgrade_off_its_node() {
 /// created and the drain left to wait on the pod.)
 #[test]
 fn a_pod_opting_out_while_the_before_hooks_run_withdraws_the_admission() {
-    let mut p = plan();
-    p.spec.groups.clear();
-    p.spec.hooks.after.clear();
-    let mut w = World::new(p, vec![node("w-1", "v1", false)]);
-    w.step();
-    assert_eq!(w.phase("w-1"), UpgradePhase::PreHooks);
-    w.step();
-    w.finish_job("w-1", true);
+    let mut w = before_hooks_done();
     let opted_out = crate::decide::do_not_disrupt::tests::opted_out_pod;
     w.pods
         .push(opted_out("db-0", "w-1", "true", "Running", None));
@@ -156,6 +136,20 @@ fn a_pod_opting_out_while_the_before_hooks_run_withdraws_the_admission() {
         msg,
         "pod prod/db-0 has karpenter.sh/do-not-disrupt=true; the admission is withdrawn"
     );
+}
+
+/// Node w-1 admitted by a plan with a before hook, the hook's Job
+/// complete: the next pass takes the node, unless something holds it now.
+fn before_hooks_done() -> World {
+    let mut p = plan();
+    p.spec.groups.clear();
+    p.spec.hooks.after.clear();
+    let mut w = World::new(p, vec![node("w-1", "v1", false)]);
+    w.step();
+    assert_eq!(w.phase("w-1"), UpgradePhase::PreHooks);
+    w.step();
+    w.finish_job("w-1", true);
+    w
 }
 
 /// Node b (free) is taken; node a waits `DoNotDisrupt`: its entry.
