@@ -222,7 +222,8 @@ impl PodWatches {
         w.listed.is_open().then(|| w.store.state())
     }
 
-    /// The pods of `node` read within the last [`RECENT_FOR`], if any.
+    /// The pods of `node` read within the last second (`RECENT_FOR`), if
+    /// any.
     pub fn recently_read(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
         let Mode::Scoped(s) = &self.mode else {
             return None;
