@@ -57,6 +57,39 @@ struct Instance {
     request: Option<String>,
 }
 
+/// What a snapshot borrows besides the NodeVersion and the objects.
+#[derive(Default)]
+struct Inputs {
+    reading: Reading,
+    facts: Facts,
+    failures: BTreeMap<String, Failure>,
+    in_flight: BTreeSet<String>,
+}
+
+impl Inputs {
+    /// A snapshot of `nv` at `now` with no objects (a pass adds them).
+    fn snapshot<'a>(&'a self, nv: &'a NodeVersion, now: Timestamp) -> Snapshot<'a> {
+        Snapshot {
+            nv,
+            nodes: &[],
+            pending: &[],
+            groups: &[],
+            strategies: &[],
+            maintenances: &[],
+            facts: &self.facts,
+            failures: &self.failures,
+            in_flight: &self.in_flight,
+            server_version: None,
+            others_busy: false,
+            others_unknown: false,
+            governed_elsewhere: 0,
+            fields: &self.reading,
+            node_pods: &|_| None,
+            now,
+        }
+    }
+}
+
 struct World {
     rng: Rng,
     now: Timestamp,
@@ -338,26 +371,17 @@ impl World {
             let groups: Vec<Arc<ScalingGroup>> =
                 self.groups.iter().cloned().map(Arc::new).collect();
             let nms: Vec<Arc<NodeMaintenance>> = self.nms.iter().cloned().map(Arc::new).collect();
-            let facts = Facts::default();
-            let failures = self.failures.clone();
-            let in_flight = BTreeSet::new();
+            let inputs = Inputs {
+                reading,
+                failures: self.failures.clone(),
+                ..Inputs::default()
+            };
             let mut snap = Snapshot {
-                nv: &nv,
                 nodes: &nodes,
                 pending: &pending,
                 groups: &groups,
-                strategies: &[],
                 maintenances: &nms,
-                facts: &facts,
-                failures: &failures,
-                in_flight: &in_flight,
-                server_version: None,
-                others_busy: false,
-                others_unknown: false,
-                governed_elsewhere: 0,
-                fields: &reading,
-                node_pods: &|_| None,
-                now: self.now,
+                ..inputs.snapshot(&nv, self.now)
             };
             let mut facts = Facts::default();
             for (read, id) in questions(&snap) {

@@ -159,30 +159,8 @@ impl World {
             (pid, name)
         });
         self.check_surge();
-        let (reading, facts, failures, in_flight) = (
-            Reading::default(),
-            Facts::default(),
-            BTreeMap::new(),
-            BTreeSet::new(),
-        );
-        let snap = Snapshot {
-            nv,
-            nodes: &[],
-            pending: &[],
-            groups: &[],
-            strategies: &[],
-            maintenances: &[],
-            facts: &facts,
-            failures: &failures,
-            in_flight: &in_flight,
-            server_version: None,
-            others_busy: false,
-            others_unknown: false,
-            governed_elsewhere: 0,
-            fields: &reading,
-            node_pods: &|_| None,
-            now: self.now,
-        };
+        let inputs = Inputs::default();
+        let snap = inputs.snapshot(nv, self.now);
         let answer = json!({ "nodeName": name, "providerID": pid });
         match joining(&snap, &id, &group, &answer) {
             Ok(pn) => self.create(Kind::PendingNode, &pn),
