@@ -24,10 +24,14 @@ fn taking_and_giving_back_a_node_through_an_owned_maintenance_is_guarded_and_ide
             NodeMaintenanceSpec {
                 // No such node: nothing acts on it but this test.
                 node_name: format!("{}-nowhere", env.id),
-                reason: Some("RebootPolicy weekly".into()),
+                reason: Some("EffectsTest weekly".into()),
             },
         );
-        nm.metadata.labels = Some([(OWNER_LABEL.to_string(), "RebootPolicy".to_string())].into());
+        // Owned by a kind no feature has: a RebootPolicy-owned maintenance
+        // whose policy does not exist is an orphan, and a cluster role of
+        // another test in the lane gave it back between this test's steps
+        // ("a stale delete removed it", seen once in the gate).
+        nm.metadata.labels = Some([(OWNER_LABEL.to_string(), "EffectsTest".to_string())].into());
         let create = Effect::CreateMaintenance {
             nm: Box::new(nm.clone()),
         };
