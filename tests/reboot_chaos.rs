@@ -22,18 +22,21 @@ use support::{Agent, TestEnv, block_on, install_crds, wait_for};
 /// be): leadership lost while the API server is away ends the process.
 struct Supervised {
     agent: Agent,
+    /// The node agents, whose logs a timeout prints.
+    fleet: std::sync::Arc<Fleet>,
     args: Vec<String>,
     restarts: u32,
 }
 
 impl Supervised {
-    fn start(env: &TestEnv) -> Supervised {
+    fn start(env: &TestEnv, fleet: &std::sync::Arc<Fleet>) -> Supervised {
         // A restarted API server answers 403 until its RBAC cache has
         // synced: refusals are expected around the restart.
         let agent = cluster_role(env, &["--node-agents"]).expect_refusals();
         let args = cluster_role_args(env, &["--node-agents"]);
         Supervised {
             agent,
+            fleet: fleet.clone(),
             args,
             restarts: 0,
         }
@@ -71,8 +74,9 @@ fn until(cluster: &mut Supervised, what: &str, check: impl Fn() -> bool) {
         cluster.tend();
         assert!(
             start.elapsed() < Duration::from_secs(120),
-            "timed out waiting for {what}\ncluster role log:\n{}",
-            cluster.agent.log_text()
+            "timed out waiting for {what}\ncluster role log:\n{}\n{}",
+            cluster.agent.log_text(),
+            cluster.fleet.logs()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -102,9 +106,10 @@ fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reb
         &fleet,
         json!({"budget": {"maxUnavailable": 1}}),
     ));
-    // n1 gets a pod its PodDisruptionBudget will not let go of: its drain
-    // stalls until the budget is removed.
-    block_on(env.blocking_pod_on("pinned", &names[1]));
+    // n1 gets a pod its PodDisruptionBudget will not let go of (though n2
+    // could run it: a pod with nowhere else to go would be left to the
+    // shutdown): its drain stalls until the budget is removed.
+    block_on(env.movable_blocking_pod_on("pinned", &names[1], &names[2]));
     for n in &names[1..] {
         fleet.start_agent(n);
     }
@@ -121,7 +126,7 @@ fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reb
             .map(|_| ())
     }));
     fleet.kill_agent(&names[0]);
-    let mut cluster = Supervised::start(&env);
+    let mut cluster = Supervised::start(&env, &fleet);
 
     // Stage "before drain": n0 is admitted while its agent is down; the
     // cluster role dies right after the admission.
@@ -137,11 +142,15 @@ fn crashes_at_every_stage_and_an_apiserver_restart_converge_without_a_double_reb
 
     // Stage "mid-drain": n1's agent dies while the PDB blocks its drain,
     // and comes back to the same stalled drain.
+    // Blocked, as its status says: the pod still to go and the budget's
+    // refusal (the first status lists the pod before any eviction).
     until(&mut cluster, "n1's drain blocked", || {
         exists(nm(&names[1])).is_some_and(|m| {
-            m.status
-                .and_then(|s| s.pending_pods)
-                .is_some_and(|p| !p.is_empty())
+            m.status.is_some_and(|s| {
+                s.pending_pods.is_some_and(|p| !p.is_empty())
+                    && s.last_error
+                        .is_some_and(|e| e.contains("disruption budget"))
+            })
         })
     });
     fleet.kill_agent(&names[1]);

@@ -281,6 +281,17 @@ impl Fleet {
             .unwrap_or_default()
     }
 
+    /// Every node's agent logs (past and running), headed by the node's
+    /// name: what a timed-out test prints beside the cluster role's.
+    pub fn logs(&self) -> String {
+        let mut nodes: BTreeSet<String> = self.past_logs.lock().unwrap().keys().cloned().collect();
+        nodes.extend(self.agents.lock().unwrap().keys().cloned());
+        nodes
+            .iter()
+            .map(|n| format!("--- agent of {n}:\n{}", self.agent_log(n)))
+            .collect()
+    }
+
     /// The logs of every agent this node had, oldest first.
     pub fn agent_log(&self, node: &str) -> String {
         let past = self

@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, PodSpec, PodTe
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
@@ -375,10 +375,46 @@ impl TestEnv {
     /// PodDisruptionBudget that lets none go: a drain of that node stalls
     /// until the budget is removed. Returns once the pod runs.
     pub async fn blocking_pod_on(&self, name: &str, node: &str) {
+        self.blocking_pod_selecting(name, "kubernetes.io/hostname", node)
+            .await;
+    }
+
+    /// [`TestEnv::blocking_pod_on`] whose pod another node could run too:
+    /// it starts on `node`, the only node labelled for it, and `elsewhere`
+    /// is labelled as well once it runs. A reboot's or upgrade's drain
+    /// leaves a pod that no other node could run to the shutdown
+    /// (`decide::elsewhere`): only such a pod stalls it.
+    pub async fn movable_blocking_pod_on(&self, name: &str, node: &str, elsewhere: &str) {
+        let key = format!("nodekeeper.test/{name}");
+        let label = |n: &str| {
+            let patch = serde_json::json!({"metadata": {"labels": {key.as_str(): "yes"}}});
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            let n = n.to_string();
+            async move {
+                nodes
+                    .patch(&n, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap_or_else(|e| panic!("labelling node {n}: {e}"));
+            }
+        };
+        label(node).await;
+        self.blocking_pod_selecting(name, &key, "yes").await;
+        let on: Vec<String> = self
+            .pods(&format!("app={name}"))
+            .await
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .collect();
+        assert_eq!(on, [node], "where the pod of {name} runs");
+        label(elsewhere).await;
+    }
+
+    /// One pod of Deployment `name` on the nodes labelled `key=value`,
+    /// with a PodDisruptionBudget that lets none go; returns once it runs.
+    async fn blocking_pod_selecting(&self, name: &str, key: &str, value: &str) {
         let mut d = self.deployment(name, 1);
         if let Some(spec) = d.spec.template.spec.as_mut() {
-            spec.node_selector =
-                Some([("kubernetes.io/hostname".to_string(), node.to_string())].into());
+            spec.node_selector = Some([(key.to_string(), value.to_string())].into());
         }
         Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
             .create(&PostParams::default(), &d)
