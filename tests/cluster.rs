@@ -188,3 +188,56 @@ fn eviction_that_violates_a_pdb_is_refused_with_429() {
         let _ = Eviction::default();
     })
 }
+
+/// A running pod marked not Ready by someone else (the node lifecycle
+/// controller does, for a pod bound to a node it still thinks NotReady)
+/// is reported Ready again, as a kubelet's status manager reports it:
+/// kwok's own stages never look at a Running pod again (our stage in
+/// tests/controlplane/cluster.sh). Without it, pods that landed on a node
+/// just back from a simulated reboot stayed not Ready for good.
+#[test]
+fn a_running_pod_marked_not_ready_is_reported_ready_again() {
+    use kube::api::{Patch, PatchParams};
+    block_on(async {
+        let mut env = TestEnv::new("ready-again").await;
+        let node = env.add_node("a").await;
+        env.wait_node_ready(&node).await;
+        let deploys: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns);
+        deploys
+            .create(&PostParams::default(), &env.deployment("web", 1))
+            .await
+            .expect("create deployment");
+        let ready = |p: &Pod| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        };
+        let pod = wait_for("a Ready web pod", LONG, || async {
+            let pods = env.pods("app=web").await;
+            pods.into_iter()
+                .find(|p| running(std::slice::from_ref(p)) == 1 && ready(p))
+        })
+        .await;
+        let api: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+        // What MarkPodsNotReady sends (k8s.io/kubernetes
+        // pkg/controller/util/node/controller_utils.go).
+        let patch = serde_json::json!({"status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "NodeNotReady"},
+        ]}});
+        let marked = api
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+            .expect("marking the pod not Ready");
+        assert!(!ready(&marked), "the mark did not take");
+        wait_for("the pod Ready again", LONG, || async {
+            let p = api.get(&pod.name_any()).await.ok()?;
+            ready(&p).then_some(())
+        })
+        .await;
+    })
+}

@@ -278,9 +278,10 @@ kine_listening() { (exec 3<>"/dev/tcp/127.0.0.1/$etcd_port") 2>/dev/null; }
 
 cmd_up() {
   # A cluster started by an older version of this script (no webhook
-  # client certificate, audited users with rights of their own) is started
-  # afresh.
+  # client certificate, audited users with rights of their own, kwok
+  # without our stage) is started afresh.
   if running && healthy && [[ -f $cluster_dir/pki/admission.yaml ]] &&
+    [[ -f $cluster_dir/kwok-stages.yaml ]] &&
     [[ $(cat "$cluster_dir/datastore" 2>/dev/null || echo etcd) == "$datastore" ]] &&
     [[ $(cat "$cluster_dir/k8s" 2>/dev/null) == "$k8s" ]] &&
     [[ $(cat "$cluster_dir/gates" 2>/dev/null) == "$gates" ]] &&
@@ -340,8 +341,57 @@ options:
   enableProfilingHandler: true
   manageAllNodes: false
 OPTIONS
+  # One stage of our own, after kwokctl's: a kubelet reports its running
+  # pods Ready again when something else marked them not Ready (its status
+  # manager rewrites a status that differs from its own within seconds),
+  # and kwok's stages never look at a Running pod again. The node lifecycle
+  # controller does mark them: a pod bound to a node it still thinks
+  # NotReady (its view lags the node by up to its 5 s monitor period) is
+  # marked not Ready — seen when a drain's pods landed on a node just back
+  # from a simulated reboot: they stayed not Ready for good, and the next
+  # drain's PodDisruptionBudget never allowed an eviction (the demo, 240 s).
+  cat >"$cluster_dir/kwok-stages.yaml" <<'STAGES'
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-ready-again
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values:
+      - 'True'
+  # Not at once: the controller marks the pod again until its view of the
+  # node catches up, and each round is two writes.
+  delay:
+    durationMilliseconds: 1000
+  next:
+    patches:
+    - subresource: status
+      root: status
+      type: strategic
+      template: |
+        {{ $now := Now }}
+        conditions:
+        - lastTransitionTime: {{ $now | Quote }}
+          status: "True"
+          type: Ready
+        - lastTransitionTime: {{ $now | Quote }}
+          status: "True"
+          type: ContainersReady
+STAGES
   start kwok "$bins/kwok" --kubeconfig="$kc" --config="$bins/kwok.yaml" \
-    --config="$cluster_dir/kwok-options.yaml" \
+    --config="$cluster_dir/kwok-options.yaml" --config="$cluster_dir/kwok-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-lease-duration-seconds=40 --cidr=10.244.0.0/16 --node-ip=127.0.0.1
 
