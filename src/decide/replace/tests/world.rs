@@ -11,14 +11,19 @@
 //! fail now and then, drains take a few steps. People: a pod with
 //! Karpenter's `karpenter.sh/do-not-disrupt` started on a node and taken
 //! off, an administrator's NodeMaintenance on a node for a while, the
-//! image changed again mid-rollout.
+//! image changed again mid-rollout, the replacement windows edited (none,
+//! five minutes of every ten, a minute a year), and a client that writes the
+//! NodeVersion without nodekeeper's fields (as Constellation's CLI does:
+//! the recorded ones govern).
 //!
 //! Invariants, on the world's own reading, never the NodeVersion's
 //! status: the cloud never runs more instances than the nodes asked for
 //! plus the surge; a node is deleted only once a NodeMaintenance of the
 //! NodeVersion drained it; no NodeMaintenance is created on a node an
 //! opted-out pod holds or whose pods were not read, nor on one an
-//! administrator's maintenance holds; a pass ends in a wait within a bound
+//! administrator's maintenance holds; outside every window of the copy a
+//! pass read, no surge request is made and no obsolete node's drain
+//! begins (a paired donor's may); a pass ends in a wait within a bound
 //! (no busy loop); and once people and faults stop, within a bounded
 //! number of steps every node runs the last image asked for, as many as
 //! before, nothing paired, pending or in maintenance, and the cloud runs
@@ -35,6 +40,8 @@ mod server;
 
 const WORLDS: u64 = 600;
 const STEPS: usize = 40;
+/// Steps after people and faults stop within which every world converges.
+const SETTLE: usize = 150;
 /// Decisions in one pass before it must wait.
 const PASS_BOUND: usize = 40;
 const GROUP: &str = "g";
@@ -120,10 +127,15 @@ struct World {
     surge: usize,
     serial: u32,
     trace: Vec<String>,
-    /// Tallies: nodes replaced, surge requests answered, writes refused.
+    /// Every surge request ever recorded (a stale write may record one
+    /// again: not a new one).
+    requests: BTreeSet<String>,
+    /// Tallies: nodes replaced, surge requests answered, writes refused,
+    /// passes outside every window.
     deleted: usize,
     created: usize,
     refused: usize,
+    closed: usize,
 }
 
 impl World {
@@ -172,9 +184,11 @@ impl World {
             surge,
             serial: 0,
             trace: Vec::new(),
+            requests: BTreeSet::new(),
             deleted: 0,
             created: 0,
             refused: 0,
+            closed: 0,
         }
     }
 
@@ -240,6 +254,29 @@ impl World {
                 self.nms.push(m);
                 self.admin.insert(n, 2 + self.rng.below(6) as u32);
             }
+        }
+        if self.rng.chance(6) {
+            let (what, windows) = match self.rng.below(3) {
+                0 => ("none", Vec::new()),
+                1 => (
+                    "five minutes of every ten",
+                    vec![window("*/10 * * * *", "5m")],
+                ),
+                _ => ("a minute a year", vec![window("0 0 1 1 *", "1m")]),
+            };
+            self.trace.push(format!("windows: {what}"));
+            self.nv.spec.windows = windows;
+            self.nv.metadata.resource_version = Some(self.bump());
+        }
+        if self.rng.chance(20) {
+            self.trace
+                .push("a client writes the NodeVersion without nodekeeper's fields".into());
+            let image = self.nv.spec.image.clone();
+            self.nv.spec = NodeVersionSpec {
+                image,
+                ..NodeVersionSpec::default_rollout()
+            };
+            self.nv.metadata.resource_version = Some(self.bump());
         }
         if self.nv.spec.image.as_deref() == Some("img-2") && self.rng.chance(2) {
             self.trace.push("the image changes to img-3".into());
@@ -365,6 +402,9 @@ impl World {
                 self.nv.clone()
             };
             let (nv, reading) = governing(&base);
+            if !windows_open(&nv, self.now) {
+                self.closed += 1;
+            }
             let nodes: Vec<Arc<Node>> = self.nodes.iter().cloned().map(Arc::new).collect();
             let pending: Vec<Arc<PendingNode>> =
                 self.pending.iter().cloned().map(Arc::new).collect();
@@ -433,9 +473,18 @@ impl World {
     /// Once people and faults stopped: every node on the last image, as
     /// many as before, nothing left over.
     fn assert_settled(&self) {
+        if let Some(why) = self.unsettled() {
+            panic!("not settled: {why}");
+        }
+    }
+
+    /// What keeps the world from being settled, if anything.
+    fn unsettled(&self) -> Option<String> {
         let want = self.nv.spec.image.clone().unwrap_or_default();
         let names: Vec<String> = self.nodes.iter().map(|n| n.name_any()).collect();
-        assert_eq!(self.nodes.len(), self.count, "nodes: {names:?}");
+        if self.nodes.len() != self.count {
+            return Some(format!("nodes {names:?}, {} wanted", self.count));
+        }
         for n in &self.nodes {
             let pid = n
                 .spec
@@ -443,42 +492,33 @@ impl World {
                 .and_then(|s| s.provider_id.clone())
                 .unwrap_or_default();
             let image = self.cloud.get(&pid).map(|i| i.image.as_str());
-            assert_eq!(
-                image,
-                Some(want.as_str()),
-                "{} runs another image",
-                n.name_any()
-            );
+            if image != Some(want.as_str()) {
+                return Some(format!("{} runs {image:?}, not {want}", n.name_any()));
+            }
             for key in [HEIR_ANNOTATION, DONOR_ANNOTATION, OBSOLETE_ANNOTATION] {
-                assert!(
-                    !n.annotations().contains_key(key),
-                    "{}: {key} left",
-                    n.name_any()
-                );
+                if n.annotations().contains_key(key) {
+                    return Some(format!("{}: {key} left", n.name_any()));
+                }
             }
         }
-        assert!(
-            self.pending.is_empty(),
-            "PendingNodes left: {}",
-            self.pending.len()
-        );
-        assert!(
-            self.nms.is_empty(),
-            "NodeMaintenances left: {}",
-            self.nms.len()
-        );
+        if !self.pending.is_empty() {
+            return Some(format!("PendingNodes left: {}", self.pending.len()));
+        }
+        if !self.nms.is_empty() {
+            return Some(format!("NodeMaintenances left: {}", self.nms.len()));
+        }
         let alive = self
             .cloud
             .values()
             .filter(|i| matches!(i.state, State::Creating(_) | State::Ready))
             .count();
-        assert_eq!(alive, self.count, "instances running for no node");
+        (alive != self.count).then(|| format!("{alive} instances running for {} nodes", self.count))
     }
 }
 
 #[test]
 fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() {
-    let (mut deleted, mut created, mut refused) = (0, 0, 0);
+    let (mut deleted, mut created, mut refused, mut closed) = (0, 0, 0, 0);
     for seed in world_seeds(WORLDS) {
         let mut w = World::new(seed);
         replaying(
@@ -493,7 +533,34 @@ fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() 
                 w.people = false;
                 w.faults = false;
                 w.opted_out.clear();
-                for _ in 0..60 {
+                // A minute a year would not open before the end: the
+                // administrator drops the windows as the status says (the
+                // spec's, and the record's if it governs).
+                let yearly = |v: &NodeVersion| {
+                    v.spec
+                        .windows
+                        .iter()
+                        .any(|x| x.schedule.as_deref() == Some("0 0 1 1 *"))
+                };
+                if yearly(&governing(&w.nv).0) {
+                    w.trace.push("windows dropped, record included".into());
+                    w.nv.spec.windows.clear();
+                    if let Some(a) = w.nv.metadata.annotations.as_mut() {
+                        a.remove(RECORD_ANNOTATION);
+                    }
+                    w.nv.metadata.resource_version = Some(w.bump());
+                }
+                // Long enough for five minutes of every ten and one node at a
+                // time (a surge the client's write dropped to its default).
+                for _ in 0..SETTLE {
+                    if w.unsettled().is_none() {
+                        break;
+                    }
+                    w.step();
+                }
+                // Settled, and it stays so.
+                for _ in 0..5 {
+                    w.assert_settled();
                     w.step();
                 }
                 w.assert_settled();
@@ -502,9 +569,10 @@ fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() 
         deleted += w.deleted;
         created += w.created;
         refused += w.refused;
+        closed += w.closed;
     }
     println!(
-        "{WORLDS} replacement worlds: {deleted} nodes deleted, {created} surge instances, {refused} writes refused"
+        "{WORLDS} replacement worlds: {deleted} nodes deleted, {created} surge instances, {refused} writes refused, {closed} decisions outside every window"
     );
     if all_worlds() {
         assert!(
@@ -512,4 +580,22 @@ fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() 
             "only {deleted} nodes replaced"
         );
     }
+}
+
+/// A window opening on `schedule` for `duration`. (Few openings a day:
+/// a debug build reads a minute of every two 50 times slower than this.)
+fn window(schedule: &str, duration: &str) -> crate::api::common::Window {
+    serde_json::from_value(serde_json::json!({"schedule": schedule, "duration": duration}))
+        .unwrap_or_else(|e| panic!("window {schedule}: {e}"))
+}
+
+/// May replacements start at `now` under `nv`'s windows (as read)?
+fn windows_open(nv: &NodeVersion, now: Timestamp) -> bool {
+    let parsed: Vec<_> = nv
+        .spec
+        .windows
+        .iter()
+        .map(|w| crate::decide::window::parse(w).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    crate::decide::window::open(&parsed, now)
 }

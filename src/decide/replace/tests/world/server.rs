@@ -22,12 +22,47 @@ impl World {
                 return false;
             }
             self.trace.push(format!("apply: {}", short(e)));
+            if !windows_open(governing_nv, self.now) {
+                self.check_closed(e);
+            }
             if !self.apply_one(e, governing_nv) {
                 return false;
             }
             self.check_surge();
         }
         true
+    }
+
+    /// Outside every window: no new surge request, and a drain begins
+    /// only for a donor whose heir joined (what started finishes).
+    fn check_closed(&self, e: &Effect) {
+        match e {
+            Effect::PatchObject {
+                kind: Kind::NodeVersion,
+                patch,
+                ..
+            } => {
+                let mut after = self.nv.clone();
+                let mut v = serde_json::to_value(&after).unwrap_or_default();
+                merge(&mut v, patch);
+                after = serde_json::from_value(v).unwrap_or(after);
+                for (id, _) in surge_requests(&after) {
+                    assert!(
+                        self.requests.contains(&id),
+                        "surge request {id} made outside every window"
+                    );
+                }
+            }
+            Effect::CreateMaintenance { nm } => {
+                let n = &nm.spec.node_name;
+                let donor = self
+                    .nodes
+                    .iter()
+                    .any(|h| h.annotations().get(DONOR_ANNOTATION) == Some(n));
+                assert!(donor, "the drain of {n} began outside every window");
+            }
+            _ => {}
+        }
     }
 
     fn fail(&mut self, key: &str, message: String) {
@@ -178,7 +213,12 @@ impl World {
             m.remove("resourceVersion");
         }
         match kind {
-            Kind::NodeVersion => patched(&mut self.nv, &want, &patch, &rv),
+            Kind::NodeVersion => {
+                let ok = patched(&mut self.nv, &want, &patch, &rv);
+                let ids = surge_requests(&self.nv).into_iter().map(|(id, _)| id);
+                self.requests.extend(ids);
+                ok
+            }
             Kind::PendingNode => match self.pending.iter_mut().find(|p| p.name_any() == name) {
                 Some(p) => patched(p, &want, &patch, &rv),
                 None => false,
