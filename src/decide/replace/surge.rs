@@ -153,13 +153,29 @@ pub(super) fn surge_step(s: &Snapshot, c: &Classes, budget: usize, needs: &Needs
             .copied()
             .unwrap_or(0)
             .min(left);
-        for i in 0..want {
-            let request = format!(
-                "{:012x}",
-                super::disrupt::fnv(
-                    format!("{}/{id}/{}/{i}", s.nv.uid().unwrap_or_default(), s.now).as_bytes()
-                ) & 0xffff_ffff_ffff
-            );
+        // Ids are the NodeVersion, the group, the instant and a counter,
+        // hashed; one already out (recorded, or a PendingNode's) is
+        // skipped. Two rounds at one instant gave a request the id of the
+        // first round's, already a PendingNode: the round dropped it as
+        // recorded and the next asked it again, back to back (a busy loop
+        // the random worlds found; their clock stands still in a pass).
+        let taken = |all: &[(String, String)], r: &str| {
+            all.iter().any(|(x, _)| x == r) || s.pending.iter().any(|p| request_of(p) == Some(r))
+        };
+        let mut i = 0;
+        for _ in 0..want {
+            let request = loop {
+                let r = format!(
+                    "{:012x}",
+                    super::disrupt::fnv(
+                        format!("{}/{id}/{}/{i}", s.nv.uid().unwrap_or_default(), s.now).as_bytes()
+                    ) & 0xffff_ffff_ffff
+                );
+                i += 1;
+                if !taken(&all, &r) {
+                    break r;
+                }
+            };
             all.push((request, id.clone()));
         }
         left -= want;

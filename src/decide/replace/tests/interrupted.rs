@@ -2,7 +2,7 @@
 //! them — each case found by the random worlds (`world.rs`) and pinned
 //! here: a pairing half written, a pairing whose PendingNode delete was
 //! refused, a give-back refused after the node's delete, a pair under way
-//! when the image changes.
+//! when the image changes, a second surge request at the same instant.
 
 use super::surge::nm_for;
 use super::*;
@@ -99,4 +99,42 @@ fn a_pair_under_way_when_the_image_changes_completes() {
             Effect::CreateMaintenance { nm } if nm.spec.node_name == "old")),
         "the donor is drained: {plan:?}"
     );
+}
+
+/// A surge request recorded as a PendingNode, and another one asked for
+/// at the same instant: the new request gets an id of its own. It got the
+/// first one's (ids hash the instant and a counter), which the next round
+/// dropped as recorded, and the one after asked again: a busy loop.
+#[test]
+fn a_second_surge_request_at_one_instant_gets_an_id_of_its_own() {
+    let mut w = World::new("img-2", 2);
+    w.nodes = vec![
+        node("a", "g", "img-1", &[]),
+        node("b", "g", "img-1", &[]),
+        node("c", "g", "img-1", &[]),
+    ];
+    w.groups = vec![group("workers", "g", "Worker", "img-2")];
+    w.settle_status();
+    let requests = |plan: &Plan| -> Vec<String> {
+        let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
+            panic!("{plan:?}");
+        };
+        let v = patch["metadata"]["annotations"][SURGE_REQUESTS_ANNOTATION]
+            .as_str()
+            .unwrap_or_default();
+        v.split(',')
+            .filter_map(|r| r.split_once('=').map(|(id, _)| id.to_string()))
+            .collect()
+    };
+    let first = requests(&decide(&w.snap()));
+    assert_eq!(first.len(), 2, "{first:?}");
+    // The first request is a PendingNode already, the second was never
+    // made: one more is asked for, now.
+    let mut p = (*pending("new-1", "g", "Join", "Creating")).clone();
+    p.metadata.annotations = Some([(REQUEST_LABEL.to_string(), first[0].clone())].into());
+    w.pending = vec![Arc::new(p)];
+    w.settle_status();
+    let again = requests(&decide(&w.snap()));
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again[0], first[0], "the PendingNode's request asked again");
 }

@@ -1,5 +1,7 @@
 //! Replacement over random worlds: 2–5 workers of one scaling group on
-//! image img-1, a NodeVersion asking for img-2 with a surge of 1–3, and a
+//! image img-1 (in half the worlds also one or three control planes of a
+//! group of their own), a NodeVersion asking for img-2 with a surge of
+//! 1–3, and a
 //! simulated cloud behind the provider protocol (instances that take a
 //! few steps to join and to terminate, a group image the provider sets).
 //! Each step runs one pass as the service does: the provider questions
@@ -23,7 +25,10 @@
 //! opted-out pod holds or whose pods were not read, nor on one an
 //! administrator's maintenance holds; outside every window of the copy a
 //! pass read, no surge request is made and no obsolete node's drain
-//! begins (a paired donor's may); a pass ends in a wait within a bound
+//! begins (a paired donor's may); no worker's surge request while a
+//! control plane runs another image; a control plane leaves etcd before
+//! its node is deleted, and never below the members the world started
+//! with (its heir joined first); a pass ends in a wait within a bound
 //! (no busy loop); and once people and faults stop, within a bounded
 //! number of steps every node runs the last image asked for, as many as
 //! before, nothing paired, pending or in maintenance, and the cloud runs
@@ -45,6 +50,8 @@ const SETTLE: usize = 150;
 /// Decisions in one pass before it must wait.
 const PASS_BOUND: usize = 40;
 const GROUP: &str = "g";
+/// The control planes' scaling group, in the worlds that have one.
+const CP_GROUP: &str = "c";
 
 #[derive(Clone, Debug, PartialEq)]
 enum State {
@@ -62,6 +69,8 @@ struct Instance {
     state: State,
     /// The surge request it was created for.
     request: Option<String>,
+    /// Its scaling group.
+    group: String,
 }
 
 /// What a snapshot borrows besides the NodeVersion and the objects.
@@ -111,7 +120,12 @@ struct World {
     failures: BTreeMap<String, Failure>,
     /// Instances by providerID.
     cloud: BTreeMap<String, Instance>,
-    group_image: String,
+    /// Each scaling group's image (what a new instance boots).
+    group_images: BTreeMap<String, String>,
+    /// Control planes the world started with (etcd's quorum needs that
+    /// many members), and the nodes whose etcd member was removed.
+    cp_count: usize,
+    etcd_removed: BTreeSet<String>,
     /// Nodes with a pod that opts out of disruption.
     opted_out: BTreeSet<String>,
     /// Nodes whose pods are not read in this pass.
@@ -141,12 +155,17 @@ struct World {
 impl World {
     fn new(seed: u64) -> World {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        let count = 2 + rng.below(4) as usize;
+        let workers = 2 + rng.below(4) as usize;
         let surge = 1 + rng.below(3) as usize;
+        // Half the worlds have control planes too: one, or three.
+        let cp_count = [0, 0, 1, 3][rng.below(4) as usize];
+        let count = workers + cp_count;
         let mut cloud = BTreeMap::new();
         let mut nodes = Vec::new();
-        for i in 0..count {
-            let name = format!("w{i}");
+        let names = (0..workers)
+            .map(|i| (format!("w{i}"), GROUP))
+            .chain((0..cp_count).map(|i| (format!("c{i}"), CP_GROUP)));
+        for (name, g) in names {
             cloud.insert(
                 format!("kwok://{name}"),
                 Instance {
@@ -154,9 +173,21 @@ impl World {
                     image: "img-1".into(),
                     state: State::Ready,
                     request: None,
+                    group: g.into(),
                 },
             );
-            nodes.push((*node(&name, GROUP, "img-1", &[])).clone());
+            let n = if g == CP_GROUP {
+                control_plane(&name, g, "img-1", &[])
+            } else {
+                node(&name, g, "img-1", &[])
+            };
+            nodes.push((*n).clone());
+        }
+        let mut groups = vec![(*group("workers", GROUP, "Worker", "img-1")).clone()];
+        let mut group_images = BTreeMap::from([(GROUP.to_string(), "img-1".to_string())]);
+        if cp_count > 0 {
+            groups.push((*group("control-planes", CP_GROUP, "ControlPlane", "img-1")).clone());
+            group_images.insert(CP_GROUP.into(), "img-1".into());
         }
         let mut v = nv("img-2", surge as i32);
         v.spec.join_timeout_seconds = 120;
@@ -169,11 +200,13 @@ impl World {
             nv: v,
             nodes,
             pending: Vec::new(),
-            groups: vec![(*group("workers", GROUP, "Worker", "img-1")).clone()],
+            groups,
             nms: Vec::new(),
             failures: BTreeMap::new(),
             cloud,
-            group_image: "img-1".into(),
+            group_images,
+            cp_count,
+            etcd_removed: BTreeSet::new(),
             opted_out: BTreeSet::new(),
             unread: BTreeSet::new(),
             admin: BTreeMap::new(),
@@ -292,7 +325,7 @@ impl World {
         for (pid, i) in self.cloud.iter_mut() {
             i.state = match i.state {
                 State::Creating(0) => {
-                    joined.push(i.name.clone());
+                    joined.push((i.name.clone(), i.group.clone()));
                     State::Ready
                 }
                 State::Creating(n) => State::Creating(n - 1),
@@ -305,9 +338,14 @@ impl World {
             };
             let _ = pid;
         }
-        for name in joined {
-            // A new node registers without the provider's annotations.
-            let mut n = (*node(&name, GROUP, "", &[])).clone();
+        for (name, g) in joined {
+            // A new node registers without the provider's annotations (a
+            // control plane with its role's label, as kubeadm sets it).
+            let mut n = if g == CP_GROUP {
+                (*control_plane(&name, &g, "", &[])).clone()
+            } else {
+                (*node(&name, &g, "", &[])).clone()
+            };
             n.metadata.annotations = None;
             n.metadata.resource_version = Some(self.bump());
             self.trace.push(format!("{name} joins"));
@@ -377,7 +415,7 @@ impl World {
         }
         let i = self.cloud.get(id);
         match read {
-            Read::ScalingGroupId => i.map(|_| GROUP.to_string()),
+            Read::ScalingGroupId => i.map(|i| i.group.clone()),
             Read::NodeImage => i.map(|i| i.image.clone()),
             Read::NodeState => i.map(|i| {
                 match i.state {
@@ -388,7 +426,7 @@ impl World {
                 }
                 .to_string()
             }),
-            Read::ScalingGroupImage => Some(self.group_image.clone()),
+            Read::ScalingGroupImage => self.group_images.get(&id.to_lowercase()).cloned(),
         }
         .ok_or_else(|| format!("provider {}: no instance {id}", read.verb()))
     }
@@ -518,7 +556,7 @@ impl World {
 
 #[test]
 fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() {
-    let (mut deleted, mut created, mut refused, mut closed) = (0, 0, 0, 0);
+    let (mut deleted, mut created, mut refused, mut closed, mut left_etcd) = (0, 0, 0, 0, 0);
     for seed in world_seeds(WORLDS) {
         let mut w = World::new(seed);
         replaying(
@@ -570,9 +608,10 @@ fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() 
         created += w.created;
         refused += w.refused;
         closed += w.closed;
+        left_etcd += w.etcd_removed.len();
     }
     println!(
-        "{WORLDS} replacement worlds: {deleted} nodes deleted, {created} surge instances, {refused} writes refused, {closed} decisions outside every window"
+        "{WORLDS} replacement worlds: {deleted} nodes deleted, {created} surge instances, {refused} writes refused, {closed} decisions outside every window, {left_etcd} control planes out of etcd"
     );
     if all_worlds() {
         assert!(

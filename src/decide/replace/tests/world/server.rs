@@ -25,6 +25,7 @@ impl World {
             if !windows_open(governing_nv, self.now) {
                 self.check_closed(e);
             }
+            self.check_control_planes_first(e, governing_nv);
             if !self.apply_one(e, governing_nv) {
                 return false;
             }
@@ -62,6 +63,60 @@ impl World {
                 assert!(donor, "the drain of {n} began outside every window");
             }
             _ => {}
+        }
+    }
+
+    /// Removing `name` from etcd leaves at least as many members as the
+    /// world started with: its heir joined first.
+    fn check_quorum(&self, name: &str) {
+        let members = self
+            .nodes
+            .iter()
+            .filter(|n| n.labels().contains_key(CONTROL_PLANE_LABEL))
+            .map(|n| n.name_any())
+            .filter(|n| n != name && !self.etcd_removed.contains(n))
+            .count();
+        assert!(
+            members >= self.cp_count,
+            "{name} removed from etcd, leaving {members} members of {}",
+            self.cp_count
+        );
+    }
+
+    /// No worker's surge request is recorded while a control plane runs
+    /// an image other than the one asked for (control planes first).
+    fn check_control_planes_first(&self, e: &Effect, nv: &NodeVersion) {
+        let Effect::PatchObject {
+            kind: Kind::NodeVersion,
+            patch,
+            ..
+        } = e
+        else {
+            return;
+        };
+        let want = nv.spec.image.as_deref().unwrap_or_default();
+        let behind: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.labels().contains_key(CONTROL_PLANE_LABEL))
+            .filter(|n| {
+                let pid = n.spec.as_ref().and_then(|s| s.provider_id.clone());
+                pid.and_then(|p| self.cloud.get(&p))
+                    .is_some_and(|i| i.image != want)
+            })
+            .map(|n| n.name_any())
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        let mut after = serde_json::to_value(&self.nv).unwrap_or_default();
+        merge(&mut after, patch);
+        let after: NodeVersion = serde_json::from_value(after).unwrap_or_else(|_| self.nv.clone());
+        for (id, group) in surge_requests(&after) {
+            assert!(
+                self.requests.contains(&id) || group.eq_ignore_ascii_case(CP_GROUP),
+                "worker surge request {id} while control planes {behind:?} run another image than {want}"
+            );
         }
     }
 
@@ -158,7 +213,18 @@ impl World {
                 true
             }
             "set-scaling-group-image" => {
-                self.group_image = request["image"].as_str().unwrap_or_default().to_string();
+                let group = request["groupId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_lowercase();
+                let image = request["image"].as_str().unwrap_or_default().to_string();
+                self.group_images.insert(group, image);
+                true
+            }
+            "remove-etcd-member" => {
+                let name = request["nodeName"].as_str().unwrap_or_default().to_string();
+                self.check_quorum(&name);
+                self.etcd_removed.insert(name);
                 true
             }
             other => panic!("a provider call the worlds do not model: {other}"),
@@ -173,6 +239,11 @@ impl World {
             .unwrap_or_default()
             .to_string();
         let group = request["groupId"].as_str().unwrap_or_default().to_string();
+        let image = self
+            .group_images
+            .get(&group.to_lowercase())
+            .cloned()
+            .unwrap_or_default();
         let existing = self
             .cloud
             .iter()
@@ -185,9 +256,10 @@ impl World {
             let state = State::Creating(1 + self.rng.below(3) as u32);
             let instance = Instance {
                 name: name.clone(),
-                image: self.group_image.clone(),
+                image,
                 state,
                 request: Some(id.clone()),
+                group: group.to_lowercase(),
             };
             self.cloud.insert(pid.clone(), instance);
             self.created += 1;
@@ -248,8 +320,17 @@ impl World {
         true
     }
 
-    /// Only a node the NodeVersion's NodeMaintenance drained is deleted.
+    /// Only a node the NodeVersion's NodeMaintenance drained is deleted,
+    /// and a control plane only once it left etcd.
     fn delete_node(&mut self, name: &str, uid: Option<&str>) -> bool {
+        let control_plane = self
+            .nodes
+            .iter()
+            .any(|n| n.name_any() == name && n.labels().contains_key(CONTROL_PLANE_LABEL));
+        assert!(
+            !control_plane || self.etcd_removed.contains(name),
+            "control plane {name} deleted while still an etcd member"
+        );
         let drained = self.nms.iter().any(|m| {
             m.spec.node_name == name
                 && !m.name_any().starts_with("admin-")
