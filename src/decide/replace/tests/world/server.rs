@@ -26,6 +26,7 @@ impl World {
                 self.check_closed(e);
             }
             self.check_control_planes_first(e, governing_nv);
+            self.check_autoscaler_stopped(e);
             if !self.apply_one(e, governing_nv) {
                 return false;
             }
@@ -38,20 +39,9 @@ impl World {
     /// only for a donor whose heir joined (what started finishes).
     fn check_closed(&self, e: &Effect) {
         match e {
-            Effect::PatchObject {
-                kind: Kind::NodeVersion,
-                patch,
-                ..
-            } => {
-                let mut after = self.nv.clone();
-                let mut v = serde_json::to_value(&after).unwrap_or_default();
-                merge(&mut v, patch);
-                after = serde_json::from_value(v).unwrap_or(after);
-                for (id, _) in surge_requests(&after) {
-                    assert!(
-                        self.requests.contains(&id),
-                        "surge request {id} made outside every window"
-                    );
+            Effect::PatchObject { .. } => {
+                if let Some((id, _)) = self.new_requests(e).first() {
+                    panic!("surge request {id} made outside every window");
                 }
             }
             Effect::CreateMaintenance { nm } => {
@@ -86,14 +76,10 @@ impl World {
     /// No worker's surge request is recorded while a control plane runs
     /// an image other than the one asked for (control planes first).
     fn check_control_planes_first(&self, e: &Effect, nv: &NodeVersion) {
-        let Effect::PatchObject {
-            kind: Kind::NodeVersion,
-            patch,
-            ..
-        } = e
-        else {
+        let new = self.new_requests(e);
+        if new.is_empty() {
             return;
-        };
+        }
         let want = nv.spec.image.as_deref().unwrap_or_default();
         let behind: Vec<String> = self
             .nodes
@@ -106,18 +92,47 @@ impl World {
             })
             .map(|n| n.name_any())
             .collect();
-        if behind.is_empty() {
-            return;
-        }
-        let mut after = serde_json::to_value(&self.nv).unwrap_or_default();
-        merge(&mut after, patch);
-        let after: NodeVersion = serde_json::from_value(after).unwrap_or_else(|_| self.nv.clone());
-        for (id, group) in surge_requests(&after) {
+        for (id, group) in new {
             assert!(
-                self.requests.contains(&id) || group.eq_ignore_ascii_case(CP_GROUP),
+                behind.is_empty() || group.eq_ignore_ascii_case(CP_GROUP),
                 "worker surge request {id} while control planes {behind:?} run another image than {want}"
             );
         }
+    }
+
+    /// No new surge request while the autoscaler runs (it would fight
+    /// the surge): only once its status says it stopped.
+    fn check_autoscaler_stopped(&self, e: &Effect) {
+        let running = self
+            .strategy
+            .as_ref()
+            .is_some_and(|st| st.status.as_ref().is_some_and(|x| x.enabled));
+        if !running {
+            return;
+        }
+        if let Some((id, _)) = self.new_requests(e).first() {
+            panic!("surge request {id} while the autoscaler runs");
+        }
+    }
+
+    /// The surge requests `e` records that were never recorded before,
+    /// with their groups.
+    fn new_requests(&self, e: &Effect) -> Vec<(String, String)> {
+        let Effect::PatchObject {
+            kind: Kind::NodeVersion,
+            patch,
+            ..
+        } = e
+        else {
+            return Vec::new();
+        };
+        let mut after = serde_json::to_value(&self.nv).unwrap_or_default();
+        merge(&mut after, patch);
+        let after: NodeVersion = serde_json::from_value(after).unwrap_or_else(|_| self.nv.clone());
+        surge_requests(&after)
+            .into_iter()
+            .filter(|(id, _)| !self.requests.contains(id))
+            .collect()
     }
 
     fn fail(&mut self, key: &str, message: String) {
@@ -298,6 +313,10 @@ impl World {
             Kind::ScalingGroup => match self.groups.iter_mut().find(|g| g.name_any() == name) {
                 Some(g) => patched(g, &want, &patch, &rv),
                 None => false,
+            },
+            Kind::AutoscalingStrategy => match self.strategy.as_mut() {
+                Some(st) if st.name_any() == name => patched(st, &want, &patch, &rv),
+                _ => false,
             },
             other => panic!("a write to a kind the worlds do not hold: {other:?}"),
         }
