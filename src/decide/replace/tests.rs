@@ -335,6 +335,7 @@ fn reserved_label_keys() {
     }
 }
 
+mod control_planes;
 mod do_not_disrupt;
 mod fields;
 mod groups;
