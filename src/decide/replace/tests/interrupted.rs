@@ -107,14 +107,7 @@ fn a_pair_under_way_when_the_image_changes_completes() {
 /// dropped as recorded, and the one after asked again: a busy loop.
 #[test]
 fn a_second_surge_request_at_one_instant_gets_an_id_of_its_own() {
-    let mut w = World::new("img-2", 2);
-    w.nodes = vec![
-        node("a", "g", "img-1", &[]),
-        node("b", "g", "img-1", &[]),
-        node("c", "g", "img-1", &[]),
-    ];
-    w.groups = vec![group("workers", "g", "Worker", "img-2")];
-    w.settle_status();
+    let mut w = super::surge::three_outdated_workers(2);
     let requests = |plan: &Plan| -> Vec<String> {
         let Some(Effect::PatchObject { patch, .. }) = plan.effects.first() else {
             panic!("{plan:?}");

@@ -6,7 +6,7 @@
 use super::*;
 
 /// Three outdated workers in one group moving to img-2, surge `surge`.
-fn three_outdated_workers(surge: i32) -> World {
+pub(super) fn three_outdated_workers(surge: i32) -> World {
     let mut w = World::new("img-2", surge);
     w.nodes = vec![
         node("a", "g", "img-1", &[]),

@@ -20,14 +20,8 @@ fn window(days: &[&str], start: &str, end: &str) -> Window {
 
 /// Three outdated workers moving to img-2 (surge 2) under `windows`.
 fn outdated(windows: Vec<Window>) -> World {
-    let mut w = World::new("img-2", 2);
+    let mut w = super::surge::three_outdated_workers(2);
     w.nv.spec.windows = windows;
-    w.nodes = vec![
-        node("a", "g", "img-1", &[]),
-        node("b", "g", "img-1", &[]),
-        node("c", "g", "img-1", &[]),
-    ];
-    w.groups = vec![group("workers", "g", "Worker", "img-2")];
     w.settle_status();
     w
 }
