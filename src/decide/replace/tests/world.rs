@@ -18,8 +18,9 @@
 //! NodeVersion without nodekeeper's fields (as Constellation's CLI does:
 //! the recorded ones govern). In half the worlds Constellation's
 //! AutoscalingStrategy: while its autoscaler runs it adds workers (on the
-//! group's image of the moment), its status follows its spec a step
-//! later, and an administrator turns it back on mid-rollout.
+//! group's image of the moment) and removes idle ones, its status follows
+//! its spec a step later, and an administrator turns it back on
+//! mid-rollout.
 //!
 //! Invariants, on the world's own reading, never the NodeVersion's
 //! status: the cloud never runs more instances than the nodes asked for
@@ -158,6 +159,7 @@ struct World {
     refused: usize,
     closed: usize,
     scaled_up: usize,
+    scaled_down: usize,
 }
 
 impl World {
@@ -250,6 +252,7 @@ impl World {
             refused: 0,
             closed: 0,
             scaled_up: 0,
+            scaled_down: 0,
         }
     }
 
@@ -445,7 +448,7 @@ impl World {
 #[test]
 fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() {
     let (mut deleted, mut created, mut refused, mut closed, mut left_etcd) = (0, 0, 0, 0, 0);
-    let mut scaled = 0;
+    let (mut scaled, mut removed) = (0, 0);
     for seed in world_seeds(WORLDS) {
         let mut w = World::new(seed);
         replaying(
@@ -501,9 +504,10 @@ fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() 
         closed += w.closed;
         left_etcd += w.etcd_removed.len();
         scaled += w.scaled_up;
+        removed += w.scaled_down;
     }
     println!(
-        "{WORLDS} replacement worlds: {deleted} nodes deleted, {created} surge instances, {refused} writes refused, {closed} decisions outside every window, {left_etcd} control planes out of etcd, {scaled} workers added by the autoscaler"
+        "{WORLDS} replacement worlds: {deleted} nodes deleted, {created} surge instances, {refused} writes refused, {closed} decisions outside every window, {left_etcd} control planes out of etcd, {scaled} workers added and {removed} removed by the autoscaler"
     );
     if all_worlds() {
         assert!(

@@ -1,7 +1,8 @@
 //! What moves in a replacement world between passes: people (pods that
 //! opt out, administrators' maintenances, the image, the windows, a client
 //! that drops nodekeeper's fields, the autoscaler turned back on), the
-//! autoscaler itself, the cloud's instances and the drains.
+//! autoscaler itself (adding workers, removing idle ones), the cloud's
+//! instances and the drains.
 
 use super::*;
 
@@ -114,7 +115,46 @@ impl World {
             self.cloud.insert(format!("kwok://{name}"), instance);
             self.count += 1;
             self.scaled_up += 1;
+        } else if running && self.people && self.rng.chance(6) {
+            self.scale_down();
         }
+    }
+
+    /// The autoscaler removes a worker it finds idle: its Node goes, then
+    /// its instance. Never a control plane, a node paired or in any
+    /// maintenance, a surge node, nor the last two workers (its minimum).
+    fn scale_down(&mut self) {
+        let workers = self
+            .nodes
+            .iter()
+            .filter(|n| !n.labels().contains_key(CONTROL_PLANE_LABEL))
+            .count();
+        let idle: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| !n.labels().contains_key(CONTROL_PLANE_LABEL))
+            .filter(|n| {
+                let a = n.annotations();
+                !a.contains_key(HEIR_ANNOTATION) && !a.contains_key(DONOR_ANNOTATION)
+            })
+            .filter(|n| !self.nms.iter().any(|m| m.spec.node_name == n.name_any()))
+            .filter(|n| {
+                let pid = format!("kwok://{}", n.name_any());
+                self.cloud.get(&pid).is_some_and(|i| i.request.is_none())
+            })
+            .map(|n| n.name_any())
+            .collect();
+        if workers <= 2 || idle.is_empty() {
+            return;
+        }
+        let name = idle[self.rng.below(idle.len() as u64) as usize].clone();
+        self.trace.push(format!("the autoscaler removes {name}"));
+        self.nodes.retain(|n| n.name_any() != name);
+        if let Some(i) = self.cloud.get_mut(&format!("kwok://{name}")) {
+            i.state = State::Terminating(0);
+        }
+        self.count -= 1;
+        self.scaled_down += 1;
     }
 
     /// Instances join and terminate; an administrator's maintenance ends.
