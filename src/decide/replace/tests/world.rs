@@ -20,7 +20,9 @@
 //! AutoscalingStrategy: while its autoscaler runs it adds workers (on the
 //! group's image of the moment) and removes idle ones, its status follows
 //! its spec a step later, and an administrator turns it back on
-//! mid-rollout.
+//! mid-rollout; in half of those worlds another NodeVersion shares the
+//! autoscaler, busy with a rollout of its own (turning it off in its own
+//! passes), done, or without a status yet.
 //!
 //! Invariants, on the world's own reading, never the NodeVersion's
 //! status: the cloud never runs more instances than the nodes asked for
@@ -33,7 +35,8 @@
 //! control plane runs another image; a control plane leaves etcd before
 //! its node is deleted, and never below the members the world started
 //! with (its heir joined first); no surge request while the autoscaler
-//! runs; a pass ends in a wait within a bound
+//! runs, and the autoscaler never turned on while the other NodeVersion is
+//! busy or not known to be done; a pass ends in a wait within a bound
 //! (no busy loop); and once people and faults stop, within a bounded
 //! number of steps every node runs the last image asked for, as many as
 //! before, nothing paired, pending or in maintenance, and the cloud runs
@@ -59,6 +62,17 @@ const GROUP: &str = "g";
 /// The control planes' scaling group, in the worlds that have one.
 const CP_GROUP: &str = "c";
 
+/// Another NodeVersion governing other nodes, as this one's pass sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+enum Other {
+    #[default]
+    Done,
+    /// Its status says it has outdated nodes.
+    Busy,
+    /// It has no status yet.
+    Unknown,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 enum State {
     /// Joins after this many steps.
@@ -82,6 +96,8 @@ struct Instance {
 /// What a snapshot borrows besides the NodeVersion and the objects.
 #[derive(Default)]
 struct Inputs {
+    /// The other NodeVersion, if any (`Done` when none).
+    others: Other,
     reading: Reading,
     facts: Facts,
     failures: BTreeMap<String, Failure>,
@@ -102,8 +118,8 @@ impl Inputs {
             failures: &self.failures,
             in_flight: &self.in_flight,
             server_version: None,
-            others_busy: false,
-            others_unknown: false,
+            others_busy: self.others == Other::Busy,
+            others_unknown: self.others == Other::Unknown,
             governed_elsewhere: 0,
             fields: &self.reading,
             node_pods: &|_| None,
@@ -134,6 +150,8 @@ struct World {
     etcd_removed: BTreeSet<String>,
     /// Constellation's AutoscalingStrategy, in half the worlds.
     strategy: Option<AutoscalingStrategy>,
+    /// Another NodeVersion sharing the autoscaler, in half of those.
+    other: Option<Other>,
     /// Nodes with a pod that opts out of disruption.
     opted_out: BTreeSet<String>,
     /// Nodes whose pods are not read in this pass.
@@ -217,6 +235,7 @@ impl World {
             });
             st
         });
+        let other = (strategy.is_some() && rng.chance(50)).then_some(Other::Done);
         let mut v = nv("img-2", surge as i32);
         v.spec.join_timeout_seconds = 120;
         v.spec.drain_timeout_seconds = 600;
@@ -235,6 +254,7 @@ impl World {
             group_images,
             cp_count,
             etcd_removed: BTreeSet::new(),
+            other,
             strategy,
             opted_out: BTreeSet::new(),
             unread: BTreeSet::new(),
@@ -334,6 +354,7 @@ impl World {
                 self.strategy.iter().cloned().map(Arc::new).collect();
             let inputs = Inputs {
                 reading,
+                others: self.other.unwrap_or_default(),
                 failures: self.failures.clone(),
                 ..Inputs::default()
             };
@@ -462,6 +483,8 @@ fn random_worlds_replace_within_the_surge_never_take_a_held_node_and_converge() 
                 }
                 w.people = false;
                 w.faults = false;
+                // The other NodeVersion's rollout ends too.
+                w.other = w.other.map(|_| Other::Done);
                 w.opted_out.clear();
                 // A minute a year would not open before the end: the
                 // administrator drops the windows as the status says (the

@@ -8,6 +8,11 @@ use super::*;
 
 impl World {
     pub(super) fn people_act(&mut self) {
+        if self.other.is_some() && self.rng.chance(10) {
+            let next = [Other::Done, Other::Busy, Other::Unknown][self.rng.below(3) as usize];
+            self.trace.push(format!("the other NodeVersion: {next:?}"));
+            self.other = Some(next);
+        }
         let names: Vec<String> = self.nodes.iter().map(|n| n.name_any()).collect();
         if !names.is_empty() && self.rng.chance(8) {
             let n = names[self.rng.below(names.len() as u64) as usize].clone();
@@ -89,6 +94,13 @@ impl World {
         let Some(st) = self.strategy.as_mut() else {
             return;
         };
+        // The other NodeVersion, busy, turns it off in its own pass.
+        if self.other == Some(Other::Busy) && st.spec.enabled {
+            st.spec.enabled = false;
+            st.metadata.resource_version = Some(rv.clone());
+            self.trace
+                .push("the other NodeVersion turns the autoscaler off".into());
+        }
         let running = st.status.as_ref().is_some_and(|x| x.enabled);
         if running != st.spec.enabled {
             st.status.get_or_insert_default().enabled = st.spec.enabled;

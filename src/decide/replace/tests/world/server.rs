@@ -27,6 +27,7 @@ impl World {
             }
             self.check_control_planes_first(e, governing_nv);
             self.check_autoscaler_stopped(e);
+            self.check_autoscaler_on(e);
             if !self.apply_one(e, governing_nv) {
                 return false;
             }
@@ -98,6 +99,24 @@ impl World {
                 "worker surge request {id} while control planes {behind:?} run another image than {want}"
             );
         }
+    }
+
+    /// The autoscaler is turned on only when every NodeVersion is known to
+    /// be done: the other one, busy, would turn it off again (a fight).
+    fn check_autoscaler_on(&self, e: &Effect) {
+        let Effect::PatchObject {
+            kind: Kind::AutoscalingStrategy,
+            patch,
+            ..
+        } = e
+        else {
+            return;
+        };
+        let other = self.other.unwrap_or_default();
+        assert!(
+            patch["spec"]["enabled"] != json!(true) || other == Other::Done,
+            "the autoscaler turned on while the other NodeVersion is {other:?}"
+        );
     }
 
     /// No new surge request while the autoscaler runs (it would fight
