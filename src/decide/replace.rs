@@ -56,7 +56,7 @@ pub use classify::{Classes, classify, status};
 pub use discovery::{DISCOVERED_LABEL, discovered_groups};
 pub use fields::{RECORD_ANNOTATION, Reading, governing};
 use retire::*;
-pub use retire::{inherited, reserved};
+pub use retire::{inherited, internal_ip, reserved};
 use surge::*;
 pub use surge::{REQUEST_LABEL, joining, surge_requests};
 

@@ -230,17 +230,26 @@ pub fn observe<K: kube::Resource>(
 /// leaves an entry), the lists a real kubelet reports at length (images
 /// on the node, volumes), and the status nothing here reads: addresses,
 /// capacity and allocatable, daemon endpoints, runtime handlers, features,
-/// config, phase. What stays is the metadata, the spec, the conditions and
-/// the system info (boot ID, versions). The cluster role holds every node:
+/// config, phase, and every address but the internal IP. What stays is the
+/// metadata, the spec, the conditions, the system info (boot ID, versions)
+/// and the `InternalIP` addresses, which a control plane's retirement sends
+/// to the provider's `remove-etcd-member` (`decide::replace`; dropped with
+/// the rest, it went out empty). The cluster role holds every node:
 /// capacity and allocatable alone took 1 KiB of its heap per kwok node
 /// (heaptrack over `just bench-scale`), more on a real kubelet's. Nodes are only ever written by merge patch, never replaced from
 /// this copy, so nothing dropped here can be lost.
 pub fn slim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     if let Some(status) = node.status.as_mut() {
+        let internal = status.addresses.take().map(|all| {
+            all.into_iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .collect::<Vec<_>>()
+        });
         *status = k8s_openapi::api::core::v1::NodeStatus {
             conditions: status.conditions.take(),
             node_info: status.node_info.take(),
+            addresses: internal.filter(|a| !a.is_empty()),
             ..Default::default()
         };
     }
@@ -336,7 +345,7 @@ mod tests {
                 "nodeInfo": {"bootID": "b1", "kubeletVersion": "v1.37.1", "machineID": "", "systemUUID": "",
                     "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
                     "operatingSystem": "linux", "architecture": "amd64"},
-                "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+                "addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.1"}],
                 "capacity": {"cpu": "4"}, "allocatable": {"cpu": "4"},
                 "images": [{"names": ["i"]}], "volumesInUse": ["v"], "phase": "Running",
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
@@ -356,12 +365,23 @@ mod tests {
         assert!(was.capacity.is_some(), "the example parsed");
         assert_eq!(status.conditions, was.conditions);
         assert_eq!(status.node_info, was.node_info);
+        let internal = vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        }];
         let dropped = k8s_openapi::api::core::v1::NodeStatus {
             conditions: was.conditions.clone(),
             node_info: was.node_info.clone(),
+            addresses: Some(internal),
             ..Default::default()
         };
         assert_eq!(status, dropped);
+        // What a control plane's retirement tells the provider's etcd.
+        let slimmed = Node {
+            status: Some(status),
+            ..node
+        };
+        assert_eq!(crate::decide::replace::internal_ip(&slimmed), "10.0.0.1");
     }
 
     #[test]

@@ -293,6 +293,14 @@ pub(super) fn message(s: &Snapshot, c: &Classes) -> (Option<String>, Option<Dura
             }
         }
     }
+    for d in c.donors.iter().chain(c.obsolete.iter()) {
+        if is_control_plane(d) && internal_ip(d).is_empty() {
+            parts.push(format!(
+                "control-plane node {} reports no InternalIP address, so its etcd member cannot be named for removal; the node is kept until it reports one",
+                d.name_any()
+            ));
+        }
+    }
     for p in s.pending.iter().filter(|p| lifecycle::leave_overdue(s, p)) {
         parts.push(format!(
             "instance {} has not terminated by its deadline; deletion asked again",

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
@@ -53,9 +53,22 @@ fn node(name: &str, group: &str, image: &str, extra: &[(&str, &str)]) -> Arc<Nod
                 status: "True".into(),
                 ..Default::default()
             }]),
+            addresses: Some(vec![NodeAddress {
+                type_: "InternalIP".into(),
+                address: ip_of(name),
+            }]),
             ..Default::default()
         }),
     })
+}
+
+/// A node's InternalIP, one per name (what etcd knows its member by).
+fn ip_of(name: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    let [a, b, c, ..] = h.finish().to_le_bytes();
+    format!("10.{a}.{b}.{c}")
 }
 
 /// [`node`] with the control-plane label.

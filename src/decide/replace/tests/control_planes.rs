@@ -94,7 +94,42 @@ fn a_control_plane_donor_leaves_etcd_through_the_provider_first() {
     w.maintenances = vec![nm_for(&w, "cp-old", Some(Phase::Succeeded))];
     let plan = decide(&w.snap());
     assert!(
-        matches!(&plan.effects[0], Effect::Provider { verb: "remove-etcd-member", request, .. } if request["nodeName"] == "cp-old"),
+        matches!(&plan.effects[0], Effect::Provider { verb: "remove-etcd-member", request, .. }
+            if request["nodeName"] == "cp-old" && request["internalIP"] == ip_of("cp-old")),
         "{plan:?}"
+    );
+}
+
+#[test]
+fn a_control_plane_without_an_internal_ip_is_kept_and_said() {
+    // Constellation finds the etcd member by the node's InternalIP and
+    // stops when there is none; an empty address would find no member,
+    // which its etcd client answers as removed.
+    let mut w = World::new("img-2", 1);
+    let mut old = (*control_plane("cp-old", "g", "img-1", &[(HEIR_ANNOTATION, "cp-new")])).clone();
+    if let Some(st) = old.status.as_mut() {
+        st.addresses = None;
+    }
+    w.nodes = vec![
+        Arc::new(old),
+        node("cp-new", "g", "img-2", &[(DONOR_ANNOTATION, "cp-old")]),
+    ];
+    w.settle_status();
+    w.maintenances = vec![nm_for(&w, "cp-old", Some(Phase::Succeeded))];
+    let plan = decide(&w.snap());
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Provider { .. } | Effect::DeleteNode { .. })),
+        "{plan:?}"
+    );
+    w.settle_status();
+    let message = w.nv.status.as_ref().and_then(|s| s.message.clone());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("control-plane node cp-old reports no InternalIP")),
+        "{message:?}"
     );
 }

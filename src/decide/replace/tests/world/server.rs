@@ -257,6 +257,12 @@ impl World {
             }
             "remove-etcd-member" => {
                 let name = request["nodeName"].as_str().unwrap_or_default().to_string();
+                // Constellation's etcd client finds the member by this.
+                assert_eq!(
+                    request["internalIP"].as_str(),
+                    Some(ip_of(&name).as_str()),
+                    "remove-etcd-member for {name}: {request}"
+                );
                 self.check_quorum(&name);
                 self.etcd_removed.insert(name);
                 true
