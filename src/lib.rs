@@ -40,7 +40,8 @@
 //! - `api/`: the CRD types, one file per API family ([`api::nodemaintenance`]
 //!   in medik8s's exact shape; [`api::reboot`]; [`api::upgrade`];
 //!   [`api::mutex`] and [`api::constellation`], served for their projects;
-//!   [`api::pod`], the slim pod every store holds; [`api::drain_rule`],
+//!   [`api::pod`] and [`api::node`], the slim pod and node every store
+//!   and decision holds (only the fields decisions read); [`api::drain_rule`],
 //!   Cluster API's MachineDrainRule for every drain) and [`api::common`], the
 //!   blocks every feature shares (budgets, windows, gates, drain settings,
 //!   node labels, notifications). Field documentation is the schemas'.

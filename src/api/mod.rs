@@ -8,6 +8,7 @@ pub mod common;
 pub mod constellation;
 pub mod drain_rule;
 pub mod mutex;
+pub mod node;
 pub mod nodemaintenance;
 pub mod pod;
 pub mod reboot;

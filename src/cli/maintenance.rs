@@ -439,7 +439,7 @@ pub async fn drain_dry_run(args: DrainArgs) -> Result<ExitCode> {
 /// a drain of `node` (as the service reads them, in one go).
 async fn rule_book(
     client: &kube::Client,
-    node: &k8s_openapi::api::core::v1::Node,
+    node: &crate::api::node::Node,
     pods: &[Arc<Pod>],
 ) -> Result<drain_plan::RuleBook> {
     let resource = kube::api::ApiResource::erase::<DrainRule>(&());

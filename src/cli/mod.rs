@@ -110,7 +110,7 @@ pub fn validate_node_name(name: &str) -> Result<()> {
 pub(crate) async fn named_node(
     client: &kube::Client,
     name: &str,
-) -> Result<k8s_openapi::api::core::v1::Node> {
+) -> Result<crate::api::node::Node> {
     crate::service::connect::require_node(client, name)
         .await
         .map_err(|e| match e {

@@ -13,7 +13,7 @@
 //! administrator's preempts them in status. The label alone is an
 //! administrator's object like any other.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};

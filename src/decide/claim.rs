@@ -6,7 +6,7 @@
 //! Event on the node. It never claims back, so two agents never fight over
 //! the annotation; a claim left by an agent that has gone is simply taken.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use serde_json::json;
 
 use super::Effect;

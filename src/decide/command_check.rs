@@ -8,7 +8,7 @@
 //! role admits only a node whose agent said `ok` for the object's current
 //! spec. Pure: the look itself is `effects::host::can_run`.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 

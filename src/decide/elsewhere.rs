@@ -22,7 +22,8 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Node, Taint};
+use crate::api::node::Node;
+use k8s_openapi::api::core::v1::Taint;
 use kube::ResourceExt;
 
 use crate::api::pod::{Placement, Pod, Requirement, Toleration};

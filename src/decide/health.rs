@@ -12,7 +12,7 @@
 //! OnDelete workloads and paused Deployments by their ready and available
 //! counts only), and the message says which rule held it.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::ResourceExt;
 use serde_json::Value;
 
@@ -217,7 +217,8 @@ pub fn summary(reasons: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+    use crate::api::node::{NodeSpec, NodeStatus};
+    use k8s_openapi::api::core::v1::NodeCondition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use serde_json::json;
 

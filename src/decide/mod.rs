@@ -334,7 +334,7 @@ pub enum Outcome {
     /// Done as asked (or already so).
     Done,
     /// The Node as the server stored our write.
-    NodeWritten(Box<k8s_openapi::api::core::v1::Node>),
+    NodeWritten(Box<crate::api::node::Node>),
     /// A node status write (lifecycle conditions) failed; the maintenance
     /// goes on without them for a while ([`NodeMemory`]).
     StatusRefused,
@@ -434,7 +434,7 @@ impl NodeMemory {
 }
 
 /// The kubelet says the node is Ready.
-pub fn node_ready(node: &k8s_openapi::api::core::v1::Node) -> bool {
+pub fn node_ready(node: &crate::api::node::Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

@@ -26,7 +26,7 @@
 //! The patch names only these condition types: Node conditions merge by
 //! `type`, so the kubelet's (Ready, pressure conditions) stay untouched.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::{Value, json};

@@ -16,7 +16,7 @@
 //! need). A record without an epoch (written before epochs) serves every
 //! ask of its boot: never a second reboot on an upgrade of nodekeeper.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::ResourceExt;
 use serde_json::json;
 

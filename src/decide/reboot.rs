@@ -25,8 +25,8 @@ mod stages;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::api::node::Node;
 use crate::api::pod::Pod;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 

@@ -34,7 +34,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use crate::api::node::Node;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde_json::{Value, json};

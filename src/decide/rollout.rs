@@ -13,7 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use crate::api::node::Node;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 

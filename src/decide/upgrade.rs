@@ -30,8 +30,8 @@ pub mod upgrade_job;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::api::node::Node;
 use crate::api::pod::Pod;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 

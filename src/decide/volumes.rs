@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::ResourceExt;
 
 use crate::api::pod::Pod;
@@ -163,7 +163,8 @@ fn shown(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{AttachedVolume, NodeStatus};
+    use crate::api::node::NodeStatus;
+    use k8s_openapi::api::core::v1::AttachedVolume;
 
     fn node(entries: &[&str]) -> Node {
         Node {

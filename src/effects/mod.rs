@@ -20,7 +20,7 @@ pub mod provider;
 pub mod talos;
 pub mod talos_wire;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, Resource};
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! untyped JSON: the replacement feature watches them untyped, and typed
 //! Deployments would cost binary size for two fields.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};

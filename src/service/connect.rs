@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::config::KubeConfigOptions;
 use kube::{Api, Client, Config};
 

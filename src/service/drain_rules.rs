@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use crate::api::node::Node;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 
 use super::Context;

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::Client;
 use kube::api::{Api, ListParams};
 

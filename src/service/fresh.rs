@@ -159,7 +159,7 @@ impl<K: Resource> FreshCache<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Node;
+    use crate::api::node::Node;
     use kube::api::ObjectMeta;
 
     fn node(rv: &str) -> Node {

@@ -25,7 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::api::{Api, ListParams};
 
 use super::context::{Context, Whereabouts};

@@ -16,7 +16,7 @@ use kube::runtime::watcher;
 
 use super::watch::watch_config;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::decide::foreign;

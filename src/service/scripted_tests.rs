@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::api::node::Node;
 use hyper::{Request, Response};
-use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::DynamicObject;
 use kube::client::Body;

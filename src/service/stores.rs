@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -225,33 +225,26 @@ pub fn observe<K: kube::Resource>(
     }
 }
 
-/// Drop what no decision reads from a Node before it enters the store: its
-/// managed fields (every status writer — kubelet, node controller, us —
-/// leaves an entry), the lists a real kubelet reports at length (images
-/// on the node, volumes), and the status nothing here reads: addresses,
-/// capacity and allocatable, daemon endpoints, runtime handlers, features,
-/// config, phase, and every address but the internal IP. What stays is the
-/// metadata, the spec, the conditions, the system info (boot ID, versions)
-/// and the `InternalIP` addresses, which a control plane's retirement sends
-/// to the provider's `remove-etcd-member` (`decide::replace`; dropped with
-/// the rest, it went out empty). The cluster role holds every node:
-/// capacity and allocatable alone took 1 KiB of its heap per kwok node
-/// (heaptrack over `just bench-scale`), more on a real kubelet's. Nodes are only ever written by merge patch, never replaced from
-/// this copy, so nothing dropped here can be lost.
+/// Drop what the cluster role need not hold of a Node before it enters the
+/// store. The type itself reads only what decisions read
+/// ([`crate::api::node`]); of that, the managed fields go (every status
+/// writer — kubelet, node controller, us — leaves an entry), the attached
+/// volumes (a real kubelet lists many; the wait for volumes reads its node
+/// afresh, `service::volumes`) and every address but the `InternalIP`,
+/// which a control plane's retirement sends to the provider's
+/// `remove-etcd-member` (`decide::replace`; dropped once with the rest, it
+/// went out empty). Nodes are only ever written by merge patch, never
+/// replaced from this copy, so nothing dropped here can be lost.
 pub fn slim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     if let Some(status) = node.status.as_mut() {
-        let internal = status.addresses.take().map(|all| {
-            all.into_iter()
-                .filter(|a| a.type_ == "InternalIP")
-                .collect::<Vec<_>>()
-        });
-        *status = k8s_openapi::api::core::v1::NodeStatus {
-            conditions: status.conditions.take(),
-            node_info: status.node_info.take(),
-            addresses: internal.filter(|a| !a.is_empty()),
-            ..Default::default()
-        };
+        status.volumes_attached = None;
+        if let Some(all) = status.addresses.as_mut() {
+            all.retain(|a| a.type_ == "InternalIP");
+            if all.is_empty() {
+                status.addresses = None;
+            }
+        }
     }
 }
 
@@ -307,15 +300,23 @@ impl NodeChanges {
 /// A node's content but for its resourceVersion and heartbeat times.
 fn fingerprint(node: &Node) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut node = node.clone();
-    node.metadata.resource_version = None;
-    if let Some(conditions) = node.status.as_mut().and_then(|s| s.conditions.as_mut()) {
-        for c in conditions {
+    let mut meta = node.metadata.clone();
+    meta.resource_version = None;
+    let spec = node
+        .spec
+        .as_ref()
+        .map(|s| (&s.provider_id, &s.taints, s.unschedulable));
+    let status = node.status.as_ref().map(|s| {
+        let mut conditions = s.conditions.clone();
+        for c in conditions.iter_mut().flatten() {
             c.last_heartbeat_time = None;
         }
-    }
+        (conditions, &s.node_info, &s.addresses, &s.volumes_attached)
+    });
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_vec(&node).unwrap_or_default().hash(&mut h);
+    serde_json::to_vec(&(meta, spec, status))
+        .unwrap_or_default()
+        .hash(&mut h);
     h.finish()
 }
 
@@ -348,6 +349,7 @@ mod tests {
                 "addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.1"}],
                 "capacity": {"cpu": "4"}, "allocatable": {"cpu": "4"},
                 "images": [{"names": ["i"]}], "volumesInUse": ["v"], "phase": "Running",
+                "volumesAttached": [{"name": "kubernetes.io/csi/d^v", "devicePath": ""}],
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             },
         }))
@@ -362,14 +364,14 @@ mod tests {
             node.status.unwrap_or_default(),
             before.status.unwrap_or_default(),
         );
-        assert!(was.capacity.is_some(), "the example parsed");
+        assert!(was.volumes_attached.is_some(), "the example parsed");
         assert_eq!(status.conditions, was.conditions);
         assert_eq!(status.node_info, was.node_info);
         let internal = vec![k8s_openapi::api::core::v1::NodeAddress {
             type_: "InternalIP".into(),
             address: "10.0.0.1".into(),
         }];
-        let dropped = k8s_openapi::api::core::v1::NodeStatus {
+        let dropped = crate::api::node::NodeStatus {
             conditions: was.conditions.clone(),
             node_info: was.node_info.clone(),
             addresses: Some(internal),
@@ -412,7 +414,7 @@ mod tests {
             "NotReady"
         );
         let mut cordoned = node("4", "2026-01-01T00:00:40Z", "False");
-        cordoned.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        cordoned.spec = Some(crate::api::node::NodeSpec {
             unschedulable: Some(true),
             ..Default::default()
         });

@@ -16,8 +16,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::api::node::Node;
 use crate::api::pod::Pod;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::api::node::{NodeSpec, NodeStatus};
 use crate::api::nodemaintenance::{NodeMaintenanceSpec, NodeMaintenanceStatus, OWNER_LABEL};
-use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::NodeCondition;
 
 fn node(name: &str, control_plane: bool, ready: bool, schedulable: bool) -> Node {
     let mut n = Node::default();

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::api::node::Node;
 use crate::api::pod::Pod;
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::node_facts::*;

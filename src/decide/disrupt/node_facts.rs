@@ -1,7 +1,8 @@
 //! What admissions read off a Node: its boot ID, Ready, schedulable, and
 //! a reference to it for events.
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use crate::api::node::Node;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::ResourceExt;
 
 /// The node's current boot ID, as its kubelet reports it.

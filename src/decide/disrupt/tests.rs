@@ -5,10 +5,11 @@ use super::*;
 use crate::api::common::PrometheusGate;
 #[allow(unused_imports)]
 use crate::api::common::{Budget, DrainSpec, Gates};
-use crate::decide::selector::*;
 #[allow(unused_imports)]
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+use crate::api::node::Node;
+use crate::api::node::NodeStatus;
+use crate::decide::selector::*;
+use k8s_openapi::api::core::v1::NodeCondition;
 #[allow(unused_imports)]
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 #[allow(unused_imports)]

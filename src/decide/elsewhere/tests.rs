@@ -1,6 +1,7 @@
 use super::*;
+use crate::api::node::{NodeSpec, NodeStatus};
 use crate::api::pod::{NodeSelectorTerm, PodSpec};
-use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::NodeCondition;
 
 fn node(name: &str, labels: &[(&str, &str)], taints: &[(&str, &str)]) -> Node {
     let mut n = Node::default();

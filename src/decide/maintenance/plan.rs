@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Taint};
+use crate::api::node::Node;
+use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};

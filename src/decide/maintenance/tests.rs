@@ -19,8 +19,9 @@ mod unlisted;
 /// back.
 mod world;
 mod world_rules;
+use crate::api::node::NodeSpec;
 use crate::api::pod::PodStatus;
-use k8s_openapi::api::core::v1::{NodeSpec, Taint};
+use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 

@@ -1,7 +1,7 @@
 //! Unit tests of `marking`.
 
 use super::*;
-use k8s_openapi::api::core::v1::NodeSpec;
+use crate::api::node::NodeSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 fn node(labels: &[(&str, &str)], taints: Vec<Taint>) -> Node {

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::api::node::Node;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::json;

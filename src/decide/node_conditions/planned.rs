@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 

@@ -2,8 +2,9 @@
 //! patch names only what changes.
 
 use super::*;
+use crate::api::node::NodeStatus;
 use crate::api::nodemaintenance::{NodeMaintenanceSpec, NodeMaintenanceStatus, OWNER_LABEL};
-use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 
 fn ts(secs: i64) -> Timestamp {

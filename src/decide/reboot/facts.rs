@@ -5,7 +5,7 @@
 //! disruption feature reads (boot ID, Ready, gates) is in
 //! [`crate::decide::disrupt`], re-exported here.
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::ResourceExt;
 use serde_json::json;
 

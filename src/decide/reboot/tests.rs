@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::node::{Node, NodeSpec, NodeStatus};
 use crate::api::pod::{Pod, PodSpec};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{NodeCondition, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};

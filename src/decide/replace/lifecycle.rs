@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::{Value, json};

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use kube::ResourceExt;
 use serde_json::json;
 

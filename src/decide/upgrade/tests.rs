@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::api::node::{Node, NodeSpec, NodeStatus};
 use crate::api::pod::Pod;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{NodeCondition, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::json;

@@ -318,7 +318,7 @@ pub fn count_removals(pods: &[(std::sync::Arc<crate::api::pod::Pod>, Fate)], rem
 /// what this process holds in memory, which is most of its footprint in a
 /// big cluster. Registered once the watches are built.
 pub struct Watched {
-    pub nodes: Store<k8s_openapi::api::core::v1::Node>,
+    pub nodes: Store<crate::api::node::Node>,
     pub pods: std::sync::Arc<crate::service::pod_watches::PodWatches>,
     pub jobs: Store<kube::api::DynamicObject>,
 }

@@ -3,9 +3,10 @@
 
 use super::*;
 use crate::api::constellation::{NodeVersionSpec, NodeVersionStatus};
+use crate::api::node::NodeStatus;
 use crate::api::reboot::{NodeReboot, RebootPolicyStatus};
 use crate::api::upgrade::{NodeUpgrade, UpgradePlanSpec, UpgradePlanStatus};
-use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, ObjectReference};
+use k8s_openapi::api::core::v1::{NodeCondition, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 

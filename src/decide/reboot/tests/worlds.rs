@@ -38,7 +38,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 
 use super::world_tools::{
     Rng, all_worlds, budget_of, merge, pool_selector, replaying, world_seeds,

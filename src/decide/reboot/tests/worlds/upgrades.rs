@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::api::node::Node;
 use serde_json::json;
 
 use super::super::world_tools::Rng;
