@@ -322,6 +322,9 @@ fn main() {
         let burst_n = CLUSTER_BURST.min(nodes_n.saturating_sub(agents_n + CORDON_ROUNDS));
         let burst_nodes: Vec<String> =
             node_names[nodes_n - CORDON_ROUNDS - burst_n..nodes_n - CORDON_ROUNDS].to_vec();
+        // The burst's own peak: VmHWM reset first, as for the gate below.
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", role.child.id()), "5");
+        let before_burst = rss_kib(role.child.id(), "VmRSS");
         let burst = maintain_all(
             &client,
             &format!("{id}-cr"),
@@ -344,9 +347,12 @@ fn main() {
         );
         let held_during = watched(port, "pods").unwrap_or(0);
         out.row(
-            &format!("cluster role: RSS with {burst_n} maintenances Succeeded / peak so far"),
+            &format!(
+                "cluster role: RSS before {burst_n} maintenances / all Succeeded / the burst's peak"
+            ),
             format!(
-                "{} / {} ({held_during} pods held)",
+                "{} / {} / {} ({held_during} pods held)",
+                kib(before_burst),
                 kib(rss_kib(role.child.id(), "VmRSS")),
                 kib(rss_kib(role.child.id(), "VmHWM"))
             ),
@@ -358,8 +364,8 @@ fn main() {
         .await;
         let held_after = watched(port, "pods").unwrap_or(0);
         out.row(
-            "cluster role: pods held after the maintenances were deleted",
-            held_after.to_string(),
+            "cluster role: pods held / RSS after the maintenances were deleted",
+            format!("{held_after} / {}", kib(rss_kib(role.child.id(), "VmRSS"))),
         );
         let gated = &node_names[nodes_n - CORDON_ROUNDS - burst_n - 1];
         let gate = GateRun {
