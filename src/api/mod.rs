@@ -4,6 +4,34 @@
 //! other object lives in the schema (OpenAPI and CEL), so the API server
 //! refuses bad objects with a clear message.
 
+/// `k8s_openapi`'s type traits for a slim core/v1 kind of ours ([`pod`],
+/// [`node`]), from which kube's `Resource` follows: its kind, URL path
+/// segment and scope, and the metadata it carries.
+macro_rules! core_v1_kind {
+    ($t:ty, $kind:literal, $plural:literal, $scope:ty) => {
+        impl k8s_openapi::Resource for $t {
+            const API_VERSION: &'static str = "v1";
+            const GROUP: &'static str = "";
+            const KIND: &'static str = $kind;
+            const VERSION: &'static str = "v1";
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = $scope;
+        }
+
+        impl k8s_openapi::Metadata for $t {
+            type Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+            fn metadata(&self) -> &Self::Ty {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut Self::Ty {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 pub mod common;
 pub mod constellation;
 pub mod drain_rule;

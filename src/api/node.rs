@@ -60,26 +60,7 @@ pub struct NodeStatus {
     pub volumes_attached: Option<Vec<AttachedVolume>>,
 }
 
-impl k8s_openapi::Resource for Node {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Node";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "nodes";
-    type Scope = k8s_openapi::ClusterResourceScope;
-}
-
-impl k8s_openapi::Metadata for Node {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+core_v1_kind!(Node, "Node", "nodes", k8s_openapi::ClusterResourceScope);
 
 #[cfg(test)]
 mod tests {

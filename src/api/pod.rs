@@ -269,26 +269,7 @@ impl From<PodIn> for Pod {
     }
 }
 
-impl k8s_openapi::Resource for Pod {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Pod";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "pods";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for Pod {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+core_v1_kind!(Pod, "Pod", "pods", k8s_openapi::NamespaceResourceScope);
 
 #[cfg(test)]
 mod tests {
