@@ -228,22 +228,23 @@ pub fn observe<K: kube::Resource>(
 /// Drop what the cluster role need not hold of a Node before it enters the
 /// store. The type itself reads only what decisions read
 /// ([`crate::api::node`]); of that, the managed fields go (every status
-/// writer — kubelet, node controller, us — leaves an entry), the attached
-/// volumes (a real kubelet lists many; the wait for volumes reads its node
-/// afresh, `service::volumes`) and every address but the `InternalIP`,
-/// which a control plane's retirement sends to the provider's
-/// `remove-etcd-member` (`decide::replace`; dropped once with the rest, it
-/// went out empty). Nodes are only ever written by merge patch, never
-/// replaced from this copy, so nothing dropped here can be lost.
+/// writer — kubelet, node controller, us — leaves an entry) and every
+/// address but the `InternalIP`, which a control plane's retirement sends
+/// to the provider's `remove-etcd-member` (`decide::replace`; dropped once
+/// with the rest, it went out empty). `volumesAttached` stays: the wait for
+/// volumes before power counts each entry no VolumeAttachment accounts for
+/// (`decide::volumes::still_attached`, as Cluster API does); dropped here
+/// once too, that half of the wait never saw one. Nodes are only ever
+/// written by merge patch, never replaced from this copy, so nothing
+/// dropped here can be lost.
 pub fn slim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
-    if let Some(status) = node.status.as_mut() {
-        status.volumes_attached = None;
-        if let Some(all) = status.addresses.as_mut() {
-            all.retain(|a| a.type_ == "InternalIP");
-            if all.is_empty() {
-                status.addresses = None;
-            }
+    if let Some(status) = node.status.as_mut()
+        && let Some(all) = status.addresses.as_mut()
+    {
+        all.retain(|a| a.type_ == "InternalIP");
+        if all.is_empty() {
+            status.addresses = None;
         }
     }
 }
@@ -375,9 +376,20 @@ mod tests {
             conditions: was.conditions.clone(),
             node_info: was.node_info.clone(),
             addresses: Some(internal),
-            ..Default::default()
+            volumes_attached: was.volumes_attached.clone(),
         };
         assert_eq!(status, dropped);
+        // What the wait for volumes before power counts (no VolumeAttachment
+        // accounts for this one).
+        let kept = Node {
+            metadata: node.metadata.clone(),
+            spec: node.spec.clone(),
+            status: Some(status.clone()),
+        };
+        assert_eq!(
+            crate::decide::volumes::still_attached(&kept, &[], &[]),
+            vec!["kubernetes.io/csi/d^v".to_string()]
+        );
         // What a control plane's retirement tells the provider's etcd.
         let slimmed = Node {
             status: Some(status),
