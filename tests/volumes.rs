@@ -5,8 +5,11 @@
 //! VolumeAttachments, their `status.attached` and the node's
 //! `status.volumesAttached` as that controller and a CSI attacher do, and
 //! takes them away in their order (the node's entry first, the attachment
-//! when the driver has detached). Whether the command ran is the simulated
-//! machine's own record, not nodekeeper's status.
+//! when the driver has detached). One volume is not CSI (a Fibre Channel
+//! disk, attached by the in-tree plugin): the node lists it and no
+//! VolumeAttachment exists, so only `volumesAttached` can hold the reboot.
+//! Whether the command ran is the simulated machine's own record, not
+//! nodekeeper's status.
 
 use crate::support;
 
@@ -59,13 +62,21 @@ async fn attach(env: &TestEnv, node: &str, claim: &str) -> String {
     name
 }
 
+/// A Fibre Channel disk's name in `volumesAttached`, as the in-tree `fc`
+/// plugin gives it (`<wwn>-lun-<lun>`); it has no VolumeAttachment.
+const FC_DISK: &str = "kubernetes.io/fc/50060e801049cfd1-lun-0";
+
 /// The node's `status.volumesAttached`, as the attach/detach controller
-/// writes it: one entry per CSI volume in `volumes`.
-async fn node_lists(env: &TestEnv, node: &str, volumes: &[&str]) {
-    let entries: Vec<_> = volumes
+/// writes it: one entry per CSI volume in `volumes`, and the Fibre Channel
+/// disk when `fc`.
+async fn node_lists(env: &TestEnv, node: &str, volumes: &[&str], fc: bool) {
+    let mut entries: Vec<_> = volumes
         .iter()
         .map(|v| json!({"name": format!("kubernetes.io/csi/{DRIVER}^{v}"), "devicePath": ""}))
         .collect();
+    if fc {
+        entries.push(json!({"name": FC_DISK, "devicePath": "/dev/sdb"}));
+    }
     Api::<Node>::all(env.client.clone())
         .patch_status(
             node,
@@ -84,11 +95,17 @@ async fn detached(env: &TestEnv, volume: &str) {
         .expect("deleting the VolumeAttachment");
 }
 
-/// The reboot's NodeMaintenance on `node` says it waits for exactly these
-/// claims (by the message nodekeeper writes, which only says when to look);
-/// meanwhile the machine's own record shows no reboot command.
-async fn waiting_for(env: &TestEnv, fleet: &Fleet, node: &str, claims: &[&str], not: &[&str]) {
-    let nms: Api<NodeMaintenance> = Api::all(env.client.clone());
+/// How nodekeeper's message names a claim's volume.
+fn claim(env: &TestEnv, name: &str) -> String {
+    format!("claim {}/{name} ", env.ns)
+}
+
+/// The reboot's NodeMaintenance on `node` says it waits for these volumes
+/// and not for those in `not` (by the message nodekeeper writes, which only
+/// says when to look); meanwhile the machine's own record shows no reboot
+/// command.
+async fn waiting_for(fleet: &Fleet, node: &str, want: &[&str], not: &[&str]) {
+    let nms: Api<NodeMaintenance> = Api::all(fleet.client.clone());
     wait_for(
         "the reboot's maintenance waiting for volumes",
         LONG,
@@ -102,12 +119,8 @@ async fn waiting_for(env: &TestEnv, fleet: &Fleet, node: &str, claims: &[&str], 
             let m = list.items.into_iter().find(|m| m.spec.node_name == node)?;
             let c = m.condition("VolumesDetached")?;
             let ok = c.status == "False"
-                && claims
-                    .iter()
-                    .all(|x| c.message.contains(&format!("claim {}/{x} ", env.ns)))
-                && not
-                    .iter()
-                    .all(|x| !c.message.contains(&format!("claim {}/{x} ", env.ns)));
+                && want.iter().all(|x| c.message.contains(x))
+                && not.iter().all(|x| !c.message.contains(x));
             ok.then_some(())
         },
     )
@@ -128,7 +141,7 @@ fn a_reboot_waits_for_the_evicted_pods_volumes_to_detach_and_not_for_those_that_
         let data = attach(&env, a, "data").await;
         let cache = attach(&env, a, "cache").await;
         let logs = attach(&env, a, "logs").await;
-        node_lists(&env, a, &[&data, &cache, &logs]).await;
+        node_lists(&env, a, &[&data, &cache, &logs], true).await;
         // A log shipper the drain leaves on the node (a DrainRule's skip
         // label), mounting claim "logs": its volume stays attached.
         let shipper: Pod = serde_json::from_value(json!({
@@ -155,23 +168,39 @@ fn a_reboot_waits_for_the_evicted_pods_volumes_to_detach_and_not_for_those_that_
         Some("now"),
     ));
 
-    // Drained, the reboot waits for data and cache, not for logs.
-    block_on(waiting_for(&env, &fleet, a, &["data", "cache"], &["logs"]));
-    assert_eq!(fleet.commands(a), 0, "no reboot with two volumes attached");
+    let [c_data, c_cache, c_logs] = ["data", "cache", "logs"].map(|x| claim(&env, x));
+    // Drained, the reboot waits for data, cache and the disk, not for logs.
+    block_on(waiting_for(
+        &fleet,
+        a,
+        &[&c_data, &c_cache, FC_DISK],
+        &[&c_logs],
+    ));
+    assert_eq!(
+        fleet.commands(a),
+        0,
+        "no reboot with three volumes attached"
+    );
     // The controller takes data and cache off the node's list; the driver
     // detaches data only. nodekeeper looks again and still waits: cache's
-    // attachment alone holds the reboot.
+    // attachment and the disk hold the reboot.
     block_on(async {
-        node_lists(&env, a, &[&logs]).await;
+        node_lists(&env, a, &[&logs], true).await;
         detached(&env, &data).await;
-        waiting_for(&env, &fleet, a, &["cache"], &["data", "logs"]).await;
+        waiting_for(&fleet, a, &[&c_cache, FC_DISK], &[&c_data, &c_logs]).await;
+    });
+    // The driver detaches cache: the disk alone, known only from the
+    // node's list, holds the reboot.
+    block_on(async {
+        detached(&env, &cache).await;
+        waiting_for(&fleet, a, &[FC_DISK], &[&c_data, &c_cache, &c_logs]).await;
     });
     assert_eq!(
         fleet.commands(a),
         0,
-        "no reboot while cache's attachment is there"
+        "no reboot while the Fibre Channel disk is attached"
     );
-    block_on(detached(&env, &cache));
+    block_on(node_lists(&env, a, &[&logs], false));
     fleet.serve(&names[..1], LONG, || {
         block_on(settled(&env.client, &names[..1]))
     });
