@@ -70,6 +70,34 @@ fn access_hint(path: &Path) -> String {
 
 /// [`connect`] with a chosen transport.
 pub async fn connect_with(kubeconfig: Option<&Path>, transport: Transport) -> Result<Client> {
+    let config = load(kubeconfig).await?;
+    let server = config.cluster_url.to_string();
+    let client = client(config, transport)?;
+    match timeout(REACH_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(info)) => {
+            log::debug!("API server {server} is Kubernetes {}", info.git_version);
+            Ok(client)
+        }
+        Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {
+            Err(Error::NoCredentials(format!(
+                "the API server at {server} refused our credentials: {}",
+                status.message
+            )))
+        }
+        Ok(Err(e)) => Err(Error::Unreachable {
+            server,
+            cause: kube_cause(&e),
+        }),
+        Err(()) => Err(Error::Unreachable {
+            server,
+            cause: format!("no answer within {} s", REACH_TIMEOUT.as_secs()),
+        }),
+    }
+}
+
+/// The credentials and settings every client of this process is built
+/// from ([`client`]), without talking to the server.
+pub async fn load(kubeconfig: Option<&Path>) -> Result<Config> {
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = super::kubeconfig::read_from(path).map_err(|e| {
@@ -104,28 +132,7 @@ pub async fn connect_with(kubeconfig: Option<&Path>, transport: Transport) -> Re
     // must see at once to report the blocker and schedule its own retry;
     // other calls are retried by the reconcile loop.
     config.default_retry = false;
-    let server = config.cluster_url.to_string();
-    let client = client(config, transport)?;
-    match timeout(REACH_TIMEOUT, client.apiserver_version()).await {
-        Ok(Ok(info)) => {
-            log::debug!("API server {server} is Kubernetes {}", info.git_version);
-            Ok(client)
-        }
-        Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {
-            Err(Error::NoCredentials(format!(
-                "the API server at {server} refused our credentials: {}",
-                status.message
-            )))
-        }
-        Ok(Err(e)) => Err(Error::Unreachable {
-            server,
-            cause: kube_cause(&e),
-        }),
-        Err(()) => Err(Error::Unreachable {
-            server,
-            cause: format!("no answer within {} s", REACH_TIMEOUT.as_secs()),
-        }),
-    }
+    Ok(config)
 }
 
 /// Did the API server choose HTTP/2 for `client`'s connection? (One

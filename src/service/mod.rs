@@ -88,7 +88,7 @@ pub async fn run(
     config: RunConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let clients = Clients::connect(&config).await?;
+    let (clients, pods) = Clients::connect(&config).await?;
     let (scope, identity) = scope_of(&config);
     // Serve health before waiting for leadership: a standby replica is alive.
     let (nms, nm_writer) = reflector::store::<NodeMaintenance>();
@@ -118,16 +118,7 @@ pub async fn run(
         replace: &replace_kick,
     };
     let provider = config.provider.is_some();
-    let mut w = watched::start(
-        &clients.api,
-        &clients.pods,
-        &scope,
-        provider,
-        &synced,
-        early,
-        wakes,
-    )
-    .await?;
+    let mut w = watched::start(&clients.api, pods, &scope, provider, &synced, early, wakes).await?;
     let stores = Stores {
         nodes: w.nodes.clone(),
         pods: w.pods.clone(),
@@ -227,19 +218,22 @@ async fn remember_held_leases(ctx: &Context, scope: &Scope) {
 }
 
 /// The API server's clients: one HTTP/2 connection for the watches and
-/// every write, and the pods' HTTP/1.1 one.
+/// every write, and the leader's Lease's own. The pods' connections
+/// ([`pod_watches::Connections`]) are made beside them.
+///
+/// The node role's pod watch reads over an HTTP/1.1 connection of its
+/// own. Its drain makes several hundred pod events in a second, and a pod
+/// watch selected by spec.nodeName has a buffer of only 10 events in the
+/// API server's watch cache: served over HTTP/2 (each event handed to the
+/// connection's writer) the server fell behind and closed it as
+/// unresponsive, 3–13 times in 5 drains of `just bench-drain`, and also
+/// with the watches on an HTTP/2 connection apart from the evictions; over
+/// HTTP/1.1 (the handler writes to the socket itself) never, in 15 drains.
+/// The cluster role's watches, one per drained node, share HTTP/2
+/// connections of their own (`pod_watches/connections.rs`: an HTTP/1.1
+/// connection per watch was most of a burst's memory).
 struct Clients {
     api: Client,
-    /// The pod watches read over an HTTP/1.1 connection of their own. A
-    /// drain makes several hundred pod events in a second, and a pod watch
-    /// selected by spec.nodeName has a buffer of only 10 events in the API
-    /// server's watch cache: served over HTTP/2 (each event handed to the
-    /// connection's writer) the server fell behind and closed it as
-    /// unresponsive, 3–13 times in 5 drains of `just bench-drain`, and
-    /// also with the watches on an HTTP/2 connection apart from the
-    /// evictions; over HTTP/1.1 (the handler writes to the socket itself)
-    /// never, in 15 drains.
-    pods: Client,
     /// The cluster role's leader Lease has a connection of its own, so a
     /// renewal never waits behind the loop's requests. The API server
     /// allows 100 streams on one HTTP/2 connection, and a burst's requests
@@ -256,7 +250,7 @@ struct Clients {
 impl Clients {
     /// Connect, and check what must be there before anything starts: the
     /// own node (node role) and our CRDs.
-    async fn connect(config: &RunConfig) -> Result<Clients> {
+    async fn connect(config: &RunConfig) -> Result<(Clients, pod_watches::Connections)> {
         let api = connect::connect_with(config.kubeconfig.as_deref(), config.transport).await?;
         if let Some(node) = &config.node {
             connect::require_node(&api, node).await?;
@@ -280,11 +274,15 @@ impl Clients {
                 "the API server serves EvictionRequests (lifecycle.k8s.io/v1alpha1); drains still evict through the Eviction API"
             );
         }
-        let pods = if http2 {
-            connect::connect_with(config.kubeconfig.as_deref(), connect::Transport::Http1Only)
-                .await?
-        } else {
-            api.clone()
+        let pods = match (http2, &config.node) {
+            (false, _) => pod_watches::Connections::one(api.clone()),
+            (true, Some(_)) => pod_watches::Connections::one(connect::client(
+                connect::load(config.kubeconfig.as_deref()).await?,
+                connect::Transport::Http1Only,
+            )?),
+            (true, None) => pod_watches::Connections::shared(
+                connect::load(config.kubeconfig.as_deref()).await?,
+            )?,
         };
         // Over HTTP/1.1 every request has a connection of its own anyway.
         let leader = if http2 && config.node.is_none() {
@@ -292,12 +290,12 @@ impl Clients {
         } else {
             api.clone()
         };
-        Ok(Clients {
+        let clients = Clients {
             api,
-            pods,
             leader,
             evictions_in_flight,
-        })
+        };
+        Ok((clients, pods))
     }
 }
 

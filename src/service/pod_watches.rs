@@ -20,9 +20,12 @@
 //! has listed: a drain must never take "not listed yet" for "no pods"
 //! (the steps before it that read no pods, `Step::reads_no_pods`, do not
 //! wait for the list: `service::reconcile`).
-//! The watches read over the pod connection (HTTP/1.1, see `service::run`
-//! for why) and back off on errors like every other watch.
+//! The node role's watch reads over an HTTP/1.1 connection of its own, the
+//! cluster role's over HTTP/2 connections shared by up to 80 watches each
+//! (`pod_watches/connections.rs` says why); all back off on errors like
+//! every other watch.
 
+mod connections;
 mod first_look;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -33,6 +36,9 @@ use crate::api::node::Node;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+
+pub use connections::Connections;
+use connections::Seat;
 use smol::stream::StreamExt;
 
 use super::passes::Kick;
@@ -58,7 +64,7 @@ enum Mode {
 }
 
 struct Scoped {
-    client: Client,
+    connections: Connections,
     /// A node's pod events reconcile that node.
     reconcile: smol::channel::Sender<ObjectRef<Node>>,
     /// A gate's pod events kick the cluster scheduler.
@@ -115,6 +121,8 @@ struct Watched {
     since: std::time::Instant,
     /// Dropping the task stops the watch.
     _task: smol::Task<()>,
+    /// Its place on a connection, given back with it.
+    _seat: Seat,
 }
 
 use crate::runtime::lock;
@@ -129,13 +137,13 @@ pub fn fixed(store: Store<Pod>) -> PodWatches {
 /// The cluster role's pods: none until a drain or a gate asks; a node's
 /// pod events go to `reconcile`, a gate's to `kick`.
 pub fn scoped(
-    client: Client,
+    connections: Connections,
     reconcile: smol::channel::Sender<ObjectRef<Node>>,
     kick: Kick,
 ) -> PodWatches {
     PodWatches {
         mode: Mode::Scoped(Box::new(Scoped {
-            client,
+            connections,
             reconcile,
             kick,
             nodes: Mutex::default(),
@@ -149,16 +157,19 @@ fn on_node(pod: &Pod, node: &str) -> bool {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
 }
 
-/// Start one watch; `on_event` hears each event after the store has it.
-/// With `first_from_cache` the first list is [`first_look`]'s; every other
-/// list is a consistent read ([`watch_config`]).
+/// Start one watch on `seat`'s connection; `on_event` hears each event
+/// after the store has it. With `first_from_cache` the first list is
+/// [`first_look`]'s; every other list is a consistent read
+/// ([`watch_config`]).
 fn start(
-    api: Api<Pod>,
+    seat: Seat,
+    api: impl FnOnce(Client) -> Api<Pod>,
     config: watcher::Config,
     what: String,
     first_from_cache: bool,
     on_event: impl Fn() + Send + Sync + 'static,
 ) -> Watched {
+    let api = api(seat.client.clone());
     let (store, mut writer) = reflector::store::<Pod>();
     let listed = Latch::default();
     let latch = listed.clone();
@@ -196,6 +207,7 @@ fn start(
         listed,
         since: std::time::Instant::now(),
         _task: task,
+        _seat: seat,
     }
 }
 
@@ -247,7 +259,7 @@ impl PodWatches {
     /// The cluster role's client for pods (`None` in the node role).
     pub fn client(&self) -> Option<&Client> {
         match &self.mode {
-            Mode::Scoped(s) => Some(&s.client),
+            Mode::Scoped(s) => Some(s.connections.client()),
             Mode::Fixed(_) => None,
         }
     }
@@ -288,7 +300,8 @@ impl PodWatches {
             let tx = s.reconcile.clone();
             let target = ObjectRef::<Node>::new(node);
             start(
-                Api::all(s.client.clone()),
+                s.connections.seat(),
+                Api::all,
                 watch_config().fields(&format!("spec.nodeName={node}")),
                 format!("pods on node {node}"),
                 true,
@@ -322,12 +335,14 @@ impl PodWatches {
                 continue;
             }
             log::debug!("watching the pods of gate {key:?}");
-            let api = match &key.namespace {
-                Some(ns) => Api::namespaced(s.client.clone(), ns),
-                None => Api::all(s.client.clone()),
+            let namespace = key.namespace.clone();
+            let api = move |c| match &namespace {
+                Some(ns) => Api::namespaced(c, ns),
+                None => Api::all(c),
             };
             let kick = s.kick.clone();
             let w = start(
+                s.connections.seat(),
                 api,
                 watch_config().labels(&key.selector),
                 format!("pods of gate {key:?}"),

@@ -83,11 +83,11 @@ pub struct Watched {
     pub arrivals: Arc<Arrivals>,
 }
 
-/// Start every watch of `scope`'s role. `pod_client` is the HTTP/1.1
-/// connection the pod watches read over (see `service::run`).
+/// Start every watch of `scope`'s role. `pods` are the connections the
+/// pod watches read over (see `service::run`).
 pub async fn start(
     client: &Client,
-    pod_client: &Client,
+    pods: pod_watches::Connections,
     scope: &Scope,
     provider: bool,
     synced: &Synced,
@@ -103,7 +103,7 @@ pub async fn start(
     let (nodes, node_writer) = reflector::store::<Node>();
     let node_events = node_watch(client, scope, node_writer, synced, &fresh, both.clone());
     let (pod_reconcile, pod_reconciles) = smol::channel::unbounded::<ObjectRef<Node>>();
-    let (pods, pod_events) = pod_watch(pod_client, scope, synced, pod_reconcile, kick);
+    let (pods, pod_events) = pod_watch(pods, scope, synced, pod_reconcile, kick);
     let maintenance_events = {
         let nm_wc = roles::maintenance_watch(client, scope).await;
         let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
@@ -225,7 +225,7 @@ fn node_watch(
 /// (`pod_watches.rs`), whose events come back on `reconcile` (a node's)
 /// or kick the scheduler (a gate's).
 fn pod_watch(
-    pod_client: &Client,
+    connections: pod_watches::Connections,
     scope: &Scope,
     synced: &Synced,
     reconcile: smol::channel::Sender<ObjectRef<Node>>,
@@ -236,7 +236,7 @@ fn pod_watch(
             let (store, pod_writer) = reflector::store::<Pod>();
             let latch = synced.pods.clone();
             let wc = watch_config().fields(&format!("spec.nodeName={n}"));
-            let events = watcher(Api::<Pod>::all(pod_client.clone()), wc)
+            let events = watcher(Api::<Pod>::all(connections.client().clone()), wc)
                 .backoff(WatchBackoff::default())
                 // No `modify`: `api::pod::Pod` reads only what the drain needs.
                 .reflect(pod_writer)
@@ -248,7 +248,7 @@ fn pod_watch(
         }
         Scope::AllNodes { .. } => {
             synced.pods.open();
-            let pods = pod_watches::scoped(pod_client.clone(), reconcile, kick.clone());
+            let pods = pod_watches::scoped(connections, reconcile, kick.clone());
             (Arc::new(pods), Box::pin(smol::stream::pending()))
         }
     }

@@ -136,7 +136,7 @@ fn main() {
         let port = free_port();
         let args = cluster_args(port);
         let role_args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (role_kubeconfig, _) = support::audited_identity_for(&role_args);
+        let (role_kubeconfig, role_user) = support::audited_identity_for(&role_args);
         let mut role = start(&bin, &role_kubeconfig, &args);
         wait_ready(&[port], Duration::from_secs(60)).await;
         let base = rss_kib(role.child.id(), "VmRSS");
@@ -325,6 +325,7 @@ fn main() {
         // The burst's own peak: VmHWM reset first, as for the gate below.
         let _ = std::fs::write(format!("/proc/{}/clear_refs", role.child.id()), "5");
         let before_burst = rss_kib(role.child.id(), "VmRSS");
+        let burst_audit = mark(&audit);
         let burst = maintain_all(
             &client,
             &format!("{id}-cr"),
@@ -344,6 +345,19 @@ fn main() {
                 median(burst.drained.iter().map(|d| d.as_secs_f64()).collect()),
                 burst.drained.iter().max().map_or(0.0, |d| d.as_secs_f64())
             ),
+        );
+        // A pod watch per drained node; more when the server closed one
+        // (it goes on from where it was: the same resourceVersion).
+        let asked = support::requests_of(&role_user, burst_audit.offset);
+        let pod_watches = asked
+            .iter()
+            .filter(|r| r.verb == "watch" && r.resource == "pods")
+            .count();
+        out.row(
+            &format!(
+                "cluster role: {burst_n} NodeMaintenances at once, API requests / pod watches opened"
+            ),
+            format!("{} / {pod_watches}", asked.len()),
         );
         let held_during = watched(port, "pods").unwrap_or(0);
         out.row(
