@@ -268,8 +268,15 @@
 //! - The kube `Client` runs on our own connector ([`service::connect`]):
 //!   HTTP/2 by ALPN, so watches and every eviction share one connection;
 //!   kube's 429 retries are off (a 429 is a PDB's answer the drain reports).
+//!   Pod watches read apart: the node role's over HTTP/1.1 (a 110-pod
+//!   drain's events outran the API server's HTTP/2 writer), the cluster
+//!   role's per drained node over HTTP/2 connections of up to 80 watches
+//!   (`service::pod_watches`: a connection per watch was most of a burst's
+//!   memory); the leader's Lease has a connection of its own.
 //! - Pods and nodes are held slim (a node: metadata, spec, conditions and
-//!   system info); Jobs, workloads and the mutex kinds untyped: the cluster
+//!   system info); a health gate's workloads are read into the fields it
+//!   judges by as each list page is parsed; Jobs and the mutex kinds
+//!   untyped: the cluster
 //!   role holds every node, and the binary's size budget is 8 MiB. Work
 //!   that waits for a shared limit waits before it exists: an eviction
 //!   takes its permit before its task is spawned, so 100 drains at once

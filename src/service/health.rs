@@ -13,7 +13,7 @@ use kube::api::ListParams;
 
 use super::background::{Answers, Ask};
 use crate::api::common::{HealthGate, Workloads};
-use crate::decide::health::{Health, Workload};
+use crate::decide::health::{Health, Listed, Workload};
 
 /// How old a list may get before it is made again.
 pub const EVERY: Duration = Duration::from_secs(5);
@@ -121,7 +121,7 @@ async fn list(client: &Client, workloads: &[Workloads]) -> Result<Vec<Workload>,
                     .request(request)
                     .await
                     .map_err(|e| format!("listing {kind}s {selector}{where_}: {e}"))?;
-                out.extend(page.items.iter().map(|o| Workload::from_json(kind, o)));
+                out.extend(page.items.iter().map(|o| Workload::read(kind, o)));
                 match page.metadata.continue_ {
                     Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
                     _ => break,
@@ -137,12 +137,13 @@ async fn list(client: &Client, workloads: &[Workloads]) -> Result<Vec<Workload>,
 /// Objects per list page.
 const PAGE: u32 = 100;
 
-/// One page of a workload list. Objects are read into [`Workload`]s page
-/// by page, so at most one page of full objects is held at a time.
+/// One page of a workload list, each object read as it is parsed into
+/// the few fields the gate judges by ([`Listed`]); pages are asked for one
+/// after the other, so at most one page's text is held at a time.
 #[derive(serde::Deserialize)]
 struct Page {
     #[serde(default)]
-    items: Vec<serde_json::Value>,
+    items: Vec<Listed>,
     #[serde(default)]
     metadata: PageMeta,
 }
