@@ -276,10 +276,10 @@ impl Clients {
         }
         let pods = match (http2, &config.node) {
             (false, _) => pod_watches::Connections::one(api.clone()),
-            (true, Some(_)) => pod_watches::Connections::one(connect::client(
-                connect::load(config.kubeconfig.as_deref()).await?,
-                connect::Transport::Http1Only,
-            )?),
+            (true, Some(_)) => pod_watches::Connections::one(
+                connect::connect_with(config.kubeconfig.as_deref(), connect::Transport::Http1Only)
+                    .await?,
+            ),
             (true, None) => pod_watches::Connections::shared(
                 connect::load(config.kubeconfig.as_deref()).await?,
             )?,

@@ -116,6 +116,9 @@ impl Known<'_> {
     }
 }
 
+/// How long one read of a node's pods may take.
+const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Every pod on `node`, read once: a list from the API server's watch
 /// cache, no watch started. `None` when it failed (the node waits, saying
 /// its pods are not read) or in the node role, which holds only its own
@@ -133,9 +136,18 @@ async fn read_on(ctx: &Context, node: &str) -> Option<Vec<Arc<Pod>>> {
         version_match: Some(kube::api::VersionMatch::NotOlderThan),
         ..Default::default()
     };
+    // Bounded: the read holds one of the few `READS` permits every node's
+    // first look also waits for.
     let read = {
         let _permit = super::pod_watches::READS.acquire().await;
-        api.list(&params).await
+        crate::runtime::timeout(READ_DEADLINE, api.list(&params)).await
+    };
+    let Ok(read) = read else {
+        log::debug!(
+            "reading the pods on node {node}: no answer within {} s",
+            READ_DEADLINE.as_secs()
+        );
+        return None;
     };
     match read {
         Ok(list) => {

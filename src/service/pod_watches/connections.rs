@@ -10,7 +10,7 @@
 //! and costs a few KiB; the API server serves at most 100 streams on one
 //! connection (kube-apiserver's `--http2-max-streams-per-connection`), so
 //! each connection carries at most [`WATCHES_PER_CONNECTION`] watches and
-//! the next opens another.
+//! the next connection is made ready before they are all taken.
 //!
 //! The node role keeps HTTP/1.1 for its one pod watch: a 110-pod drain
 //! makes several hundred events a second on that watch, and the API
@@ -18,6 +18,7 @@
 //! `Clients`). A cluster role's drains share the process's evictions in
 //! flight, so each node's watch sees a fraction of that.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kube::{Client, Config};
@@ -30,19 +31,27 @@ use crate::service::connect::{self, Transport};
 /// list where the server does not stream).
 pub const WATCHES_PER_CONNECTION: usize = 80;
 
+/// The next connection is built once fewer seats than this are free.
+/// Building one runs the kubeconfig's credential plugin, if it names one
+/// (an `exec` command: a second or more), so it is built ahead, off the
+/// executor and outside every lock, never while a watch waits for a seat.
+const SPARE_AT: usize = 20;
+
 /// Where the next pod watch reads: the first connection, and over HTTP/2
 /// more as the watches need them.
 pub struct Connections {
     first: Shared,
     /// `None` over HTTP/1.1, where every watch opens a connection of its
     /// own anyway.
-    more: Option<More>,
+    more: Option<Arc<More>>,
 }
 
-/// The connections after the first: built from `config` when needed.
+/// The connections after the first, built from `config`.
 struct More {
-    config: Box<Config>,
+    config: Config,
     open: Mutex<Vec<Shared>>,
+    /// A build is under way.
+    building: AtomicBool,
 }
 
 /// One client (over HTTP/2 one connection: each client has a pool of its
@@ -70,6 +79,10 @@ impl Shared {
         Arc::strong_count(&self.seats) - 1
     }
 
+    fn free(&self) -> usize {
+        WATCHES_PER_CONNECTION.saturating_sub(self.watches())
+    }
+
     fn seat(&self) -> Seat {
         Seat {
             client: self.client.clone(),
@@ -92,10 +105,11 @@ impl Connections {
     pub fn shared(config: Config) -> crate::error::Result<Connections> {
         Ok(Connections {
             first: Shared::new(connect::client(config.clone(), Transport::Http2)?),
-            more: Some(More {
-                config: Box::new(config),
+            more: Some(Arc::new(More {
+                config,
                 open: Mutex::default(),
-            }),
+                building: AtomicBool::new(false),
+            })),
         })
     }
 
@@ -104,36 +118,31 @@ impl Connections {
         &self.first.client
     }
 
-    /// A seat for one more watch: on the first connection with room, else
-    /// on a new one. Connections after the first whose watches have all
-    /// ended are let go here (dropping the client closes its connection).
+    /// A seat for one more watch: on the first connection with room. With
+    /// none (the spare not built yet, or its build failed) on the one with
+    /// the fewest watches: past the server's 100 streams hyper queues the
+    /// request until one ends. Connections whose watches have all ended
+    /// are let go here but one, the spare (dropping the client closes its
+    /// connection).
     pub fn seat(&self) -> Seat {
         let Some(more) = &self.more else {
             return self.first.seat();
         };
         let mut open = lock(&more.open);
-        open.retain(|s| s.watches() > 0);
-        if self.first.watches() < WATCHES_PER_CONNECTION {
-            return self.first.seat();
+        let mut spare = false;
+        open.retain(|s| s.watches() > 0 || !std::mem::replace(&mut spare, true));
+        let all = || std::iter::once(&self.first).chain(open.iter());
+        let seat = match all().find(|s| s.free() > 0) {
+            Some(s) => s.seat(),
+            None => all()
+                .min_by_key(|s| s.watches())
+                .unwrap_or(&self.first)
+                .seat(),
+        };
+        if all().map(Shared::free).sum::<usize>() < SPARE_AT {
+            more.build_spare();
         }
-        if let Some(s) = open.iter().find(|s| s.watches() < WATCHES_PER_CONNECTION) {
-            return s.seat();
-        }
-        match connect::client((*more.config).clone(), Transport::Http2) {
-            Ok(client) => {
-                let new = Shared::new(client);
-                let seat = new.seat();
-                open.push(new);
-                log::debug!("pod watches: HTTP/2 connection {} opened", open.len() + 1);
-                seat
-            }
-            // The first was built from the same config; should another
-            // fail all the same, the watch waits for a stream on the first.
-            Err(e) => {
-                log::warn!("pod watches: another connection: {e}; sharing the first");
-                self.first.seat()
-            }
-        }
+        seat
     }
 
     /// The connections open for watches.
@@ -142,9 +151,42 @@ impl Connections {
     }
 }
 
+impl More {
+    /// Build one more connection in the background, unless one is being
+    /// built; a failed build is logged and tried again at the next seat.
+    fn build_spare(self: &Arc<Self>) {
+        if self.building.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let more = self.clone();
+        crate::runtime::spawn(async move {
+            let config = more.config.clone();
+            // On a thread of its own (a credential plugin blocks), inside
+            // `Compat` as kube's client needs.
+            let built = smol::unblock(move || {
+                crate::runtime::block_on(async { connect::client(config, Transport::Http2) })
+            })
+            .await;
+            match built {
+                Ok(client) => {
+                    let mut open = lock(&more.open);
+                    open.push(Shared::new(client));
+                    log::debug!("pod watches: HTTP/2 connection {} ready", open.len() + 1);
+                }
+                Err(e) => log::warn!(
+                    "pod watches: another connection to the API server: {e}; new watches share those open"
+                ),
+            }
+            more.building.store(false, Ordering::Release);
+        })
+        .detach();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn config() -> Config {
         let mut c = Config::new("https://127.0.0.1:6443".parse().expect("a URL"));
@@ -152,27 +194,58 @@ mod tests {
         c
     }
 
-    /// kube's client needs tokio's reactor, which `Compat` lends.
-    #[test]
-    fn watches_fill_a_connection_then_open_the_next_and_empty_ones_go() {
-        crate::runtime::block_on(async { fill_and_empty() });
+    /// Until `c` has `n` connections, at most 10 s.
+    async fn connections(c: &Connections, n: usize) {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while c.count() != n {
+            assert!(
+                std::time::Instant::now() < end,
+                "{} connections, not {n}",
+                c.count()
+            );
+            crate::runtime::sleep(Duration::from_millis(5)).await;
+        }
     }
 
-    fn fill_and_empty() {
+    /// kube's client needs tokio's reactor, which `Compat` lends.
+    #[test]
+    fn the_next_connection_is_ready_before_one_fills_and_empty_ones_go() {
+        crate::runtime::block_on(fill_and_empty());
+    }
+
+    async fn fill_and_empty() {
         let c = Connections::shared(config()).expect("connections");
-        let mut seats: Vec<Seat> = (0..WATCHES_PER_CONNECTION).map(|_| c.seat()).collect();
-        assert_eq!(c.count(), 1);
+        let n = WATCHES_PER_CONNECTION;
+        let mut seats: Vec<Seat> = (0..n - SPARE_AT).map(|_| c.seat()).collect();
+        assert_eq!(c.count(), 1, "20 free seats: no spare yet");
         seats.push(c.seat());
-        assert_eq!(c.count(), 2, "the 81st watch opens a second connection");
-        seats.extend((1..WATCHES_PER_CONNECTION).map(|_| c.seat()));
-        assert_eq!(c.count(), 2);
-        seats.push(c.seat());
-        assert_eq!(c.count(), 3);
-        // The last two connections' watches end: the next seat finds room
-        // on the first and lets both go.
-        seats.truncate(WATCHES_PER_CONNECTION - 1);
+        connections(&c, 2).await;
+        // The first fills; the 81st watch goes to the spare, and the one
+        // after that is built once the spare is nearly taken too.
+        seats.extend((seats.len()..n + n - SPARE_AT + 1).map(|_| c.seat()));
+        connections(&c, 3).await;
+        let last = c.seat();
+        // Every watch after the first connection's ends: the next seat is
+        // on the first and lets all but one empty connection go.
+        seats.truncate(n - 1);
+        drop(last);
         drop(c.seat());
-        assert_eq!(c.count(), 1);
+        assert_eq!(c.count(), 2, "the first and one spare");
+    }
+
+    /// Past every connection's mark (no spare built: the build is blocked
+    /// here), watches go to the connection with the fewest.
+    #[test]
+    fn with_no_room_anywhere_the_least_taken_connection_takes_it() {
+        crate::runtime::block_on(async {
+            let c = Connections::shared(config()).expect("connections");
+            if let Some(m) = &c.more {
+                m.building.store(true, Ordering::Release);
+            }
+            let seats: Vec<Seat> = (0..WATCHES_PER_CONNECTION + 5).map(|_| c.seat()).collect();
+            assert_eq!(c.count(), 1);
+            assert_eq!(c.first.watches(), seats.len());
+        });
     }
 
     #[test]
