@@ -145,8 +145,9 @@ impl Connections {
         seat
     }
 
-    /// The connections open for watches.
-    pub fn count(&self) -> usize {
+    /// The connections open for watches (the tests' view).
+    #[cfg(test)]
+    fn count(&self) -> usize {
         1 + self.more.as_ref().map_or(0, |m| lock(&m.open).len())
     }
 }
