@@ -253,12 +253,21 @@ fn run_serves_health_readiness_and_metrics() {
         ),
         "{body}"
     );
-    let reconciles = body
-        .lines()
-        .find_map(|l| l.strip_prefix("nodekeeper_reconciles_total "))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    assert!(reconciles >= 1, "{body}");
+    // Ready means every watch has listed once; the first reconcile runs
+    // after that, so the counter is waited for, not read at once (read at
+    // once it was 0 in a loaded gate).
+    block_on(wait_for(
+        "the first reconcile counted in /metrics",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = http_get(port, "/metrics")?;
+            let counted = body
+                .lines()
+                .find_map(|l| l.strip_prefix("nodekeeper_reconciles_total "))
+                .and_then(|v| v.parse::<u64>().ok())?;
+            (counted >= 1).then_some(())
+        },
+    ));
     let (status, _) = http_get(port, "/nope").expect("404");
     assert!(status.contains(" 404 "), "{status}");
 
