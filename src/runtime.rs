@@ -1,5 +1,15 @@
-//! The async runtime: smol executors, with every future wrapped in
+//! The async runtime: one smol executor, with every future wrapped in
 //! `async_compat::Compat`.
+//!
+//! **Threads.** Tasks run on the executor the callers of [`block_on`] run
+//! while they wait, and by default on one helper thread beside them (what
+//! smol's global executor did). A node agent runs without the helper
+//! ([`tasks_on_callers_only`]): every response it reads passes from
+//! async-compat's tokio thread (the sockets) to whichever thread runs the
+//! waiting task, and a third thread in that hand-off cost a sixth of the
+//! node role's CPU per drain (measured in tests/README.md, "Where the node
+//! role's CPU goes"). The cluster role keeps the helper: its passes over
+//! thousands of nodes must not hold up its watches.
 //!
 //! **Architecture invariant:** kube's client (hyper, tower, tokio timers)
 //! needs a tokio reactor and panics with "no reactor running" when polled
@@ -10,9 +20,38 @@
 use std::future::Future;
 use std::time::Duration;
 
+use std::cell::Cell;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use async_compat::Compat;
 
-/// Run `fut` to completion on the current thread, inside `Compat`.
+/// Every task of the process.
+static EXECUTOR: LazyLock<smol::Executor<'static>> = LazyLock::new(smol::Executor::new);
+
+/// Whether a helper thread runs tasks beside the callers of [`block_on`]
+/// (the default), or only they do.
+static HELPER: AtomicBool = AtomicBool::new(true);
+
+/// The helper thread, started with the first [`spawn`].
+static HELPER_STARTED: std::sync::Once = std::sync::Once::new();
+
+thread_local! {
+    /// Set while this thread runs the executor inside [`block_on`]: a
+    /// `block_on` nested in a task only waits, it never runs other tasks
+    /// inside that task's poll.
+    static RUNNING_TASKS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run tasks only on the threads waiting in [`block_on`], with no helper
+/// thread. Takes effect if called before the first [`spawn`]; the node
+/// role's start-up does (see the module's comment for why).
+pub fn tasks_on_callers_only() {
+    HELPER.store(false, Ordering::Relaxed);
+}
+
+/// Run `fut` to completion on the current thread, inside `Compat`, running
+/// the executor's tasks while it waits.
 /// A mutex's guard, a poisoned one as it is: a panicked holder (a test's,
 /// a bug's) must not take every later reader down with it. The one
 /// helper for every `Mutex` of the service.
@@ -21,17 +60,55 @@ pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub fn block_on<F: Future>(fut: F) -> F::Output {
+    if RUNNING_TASKS.get() {
+        return wait_here(fut);
+    }
+    run_tasks_until(Compat::new(fut))
+}
+
+/// Run the executor's tasks on this thread until `fut` is done.
+fn run_tasks_until<F: Future>(fut: F) -> F::Output {
+    /// Clears the flag however the wait ends, a panic included.
+    struct Running;
+    impl Drop for Running {
+        fn drop(&mut self) {
+            RUNNING_TASKS.set(false);
+        }
+    }
+    RUNNING_TASKS.set(true);
+    let _running = Running;
+    smol::block_on(EXECUTOR.run(fut))
+}
+
+/// Run `fut` to completion on the current thread, inside `Compat`, and
+/// nothing else: for a thread that must not take tasks (one of
+/// `smol::unblock`'s, or a task's own nested wait).
+pub fn wait_here<F: Future>(fut: F) -> F::Output {
     smol::block_on(Compat::new(fut))
 }
 
-/// Spawn `fut` on smol's global executor, inside `Compat`. Dropping the task
-/// cancels it; call `.detach()` to let it run on.
+/// Spawn `fut` on the executor, inside `Compat`. Dropping the task cancels
+/// it; call `.detach()` to let it run on.
 pub fn spawn<F>(fut: F) -> smol::Task<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    smol::spawn(Compat::new(fut))
+    if HELPER.load(Ordering::Relaxed) {
+        HELPER_STARTED.call_once(start_helper);
+    }
+    EXECUTOR.spawn(Compat::new(fut))
+}
+
+/// One thread that runs tasks for as long as the process lives. If it
+/// cannot be started, the callers of [`block_on`] still run every task.
+fn start_helper() {
+    let started = std::thread::Builder::new()
+        .name("tasks".into())
+        .spawn(|| run_tasks_until(std::future::pending::<()>()));
+    if let Err(e) = started {
+        log::warn!("no helper thread for tasks ({e}); they run on the main thread only");
+    }
 }
 
 /// Runs hyper's connection tasks (an HTTP/2 connection is a task of its

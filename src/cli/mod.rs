@@ -142,6 +142,9 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Run(args) => {
             let config = run::RunConfig::from_args(args)?;
+            if config.node.is_some() {
+                runtime::tasks_on_callers_only();
+            }
             let shutdown =
                 runtime::shutdown_signal().map_err(Error::io("installing signal handlers"))?;
             runtime::block_on(crate::service::run(config, shutdown))?;

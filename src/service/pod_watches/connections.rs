@@ -165,7 +165,7 @@ impl More {
             // On a thread of its own (a credential plugin blocks), inside
             // `Compat` as kube's client needs.
             let built = smol::unblock(move || {
-                crate::runtime::block_on(async { connect::client(config, Transport::Http2) })
+                crate::runtime::wait_here(async { connect::client(config, Transport::Http2) })
             })
             .await;
             match built {
