@@ -121,7 +121,9 @@
 //!   constants ([`deploy::TARGETS`]; RBAC from one table, [`deploy::GRANTS`]);
 //!   `k3s-manifests/` and `image/` hold its output, checked by a test.
 //! - `cli/`: raw flags → validated configs per command family.
-//! - [`runtime`] (smol executors inside `Compat`, signals, [`runtime::Latch`]),
+//! - [`runtime`] (one smol executor inside `Compat`: a node agent's tasks on
+//!   its main thread only, the cluster role's on a helper thread too;
+//!   signals, [`runtime::Latch`]),
 //!   [`error`], [`yaml`], [`logging`], [`counts`].
 //! - `tests/`: integration tests against a real control plane, real
 //!   kubelets, rebooting machines and OS images (`tests/README.md`).

@@ -59,8 +59,8 @@ pub async fn floor(client: &Client, evictor: &Client, node: &str, audit: &std::p
         drained: gone,
         requests: audit_ids_since(audit, audit_start),
         pod_watches: 0,
-        cpu_ms: 0,
-        apiserver_cpu_ms: 0,
+        cpu_ms: 0.0,
+        apiserver_cpu_ms: 0.0,
         bytes: 0,
         to_first_eviction: None,
     }

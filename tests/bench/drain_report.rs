@@ -169,8 +169,8 @@ pub fn print_table(results: &[Measured], bin: &std::path::Path, runs: usize) {
             "–".to_string()
         } else {
             format!(
-                "{:.0} ms",
-                median(m.rows.iter().map(|r| r.cpu_ms as f64).collect())
+                "{:.1} ms",
+                median(m.rows.iter().map(|r| r.cpu_ms).collect())
             )
         };
         let mib = |k: u64| {
@@ -267,8 +267,8 @@ fn print_costs(results: &[Measured]) {
     let med = |m: &Measured, f: fn(&Run) -> f64| median(m.rows.iter().map(f).collect());
     let interval =
         |m: &Measured, f: fn(&Run) -> f64| median_interval(m.rows.iter().map(f).collect());
-    let cpu = |r: &Run| r.cpu_ms as f64;
-    let api = |r: &Run| r.apiserver_cpu_ms as f64;
+    let cpu = |r: &Run| r.cpu_ms;
+    let api = |r: &Run| r.apiserver_cpu_ms;
     let protocol_requests = results
         .iter()
         .find(|m| m.who == Who::Protocol)
@@ -295,7 +295,7 @@ fn print_costs(results: &[Measured]) {
     );
     let show = |i: Option<(f64, f64, f64)>| {
         i.map_or("–".to_string(), |(v, lo, hi)| {
-            format!("{v:.0} ms ({lo:.0}–{hi:.0})")
+            format!("{v:.1} ms ({lo:.1}–{hi:.1})")
         })
     };
     for m in results {
