@@ -1,15 +1,17 @@
 //! The async runtime: one smol executor, with every future wrapped in
 //! `async_compat::Compat`.
 //!
-//! **Threads.** Tasks run on the executor the callers of [`block_on`] run
-//! while they wait, and by default on one helper thread beside them (what
-//! smol's global executor did). A node agent runs without the helper
-//! ([`tasks_on_callers_only`]): every response it reads passes from
-//! async-compat's tokio thread (the sockets) to whichever thread runs the
-//! waiting task, and a third thread in that hand-off cost a sixth of the
-//! node role's CPU per drain (measured in tests/README.md, "Where the node
-//! role's CPU goes"). The cluster role keeps the helper: its passes over
-//! thousands of nodes must not hold up its watches.
+//! **Threads.** By default spawned tasks run on one helper thread and a
+//! caller of [`block_on`] only waits for its own future (what smol's
+//! global executor did). A node agent runs without the helper
+//! ([`tasks_on_callers_only`]): its tasks run on the thread waiting in
+//! [`block_on`], beside the service's loop. Every response it reads
+//! passes from async-compat's tokio thread (the sockets) to the thread
+//! that runs the waiting task, and a third thread in that hand-off cost a
+//! sixth of the node role's CPU per drain (tests/README.md, "Where the
+//! node role's CPU goes"). The cluster role keeps the helper: its passes
+//! over thousands of nodes must not hold up its watches, and sharing both
+//! threads between loop and tasks measured no better for it.
 //!
 //! **Architecture invariant:** kube's client (hyper, tower, tokio timers)
 //! needs a tokio reactor and panics with "no reactor running" when polled
@@ -29,11 +31,11 @@ use async_compat::Compat;
 /// Every task of the process.
 static EXECUTOR: LazyLock<smol::Executor<'static>> = LazyLock::new(smol::Executor::new);
 
-/// Whether a helper thread runs tasks beside the callers of [`block_on`]
-/// (the default), or only they do.
+/// Whether a helper thread runs the tasks (the default), or the callers of
+/// [`block_on`] do while they wait.
 static HELPER: AtomicBool = AtomicBool::new(true);
 
-/// The helper thread, started with the first [`spawn`].
+/// The helper thread, started by the first [`spawn`] or [`block_on`].
 static HELPER_STARTED: std::sync::Once = std::sync::Once::new();
 
 thread_local! {
@@ -43,15 +45,13 @@ thread_local! {
     static RUNNING_TASKS: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Run tasks only on the threads waiting in [`block_on`], with no helper
-/// thread. Takes effect if called before the first [`spawn`]; the node
+/// Run tasks on the threads waiting in [`block_on`], with no helper
+/// thread. Call it before the first [`spawn`] and [`block_on`]; the node
 /// role's start-up does (see the module's comment for why).
 pub fn tasks_on_callers_only() {
     HELPER.store(false, Ordering::Relaxed);
 }
 
-/// Run `fut` to completion on the current thread, inside `Compat`, running
-/// the executor's tasks while it waits.
 /// A mutex's guard, a poisoned one as it is: a panicked holder (a test's,
 /// a bug's) must not take every later reader down with it. The one
 /// helper for every `Mutex` of the service.
@@ -59,8 +59,17 @@ pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Run `fut` to completion on the current thread, inside `Compat`; with no
+/// helper thread ([`tasks_on_callers_only`]), running the executor's tasks
+/// while it waits.
 pub fn block_on<F: Future>(fut: F) -> F::Output {
     if RUNNING_TASKS.get() {
+        return wait_here(fut);
+    }
+    if HELPER.load(Ordering::Relaxed) {
+        HELPER_STARTED.call_once(start_helper);
+    }
+    if HELPER.load(Ordering::Relaxed) {
         return wait_here(fut);
     }
     run_tasks_until(Compat::new(fut))
@@ -100,14 +109,16 @@ where
     EXECUTOR.spawn(Compat::new(fut))
 }
 
-/// One thread that runs tasks for as long as the process lives. If it
-/// cannot be started, the callers of [`block_on`] still run every task.
+/// One thread that runs tasks for as long as the process lives, started
+/// by the first [`spawn`] or [`block_on`]. If it cannot be started, the
+/// callers of [`block_on`] run the tasks instead.
 fn start_helper() {
     let started = std::thread::Builder::new()
         .name("tasks".into())
         .spawn(|| run_tasks_until(std::future::pending::<()>()));
     if let Err(e) = started {
-        log::warn!("no helper thread for tasks ({e}); they run on the main thread only");
+        log::warn!("no helper thread for tasks ({e}); the main thread runs them");
+        HELPER.store(false, Ordering::Relaxed);
     }
 }
 
