@@ -14,8 +14,9 @@
 //! and loses its memory (eviction attempts, the lease's renewal time).
 //!
 //! Each pod has a DrainRule behaviour and tier of the world's own table
-//! (`world_rules.rs`), and WaitCompleted pods finish by themselves now and
-//! then. Some pods carry Karpenter's `karpenter.sh/do-not-disrupt`
+//! (`world_rules.rs`; rules that overlap the table's and must lose to them
+//! now and then beside), and WaitCompleted pods finish by themselves now
+//! and then. Some pods carry Karpenter's `karpenter.sh/do-not-disrupt`
 //! (`"true"`, or a duration that runs out a few steps in), which a person
 //! takes off now and then. Half the pods mount a volume: attached while the pod runs, and
 //! detached a few steps after it is gone (now and then many steps); a read

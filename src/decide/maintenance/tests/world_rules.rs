@@ -1,15 +1,24 @@
 //! DrainRules in the random maintenance worlds: each pod gets a behaviour
 //! and tier from the world's own table (Drain at order -1, 0 or 3,
 //! WaitCompleted, Skip), written as one DrainRule per pod or, now and then,
-//! as the pod label that beats every rule. The drain must read the same
-//! table back from the rules: the invariants are checked against the table,
-//! never against the product's placement.
+//! as the pod label that beats every rule. Now and then rules overlap the
+//! table's without changing it, as Cluster API's order says they must not:
+//! a second rule for a pod named after its own (the first in name order
+//! wins), a rule for every pod named after all of them (only the pods the
+//! label places are left to it, and the label wins), and a rule for every
+//! pod named before all of them that applies only on other nodes. Every
+//! such decoy says "Drain at order -5", so a decoy that wrongly won would
+//! evict a pod the table keeps, or before a lower tier is gone, which the
+//! invariants catch. The drain must read the same table back from the
+//! rules: the invariants are checked against the table, never against the
+//! product's placement.
 
 use std::collections::HashMap;
 
 use super::*;
-use crate::api::drain_rule::{Behavior, DRAIN_LABEL, DrainRule};
+use crate::api::drain_rule::{Behavior, DRAIN_LABEL, DrainRule, DrainRuleNodes};
 use crate::decide::reboot::tests::world_tools::Rng;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// The world's table and the rules that encode it.
 #[derive(Debug, Default)]
@@ -45,12 +54,35 @@ impl WorldRules {
                     behavior,
                     order,
                 )));
+                if rng.chance(20) {
+                    // After every "r…" name: the pod's own rule wins.
+                    w.book
+                        .rules
+                        .push(Arc::new(decoy(&format!("s-{i}"), Some(&name))));
+                }
             }
             w.table.insert(
                 p.metadata.uid.clone().unwrap_or_default(),
                 (behavior, order),
             );
             *pod = Arc::new(p);
+        }
+        if rng.chance(50) {
+            // Every pod, after every other name: left only the labelled.
+            w.book.rules.push(Arc::new(decoy("zz-every-pod", None)));
+        }
+        if rng.chance(50) {
+            // Every pod, before every other name, but on other nodes only.
+            let mut elsewhere = decoy("a-other-nodes", None);
+            elsewhere.spec.nodes = Some(vec![DrainRuleNodes {
+                selector: Some(LabelSelector {
+                    match_labels: Some(
+                        [("world.nodekeeper.io/elsewhere".into(), "true".into())].into(),
+                    ),
+                    ..Default::default()
+                }),
+            }]);
+            w.book.rules.push(Arc::new(elsewhere));
         }
         w
     }
@@ -119,6 +151,16 @@ fn finished(pod: &Pod) -> bool {
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
+}
+
+/// A rule that must lose (see the module's comment): the pods labelled
+/// `app=<app>`, or every pod; Drain at order -5, the first tier.
+fn decoy(name: &str, app: Option<&str>) -> DrainRule {
+    let mut r = rule(name, app.unwrap_or_default(), Behavior::Drain, -5);
+    if app.is_none() {
+        r.spec.pods = None;
+    }
+    r
 }
 
 fn rule(name: &str, app: &str, behavior: Behavior, order: i32) -> DrainRule {
