@@ -204,7 +204,8 @@
 //!   `replace::a_node_version_written_back_by_constellations_client_keeps_its_pool_and_says_so`).
 //! - **One owner per node, budgets at every admission, every node given
 //!   back**: one live NodeMaintenance per node; the oldest object of a kind
-//!   governs; an administrator's preempts a feature's (the random worlds
+//!   governs (for NodeVersions, a pure share of the nodes:
+//!   `decide::replace::shares`); an administrator's preempts a feature's (the random worlds
 //!   above, with refused and half-done writes injected, Job strategies,
 //!   hook Jobs and channels that move mid-rollout).
 //! - **Nothing cordoned or leased for ever**: the NodeMaintenance life

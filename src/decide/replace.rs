@@ -25,6 +25,7 @@ mod fields;
 mod groups;
 mod lifecycle;
 mod retire;
+mod shares;
 mod surge;
 #[cfg(test)]
 mod tests;
@@ -58,6 +59,7 @@ pub use discovery::{DISCOVERED_LABEL, discovered_groups};
 pub use fields::{RECORD_ANNOTATION, Reading, governing};
 use retire::*;
 pub use retire::{inherited, internal_ip, reserved};
+pub use shares::{Share, oldest_first, shares};
 use surge::*;
 pub use surge::{REQUEST_LABEL, joining, surge_requests};
 

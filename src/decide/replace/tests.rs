@@ -356,6 +356,7 @@ mod groups;
 mod interrupted;
 mod objects;
 mod reports;
+mod shares;
 mod stuck_donors;
 mod surge;
 mod windows;

@@ -1,13 +1,12 @@
 //! A replacement round's NodeVersions: each decided on its own nodes
-//! (the oldest selecting a node governs it), the provider asked what the
-//! round needs, and the effects performed, provider failures recorded
-//! per NodeVersion.
+//! (the oldest selecting a node governs it: `decide::replace::shares`),
+//! the provider asked what the round needs, and the effects performed,
+//! provider failures recorded per NodeVersion.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::node::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -29,12 +28,7 @@ pub(super) async fn versions(
     expect: &mut Expect,
 ) -> Result<(bool, Option<Duration>)> {
     let mut stored: Vec<Arc<NodeVersion>> = typed(&r.stores.versions);
-    stored.sort_by_key(|v| {
-        (
-            v.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            v.name_any(),
-        )
-    });
+    replace::oldest_first(&mut stored);
     // Each as it governs: its rollout fields from the spec, or recorded
     // when a client's write lost them (decide/replace/fields.rs).
     let (nvs, readings): (Vec<Arc<NodeVersion>>, Vec<replace::Reading>) = stored
@@ -44,28 +38,23 @@ pub(super) async fn versions(
             (Arc::new(governing), reading)
         })
         .unzip();
-    let all_nodes = ctx.all_nodes();
-    let mut taken: HashSet<String> = HashSet::new();
+    let held: Vec<(Arc<NodeVersion>, bool)> = nvs
+        .iter()
+        .cloned()
+        .zip(readings.iter().map(|r| r.hold))
+        .collect();
+    let handled =
+        |s: Option<&LabelSelector>| crate::service::roles::handles_node_version(&ctx.scope, s);
+    let shares = replace::shares(&held, &handled, &ctx.all_nodes());
     let pending: Vec<Arc<PendingNode>> = typed(&r.stores.pending);
     let groups: Vec<Arc<ScalingGroup>> = typed(&r.stores.groups);
     let strategies: Vec<Arc<AutoscalingStrategy>> = typed(&r.stores.strategies);
     let maintenances = ctx.all_maintenances();
     let mut wake = None;
-    for (nv, reading) in nvs.iter().zip(&readings) {
-        let selector = nv.spec.node_selector.as_ref();
-        if !crate::service::roles::handles_node_version(&ctx.scope, selector) {
+    for ((nv, reading), share) in nvs.iter().zip(&readings).zip(shares) {
+        let Some(share) = share else {
             continue;
-        }
-        let (nodes, elsewhere): (Vec<Arc<Node>>, Vec<Arc<Node>>) = all_nodes
-            .iter()
-            .filter(|n| {
-                !reading.hold
-                    && selector
-                        .is_none_or(|s| crate::decide::selector::selector_matches(s, n.labels()))
-            })
-            .cloned()
-            .partition(|n| !taken.contains(&n.name_any()));
-        taken.extend(nodes.iter().map(|n| n.name_any()));
+        };
         let owned: Vec<Arc<PendingNode>> = pending
             .iter()
             .filter(|p| {
@@ -79,31 +68,10 @@ pub(super) async fn versions(
             .get(&nv.uid().unwrap_or_default())
             .cloned()
             .unwrap_or_default();
-        let others: Vec<&Arc<NodeVersion>> = nvs
-            .iter()
-            .filter(|o| {
-                o.uid() != nv.uid()
-                    && crate::service::roles::handles_node_version(
-                        &ctx.scope,
-                        o.spec.node_selector.as_ref(),
-                    )
-            })
-            .collect();
-        let others_busy = others.iter().any(|o| {
-            o.status.as_ref().is_some_and(|st| {
-                !st.outdated.is_empty()
-                    || !st.pending.is_empty()
-                    || !st.heirs.is_empty()
-                    || !st.donors.is_empty()
-                    || !st.obsolete.is_empty()
-                    || !st.awaiting_annotation.is_empty()
-            })
-        });
-        let others_unknown = others.iter().any(|o| o.status.is_none());
         let in_flight = lock(&r.in_flight).clone();
         let mut snap = replace::Snapshot {
             nv,
-            nodes: &nodes,
+            nodes: &share.nodes,
             pending: &owned,
             groups: &groups,
             strategies: &strategies,
@@ -112,9 +80,9 @@ pub(super) async fn versions(
             failures: &failures,
             in_flight: &in_flight,
             server_version: r.server_version.as_deref(),
-            others_busy,
-            others_unknown,
-            governed_elsewhere: elsewhere.len(),
+            others_busy: share.others_busy,
+            others_unknown: share.others_unknown,
+            governed_elsewhere: share.governed_elsewhere,
             fields: reading,
             node_pods: &|_| None,
             now,
