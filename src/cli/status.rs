@@ -470,6 +470,7 @@ mod tests {
                 hook: Some("backup".into()),
                 job: None,
                 job_seen: false,
+                maintenance_gone_at: None,
                 message: Some("before hook backup: running Job ops/x".into()),
                 reason: None,
             }],

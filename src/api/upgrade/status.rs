@@ -99,6 +99,13 @@ pub struct NodeUpgrade {
     /// again (reason `JobDeleted`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub job_seen: bool,
+    /// While Upgrading: when the cluster role first found the node's
+    /// NodeMaintenance gone before the node reported the version. Its agent
+    /// writes the version and then deletes the maintenance, and the two
+    /// reach the cluster role through different watches; the upgrade counts
+    /// as interrupted only if the version is still not seen 10 s later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_gone_at: Option<Time>,
     /// What is happening, or why it waits or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

@@ -82,6 +82,7 @@ impl<'a> Decision<'a> {
                 hook: None,
                 job: None,
                 job_seen: false,
+                maintenance_gone_at: None,
                 message: Some(message),
                 reason: reason.map(str::to_string),
             },
@@ -104,6 +105,10 @@ impl<'a> Decision<'a> {
                 // Seen stays true only for the same Job.
                 job_seen: e.job_seen && next.job == e.job,
                 job: next.job,
+                // The gone maintenance's mark belongs to Upgrading only.
+                maintenance_gone_at: (e.phase == next.phase)
+                    .then(|| e.maintenance_gone_at.clone())
+                    .flatten(),
                 reason: next.reason.map(str::to_string),
                 message: Some(next.message),
                 ..e.clone()
@@ -156,6 +161,7 @@ impl<'a> Decision<'a> {
             hook: None,
             job: None,
             job_seen: false,
+            maintenance_gone_at: None,
             message: None,
             reason: None,
         };

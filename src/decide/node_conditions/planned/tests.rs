@@ -56,6 +56,7 @@ fn plan(name: &str, nodes: &[(&str, UpgradePhase)]) -> Arc<UpgradePlan> {
                 hook: None,
                 job: None,
                 job_seen: false,
+                maintenance_gone_at: None,
                 message: None,
                 reason: None,
             })

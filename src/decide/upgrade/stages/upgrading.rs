@@ -4,6 +4,11 @@
 
 use super::*;
 
+/// Seconds a gone maintenance waits for the version to be seen
+/// (`version_may_lag`): watches deliver in milliseconds; seconds on a
+/// loaded API server.
+const VERSION_LAG_SECONDS: i64 = 10;
+
 impl Decision<'_> {
     /// The node is drained; its agent runs the command. Done when it
     /// reports the version (and, with a reboot, a new boot ID).
@@ -24,6 +29,9 @@ impl Decision<'_> {
         // before: someone ended the maintenance mid-upgrade.
         let agents = upgraded && node::agent_gives_back(p);
         if ours.is_none_or(|m| m.is_deleting()) && !agents {
+            if node::agent_gives_back(p) && self.version_may_lag(e) {
+                return;
+            }
             let msg = format!(
                 "its NodeMaintenance {} went away during the upgrade; the node may be half-upgraded",
                 maintenance_name(&e.name)
@@ -109,6 +117,35 @@ impl Decision<'_> {
             },
         );
         self.upgrade_deadline(e);
+    }
+
+    /// The maintenance is gone and the node does not report the version in
+    /// this role's store: its agent may have given the node back right
+    /// after writing the version, which the node watch has not delivered
+    /// yet (the maintenance watch did: two watches keep no order between
+    /// them). Marked on the entry the first time; true (wait) until
+    /// [`VERSION_LAG_SECONDS`] after the mark.
+    fn version_may_lag(&mut self, e: &NodeUpgrade) -> bool {
+        let now = self.s.now;
+        let mark = e.maintenance_gone_at.as_ref().map_or(now, |t| t.0);
+        let until = after(mark, VERSION_LAG_SECONDS);
+        if now >= until {
+            return false;
+        }
+        self.entries.insert(
+            e.name.clone(),
+            NodeUpgrade {
+                maintenance_gone_at: Some(Time(mark)),
+                message: Some(format!(
+                    "its NodeMaintenance {} is gone; waiting up to {} s for the node to report the version its agent gave it back at",
+                    maintenance_name(&e.name),
+                    VERSION_LAG_SECONDS
+                )),
+                ..e.clone()
+            },
+        );
+        self.wake_at(until);
+        true
     }
 
     /// The upgrade Job's state. `None`: recorded and not in the store yet
