@@ -19,6 +19,18 @@ impl Decision<'_> {
         ours: Option<&NodeMaintenance>,
     ) {
         let p = self.s.plan;
+        // A maintenance of its name is there again (a person's): the mark
+        // of one gone before no longer holds.
+        let unmarked;
+        let e = if ours.is_some_and(|m| !m.is_deleting()) && e.maintenance_gone_at.is_some() {
+            unmarked = NodeUpgrade {
+                maintenance_gone_at: None,
+                ..e.clone()
+            };
+            &unmarked
+        } else {
+            e
+        };
         let v = version(e, p);
         let before = e.boot_id_before.as_deref().unwrap_or_default();
         let rebooted = boot_id(node).is_some_and(|b| b != before);

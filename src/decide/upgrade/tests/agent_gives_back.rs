@@ -102,11 +102,21 @@ fn the_agent_keeps_the_node_when_the_command_failed_it_is_not_ready_or_hooks_rem
 #[test]
 fn a_maintenance_gone_before_the_version_is_still_an_interruption() {
     let mut w = upgrading(false);
+    let all = w.nms.clone();
     w.nms.retain(|m| m.spec.node_name != "a");
     w.step();
     let e = w.entry("a");
     assert_eq!(e.phase, UpgradePhase::Upgrading, "{e:?}");
     assert!(e.maintenance_gone_at.is_some(), "{e:?}");
+    // One of its name there again (a person's) drops the mark; gone
+    // again, the 10 s start over.
+    w.nms = all;
+    w.later(30);
+    w.step();
+    assert_eq!(w.entry("a").maintenance_gone_at, None);
+    w.nms.retain(|m| m.spec.node_name != "a");
+    w.step();
+    assert_eq!(w.phase("a"), UpgradePhase::Upgrading);
     w.later(9);
     w.step();
     assert_eq!(w.phase("a"), UpgradePhase::Upgrading);
