@@ -70,13 +70,30 @@ fn access_hint(path: &Path) -> String {
 
 /// [`connect`] with a chosen transport.
 pub async fn connect_with(kubeconfig: Option<&Path>, transport: Transport) -> Result<Client> {
+    Ok(connect_reporting(kubeconfig, transport).await?.0)
+}
+
+/// [`connect_with`], also saying whether the server chose HTTP/2 — read
+/// from the answer to the one `GET /version` that proves it answers, so a
+/// start costs no second request to find out.
+pub async fn connect_reporting(
+    kubeconfig: Option<&Path>,
+    transport: Transport,
+) -> Result<(Client, bool)> {
     let config = load(kubeconfig).await?;
     let server = config.cluster_url.to_string();
     let client = client(config, transport)?;
+    if let Some(http2) = answered_version(&client).await {
+        return Ok((client, http2));
+    }
+    // No answer, or not a 2xx: kube's own call turns it into one clear line
+    // (refused credentials, unreachable), and if the server answers now
+    // after all, asks once more which protocol it speaks.
     match timeout(REACH_TIMEOUT, client.apiserver_version()).await {
         Ok(Ok(info)) => {
             log::debug!("API server {server} is Kubernetes {}", info.git_version);
-            Ok(client)
+            let http2 = speaks_http2(&client).await;
+            Ok((client, http2))
         }
         Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {
             Err(Error::NoCredentials(format!(
@@ -92,6 +109,18 @@ pub async fn connect_with(kubeconfig: Option<&Path>, transport: Transport) -> Re
             server,
             cause: format!("no answer within {} s", REACH_TIMEOUT.as_secs()),
         }),
+    }
+}
+
+/// One `GET /version`: whether it was answered over HTTP/2, if it was
+/// answered with success within [`REACH_TIMEOUT`].
+async fn answered_version(client: &Client) -> Option<bool> {
+    let req = hyper::Request::get("/version")
+        .body(kube::client::Body::empty())
+        .ok()?;
+    match timeout(REACH_TIMEOUT, client.send(req)).await {
+        Ok(Ok(res)) if res.status().is_success() => Some(res.version() == hyper::Version::HTTP_2),
+        _ => None,
     }
 }
 
@@ -138,13 +167,7 @@ pub async fn load(kubeconfig: Option<&Path>) -> Result<Config> {
 /// Did the API server choose HTTP/2 for `client`'s connection? (One
 /// `GET /version`; `false` if it cannot tell.)
 pub async fn speaks_http2(client: &Client) -> bool {
-    let Ok(req) = hyper::Request::get("/version").body(kube::client::Body::empty()) else {
-        return false;
-    };
-    match timeout(REACH_TIMEOUT, client.send(req)).await {
-        Ok(Ok(res)) => res.version() == hyper::Version::HTTP_2,
-        _ => false,
-    }
+    answered_version(client).await.unwrap_or(false)
 }
 
 /// hyper's timer on smol's: HTTP/2 keep-alive pings need one.
@@ -281,14 +304,72 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for FuseOnError<B> {
     }
 }
 
-/// Fail unless the named node exists.
+/// Fail unless the named node exists (each read given 10 s to answer).
 pub async fn require_node(client: &Client, name: &str) -> Result<Node> {
     let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .get_opt(name)
+    let read = || async {
+        timeout(REACH_TIMEOUT, nodes.get_opt(name))
+            .await
+            .unwrap_or_else(|()| Err(no_answer()))
+    };
+    patiently(&format!("reading node {name}"), read)
         .await
         .map_err(Error::kube(format!("reading node {name}")))?
         .ok_or_else(|| Error::NodeNotFound(name.to_string()))
+}
+
+/// How long the start-up checks ask again while the API server answers
+/// "not now" before giving up: 429 (priority and fairness; or the watch
+/// cache of a resource whose CRD was created a moment ago, "storage is
+/// (re)initializing", as when the CRDs and the agents are applied
+/// together) and 5xx (a server starting or failing over).
+const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
+
+/// `ask` again, for at most a minute, while the API server
+/// answers "not now", waiting what its Retry-After says (1–5 s). kube's
+/// own retries are off (`load`), so a start-up check would otherwise fail
+/// the start on one busy answer.
+pub async fn patiently<T, F>(
+    what: &str,
+    mut ask: impl FnMut() -> F,
+) -> std::result::Result<T, kube::Error>
+where
+    F: std::future::Future<Output = std::result::Result<T, kube::Error>>,
+{
+    let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
+    loop {
+        match ask().await {
+            Err(kube::Error::Api(s))
+                if (s.code == 429 || s.code >= 500) && std::time::Instant::now() < deadline =>
+            {
+                let wait = s
+                    .details
+                    .as_ref()
+                    .map_or(1, |d| d.retry_after_seconds)
+                    .clamp(1, 5);
+                log::info!(
+                    "{what}: the API server answered {} ({}); asking again in {wait} s",
+                    s.code,
+                    first_line(&s.message)
+                );
+                smol::Timer::after(Duration::from_secs(wait.into())).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// A request that got no answer within [`REACH_TIMEOUT`].
+fn no_answer() -> kube::Error {
+    kube::Error::Service(format!("no answer within {} s", REACH_TIMEOUT.as_secs()).into())
+}
+
+/// The node role's client for its own pod watch, HTTP/1.1 only (why:
+/// `service::Clients`), proven by reading the node through it: that first
+/// answer shows the path works, so it costs no `GET /version` of its own.
+pub async fn http1_reading_node(kubeconfig: Option<&Path>, name: &str) -> Result<Client> {
+    let client = client(load(kubeconfig).await?, Transport::Http1Only)?;
+    require_node(&client, name).await.map(|_| client)
 }
 
 /// Whether the API server serves the EvictionRequest API (KEP-4563,
@@ -302,4 +383,44 @@ pub async fn eviction_requests_served(client: &Client) -> bool {
         .list_api_group_resources("lifecycle.k8s.io/v1alpha1")
         .await
         .is_ok_and(|l| l.resources.iter().any(|r| r.name == "evictionrequests"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, retry_after: Option<u32>) -> kube::Error {
+        let mut s = kube::core::Status::failure("storage is (re)initializing", "TooManyRequests")
+            .with_code(code);
+        s.details = retry_after.and_then(|r| {
+            serde_json::from_value(serde_json::json!({ "retryAfterSeconds": r })).ok()
+        });
+        kube::Error::Api(s.boxed())
+    }
+
+    /// A busy answer is asked again after its Retry-After; a definite one
+    /// (404: not served, 403: not allowed) is the answer at once.
+    #[test]
+    fn start_up_checks_ask_again_only_while_the_server_says_not_now() {
+        let mut answers = vec![Ok(7), Err(status(503, None)), Err(status(429, Some(1)))];
+        let started = std::time::Instant::now();
+        let got = crate::runtime::block_on(patiently("test", || {
+            let next = answers.pop().unwrap_or(Ok(0));
+            async move { next }
+        }));
+        assert_eq!(got.ok(), Some(7));
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "waited each time"
+        );
+        for code in [404, 403] {
+            let mut asked = 0;
+            let got = crate::runtime::block_on(patiently("test", || {
+                asked += 1;
+                async move { Err::<(), _>(status(code, Some(1))) }
+            }));
+            assert!(matches!(got, Err(kube::Error::Api(s)) if s.code == code));
+            assert_eq!(asked, 1, "{code} asked once");
+        }
+    }
 }

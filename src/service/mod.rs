@@ -112,6 +112,7 @@ pub async fn run(
     let early = watched::Early {
         maintenances: nm_writer,
         policies: policy_writer,
+        maintenance_watch: clients.maintenances.clone(),
     };
     let wakes = watched::Wakes {
         scheduler: &kick,
@@ -245,21 +246,31 @@ struct Clients {
     /// over their own, about 0.3 s.
     leader: Client,
     evictions_in_flight: usize,
+    /// How the NodeMaintenance watch lists (`roles::maintenance_watch`).
+    maintenances: kube::runtime::watcher::Config,
 }
 
 impl Clients {
     /// Connect, and check what must be there before anything starts: the
     /// own node (node role) and our CRDs.
     async fn connect(config: &RunConfig) -> Result<(Clients, pod_watches::Connections)> {
-        let api = connect::connect_with(config.kubeconfig.as_deref(), config.transport).await?;
-        if let Some(node) = &config.node {
-            connect::require_node(&api, node).await?;
-        }
-        require_crds(&api).await?;
+        let kubeconfig = config.kubeconfig.as_deref();
         // Evictions are streams of one connection over HTTP/2, but each
         // holds a TLS connection over HTTP/1.1 (also when the server
         // refuses h2).
-        let http2 = connect::speaks_http2(&api).await;
+        let (api, http2) = connect::connect_reporting(kubeconfig, config.transport).await?;
+        // The node role's own pod watch reads over HTTP/1.1 (above): that
+        // client reads the node, so its path is proven by a request the
+        // start makes anyway.
+        let own_pods = match (&config.node, http2) {
+            (Some(node), true) => Some(connect::http1_reading_node(kubeconfig, node).await?),
+            (Some(node), false) => {
+                connect::require_node(&api, node).await?;
+                None
+            }
+            (None, _) => None,
+        };
+        let maintenances = require_crds_of(&api, config.node.as_deref()).await?;
         let evictions_in_flight = config.evictions_in_flight.unwrap_or(if http2 {
             crate::effects::evict::HTTP2_IN_FLIGHT
         } else {
@@ -274,19 +285,14 @@ impl Clients {
                 "the API server serves EvictionRequests (lifecycle.k8s.io/v1alpha1); drains still evict through the Eviction API"
             );
         }
-        let pods = match (http2, &config.node) {
-            (false, _) => pod_watches::Connections::one(api.clone()),
-            (true, Some(_)) => pod_watches::Connections::one(
-                connect::connect_with(config.kubeconfig.as_deref(), connect::Transport::Http1Only)
-                    .await?,
-            ),
-            (true, None) => pod_watches::Connections::shared(
-                connect::load(config.kubeconfig.as_deref()).await?,
-            )?,
+        let pods = match (own_pods, http2) {
+            (Some(own), _) => pod_watches::Connections::one(own),
+            (None, false) => pod_watches::Connections::one(api.clone()),
+            (None, true) => pod_watches::Connections::shared(connect::load(kubeconfig).await?)?,
         };
         // Over HTTP/1.1 every request has a connection of its own anyway.
         let leader = if http2 && config.node.is_none() {
-            connect::connect_with(config.kubeconfig.as_deref(), config.transport).await?
+            connect::connect_with(kubeconfig, config.transport).await?
         } else {
             api.clone()
         };
@@ -294,6 +300,7 @@ impl Clients {
             api,
             leader,
             evictions_in_flight,
+            maintenances,
         };
         Ok((clients, pods))
     }
@@ -510,16 +517,40 @@ async fn withdraw(webhook: &Option<admission::Webhook>) {
 /// How long reconciles in flight may run on after SIGTERM or a lost lease.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// Every CRD we reconcile, each reconciled by every role.
+fn our_crds() -> [ApiResource; 4] {
+    [
+        ApiResource::erase::<NodeMaintenance>(&()),
+        ApiResource::erase::<RebootPolicy>(&()),
+        ApiResource::erase::<UpgradePlan>(&()),
+        ApiResource::erase::<crate::api::drain_rule::DrainRule>(&()),
+    ]
+}
+
 /// Exit with an install hint unless every CRD we reconcile is served.
 pub async fn require_crds(client: &Client) -> Result<()> {
-    watch::check_served(
-        client,
-        &[
-            ApiResource::erase::<NodeMaintenance>(&()),
-            ApiResource::erase::<RebootPolicy>(&()),
-            ApiResource::erase::<UpgradePlan>(&()),
-            ApiResource::erase::<crate::api::drain_rule::DrainRule>(&()),
-        ],
-    )
-    .await
+    watch::check_served(client, &our_crds()).await
+}
+
+/// [`require_crds`] at a service's start, also saying how to watch
+/// NodeMaintenances: a node agent asks about them with the list its watch
+/// makes (`roles::maintenance_watch`), not a list of every one.
+async fn require_crds_of(
+    client: &Client,
+    own: Option<&str>,
+) -> Result<kube::runtime::watcher::Config> {
+    let [nm, rest @ ..] = our_crds();
+    let (watch, mut missing) = match own {
+        Some(_) => match roles::maintenance_watch(client, own).await? {
+            Some(watch) => (watch, vec![]),
+            None => (watch::watch_config(), vec![watch::crd_name(&nm)]),
+        },
+        None => (
+            watch::watch_config(),
+            watch::not_served(client, &[nm]).await?,
+        ),
+    };
+    missing.extend(watch::not_served(client, &rest).await?);
+    watch::missing_or_fail(missing)?;
+    Ok(watch)
 }

@@ -20,6 +20,7 @@ use crate::api::node::Node;
 
 use crate::api::nodemaintenance::NodeMaintenance;
 use crate::decide::foreign;
+use crate::error::Result;
 
 /// Which nodes this process reconciles.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,31 +109,34 @@ pub fn equality_terms(selector: &str) -> Option<Vec<(String, String)>> {
 /// a node that has no agent are the cluster role's (`decide::foreign`,
 /// on its anchor node) or refused by the admission webhook.
 ///
-/// Asked once at start-up: a server that refuses the selector (older
-/// CRDs or Kubernetes) gets the unfiltered watch and a warning saying
-/// what to apply; an answer that is no answer (the server unreachable)
-/// keeps the selector, which every server this release supports serves.
-pub async fn maintenance_watch(client: &kube::Client, scope: &Scope) -> watcher::Config {
-    let Scope::Node(own) = scope else {
-        return watch_config();
+/// For the node role this is also its start-up check that the CRD is
+/// installed (`None`: not served), asked as the list it will watch: a
+/// server that refuses the selector (older CRDs or Kubernetes) gets the
+/// unfiltered watch and a warning saying what to apply; any other failure
+/// stops the start as a failed CRD check does.
+pub async fn maintenance_watch(
+    client: &kube::Client,
+    own: Option<&str>,
+) -> Result<Option<watcher::Config>> {
+    let Some(own) = own else {
+        return Ok(Some(watch_config()));
     };
     let selector = format!("spec.nodeName={own}");
-    let probe = kube::Api::<NodeMaintenance>::all(client.clone())
-        .list_metadata(&ListParams::default().fields(&selector).limit(1))
-        .await;
+    let api = kube::Api::<NodeMaintenance>::all(client.clone());
+    let mine = ListParams::default().fields(&selector).limit(1);
+    let what = super::watch::checking_crd("NodeMaintenance");
+    let probe = super::connect::patiently(&what, || api.list_metadata(&mine)).await;
     match probe {
+        Ok(_) => Ok(Some(watch_config().fields(&selector))),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(kube::Error::Api(e)) if e.code == 400 => {
             log::warn!(
                 "the API server does not select NodeMaintenances by spec.nodeName ({}): this agent watches every NodeMaintenance in the cluster. Apply this release's CRDs (`nodekeeper crds | kubectl apply -f -`) on Kubernetes 1.31 or newer",
                 e.message
             );
-            watch_config()
+            Ok(Some(watch_config()))
         }
-        Err(e) => {
-            log::debug!("probing the NodeMaintenance field selector: {e}");
-            watch_config().fields(&selector)
-        }
-        Ok(_) => watch_config().fields(&selector),
+        Err(e) => Err(crate::error::Error::kube(what)(e)),
     }
 }
 

@@ -62,27 +62,43 @@ pub async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
 /// Fail with [`Error::CrdsMissing`] naming each of `resources` the API
 /// server does not serve.
 pub async fn check_served(client: &Client, resources: &[ApiResource]) -> Result<()> {
-    let mut missing = Vec::new();
-    for ar in resources {
-        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), ar);
-        match api.list(&kube::api::ListParams::default().limit(1)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                missing.push(format!("{}.{}", ar.plural, ar.group))
-            }
-            Err(e) => {
-                return Err(Error::kube(format!(
-                    "checking that the {} CRD is installed",
-                    ar.kind
-                ))(e));
-            }
-        }
-    }
+    missing_or_fail(not_served(client, resources).await?)
+}
+
+/// [`Error::CrdsMissing`] naming `missing`, if any is.
+pub fn missing_or_fail(missing: Vec<String>) -> Result<()> {
     if missing.is_empty() {
         Ok(())
     } else {
         Err(Error::CrdsMissing(missing))
     }
+}
+
+/// Which of `resources` the API server does not serve (`plural.group`),
+/// each asked with a list of one object.
+pub async fn not_served(client: &Client, resources: &[ApiResource]) -> Result<Vec<String>> {
+    let mut missing = Vec::new();
+    for ar in resources {
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), ar);
+        let one = kube::api::ListParams::default().limit(1);
+        let what = checking_crd(&ar.kind);
+        match super::connect::patiently(&what, || api.list(&one)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => missing.push(crd_name(ar)),
+            Err(e) => return Err(Error::kube(what)(e)),
+        }
+    }
+    Ok(missing)
+}
+
+/// A CRD's name as `kubectl get crd` shows it.
+pub fn crd_name(ar: &ApiResource) -> String {
+    format!("{}.{}", ar.plural, ar.group)
+}
+
+/// What a CRD check does, for its log lines and its error.
+pub fn checking_crd(kind: &str) -> String {
+    format!("checking that the {kind} CRD is installed")
 }
 
 /// Objects that do not parse as their kind, with why.

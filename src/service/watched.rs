@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use smol::stream::{Stream, StreamExt};
 
 use super::passes::Kick;
-use super::roles::{self, Scope};
+use super::roles::Scope;
 use super::stores::{Arrivals, Fresh, Synced};
 use super::watch::{self, WatchBackoff, observe, slim_job, slim_node, watch_config, watch_ok};
 use super::{mutex, pod_watches, replace};
@@ -40,11 +40,14 @@ use crate::runtime::Latch;
 /// [`watch_ok`]; each watch backs off on its own).
 pub type Objects<K> = Pin<Box<dyn Stream<Item = std::result::Result<K, watcher::Error>> + Send>>;
 
-/// The stores created before the watches start (`/metrics` serves from
-/// them while a standby waits for the lease), with their writers.
+/// What exists before the watches start: the stores `/metrics` serves
+/// from while a standby waits for the lease, with their writers, and how
+/// the NodeMaintenance watch lists (asked by the start-up's CRD check,
+/// `roles::maintenance_watch`).
 pub struct Early {
     pub maintenances: Writer<NodeMaintenance>,
     pub policies: Writer<RebootPolicy>,
+    pub maintenance_watch: watcher::Config,
 }
 
 /// Whom the watches wake besides the node controller.
@@ -105,9 +108,9 @@ pub async fn start(
     let (pod_reconcile, pod_reconciles) = smol::channel::unbounded::<ObjectRef<Node>>();
     let (pods, pod_events) = pod_watch(pods, scope, synced, pod_reconcile, kick);
     let maintenance_events = {
-        let nm_wc = roles::maintenance_watch(client, scope).await;
         let (latch, fresh, order) = (synced.maintenances.clone(), fresh.clone(), arrivals.clone());
-        watcher(Api::<NodeMaintenance>::all(client.clone()), nm_wc)
+        let api = Api::<NodeMaintenance>::all(client.clone());
+        watcher(api, early.maintenance_watch)
             .backoff(WatchBackoff::default())
             .inspect(move |ev| order.note(ev))
             .reflect(early.maintenances)
