@@ -248,6 +248,20 @@ fn every_bad_object_is_refused_or_reported_and_touches_no_node() {
             );
         }
     }
+    // Every request says which process made it (the audit log's
+    // userAgent): the program, its version and platform, and its role.
+    let roles = nodes.iter().map(|n| format!(" node {n}"));
+    for ((who, user), role) in users.iter().zip(roles.chain([" cluster".to_string()])) {
+        let program = format!("nodekeeper/{} (linux/", env!("CARGO_PKG_VERSION"));
+        for r in requests_of(user, started) {
+            assert!(
+                r.user_agent.starts_with(&program) && r.user_agent.ends_with(&role),
+                "{who}: a request with User-Agent {:?}, not {program}…){role}: {r:?}",
+                r.user_agent
+            );
+        }
+    }
+
     let ours: BTreeSet<String> = entries
         .iter()
         .filter(|e| e.kind == "nodemaintenances")

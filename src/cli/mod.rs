@@ -142,8 +142,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Run(args) => {
             let config = run::RunConfig::from_args(args)?;
-            if config.node.is_some() {
+            if let Some(node) = &config.node {
                 runtime::tasks_on_callers_only();
+                crate::service::connect::introduce(&format!("node {node}"));
+            } else {
+                crate::service::connect::introduce("cluster");
             }
             let shutdown =
                 runtime::shutdown_signal().map_err(Error::io("installing signal handlers"))?;

@@ -124,6 +124,43 @@ async fn answered_version(client: &Client) -> Option<bool> {
     }
 }
 
+/// What this process's requests say it is (`User-Agent`, which the API
+/// server's audit log records beside each request), as client-go names a
+/// program: name/version (os/arch), then the role — so an administrator
+/// reading the audit log tells the node agents and the cluster role apart
+/// though they may share a service account.
+static USER_AGENT: std::sync::OnceLock<hyper::header::HeaderValue> = std::sync::OnceLock::new();
+
+/// Say once, before the first client is built, which role this process
+/// runs (`node <name>` or `cluster`); later calls change nothing.
+pub fn introduce(role: &str) {
+    let full = format!("{} {role}", program());
+    if let Ok(value) = hyper::header::HeaderValue::from_str(&full) {
+        let _ = USER_AGENT.set(value);
+    }
+}
+
+fn program() -> String {
+    format!(
+        "nodekeeper/{} ({}/{})",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        }
+    )
+}
+
+fn user_agent() -> hyper::header::HeaderValue {
+    USER_AGENT
+        .get()
+        .cloned()
+        .or_else(|| hyper::header::HeaderValue::from_str(&program()).ok())
+        .unwrap_or(hyper::header::HeaderValue::from_static("nodekeeper"))
+}
+
 /// The credentials and settings every client of this process is built
 /// from ([`client`]), without talking to the server.
 pub async fn load(kubeconfig: Option<&Path>) -> Result<Config> {
@@ -154,6 +191,9 @@ pub async fn load(kubeconfig: Option<&Path>) -> Result<Config> {
             ))
         })?,
     };
+    config
+        .headers
+        .push((hyper::header::USER_AGENT, user_agent()));
     // A dead address should fail in seconds, not hang on the OS's SYN retries.
     config.connect_timeout = Some(Duration::from_secs(5));
     // kube retries 429s inside the request (up to 15 times, backing off to

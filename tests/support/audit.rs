@@ -113,13 +113,15 @@ pub fn audit_log() -> PathBuf {
     cluster().with_file_name("logs").join("audit.log")
 }
 
-/// One audited request: verb, resource (with subresource), URI, code.
+/// One audited request: verb, resource (with subresource), URI, code,
+/// and the client's User-Agent.
 #[derive(Debug, Clone)]
 pub struct Request {
     pub verb: String,
     pub resource: String,
     pub uri: String,
     pub code: i64,
+    pub user_agent: String,
 }
 
 /// The requests `user` made since byte `from` of the audit log, one per
@@ -145,6 +147,7 @@ pub fn requests_of(user: &str, from: u64) -> Vec<Request> {
                 resource,
                 uri: v["requestURI"].as_str().unwrap_or_default().to_string(),
                 code: v["responseStatus"]["code"].as_i64().unwrap_or(0),
+                user_agent: v["userAgent"].as_str().unwrap_or_default().to_string(),
             }
         })
         .collect()
