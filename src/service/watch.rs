@@ -47,15 +47,16 @@ pub fn watch_ok<K>(r: &std::result::Result<K, watcher::Error>, kind: &str) -> bo
     r.is_ok()
 }
 
+/// Whether the API server serves `ar` (asked with a list of one object,
+/// patiently: `connect::patiently`); 404 says it does not.
 pub async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    match api.list(&kube::api::ListParams::default().limit(1)).await {
+    let one = kube::api::ListParams::default().limit(1);
+    let what = checking_crd(&ar.kind);
+    match super::connect::patiently(&what, || api.list(&one)).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(crate::error::Error::kube(format!(
-            "checking whether {} is served",
-            ar.plural
-        ))(e)),
+        Err(e) => Err(Error::kube(what)(e)),
     }
 }
 
@@ -74,18 +75,12 @@ pub fn missing_or_fail(missing: Vec<String>) -> Result<()> {
     }
 }
 
-/// Which of `resources` the API server does not serve (`plural.group`),
-/// each asked with a list of one object.
+/// Which of `resources` the API server does not serve (`plural.group`).
 pub async fn not_served(client: &Client, resources: &[ApiResource]) -> Result<Vec<String>> {
     let mut missing = Vec::new();
     for ar in resources {
-        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), ar);
-        let one = kube::api::ListParams::default().limit(1);
-        let what = checking_crd(&ar.kind);
-        match super::connect::patiently(&what, || api.list(&one)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => missing.push(crd_name(ar)),
-            Err(e) => return Err(Error::kube(what)(e)),
+        if !served(client, ar).await? {
+            missing.push(crd_name(ar));
         }
     }
     Ok(missing)
