@@ -365,10 +365,10 @@ pub async fn require_node(client: &Client, name: &str) -> Result<Node> {
 /// together) and 5xx (a server starting or failing over).
 const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 
-/// `ask` again, for at most a minute, while the API server
-/// answers "not now", waiting what its Retry-After says (1–5 s). kube's
-/// own retries are off (`load`), so a start-up check would otherwise fail
-/// the start on one busy answer.
+/// `ask` again, for at most a minute, while the API server answers "not
+/// now", waiting what its Retry-After says (1–5 s). kube's own retries
+/// are off (`load`), so a start-up check would otherwise fail the start
+/// on one busy answer.
 pub async fn patiently<T, F>(
     what: &str,
     mut ask: impl FnMut() -> F,
@@ -378,25 +378,39 @@ where
 {
     let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
     loop {
-        match ask().await {
-            Err(kube::Error::Api(s))
-                if (s.code == 429 || s.code >= 500) && std::time::Instant::now() < deadline =>
-            {
-                let wait = s
-                    .details
-                    .as_ref()
-                    .map_or(1, |d| d.retry_after_seconds)
-                    .clamp(1, 5);
-                log::info!(
-                    "{what}: the API server answered {} ({}); asking again in {wait} s",
-                    s.code,
-                    first_line(&s.message)
-                );
-                smol::Timer::after(Duration::from_secs(wait.into())).await;
-            }
-            answer => return answer,
-        }
+        let answer = ask().await;
+        let Err(kube::Error::Api(s)) = &answer else {
+            return answer;
+        };
+        match again_after(what, s, deadline) {
+            Some(wait) => smol::Timer::after(wait).await,
+            None => return answer,
+        };
     }
+}
+
+/// How long [`patiently`] waits before asking again after `s`, if it asks
+/// again (said in the log); apart from it so each caller's copy of the
+/// generic loop stays small.
+fn again_after(
+    what: &str,
+    s: &kube::core::Status,
+    deadline: std::time::Instant,
+) -> Option<Duration> {
+    if !(s.code == 429 || s.code >= 500) || std::time::Instant::now() >= deadline {
+        return None;
+    }
+    let wait = s
+        .details
+        .as_ref()
+        .map_or(1, |d| d.retry_after_seconds)
+        .clamp(1, 5);
+    log::info!(
+        "{what}: the API server answered {} ({}); asking again in {wait} s",
+        s.code,
+        first_line(&s.message)
+    );
+    Some(Duration::from_secs(wait.into()))
 }
 
 /// A request that got no answer within [`REACH_TIMEOUT`].
