@@ -250,7 +250,10 @@
 //! - **What each role watches**: a node agent its own Node, the pods bound
 //!   to it and the NodeMaintenances naming it (field selectors); the cluster
 //!   role every node (slim) and NodeMaintenance, and pods only where it acts
-//!   ([`service::pod_watches`]).
+//!   ([`service::pod_watches`]). Both watch RebootPolicies and UpgradePlans
+//!   whole, and DrainRules from the first drain with a pod a rule could
+//!   place ([`service::stores::OnDemand`]): an agent restarted by its
+//!   reboot never lists them.
 //! - **Orphans**: a NodeMaintenance whose node does not exist is the cluster
 //!   role's at once (from its anchor node), every agent's after a grace,
 //!   one winner by resourceVersion ([`decide::foreign`]).

@@ -37,6 +37,18 @@ impl RuleBook {
     }
 }
 
+/// Could a DrainRule place any of `pods`? Only a pod kubectl's filters
+/// leave pending can be (mirror and DaemonSet pods never are), so a node
+/// holding only those needs no rule read: the service starts its
+/// DrainRule watch at the first drain that does (`service::drain_rules`),
+/// and an agent restarted after a reboot, its node holding DaemonSet pods
+/// only, never lists them. Asked as no UpgradePlan's drain: a plan's own
+/// upgrade Job, which its drain keeps, still counts here — a read too
+/// many, never one too few.
+pub fn rules_can_apply(pods: &[Arc<Pod>]) -> bool {
+    pods.iter().any(|p| drain::fate(p, None).is_pending())
+}
+
 /// How this drain treats pods, beside the rules.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Drain<'a> {

@@ -1,8 +1,9 @@
 //! What a drain reads beside its node's pods: the DrainRules from their
-//! store, and — only when a rule on the node selects by namespace labels —
-//! the labels of the namespaces of the node's pods. Those are read with one
-//! GET per namespace and remembered for a minute, not watched: a node
-//! agent watches only what names its node, and a drain needs a handful of
+//! store (watched from the first drain that needs them), and — only when
+//! a rule on the node selects by namespace labels — the labels of the
+//! namespaces of the node's pods. Those are read with one GET per
+//! namespace and remembered for a minute, not watched: a node agent
+//! watches only what names its node, and a drain needs a handful of
 //! namespaces once. A namespace that cannot be read is left out; its
 //! pods' placement waits (`decide::drain_plan` holds the drain's tiers and
 //! says why) and the read is tried again on the next pass.
@@ -50,12 +51,27 @@ impl NamespaceLabels {
     }
 }
 
-/// The rule book for a drain of `node` with `pods` on it.
-pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) -> RuleBook {
-    // No pods, nothing to place: most reconciles (a node's heartbeat, a
-    // node with no maintenance) parse no rule.
-    if pods.is_empty() {
-        return RuleBook::default();
+/// How long a reconcile waits for the DrainRules' first list before it
+/// looks again later (saying why).
+const LIST_WITHIN: Duration = Duration::from_secs(10);
+
+/// The rule book for a drain of `node` with `pods` on it; `None` (said in
+/// the log) while the DrainRules are not listed yet. The rules' watch
+/// starts here, at the first drain with a pod a rule could place
+/// ([`crate::decide::drain_plan::rules_can_apply`]).
+pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) -> Option<RuleBook> {
+    // Most reconciles (a node's heartbeat, a node with no maintenance, a
+    // node holding DaemonSet pods only) place no pod by a rule.
+    if !crate::decide::drain_plan::rules_can_apply(pods) {
+        return Some(RuleBook::default());
+    }
+    if !ctx.synced.drain_rules.listed_within(LIST_WITHIN).await {
+        let why = ctx.synced.drain_rules.failure();
+        log::warn!(
+            "the DrainRules are not listed yet{}: a drain waits for them",
+            why.map(|w| format!(" ({w})")).unwrap_or_default()
+        );
+        return None;
     }
     let rules = parsed(&ctx.drain_rules.state());
     let empty = BTreeMap::new();
@@ -63,10 +79,10 @@ pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) ->
         .and_then(|n| n.metadata.labels.as_ref())
         .unwrap_or(&empty);
     if rules.is_empty() || !NodeRules::on(&rules, node_labels).need_namespaces() {
-        return RuleBook {
+        return Some(RuleBook {
             rules,
             namespaces: HashMap::new(),
-        };
+        });
     }
     let names: BTreeSet<&str> = pods
         .iter()
@@ -82,7 +98,7 @@ pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) ->
             namespaces.insert(name.to_string(), labels);
         }
     }
-    RuleBook { rules, namespaces }
+    Some(RuleBook { rules, namespaces })
 }
 
 /// The rules as DrainRules; one that does not parse (stored before the

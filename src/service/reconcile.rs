@@ -268,7 +268,9 @@ async fn reconcile_node(
         } else {
             ctx.memory_as_is(node_name)
         };
-        let book = super::drain_rules::rule_book(ctx, node.as_deref(), &pods).await;
+        let Some(book) = super::drain_rules::rule_book(ctx, node.as_deref(), &pods).await else {
+            return Ok(Some(Duration::from_secs(1)));
+        };
         let now = Timestamp::now();
         let snapshot = Snapshot {
             node_name,

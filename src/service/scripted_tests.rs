@@ -179,7 +179,12 @@ fn context(script: &Arc<Script>, nms: &[NodeMaintenance], gate: gate::LeaderGate
             )
             .as_reader(),
             jobs,
-            synced: Synced::default(),
+            synced: {
+                // No DrainRules: their (empty) list is in.
+                let synced = Synced::default();
+                synced.drain_rules.listed.open();
+                synced
+            },
             fresh: Arc::new(Fresh::default()),
             arrivals: Arc::new(Arrivals::default()),
         },

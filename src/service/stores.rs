@@ -27,7 +27,8 @@ pub struct Synced {
     pub maintenances: Latch,
     pub policies: Latch,
     pub plans: Latch,
-    pub drain_rules: Latch,
+    /// Not waited for here: watched from the first drain that needs it.
+    pub drain_rules: OnDemand,
     /// Opened at once where Jobs are not watched (the node role).
     pub jobs: Latch,
     /// The mutex operator's kinds (opened at once where not watched).
@@ -43,10 +44,47 @@ impl Synced {
         self.maintenances.wait().await;
         self.policies.wait().await;
         self.plans.wait().await;
-        self.drain_rules.wait().await;
         self.jobs.wait().await;
         self.mutex.wait().await;
         self.replace.wait().await;
+    }
+}
+
+/// A watch started by its first reader instead of at start-up: a kind
+/// most processes never need (DrainRules: read only by a drain with a pod
+/// a rule could place, which an agent restarted after a reboot never has)
+/// costs them no list and no watch.
+#[derive(Clone, Default)]
+pub struct OnDemand {
+    /// Opened by the first reader: the watch starts.
+    pub wanted: Latch,
+    /// Opened at the watch's first full list.
+    pub listed: Latch,
+    /// The watch's latest failure, for a reader left waiting.
+    failure: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl OnDemand {
+    /// Start the watch if it is not running, and wait up to `within` for
+    /// its first list: whether it has listed.
+    pub async fn listed_within(&self, within: std::time::Duration) -> bool {
+        self.wanted.open();
+        crate::runtime::timeout(within, self.listed.wait())
+            .await
+            .is_ok()
+    }
+
+    /// Remember why the watch failed (it retries by itself).
+    pub fn failed(&self, why: &watcher::Error) {
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
+    }
+
+    /// Why the watch last failed, if it has.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

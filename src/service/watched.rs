@@ -8,7 +8,7 @@
 //! | Pod | bound to its node | per drained node and per gate ([`super::pod_watches`]) | the node's reconcile; a gate's kick the scheduler |
 //! | NodeMaintenance | naming its node | every one (or the pool's) | the named node's reconcile; the scheduler and replacement |
 //! | RebootPolicy, UpgradePlan | every one | every one | the own node's reconcile; the scheduler |
-//! | DrainRule | every one | every one | the own node's reconcile; in the cluster role every drained node's |
+//! | DrainRule | every one, from the first drain that needs it | the same | the own node's reconcile; in the cluster role every drained node's |
 //! | Job (managed-by label) | not watched | every one, slim | the scheduler |
 //! | the mutex operator's kinds | not watched | where served, unscoped only | the scheduler |
 //! | Constellation's kinds | not watched | where served, with a provider | replacement, and MaintenancePlanned |
@@ -291,7 +291,9 @@ where
 
 /// DrainRules, held as the API serves them: the watcher and store of a
 /// typed kind were ~90 KB of the binary; the dynamic ones are the Jobs'.
-/// A drain parses the few rules when it reads them.
+/// A drain parses the few rules when it reads them. Nothing is listed or
+/// watched until a drain first needs the rules ([`super::stores::OnDemand`]):
+/// an agent's start after a reboot makes two requests fewer.
 fn drain_rule_watch(
     client: &Client,
     synced: &Synced,
@@ -301,18 +303,28 @@ fn drain_rule_watch(
     let resource = ApiResource::erase::<DrainRule>(&());
     let writer = Writer::<DynamicObject>::new(resource.clone());
     let store = writer.as_reader();
-    let latch = synced.drain_rules.clone();
+    let (on_demand, wanted) = (
+        synced.drain_rules.clone(),
+        synced.drain_rules.wanted.clone(),
+    );
+    // A watcher sends nothing before it is first polled.
     let events = watcher(
         Api::<DynamicObject>::all_with(client.clone(), &resource),
         watch_config(),
     )
     .backoff(WatchBackoff::default())
     .reflect(writer)
-    .inspect(move |ev| observe(ev, &latch, |_| {}))
+    .inspect(move |ev| match ev {
+        Err(e) => on_demand.failed(e),
+        ev => observe(ev, &on_demand.listed, |_| {}),
+    })
     .inspect(super::passes::on_event(cluster_role, vec![kick.clone()]))
     .touched_objects()
     .filter(|r| watch_ok(r, "DrainRules"));
-    (store, Box::pin(events))
+    let when_wanted = smol::stream::once_future(async move { wanted.wait().await })
+        .filter_map(|()| None)
+        .chain(events);
+    (store, Box::pin(when_wanted))
 }
 
 /// Hook Jobs: the cluster role's, by their managed-by label, slimmed. The

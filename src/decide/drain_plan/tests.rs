@@ -295,3 +295,25 @@ fn do_not_disrupt_pods_are_held_until_the_escalation() {
         named(&[("k", "held")])
     );
 }
+
+/// A node holding only pods kubectl's filters decide (DaemonSet, mirror)
+/// needs no rule read; one pod a rule could place does, a finished one
+/// too (kubectl deletes it; a Skip rule keeps it).
+#[test]
+fn rules_are_read_only_where_a_rule_could_place_a_pod() {
+    use crate::decide::maintenance::tests_support::pod as owned;
+    let daemon = owned("ds", "DaemonSet");
+    let mirror = with(&owned("static", "Node"), |p| {
+        p.metadata.annotations =
+            Some([(drain::MIRROR_ANNOTATION.to_string(), "x".to_string())].into())
+    });
+    let finished = with(&pod("done", "batch"), |p| {
+        if let Some(s) = p.status.as_mut() {
+            s.phase = Some("Succeeded".into());
+        }
+    });
+    assert!(!rules_can_apply(&[]));
+    assert!(!rules_can_apply(&[daemon.clone(), mirror.clone()]));
+    assert!(rules_can_apply(&[daemon.clone(), mirror.clone(), finished]));
+    assert!(rules_can_apply(&[daemon, mirror, pod("a", "web")]));
+}
