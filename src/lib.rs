@@ -259,11 +259,13 @@
 //!   one winner by resourceVersion ([`decide::foreign`]).
 //! - **Liveness**: `/healthz` fails after 90 s without a finished reconcile;
 //!   watches retry each on its own, so an API server restart is seen again
-//!   within about 0.1 s of it answering. The start-up checks (server,
-//!   node, CRDs: a wrong setting ends the start with one line) ask again
-//!   for up to a minute while the server answers 429 or 5xx
-//!   ([`service::connect::patiently`]): a CRD created a moment ago answers
-//!   "storage is (re)initializing" until its watch cache is ready.
+//!   within about 0.1 s of it answering. Every read answered 429 or 5xx
+//!   with a `Retry-After` is asked again after it, ten times, as client-go
+//!   does ([`service::read_again`]): a CRD created a moment ago answers
+//!   "storage is (re)initializing" until its watch cache is ready. The
+//!   start-up checks (server, node, CRDs: a wrong setting ends the start
+//!   with one line) are more patient still: any 429 or 5xx, for up to a
+//!   minute ([`service::connect::patiently`]).
 //! - **Three layers of tests.** Pure decisions with seeded random worlds
 //!   (`decide/`, no I/O); the executor, the interpreter and the per-object
 //!   containment against a scripted API server, a kube `Client` over an

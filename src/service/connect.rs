@@ -291,6 +291,7 @@ pub fn client(config: Config, transport: Transport) -> Result<Client> {
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(tls_error)?)
         .layer(config.extra_headers_layer().map_err(tls_error)?)
+        .layer_fn(super::read_again::ReadAgain)
         .layer_fn(super::requests::Counted)
         .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
         .service(transport);
@@ -366,9 +367,11 @@ pub async fn require_node(client: &Client, name: &str) -> Result<Node> {
 const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// `ask` again, for at most a minute, while the API server answers "not
-/// now", waiting what its Retry-After says (1–5 s). kube's own retries
-/// are off (`load`), so a start-up check would otherwise fail the start
-/// on one busy answer.
+/// now", waiting what its Retry-After says (1–5 s). Every read is already
+/// asked again while a `Retry-After` says so, ten times
+/// ([`super::read_again`]); a start-up check is more patient than that —
+/// a 5xx without the header too (a server starting or failing over), for
+/// a minute — because one failed check ends the start.
 pub async fn patiently<T, F>(
     what: &str,
     mut ask: impl FnMut() -> F,

@@ -43,6 +43,7 @@ pub mod own_node;
 pub mod passes;
 pub mod planned;
 pub mod pod_watches;
+pub mod read_again;
 pub mod reboots;
 pub mod reconcile;
 pub mod replace;
