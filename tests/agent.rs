@@ -191,22 +191,39 @@ fn run_for_an_unknown_node_exits_nonzero_with_one_line() {
 
 #[test]
 fn missing_crds_are_named_with_the_install_hint() {
-    // A resource this cluster certainly does not serve stands in for our CRDs,
-    // which other tests install; the 404 comes from the real API server.
+    // Resources this cluster certainly does not serve stand in for our
+    // CRDs, which other tests install: one of a group it does not serve,
+    // one missing from a group it serves beside one it has (each group
+    // version is asked once, as discovery asks). The answers come from the
+    // real API server.
     let client = block_on(support::client());
-    let absent = kube::api::ApiResource {
-        group: "nodekeeper.invalid".into(),
-        version: "v1".into(),
-        api_version: "nodekeeper.invalid/v1".into(),
-        kind: "Absent".into(),
-        plural: "absents".into(),
+    let resource = |group: &str, version: &str, kind: &str, plural: &str| kube::api::ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.into(),
+        plural: plural.into(),
     };
-    let err = block_on(nodekeeper::service::watch::check_served(&client, &[absent]))
+    let wanted = [
+        resource("nodekeeper.invalid", "v1", "Absent", "absents"),
+        resource("apps", "v1", "Deployment", "deployments"),
+        resource("apps", "v1", "Absent", "absents"),
+    ];
+    let err = block_on(nodekeeper::service::watch::check_served(&client, &wanted))
         .expect_err("must be missing");
     assert_eq!(
         err.to_string(),
-        "CRDs not installed: absents.nodekeeper.invalid (install them with: nodekeeper crds | kubectl apply -f -)"
+        "CRDs not installed: absents.apps, absents.nodekeeper.invalid (install them with: nodekeeper crds | kubectl apply -f -)"
     );
+    let served = block_on(nodekeeper::service::watch::check_served(
+        &client,
+        &wanted[1..2],
+    ));
+    assert!(served.is_ok(), "{served:?}");
 }
 
 /// `--metrics-address` serves liveness, readiness once the watches have

@@ -47,17 +47,11 @@ pub fn watch_ok<K>(r: &std::result::Result<K, watcher::Error>, kind: &str) -> bo
     r.is_ok()
 }
 
-/// Whether the API server serves `ar` (asked with a list of one object,
-/// patiently: `connect::patiently`); 404 says it does not.
+/// Whether the API server serves `ar` ([`not_served`]).
 pub async fn served(client: &Client, ar: &ApiResource) -> Result<bool> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    let one = kube::api::ListParams::default().limit(1);
-    let what = checking_crd(&ar.kind);
-    match super::connect::patiently(&what, || api.list(&one)).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(Error::kube(what)(e)),
-    }
+    Ok(not_served(client, std::slice::from_ref(ar))
+        .await?
+        .is_empty())
 }
 
 /// Fail with [`Error::CrdsMissing`] naming each of `resources` the API
@@ -75,13 +69,34 @@ pub fn missing_or_fail(missing: Vec<String>) -> Result<()> {
     }
 }
 
-/// Which of `resources` the API server does not serve (`plural.group`).
+/// Which of `resources` the API server does not serve (`plural.group`),
+/// asked as discovery does: one read of each group version's resource
+/// list (every authenticated user may read it), patiently
+/// (`connect::patiently`); a 404 says none of that group version is. Our
+/// three kinds in `nodekeeper.io/v1alpha1` are one request, not a list of
+/// each. The start-up learns less than a list would have (whether we may
+/// list them): the watches say that, each in its own log line, and a
+/// drain waiting on a refused watch says why.
 pub async fn not_served(client: &Client, resources: &[ApiResource]) -> Result<Vec<String>> {
     let mut missing = Vec::new();
-    for ar in resources {
-        if !served(client, ar).await? {
-            missing.push(crd_name(ar));
-        }
+    let versions: std::collections::BTreeSet<&str> =
+        resources.iter().map(|ar| ar.api_version.as_str()).collect();
+    for version in versions {
+        let of_version = resources.iter().filter(|ar| ar.api_version == version);
+        let kinds: Vec<&str> = of_version.clone().map(|ar| ar.kind.as_str()).collect();
+        let what = checking_crd(&kinds.join(", "));
+        let asked =
+            super::connect::patiently(&what, || client.list_api_group_resources(version)).await;
+        let plurals: Vec<String> = match asked {
+            Ok(list) => list.resources.into_iter().map(|r| r.name).collect(),
+            Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+            Err(e) => return Err(Error::kube(what)(e)),
+        };
+        missing.extend(
+            of_version
+                .filter(|ar| !plurals.contains(&ar.plural))
+                .map(crd_name),
+        );
     }
     Ok(missing)
 }
@@ -91,9 +106,14 @@ pub fn crd_name(ar: &ApiResource) -> String {
     format!("{}.{}", ar.plural, ar.group)
 }
 
-/// What a CRD check does, for its log lines and its error.
-pub fn checking_crd(kind: &str) -> String {
-    format!("checking that the {kind} CRD is installed")
+/// What a CRD check does, for its log lines and its error (`kinds`: one
+/// kind, or several joined by commas).
+pub fn checking_crd(kinds: &str) -> String {
+    if kinds.contains(", ") {
+        format!("checking that the {kinds} CRDs are installed")
+    } else {
+        format!("checking that the {kinds} CRD is installed")
+    }
 }
 
 /// Objects that do not parse as their kind, with why.
