@@ -270,6 +270,12 @@ fn run_serves_health_readiness_and_metrics() {
         ),
         "{body}"
     );
+    // A node with no maintenance (this one has no pods at all) reads no
+    // DrainRule: their watch starts at the first drain that needs it.
+    assert!(
+        !body.contains("resource=\"drainrules\""),
+        "DrainRules read with no drain: {body}"
+    );
     // Ready means every watch has listed once; the first reconcile runs
     // after that, so the counter is waited for, not read at once (read at
     // once it was 0 in a loaded gate).

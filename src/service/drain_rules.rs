@@ -51,27 +51,37 @@ impl NamespaceLabels {
     }
 }
 
-/// How long a reconcile waits for the DrainRules' first list before it
-/// looks again later (saying why).
+/// How long a drain waits for the DrainRules' first list before it looks
+/// again later (saying why).
 const LIST_WITHIN: Duration = Duration::from_secs(10);
 
-/// The rule book for a drain of `node` with `pods` on it; `None` (said in
-/// the log) while the DrainRules are not listed yet. The rules' watch
-/// starts here, at the first drain with a pod a rule could place
-/// ([`crate::decide::drain_plan::rules_can_apply`]).
-pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) -> Option<RuleBook> {
+/// May a drain with `pods` decide now: no rule could place one of them
+/// ([`crate::decide::drain_plan::rules_can_apply`]), or the rules are
+/// listed? Otherwise their watch is started (if it is not running): the
+/// steps that read no pods go ahead meanwhile (`service::reconcile`), so
+/// the list's round trip is not in front of the cordon.
+pub fn ready_for(ctx: &Context, pods: &[Arc<Pod>]) -> bool {
+    let rules = &ctx.synced.drain_rules;
+    if !crate::decide::drain_plan::rules_can_apply(pods) || rules.listed.is_open() {
+        return true;
+    }
+    rules.wanted.open();
+    false
+}
+
+/// [`ready_for`], waiting up to [`LIST_WITHIN`] for the rules' list.
+pub async fn listed_for(ctx: &Context, pods: &[Arc<Pod>]) -> bool {
+    !crate::decide::drain_plan::rules_can_apply(pods)
+        || ctx.synced.drain_rules.listed_within(LIST_WITHIN).await
+}
+
+/// The rule book for a drain of `node` with `pods` on it, once they are
+/// [`ready_for`] it.
+pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) -> RuleBook {
     // Most reconciles (a node's heartbeat, a node with no maintenance, a
     // node holding DaemonSet pods only) place no pod by a rule.
     if !crate::decide::drain_plan::rules_can_apply(pods) {
-        return Some(RuleBook::default());
-    }
-    if !ctx.synced.drain_rules.listed_within(LIST_WITHIN).await {
-        let why = ctx.synced.drain_rules.failure();
-        log::warn!(
-            "the DrainRules are not listed yet{}: a drain waits for them",
-            why.map(|w| format!(" ({w})")).unwrap_or_default()
-        );
-        return None;
+        return RuleBook::default();
     }
     let rules = parsed(&ctx.drain_rules.state());
     let empty = BTreeMap::new();
@@ -79,10 +89,10 @@ pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) ->
         .and_then(|n| n.metadata.labels.as_ref())
         .unwrap_or(&empty);
     if rules.is_empty() || !NodeRules::on(&rules, node_labels).need_namespaces() {
-        return Some(RuleBook {
+        return RuleBook {
             rules,
             namespaces: HashMap::new(),
-        });
+        };
     }
     let names: BTreeSet<&str> = pods
         .iter()
@@ -98,7 +108,7 @@ pub async fn rule_book(ctx: &Context, node: Option<&Node>, pods: &[Arc<Pod>]) ->
             namespaces.insert(name.to_string(), labels);
         }
     }
-    Some(RuleBook { rules, namespaces })
+    RuleBook { rules, namespaces }
 }
 
 /// The rules as DrainRules; one that does not parse (stored before the

@@ -252,11 +252,13 @@ async fn reconcile_node(
         // cluster role watches a node's pods only while it has one; before
         // their first list only the steps that read no pods go ahead (the
         // finalizer, the lease, the cordon), so the list's round trip is
-        // not in front of the cordon.
+        // not in front of the cordon. The DrainRules likewise: their watch
+        // starts at the first drain with a pod a rule could place, and
+        // until it has listed, that drain's pods are not listed either.
         let (pods, listed) = if node_known && !nms.is_empty() {
             match ctx.pods.drainable_now(node_name) {
-                Some(pods) => (pods, true),
-                None => (Vec::new(), false),
+                Some(pods) if super::drain_rules::ready_for(ctx, &pods) => (pods, true),
+                _ => (Vec::new(), false),
             }
         } else {
             ctx.pods.release(node_name);
@@ -268,9 +270,7 @@ async fn reconcile_node(
         } else {
             ctx.memory_as_is(node_name)
         };
-        let Some(book) = super::drain_rules::rule_book(ctx, node.as_deref(), &pods).await else {
-            return Ok(Some(Duration::from_secs(1)));
-        };
+        let book = super::drain_rules::rule_book(ctx, node.as_deref(), &pods).await;
         let now = Timestamp::now();
         let snapshot = Snapshot {
             node_name,
@@ -298,8 +298,8 @@ async fn reconcile_node(
             continue;
         }
         if !listed && !step.reads_no_pods() {
-            if ctx.pods.drainable(node_name).await.is_none() {
-                log::warn!("node {node_name}: its pods are not listed yet; looking again in 1 s");
+            if let Err(what) = listed_for_drain(ctx, node_name).await {
+                log::warn!("node {node_name}: {what} not listed yet; looking again in 1 s");
                 return Ok(Some(Duration::from_secs(1)));
             }
             continue;
@@ -326,4 +326,21 @@ async fn reconcile_node(
         BUSY_AGAIN.as_secs()
     );
     Ok(Some(BUSY_AGAIN))
+}
+
+/// Wait (bounded) for what a drain of `node` reads to be listed: its pods,
+/// then the DrainRules if a rule could place one of them. What is still
+/// not listed, for the log.
+async fn listed_for_drain(ctx: &Context, node: &str) -> std::result::Result<(), String> {
+    let Some(pods) = ctx.pods.drainable(node).await else {
+        return Err("its pods are".into());
+    };
+    if super::drain_rules::listed_for(ctx, &pods).await {
+        return Ok(());
+    }
+    let why = ctx.synced.drain_rules.failure();
+    Err(format!(
+        "the DrainRules are{}",
+        why.map(|w| format!(" ({w})")).unwrap_or_default()
+    ))
 }
