@@ -251,9 +251,10 @@
 //!   to it and the NodeMaintenances naming it (field selectors); the cluster
 //!   role every node (slim) and NodeMaintenance, and pods only where it acts
 //!   ([`service::pod_watches`]). Both watch RebootPolicies and UpgradePlans
-//!   whole, and DrainRules from the first drain with a pod a rule could
-//!   place ([`service::stores::OnDemand`]): an agent restarted by its
-//!   reboot never lists them.
+//!   whole, and DrainRules (an agent only from its first drain with a
+//!   pod a rule could place, [`service::stores::OnDemand`]: restarted by
+//!   its node's reboot, it neither lists them nor renews their watch every
+//!   290 s until it drains).
 //! - **Orphans**: a NodeMaintenance whose node does not exist is the cluster
 //!   role's at once (from its anchor node), every agent's after a grace,
 //!   one winner by resourceVersion ([`decide::foreign`]).

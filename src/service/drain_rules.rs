@@ -69,7 +69,7 @@ pub fn ready_for(ctx: &Context, pods: &[Arc<Pod>]) -> bool {
     false
 }
 
-/// [`ready_for`], waiting up to [`LIST_WITHIN`] for the rules' list.
+/// [`ready_for`], waiting up to 10 s for the rules' list.
 pub async fn listed_for(ctx: &Context, pods: &[Arc<Pod>]) -> bool {
     !crate::decide::drain_plan::rules_can_apply(pods)
         || ctx.synced.drain_rules.listed_within(LIST_WITHIN).await

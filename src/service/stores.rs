@@ -50,10 +50,10 @@ impl Synced {
     }
 }
 
-/// A watch started by its first reader instead of at start-up: a kind
-/// most processes never need (DrainRules: read only by a drain with a pod
-/// a rule could place, which an agent restarted after a reboot never has)
-/// costs them no list and no watch.
+/// A watch started by its first reader instead of at start-up: a kind a
+/// process may never need costs it no list and no watch (the node role's
+/// DrainRules: read only by a drain with a pod a rule could place, which
+/// an agent restarted by its node's reboot has not until the next drain).
 #[derive(Clone, Default)]
 pub struct OnDemand {
     /// Opened by the first reader: the watch starts.

@@ -8,7 +8,7 @@
 //! | Pod | bound to its node | per drained node and per gate ([`super::pod_watches`]) | the node's reconcile; a gate's kick the scheduler |
 //! | NodeMaintenance | naming its node | every one (or the pool's) | the named node's reconcile; the scheduler and replacement |
 //! | RebootPolicy, UpgradePlan | every one | every one | the own node's reconcile; the scheduler |
-//! | DrainRule | every one, from the first drain that needs it | the same | the own node's reconcile; in the cluster role every drained node's |
+//! | DrainRule | every one, from the first drain that needs it | every one | the own node's reconcile; in the cluster role every drained node's |
 //! | Job (managed-by label) | not watched | every one, slim | the scheduler |
 //! | the mutex operator's kinds | not watched | where served, unscoped only | the scheduler |
 //! | Constellation's kinds | not watched | where served, with a provider | replacement, and MaintenancePlanned |
@@ -291,9 +291,11 @@ where
 
 /// DrainRules, held as the API serves them: the watcher and store of a
 /// typed kind were ~90 KB of the binary; the dynamic ones are the Jobs'.
-/// A drain parses the few rules when it reads them. Nothing is listed or
-/// watched until a drain first needs the rules ([`super::stores::OnDemand`]):
-/// an agent's start after a reboot makes two requests fewer.
+/// A drain parses the few rules when it reads them. A node agent lists
+/// and watches nothing until a drain first needs the rules
+/// ([`super::stores::OnDemand`]): its start after a reboot makes two
+/// requests fewer, and while it has not drained, their watch is not
+/// renewed every 290 s (12 requests an hour per agent).
 fn drain_rule_watch(
     client: &Client,
     synced: &Synced,
@@ -307,6 +309,12 @@ fn drain_rule_watch(
         synced.drain_rules.clone(),
         synced.drain_rules.wanted.clone(),
     );
+    // The cluster role watches them from its start: one process, started
+    // rarely, whose drains (of nodes with no agent) need not wait for a
+    // list. An agent restarts with every reboot of its node.
+    if cluster_role {
+        wanted.open();
+    }
     // A watcher sends nothing before it is first polled.
     let events = watcher(
         Api::<DynamicObject>::all_with(client.clone(), &resource),
