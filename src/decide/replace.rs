@@ -137,6 +137,9 @@ pub struct Snapshot<'a> {
     /// Nodes the selector matches that an older NodeVersion governs (with
     /// `nodes` empty: why this one has none).
     pub governed_elsewhere: usize,
+    /// Older NodeVersions that hold (their rollout fields cannot be read)
+    /// and keep nodes the selector matches: said in the status.
+    pub held_elsewhere: &'a [String],
     /// How the rollout fields were read ([`governing`]).
     pub fields: &'a Reading,
     /// The pods of a node, for Karpenter's do-not-disrupt, or `None`

@@ -260,7 +260,12 @@ pub fn status(
 /// overdue.
 pub(super) fn message(s: &Snapshot, c: &Classes) -> (Option<String>, Option<Duration>) {
     let mut parts: Vec<String> = s.fields.note.iter().cloned().collect();
-    if s.nodes.is_empty() && !s.fields.hold {
+    if !s.held_elsewhere.is_empty() {
+        parts.push(format!(
+            "nodes it selects are kept by NodeVersion {}, whose rollout fields cannot be read (its status says why): they are left alone until they can",
+            s.held_elsewhere.join(", ")
+        ));
+    } else if s.nodes.is_empty() && !s.fields.hold {
         parts.push(match (s.governed_elsewhere, &s.nv.spec.node_selector) {
             (0, Some(_)) => "the nodeSelector selects no node".to_string(),
             (0, None) => "there is no node to govern".to_string(),

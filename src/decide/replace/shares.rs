@@ -5,13 +5,14 @@
 //! then name), so two never act on one node; a younger one counts the
 //! nodes its selector matches that an older one governs
 //! ([`Snapshot::governed_elsewhere`], for its status's message). One whose
-//! rollout fields cannot be read ([`Reading::hold`]) governs none. One this
+//! rollout fields cannot be read ([`Reading::hold`]) acts on none of its
+//! nodes, and they stay its: no younger one takes them meanwhile. One this
 //! role does not handle (another shard's, `service::roles`) takes none and
 //! is not counted among the others. Its work in progress, or a status not
 //! yet written, holds the others' surges ([`Snapshot::others_busy`],
 //! [`Snapshot::others_unknown`]).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -25,6 +26,9 @@ pub struct Share {
     pub nodes: Vec<Arc<Node>>,
     /// Nodes its selector matches that an older NodeVersion governs.
     pub governed_elsewhere: usize,
+    /// The older NodeVersions among those that hold (their rollout fields
+    /// cannot be read) and keep nodes its selector matches.
+    pub held_by: Vec<String>,
     /// Another NodeVersion this role handles has work in its status.
     pub others_busy: bool,
     /// Another one this role handles has written no status yet.
@@ -49,7 +53,9 @@ pub fn shares(
     handled: &dyn Fn(Option<&LabelSelector>) -> bool,
     nodes: &[Arc<Node>],
 ) -> Vec<Option<Share>> {
-    let mut taken: HashSet<String> = HashSet::new();
+    // Each node given so far, with the name of the NodeVersion it went to
+    // if that one holds.
+    let mut taken: HashMap<String, Option<String>> = HashMap::new();
     nvs.iter()
         .map(|(nv, hold)| {
             let selector = nv.spec.node_selector.as_ref();
@@ -58,10 +64,20 @@ pub fn shares(
             }
             let (mine, elsewhere): (Vec<Arc<Node>>, Vec<Arc<Node>>) = nodes
                 .iter()
-                .filter(|n| !hold && selector.is_none_or(|s| selector_matches(s, n.labels())))
+                .filter(|n| selector.is_none_or(|s| selector_matches(s, n.labels())))
                 .cloned()
-                .partition(|n| !taken.contains(&n.name_any()));
-            taken.extend(mine.iter().map(|n| n.name_any()));
+                .partition(|n| !taken.contains_key(&n.name_any()));
+            let held_by: BTreeSet<String> = elsewhere
+                .iter()
+                .filter_map(|n| taken.get(&n.name_any()).cloned().flatten())
+                .collect();
+            let keeper = hold.then(|| nv.name_any());
+            taken.extend(mine.iter().map(|n| (n.name_any(), keeper.clone())));
+            // A held one keeps its nodes from the younger ones and acts on
+            // none: handed to a younger overlapping NodeVersion while its
+            // record could not be read, they were rolled to that one's
+            // image and back again once it could (a fight over each node).
+            let mine = if *hold { Vec::new() } else { mine };
             let others: Vec<&NodeVersion> = nvs
                 .iter()
                 .map(|(o, _)| o.as_ref())
@@ -70,6 +86,7 @@ pub fn shares(
             Some(Share {
                 nodes: mine,
                 governed_elsewhere: elsewhere.len(),
+                held_by: held_by.into_iter().collect(),
                 others_busy: others.iter().any(|o| busy(o)),
                 others_unknown: others.iter().any(|o| o.status.is_none()),
             })

@@ -152,6 +152,7 @@ struct World {
     others_busy: bool,
     others_unknown: bool,
     governed_elsewhere: usize,
+    held_elsewhere: Vec<String>,
     fields: Reading,
     /// The pods of each node, as the service would read them.
     node_pods: NodePods,
@@ -172,6 +173,7 @@ impl World {
             others_busy: false,
             others_unknown: false,
             governed_elsewhere: 0,
+            held_elsewhere: Vec::new(),
             fields: Reading::default(),
             node_pods: Box::new(|_| Some(Vec::new())),
         }
@@ -192,6 +194,7 @@ impl World {
             others_busy: self.others_busy,
             others_unknown: self.others_unknown,
             governed_elsewhere: self.governed_elsewhere,
+            held_elsewhere: &self.held_elsewhere,
             fields: &self.fields,
             node_pods: &*self.node_pods,
             now: now(),

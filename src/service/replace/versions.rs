@@ -83,6 +83,7 @@ pub(super) async fn versions(
             others_busy: share.others_busy,
             others_unknown: share.others_unknown,
             governed_elsewhere: share.governed_elsewhere,
+            held_elsewhere: &share.held_by,
             fields: reading,
             node_pods: &|_| None,
             now,

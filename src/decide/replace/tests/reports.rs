@@ -39,6 +39,17 @@ fn a_node_version_that_governs_no_node_says_why() {
         msg.as_deref(),
         Some("every node it selects (3) is governed by an older NodeVersion")
     );
+    // Or kept by an older one whose rollout fields cannot be read.
+    let mut kept = World::new("img-2", 1);
+    kept.governed_elsewhere = 3;
+    kept.held_elsewhere = vec!["pool-a".into()];
+    let (msg, _) = message_of(&kept);
+    assert_eq!(
+        msg.as_deref(),
+        Some(
+            "nodes it selects are kept by NodeVersion pool-a, whose rollout fields cannot be read (its status says why): they are left alone until they can"
+        )
+    );
     // With nodes, nothing of the kind.
     let mut fine = World::new("img-2", 1);
     fine.nodes = vec![node("a", "g", "img-2", &[])];

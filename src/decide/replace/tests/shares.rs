@@ -1,6 +1,7 @@
 //! Overlapping NodeVersions: the oldest selecting a node governs it, the
-//! younger count it as governed elsewhere, a held one and one of another
-//! shard take nothing, and the others' work is seen only from those this
+//! younger count it as governed elsewhere, a held one acts on none of
+//! its nodes and keeps them from the younger, one of another shard takes
+//! nothing, and the others' work is seen only from those this
 //! role handles.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -93,6 +94,26 @@ fn a_held_version_governs_nothing() {
     let share = shares[0].as_ref().unwrap();
     assert!(share.nodes.is_empty());
     assert_eq!(share.governed_elsewhere, 0);
+}
+
+#[test]
+fn a_held_version_keeps_its_nodes_from_a_younger_one() {
+    // pool-a's record cannot be read: it acts on none of its nodes, and
+    // the younger cluster-wide one does not take them meanwhile (it would
+    // roll them to its image, and pool-a back to its own once readable).
+    let given = vec![
+        (
+            version("pool-a", 60, Some("a"), Some(Default::default())),
+            true,
+        ),
+        (version("cluster", 5, None, Some(Default::default())), false),
+    ];
+    let shares = shares(&given, &every, &nodes(&["b1"]));
+    assert!(names(&shares[0]).is_empty());
+    assert_eq!(names(&shares[1]), ["b1"]);
+    assert_eq!(shares[1].as_ref().unwrap().governed_elsewhere, 2);
+    assert_eq!(shares[1].as_ref().unwrap().held_by, ["pool-a"]);
+    assert!(shares[0].as_ref().unwrap().held_by.is_empty());
 }
 
 #[test]

@@ -121,6 +121,7 @@ impl Inputs {
             others_busy: self.others == Other::Busy,
             others_unknown: self.others == Other::Unknown,
             governed_elsewhere: 0,
+            held_elsewhere: &[],
             fields: &self.reading,
             node_pods: &|_| None,
             now,
