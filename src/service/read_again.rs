@@ -148,6 +148,9 @@ mod tests {
         (code, count.load(Ordering::SeqCst))
     }
 
+    /// client-go v0.37.1, `rest/with_retry.go`: `checkWait` waits on 429
+    /// and any 5xx that carries an integer `Retry-After`
+    /// (`retryAfterSeconds` in `rest/request.go`), nothing else.
     #[test]
     fn a_read_told_to_retry_after_is_asked_again() {
         // "storage is (re)initializing": 429, Retry-After 1.
